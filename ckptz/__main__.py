@@ -1,0 +1,3 @@
+from ckptz.cli import main
+
+main()

@@ -1,0 +1,41 @@
+"""The codec contract.
+
+A codec turns one chunk of bytes into a self-contained payload and back. Its ``id`` names
+a *bitstream*, not an implementation: two classes may share an id only if each decodes
+the other's output (the CPU ``zstd`` and nvCOMP's Zstd with ``bitstream_kind=RAW`` do).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+
+class Codec(ABC):
+    """One bitstream's encoder/decoder on one kind of device.
+
+    Attributes:
+        id: the bitstream id stored in each chunk record (0-255).
+        name: the name users pass to ``--codec`` and see in reports.
+        portable: True if a CPU-only machine can decode this bitstream.
+        device: ``cpu`` or ``cuda`` (where this implementation runs).
+    """
+
+    id: ClassVar[int]
+    name: ClassVar[str]
+    portable: ClassVar[bool] = True
+    device: ClassVar[str] = "cpu"
+
+    @abstractmethod
+    def encode(self, data: np.ndarray) -> bytes:
+        """Encode a 1-D uint8 array; the result may be larger than the input."""
+
+    @abstractmethod
+    def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
+        """Decode ``payload`` into a new 1-D uint8 array of exactly ``size`` bytes.
+
+        Raises:
+            CodecError: the payload is malformed or decodes to another size.
+        """

@@ -1,0 +1,90 @@
+"""CPU codecs: stored bytes, constant runs, and zstd through the `zstandard` binding."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import zstandard
+
+from ckptz.codecs.base import Codec
+from ckptz.errors import CodecError
+
+
+class RawCodec(Codec):
+    """Bytes stored as they are: what a chunk gets when no coding makes it smaller."""
+
+    id = 0
+    name = "raw"
+
+    def encode(self, data: np.ndarray) -> bytes:
+        return data.tobytes()
+
+    def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
+        if len(payload) != size:
+            raise CodecError(f"stored chunk holds {len(payload)} bytes, expected {size}", codec=self.name)
+        return np.frombuffer(payload, dtype=np.uint8).copy()
+
+
+class ConstCodec(Codec):
+    """A chunk whose bytes are all one value (zero rows, frozen parameters): one byte."""
+
+    id = 1
+    name = "const"
+
+    def encode(self, data: np.ndarray) -> bytes:
+        if data.size == 0:
+            return b""
+        first = data[0]
+        if not bool(np.all(data == first)):
+            raise CodecError("chunk is not constant", codec=self.name)
+        return bytes([int(first)])
+
+    def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
+        if size == 0:
+            return np.empty(0, dtype=np.uint8)
+        if len(payload) != 1:
+            raise CodecError(f"constant chunk payload is {len(payload)} bytes, expected 1", codec=self.name)
+        return np.full(size, payload[0], dtype=np.uint8)
+
+
+class ZstdCodec(Codec):
+    """Standard zstd frames (RFC 8878); nvCOMP's Zstd with RAW bitstreams reads and writes them.
+
+    Compressor objects are not thread-safe, so each thread keeps its own.
+    """
+
+    id = 2
+    name = "zstd"
+
+    def __init__(self, level: int = 3) -> None:
+        self.level = level
+        self._local = threading.local()
+
+    def _cctx(self) -> zstandard.ZstdCompressor:
+        cctx = getattr(self._local, "cctx", None)
+        if cctx is None:
+            # No checksum or size flags: the container keeps its own checksums and sizes,
+            # and nvCOMP writes bare frames too.
+            cctx = zstandard.ZstdCompressor(level=self.level, write_content_size=True, write_checksum=False)
+            self._local.cctx = cctx
+        return cctx
+
+    def _dctx(self) -> zstandard.ZstdDecompressor:
+        dctx = getattr(self._local, "dctx", None)
+        if dctx is None:
+            dctx = zstandard.ZstdDecompressor()
+            self._local.dctx = dctx
+        return dctx
+
+    def encode(self, data: np.ndarray) -> bytes:
+        return self._cctx().compress(data)
+
+    def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
+        try:
+            out = self._dctx().decompress(payload, max_output_size=size)
+        except zstandard.ZstdError as exc:
+            raise CodecError(f"corrupt zstd frame ({exc})", codec=self.name) from None
+        if len(out) != size:
+            raise CodecError(f"zstd frame decoded to {len(out)} bytes, expected {size}", codec=self.name)
+        return np.frombuffer(out, dtype=np.uint8)

@@ -1,0 +1,117 @@
+"""Every exception ckptz raises on purpose.
+
+Each error subclasses both :class:`CkptzError` and the builtin it resembles, carries
+the fields that locate the problem (path, chunk, codec) and ends its message with what
+to do next. The CLI maps them to one line on stderr and an exit code; anything else is a
+bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class CkptzError(Exception):
+    """Base of every error ckptz raises on purpose.
+
+    Attributes:
+        path: the file the error is about, if any.
+        hint: what the user can do next.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None) -> None:
+        self.path = path
+        self.hint = hint
+        self.message = message
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+class UsageError(CkptzError, ValueError):
+    """The command line or API call asks for something impossible."""
+
+    exit_code = 2
+
+
+class InputNotFoundError(CkptzError, FileNotFoundError):
+    """A source path does not exist."""
+
+
+class UnsafePathError(CkptzError, PermissionError):
+    """A path would escape its folder (symlink or `..`), so ckptz refuses it."""
+
+
+class FormatError(CkptzError, ValueError):
+    """A checkpoint file claims a structure it does not have (truncated, hostile sizes)."""
+
+
+class ContainerError(CkptzError, ValueError):
+    """A `.ckptz` container is unreadable: bad magic, unknown version, broken tables."""
+
+
+class UnsupportedVersionError(ContainerError):
+    """The container was written by a newer, incompatible ckptz."""
+
+
+class CorruptionError(ContainerError):
+    """Stored bytes do not match their checksum.
+
+    Attributes:
+        chunk: index of the chunk (or frame) whose check failed, if known.
+        tensor: a key path of a tensor stored in that chunk, if known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        chunk: int | None = None,
+        tensor: str | None = None,
+        hint: str | None = "the container is damaged; restore it from another copy",
+    ) -> None:
+        self.chunk = chunk
+        self.tensor = tensor
+        where = []
+        if chunk is not None:
+            where.append(f"chunk {chunk}")
+        if tensor:
+            where.append(f"tensor {tensor}")
+        if where:
+            message = f"{message} [{', '.join(where)}]"
+        super().__init__(message, path=path, hint=hint)
+
+
+class MismatchError(CkptzError, ValueError):
+    """A restored file differs from the original it is compared against."""
+
+
+class CodecError(CkptzError, RuntimeError):
+    """A codec failed to encode or decode.
+
+    Attributes:
+        codec: the codec's name.
+    """
+
+    def __init__(self, message: str, *, codec: str, path: str | None = None, hint: str | None = None):
+        self.codec = codec
+        super().__init__(f"codec {codec}: {message}", path=path, hint=hint)
+
+
+class CodecUnavailableError(CodecError):
+    """A codec needed to decode (or asked for) cannot run on this machine, e.g. GPU-only ANS."""
+
+
+class DeviceError(CkptzError, RuntimeError):
+    """The requested device cannot be used (no GPU, no nvCOMP, bad index)."""
+
+
+class OutOfSpaceError(CkptzError, OSError):
+    """Writing failed because the disk is full or the quota exceeded."""
+
+
+class WriteError(CkptzError, OSError):
+    """Writing failed for another OS reason (permissions, read-only filesystem)."""
