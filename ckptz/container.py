@@ -1,0 +1,329 @@
+"""The `.ckptz` container: one compressed source file, readable in one pass from its end.
+
+Byte layout (all integers little-endian)::
+
+    offset        size  field
+    0             8     magic            b"CKPTZ\\x00\\r\\n"
+    8             2     major version    (1) readers reject another major
+    10            2     minor version    (0) readers accept any minor of their major
+    12            4     flags            reserved, 0
+    16            ...   chunk payloads   each starts at a multiple of 16 (zero padding between)
+    index_offset  ...   index            zstd frame (see below)
+    end - 48      48    footer
+
+    footer: index_offset u64 | index_size u64 | index_raw_size u64 | index_xxh3_64 u64 |
+            major u16 | minor u16 | flags u32 | magic b"CKPTZEND"
+
+The index, once decompressed, is::
+
+    json_size u32 | JSON header (UTF-8) | segment table | frame table | chunk table
+
+with the three tables packed arrays of these records (sizes in bytes)::
+
+    segment (12): stream u32 | length u64
+    frame   (24): stream u32 | chunks u16 | reserved u16 | length u64 | xxh3_64 u64
+    chunk   (34): offset u64 | size u64 | raw_size u64 | xxh3_64 u64 | codec u8 | plane u8
+
+* Segments, in source-file order, say how many bytes of which stream come next; writing
+  them out in order rebuilds the source file.
+* A stream is the concatenation of the segments of one (component, dtype). It is cut into
+  frames of ``frame_size`` bytes (the last one shorter); frame ``k`` of a stream is the
+  ``k``-th frame row naming that stream. The frame's ``xxh3_64`` is of its original bytes.
+* A frame's chunks follow it in the chunk table: one per byte plane of the stream's
+  transform (``word`` planes, sign rotated to the bottom when ``rotate``), in plane order.
+  A chunk's ``xxh3_64`` is of its stored payload, so damage is found before decoding.
+* The JSON header holds: ``source`` (name, size, ``xxh3_128`` digest, format, notes),
+  ``streams`` (id, component, dtype, word, rotate, frame_size, length, tensors), the
+  ``codecs`` that were used with their configs, ``tensor_keys`` (per segment, in order, the key paths of
+  the tensors it holds; empty for meta segments), ``created_by``, ``device`` and ``nvcomp`` (version, when nvCOMP wrote
+  chunks), and the table counts.
+
+The index sits after the data so a writer streams in one pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+import xxhash
+import zstandard
+
+from ckptz.errors import ContainerError, CorruptionError, UnsupportedVersionError
+
+MAGIC = b"CKPTZ\x00\r\n"
+END_MAGIC = b"CKPTZEND"
+MAJOR, MINOR = 1, 0
+SUFFIX = ".ckptz"
+ALIGN = 16
+
+HEADER = struct.Struct("<8sHHI")
+FOOTER = struct.Struct("<QQQQHHI8s")
+_JSON_SIZE = struct.Struct("<I")
+
+SEGMENT_DTYPE = np.dtype([("stream", "<u4"), ("length", "<u8")])
+FRAME_DTYPE = np.dtype(
+    [("stream", "<u4"), ("chunks", "<u2"), ("reserved", "<u2"), ("length", "<u8"), ("checksum", "<u8")]
+)
+CHUNK_DTYPE = np.dtype(
+    [
+        ("offset", "<u8"),
+        ("size", "<u8"),
+        ("raw_size", "<u8"),
+        ("checksum", "<u8"),
+        ("codec", "u1"),
+        ("plane", "u1"),
+    ]
+)
+
+# An index larger than this is not one ckptz wrote; refusing it bounds memory on hostile input.
+MAX_INDEX_BYTES = 1 << 32
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """One stream of a container (see the module docstring)."""
+
+    id: int
+    component: str
+    dtype: str
+    word: int
+    rotate: bool
+    frame_size: int
+    length: int
+    tensors: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "component": self.component,
+            "dtype": self.dtype,
+            "word": self.word,
+            "rotate": self.rotate,
+            "frame_size": self.frame_size,
+            "length": self.length,
+            "tensors": self.tensors,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """Everything a container says about its payloads."""
+
+    header: dict[str, Any]
+    streams: tuple[StreamInfo, ...]
+    segments: np.ndarray
+    frames: np.ndarray
+    chunks: np.ndarray
+
+    @property
+    def source_name(self) -> str:
+        return str(self.header["source"]["name"])
+
+    @property
+    def source_size(self) -> int:
+        return int(self.header["source"]["size"])
+
+    @property
+    def source_digest(self) -> str:
+        return str(self.header["source"]["xxh3_128"])
+
+
+def checksum(data: bytes | memoryview | np.ndarray) -> int:
+    """The checksum of frames and chunks: xxh3_64, seed 0."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+class ContainerWriter:
+    """Writes one container to an open binary file, payloads first, index last."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._pos = 0
+        self._write(HEADER.pack(MAGIC, MAJOR, MINOR, 0))
+        self._pad()
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._f.write(data)
+        self._pos += len(data)
+
+    def _pad(self) -> None:
+        pad = -self._pos % ALIGN
+        if pad:
+            self._write(b"\x00" * pad)
+
+    def add_payload(self, payload: bytes | memoryview) -> int:
+        """Append one chunk payload at a 16-byte boundary; return its offset."""
+        offset = self._pos
+        self._write(payload)
+        self._pad()
+        return offset
+
+    def finish(self, index: Index) -> int:
+        """Write the index and footer; return the container's total size."""
+        header = dict(index.header)
+        header["counts"] = {
+            "segments": len(index.segments),
+            "frames": len(index.frames),
+            "chunks": len(index.chunks),
+        }
+        header["streams"] = [s.to_json() for s in index.streams]
+        text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+        raw = b"".join(
+            (
+                _JSON_SIZE.pack(len(text)),
+                text,
+                np.ascontiguousarray(index.segments, SEGMENT_DTYPE).tobytes(),
+                np.ascontiguousarray(index.frames, FRAME_DTYPE).tobytes(),
+                np.ascontiguousarray(index.chunks, CHUNK_DTYPE).tobytes(),
+            )
+        )
+        blob = zstandard.ZstdCompressor(level=9).compress(raw)
+        offset = self._pos
+        self._write(blob)
+        self._write(FOOTER.pack(offset, len(blob), len(raw), checksum(blob), MAJOR, MINOR, 0, END_MAGIC))
+        return self._pos
+
+
+def read_index(f: BinaryIO, path: str) -> Index:
+    """Read and validate a container's header, footer and index.
+
+    Raises:
+        ContainerError: not a container, truncated, or inconsistent tables.
+        UnsupportedVersionError: written by an incompatible ckptz.
+        CorruptionError: the index fails its checksum.
+    """
+    size = os.fstat(f.fileno()).st_size
+    if size < HEADER.size + FOOTER.size:
+        raise ContainerError("too small to be a ckptz container (truncated?)", path=path)
+    f.seek(0)
+    magic, major, _minor, _flags = HEADER.unpack(f.read(HEADER.size))
+    if magic != MAGIC:
+        raise ContainerError("not a ckptz container (bad magic)", path=path)
+    if major != MAJOR:
+        raise UnsupportedVersionError(
+            f"container format {major}.x; this ckptz reads {MAJOR}.x", path=path, hint="upgrade ckptz"
+        )
+    f.seek(size - FOOTER.size)
+    off, isize, raw_size, isum, fmajor, _fminor, _fflags, end = FOOTER.unpack(f.read(FOOTER.size))
+    if end != END_MAGIC or fmajor != major:
+        raise ContainerError("footer missing or damaged (truncated?)", path=path)
+    if not (HEADER.size <= off and off + isize == size - FOOTER.size) or raw_size > MAX_INDEX_BYTES:
+        raise ContainerError("footer points outside the file (truncated or damaged)", path=path)
+    f.seek(off)
+    blob = f.read(isize)
+    if checksum(blob) != isum:
+        raise CorruptionError("index checksum mismatch", path=path)
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(blob, max_output_size=raw_size)
+    except zstandard.ZstdError as exc:
+        raise CorruptionError(f"index does not decompress ({exc})", path=path) from None
+    return _parse_index(raw, path, data_end=off)
+
+
+def _parse_index(raw: bytes, path: str, data_end: int) -> Index:
+    try:
+        (jsize,) = _JSON_SIZE.unpack_from(raw)
+        header = json.loads(raw[4 : 4 + jsize])
+        counts = header["counts"]
+        n_seg, n_frame, n_chunk = (int(counts[k]) for k in ("segments", "frames", "chunks"))
+        streams = tuple(
+            StreamInfo(
+                id=int(s["id"]),
+                component=str(s["component"]),
+                dtype=str(s["dtype"]),
+                word=int(s["word"]),
+                rotate=bool(s["rotate"]),
+                frame_size=int(s["frame_size"]),
+                length=int(s["length"]),
+                tensors=int(s["tensors"]),
+            )
+            for s in header["streams"]
+        )
+        int(header["source"]["size"])
+        str(header["source"]["xxh3_128"])
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise ContainerError(f"index header unreadable ({exc})", path=path) from None
+    pos = 4 + jsize
+    sizes = [
+        n * d.itemsize for n, d in ((n_seg, SEGMENT_DTYPE), (n_frame, FRAME_DTYPE), (n_chunk, CHUNK_DTYPE))
+    ]
+    if min(n_seg, n_frame, n_chunk) < 0 or pos + sum(sizes) != len(raw):
+        raise ContainerError("index tables do not match their counts", path=path)
+    tables = []
+    for nbytes, dtype in zip(sizes, (SEGMENT_DTYPE, FRAME_DTYPE, CHUNK_DTYPE), strict=True):
+        tables.append(np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=pos))
+        pos += nbytes
+    index = Index(header, streams, *tables)
+    _validate(index, path, data_end)
+    return index
+
+
+def _validate(index: Index, path: str, data_end: int) -> None:
+    """Check every cross-reference so decoding never reads or allocates out of bounds."""
+    streams, seg, frames, chunks = index.streams, index.segments, index.frames, index.chunks
+    n_streams = len(streams)
+    if any(s.id != i or s.word not in (1, 2, 4, 8) or s.frame_size <= 0 for i, s in enumerate(streams)):
+        raise ContainerError("stream table is inconsistent", path=path)
+    if len(seg) and int(seg["stream"].max()) >= n_streams:
+        raise ContainerError("a segment names a missing stream", path=path)
+    if int(seg["length"].sum(dtype=np.uint64)) != index.source_size:
+        raise ContainerError("segments do not add up to the source size", path=path)
+    if len(frames) and int(frames["stream"].max()) >= n_streams:
+        raise ContainerError("a frame names a missing stream", path=path)
+    if int(frames["chunks"].sum(dtype=np.uint64)) != len(chunks):
+        raise ContainerError("frames and chunks disagree", path=path)
+    for s in streams:
+        mine = frames["length"][frames["stream"] == s.id]
+        seg_len = int(seg["length"][seg["stream"] == s.id].sum(dtype=np.uint64))
+        if int(mine.sum(dtype=np.uint64)) != s.length or seg_len != s.length:
+            raise ContainerError(f"stream {s.id} lengths disagree", path=path)
+        if len(mine) and (
+            int(mine.max()) > s.frame_size or int(mine[:-1].min(initial=s.frame_size)) != s.frame_size
+        ):
+            raise ContainerError(f"stream {s.id} frames have wrong sizes", path=path)
+    ends = chunks["offset"] + chunks["size"]
+    if len(chunks) and (int(chunks["offset"].min()) < HEADER.size or int(ends.max()) > data_end):
+        raise ContainerError("a chunk lies outside the data area", path=path)
+
+
+def frame_chunk_starts(frames: np.ndarray) -> np.ndarray:
+    """Index of each frame's first chunk in the chunk table."""
+    counts = frames["chunks"].astype(np.int64)
+    return np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else counts
+
+
+def stream_frame_lists(index: Index) -> list[np.ndarray]:
+    """For each stream, the frame-table rows of its frames in order."""
+    order = np.argsort(index.frames["stream"], kind="stable")
+    bounds = np.searchsorted(index.frames["stream"][order], np.arange(len(index.streams) + 1))
+    return [order[bounds[i] : bounds[i + 1]] for i in range(len(index.streams))]
+
+
+def make_tables(
+    segments: Sequence[tuple[int, int]],
+    frames: Sequence[tuple[int, int, int, int]],
+    chunks: Sequence[tuple[int, int, int, int, int, int]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pack Python rows into the three index tables.
+
+    Args:
+        segments: ``(stream, length)`` per segment.
+        frames: ``(stream, chunks, length, checksum)`` per frame.
+        chunks: ``(offset, size, raw_size, checksum, codec, plane)`` per chunk.
+    """
+    seg = np.array(segments, dtype=SEGMENT_DTYPE) if segments else np.zeros(0, SEGMENT_DTYPE)
+    fr = np.zeros(len(frames), FRAME_DTYPE)
+    if frames:
+        cols = np.array(frames, dtype=np.uint64).T
+        fr["stream"], fr["chunks"], fr["length"], fr["checksum"] = cols
+    ch = np.zeros(len(chunks), CHUNK_DTYPE)
+    if chunks:
+        cols = np.array(chunks, dtype=np.uint64).T
+        ch["offset"], ch["size"], ch["raw_size"], ch["checksum"], ch["codec"], ch["plane"] = cols
+    return seg, fr, ch

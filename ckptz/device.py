@@ -1,0 +1,73 @@
+"""Choosing where the codec runs: ``auto``, ``cpu`` or ``cuda[:N]`` (also ``$CKPTZ_DEVICE``).
+
+Probing a GPU imports torch and nvCOMP, so it happens only when a GPU could be used; on a
+machine without the ``nvidia.nvcomp`` package ``auto`` settles on the CPU at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from ckptz.engine import CpuEngine, Engine
+from ckptz.errors import DeviceError, UsageError
+
+CODECS_CPU = ("auto", "zstd")
+GPU_ONLY_CODECS = ("ans",)
+
+
+def requested_device(device: str | None) -> str:
+    """The device the user asked for: the flag, else ``$CKPTZ_DEVICE``, else ``auto``."""
+    value = (device or os.environ.get("CKPTZ_DEVICE") or "auto").strip().lower()
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise UsageError(f"unknown device {value!r}", hint="use auto, cpu, cuda or cuda:N")
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why no GPU engine can run here, or None if one can."""
+    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.nvcomp") is None:
+        return "nvCOMP is not installed (pip install 'ckptz[gpu]')"
+    if importlib.util.find_spec("ckptz.gpu") is None:
+        return "this ckptz build has no GPU engine"
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    return None
+
+
+def open_engine(
+    device: str | None = None,
+    *,
+    threads: int | None = None,
+    level: int = 3,
+    codec: str = "auto",
+    memory: int | None = None,
+) -> tuple[Engine, str | None]:
+    """Open the engine for ``device``; return it with a notice for the user, if any.
+
+    Raises:
+        UsageError: unknown device or codec.
+        DeviceError: a GPU was asked for explicitly and cannot be used.
+    """
+    want = requested_device(device)
+    codec = codec.lower()
+    if want == "cpu" or (want == "auto" and codec not in GPU_ONLY_CODECS):
+        reason = None if want == "cpu" else gpu_unavailable_reason()
+        if want == "cpu" or reason is not None:
+            if codec not in CODECS_CPU:
+                raise DeviceError(
+                    f"codec {codec!r} runs only on a GPU", hint="use --codec zstd or --device cuda"
+                )
+            notice = None if want == "cpu" else f"running on the CPU: {reason}"
+            return CpuEngine(threads, level), notice
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu")
+    from ckptz.gpu import open_gpu_engine  # type: ignore[import-not-found]
+
+    engine: Engine = open_gpu_engine(want, threads=threads, level=level, codec=codec, memory=memory)
+    return engine, None

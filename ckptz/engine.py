@@ -1,0 +1,129 @@
+"""Engines run the frame coder on a device: per-frame futures, so the pipeline overlaps I/O.
+
+The CPU engine runs frames on a thread pool (zstandard, xxhash and numpy release the GIL).
+A GPU engine (:mod:`ckptz.gpu`) batches the same jobs into nvCOMP calls behind the same
+interface.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encode_frame
+from ckptz.container import StreamInfo, checksum
+from ckptz.dtypes import DType, lookup
+from ckptz.errors import CkptzError, CodecError, CorruptionError
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedFrame:
+    """A coded frame: the checksum of its original bytes and one chunk per plane."""
+
+    checksum: int
+    chunks: list[EncodedChunk]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """Where one chunk of a frame lies in a container, as the decoder needs it."""
+
+    index: int
+    codec: int
+    raw_size: int
+    payload: bytes | memoryview
+    checksum: int
+
+
+class Engine(Protocol):
+    """Runs frame coding somewhere; every method returns at once with a future."""
+
+    device: str
+    threads: int
+
+    def encode(self, stream: StreamInfo, data: np.ndarray) -> Future[EncodedFrame]: ...
+
+    def decode(
+        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
+    ) -> Future[np.ndarray]: ...
+
+    def codec_config(self) -> dict[str, dict[str, object]]: ...
+
+    def close(self) -> None: ...
+
+
+def stream_dtype(stream: StreamInfo) -> DType:
+    """The transform a stream was written with (its own record wins over the dtype table)."""
+    return replace(lookup(stream.dtype), word=stream.word, is_float=stream.rotate)
+
+
+def decode_chunks(
+    stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
+) -> np.ndarray:
+    """Check and decode one frame on the CPU.
+
+    Raises:
+        CorruptionError: a payload or the decoded frame fails its checksum, or a payload is
+            malformed; the message names the chunk and ``where`` (file and tensor).
+    """
+    for c in chunks:
+        if checksum(c.payload) != c.checksum:
+            raise CorruptionError(f"stored bytes of {where} fail their checksum", chunk=c.index)
+    try:
+        data = decode_frame([(c.codec, c.raw_size, c.payload) for c in chunks], stream_dtype(stream))
+    except CodecError as exc:
+        if exc.__class__ is not CodecError:  # unavailable codecs are not corruption
+            raise
+        raise CorruptionError(f"{where} does not decode ({exc.message})", chunk=chunks[0].index) from None
+    if data.size != length or checksum(data) != frame_checksum:
+        raise CorruptionError(f"decoded bytes of {where} fail their checksum", chunk=chunks[0].index)
+    return data
+
+
+class CpuEngine:
+    """Frame coding on a pool of CPU threads."""
+
+    device = "cpu"
+
+    def __init__(self, threads: int | None = None, level: int = 3) -> None:
+        self.threads = max(1, threads or os.cpu_count() or 1)
+        self.options = EncodeOptions(level=level)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-cpu")
+
+    def _encode(self, stream: StreamInfo, data: np.ndarray) -> EncodedFrame:
+        return EncodedFrame(checksum(data), encode_frame(data, stream_dtype(stream), self.options))
+
+    def encode(self, stream: StreamInfo, data: np.ndarray) -> Future[EncodedFrame]:
+        return self._pool.submit(self._encode, stream, data)
+
+    def decode(
+        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
+    ) -> Future[np.ndarray]:
+        return self._pool.submit(decode_chunks, stream, chunks, length, frame_checksum, where)
+
+    def codec_config(self) -> dict[str, dict[str, object]]:
+        return {"zstd": {"level": self.options.level, "implementation": "zstandard"}}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> CpuEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "CkptzError",
+    "CpuEngine",
+    "EncodedFrame",
+    "Engine",
+    "StoredChunk",
+    "decode_chunks",
+    "stream_dtype",
+]

@@ -1,0 +1,324 @@
+"""One file through the codec: source → segments → streams → frames → container, and back.
+
+Compression reads the source once, sequentially, straight into per-stream frame buffers,
+hashing as it goes; frames are coded by an engine while reading continues, and written in
+submission order. Restoring walks the segment table, decoding frames in the order they are
+first needed with a bounded look-ahead, and hashes what it writes. Memory stays bounded by
+(streams + frames in flight) × frame size, whatever the file size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import xxhash
+
+import ckptz
+from ckptz.container import (
+    ContainerWriter,
+    Index,
+    StreamInfo,
+    frame_chunk_starts,
+    make_tables,
+    read_index,
+    stream_frame_lists,
+)
+from ckptz.dtypes import lookup
+from ckptz.engine import EncodedFrame, Engine, StoredChunk
+from ckptz.errors import CorruptionError, FormatError, MismatchError
+from ckptz.formats import read_layout
+from ckptz.formats.layout import FileLayout, Segment
+
+#: Bytes of original data per frame. Frames are the unit of parallelism and of checksums.
+FRAME_SIZE = 1 << 20
+#: Meta bytes (pickles, zip headers) are few and compress well together: bigger frames.
+META_FRAME_SIZE = 4 << 20
+READ_BLOCK = 8 << 20
+
+Progress = Callable[[int], None]
+
+
+def _no_progress(_: int) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    streams: tuple[StreamInfo, ...]
+    segment_streams: tuple[int, ...]
+
+
+def plan_streams(layout: FileLayout) -> _Plan:
+    """Group segments into streams of one (component, dtype), numbered by first appearance."""
+    ids: dict[tuple[str, str, int, bool], int] = {}
+    drafts: list[list[object]] = []
+    seg_streams: list[int] = []
+    for seg in layout.segments:
+        key = _stream_key(seg)
+        sid = ids.get(key)
+        if sid is None:
+            sid = ids[key] = len(drafts)
+            drafts.append([key, 0, 0])
+        drafts[sid][1] = int(drafts[sid][1]) + seg.length  # type: ignore[call-overload]
+        drafts[sid][2] = int(drafts[sid][2]) + (seg.kind == "tensor")  # type: ignore[call-overload]
+        seg_streams.append(sid)
+    streams = []
+    for sid, (key, length, tensors) in enumerate(drafts):
+        component, dtype, word, rotate = key  # type: ignore[misc]
+        frame = META_FRAME_SIZE if word == 1 and component in ("metadata", "other") else FRAME_SIZE
+        streams.append(StreamInfo(sid, component, dtype, word, rotate, frame, length, tensors))  # type: ignore[arg-type]
+    return _Plan(tuple(streams), tuple(seg_streams))
+
+
+def _stream_key(seg: Segment) -> tuple[str, str, int, bool]:
+    dt = lookup(seg.dtype) if seg.kind == "tensor" else lookup("uint8")
+    if seg.length % dt.word:
+        dt = lookup("uint8")
+    return (seg.component, dt.name, dt.word, dt.is_float)
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenContainer:
+    """What compressing one file produced."""
+
+    layout: FileLayout
+    index: Index
+    size: int
+
+
+def compress_file(
+    src: Path,
+    relpath: str,
+    out: BinaryIO,
+    engine: Engine,
+    *,
+    progress: Progress = _no_progress,
+    max_in_flight: int | None = None,
+) -> WrittenContainer:
+    """Compress ``src`` into the open file ``out`` with ``engine``.
+
+    Raises:
+        FormatError: the source changed size while being read.
+        OSError: reading or writing failed.
+    """
+    layout = read_layout(src, relpath)
+    plan = plan_streams(layout)
+    writer = ContainerWriter(out)
+    frames: list[tuple[int, int, int, int]] = []
+    chunks: list[tuple[int, int, int, int, int, int]] = []
+    in_flight: deque[tuple[int, int, Future[EncodedFrame]]] = deque()
+    limit = max_in_flight or 4 * engine.threads + 4
+    codecs_used: set[int] = set()
+
+    def drain(keep: int) -> None:
+        while len(in_flight) > keep:
+            sid, length, fut = in_flight.popleft()
+            frame = fut.result()
+            for plane, ch in enumerate(frame.chunks):
+                offset = writer.add_payload(ch.payload)
+                chunks.append((offset, len(ch.payload), ch.raw_size, _checksum(ch.payload), ch.codec, plane))
+                codecs_used.add(ch.codec)
+            frames.append((sid, len(frame.chunks), length, frame.checksum))
+
+    def submit(stream: StreamInfo, data: np.ndarray) -> None:
+        in_flight.append((stream.id, data.size, engine.encode(stream, data)))
+        drain(limit)
+
+    buffers: dict[int, tuple[np.ndarray, int]] = {}
+    hasher = xxhash.xxh3_128()
+    with open(src, "rb", buffering=0) as f:
+        for seg, sid in zip(layout.segments, plan.segment_streams, strict=True):
+            stream = plan.streams[sid]
+            remaining = seg.length
+            while remaining:
+                buf, fill = buffers.get(sid) or (np.empty(stream.frame_size, np.uint8), 0)
+                want = min(remaining, stream.frame_size - fill, READ_BLOCK)
+                view = memoryview(buf)[fill : fill + want]
+                got = _read_exact(f, view)
+                if got != want:
+                    raise FormatError("file changed or was truncated while being read", path=relpath)
+                hasher.update(view)
+                progress(got)
+                fill += got
+                remaining -= got
+                if fill == stream.frame_size:
+                    submit(stream, buf)
+                    buffers.pop(sid, None)
+                else:
+                    buffers[sid] = (buf, fill)
+        if f.read(1):
+            raise FormatError("file grew while being read", path=relpath)
+    for sid in sorted(buffers):
+        buf, fill = buffers[sid]
+        submit(plan.streams[sid], buf[:fill])
+    drain(0)
+
+    seg_rows = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
+    header = {
+        "source": {
+            "name": Path(relpath).name,
+            "size": layout.size,
+            "xxh3_128": hasher.hexdigest(),
+            "format": layout.format,
+            "notes": list(layout.notes),
+        },
+        "created_by": f"ckptz {ckptz.__version__}",
+        "device": engine.device,
+        "codecs": {
+            str(c): engine.codec_config().get(_codec_name(c), {"name": _codec_name(c)})
+            for c in sorted(codecs_used)
+        },
+        "tensor_keys": [list(seg.keys) for seg in layout.segments],
+    }
+    header.update(getattr(engine, "container_extras", dict)())
+    index = Index(header, plan.streams, *make_tables(seg_rows, frames, chunks))
+    size = writer.finish(index)
+    return WrittenContainer(layout, index, size)
+
+
+def _codec_name(codec_id: int) -> str:
+    from ckptz.codecs import codec_name
+
+    return codec_name(codec_id)
+
+
+def _checksum(data: bytes) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def _read_exact(f: BinaryIO, view: memoryview) -> int:
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _need_order(index: Index) -> Iterator[tuple[int, int]]:
+    """(stream, frame number) in the order restore first needs each frame."""
+    streams = index.streams
+    scheduled_end = [0] * len(streams)
+    next_frame = [0] * len(streams)
+    pos = [0] * len(streams)
+    for sid, length in zip(index.segments["stream"].tolist(), index.segments["length"].tolist(), strict=True):
+        pos[sid] += length
+        while scheduled_end[sid] < pos[sid]:
+            yield sid, next_frame[sid]
+            scheduled_end[sid] += streams[sid].frame_size
+            next_frame[sid] += 1
+
+
+def restore(
+    container: BinaryIO,
+    path: str,
+    engine: Engine,
+    sink: Callable[[memoryview], None],
+    *,
+    index: Index | None = None,
+    progress: Progress = _no_progress,
+) -> Index:
+    """Decode a container and pass the original file's bytes, in order, to ``sink``.
+
+    Every payload, every frame and the whole file are checked against their checksums.
+
+    Raises:
+        ContainerError: the container is unreadable.
+        CorruptionError: some bytes fail their checksum (names the chunk and tensor).
+        CodecUnavailableError: a chunk's bitstream cannot be decoded here.
+    """
+    index = index or read_index(container, path)
+    fd = container.fileno()
+    per_stream = stream_frame_lists(index)
+    starts = frame_chunk_starts(index.frames)
+    keys = index.header.get("tensor_keys", [])
+    limit = 4 * engine.threads + 4
+    pending: list[deque[Future[np.ndarray]]] = [deque() for _ in index.streams]
+    order = _need_order(index)
+    in_flight = 0
+    current_where = [path]
+
+    def schedule_one() -> bool:
+        nonlocal in_flight
+        nxt = next(order, None)
+        if nxt is None:
+            return False
+        sid, k = nxt
+        rows = per_stream[sid]
+        if k >= len(rows):
+            raise CorruptionError("a stream has fewer frames than its segments need", path=path)
+        row = int(rows[k])
+        fr = index.frames[row]
+        first = int(starts[row])
+        stored = []
+        for ci in range(first, first + int(fr["chunks"])):
+            c = index.chunks[ci]
+            payload = os.pread(fd, int(c["size"]), int(c["offset"]))
+            stored.append(StoredChunk(ci, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"])))
+        where = f"frame {row} of stream {sid} ({index.streams[sid].component}, {current_where[0]})"
+        pending[sid].append(
+            engine.decode(index.streams[sid], stored, int(fr["length"]), int(fr["checksum"]), where)
+        )
+        in_flight += 1
+        return True
+
+    heads: list[tuple[np.ndarray, int] | None] = [None] * len(index.streams)
+    hasher = xxhash.xxh3_128()
+    segment_rows = zip(index.segments["stream"].tolist(), index.segments["length"].tolist(), strict=True)
+    for i, (sid, length) in enumerate(segment_rows):
+        seg_keys = keys[i] if i < len(keys) and isinstance(keys[i], list) else []
+        current_where[0] = f"tensor {seg_keys[0]}" if seg_keys else path
+        remaining = length
+        while remaining:
+            head = heads[sid]
+            if head is None or head[1] == head[0].size:
+                while not pending[sid]:
+                    if not schedule_one():
+                        raise CorruptionError("a stream ends before its segments", path=path)
+                while in_flight < limit and schedule_one():
+                    pass
+                data = pending[sid].popleft().result()
+                in_flight -= 1
+                head = (data, 0)
+            data, used = head
+            take = min(remaining, data.size - used)
+            view = memoryview(data)[used : used + take]
+            hasher.update(view)
+            sink(view)
+            progress(take)
+            heads[sid] = (data, used + take)
+            remaining -= take
+    if hasher.hexdigest() != index.source_digest:
+        raise CorruptionError("restored file does not match the original's digest", path=path)
+    return index
+
+
+class Comparer:
+    """A restore sink that compares the restored bytes with the original file."""
+
+    def __init__(self, original: BinaryIO, path: str) -> None:
+        self._f = original
+        self._path = path
+        self.offset = 0
+
+    def __call__(self, view: memoryview) -> None:
+        theirs = self._f.read(len(view))
+        if theirs != view:
+            at = self.offset + next(
+                (i for i, (a, b) in enumerate(zip(theirs, view.tobytes(), strict=False)) if a != b),
+                min(len(theirs), len(view)),
+            )
+            raise MismatchError(f"differs from the original at byte {at}", path=self._path)
+        self.offset += len(view)
+
+    def finish(self) -> None:
+        if self._f.read(1):
+            raise MismatchError(f"original is longer than the restored {self.offset} bytes", path=self._path)

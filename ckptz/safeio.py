@@ -1,0 +1,106 @@
+"""Writing files so that a crash, a full disk or a kill never leaves a wrong file under a final name.
+
+Every output is written to a temporary file in the destination folder, flushed and fsynced,
+checked, then atomically renamed; the folder is fsynced after each rename. Temporary files
+carry ``TMP_MARK`` in their names, so a rerun recognises and removes them and never takes
+them for data.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from ckptz.errors import OutOfSpaceError, WriteError
+
+TMP_MARK = ".ckptz-tmp-"
+
+
+def is_temp(path: Path) -> bool:
+    """True for a temporary file ckptz left behind (never user data)."""
+    return path.name.startswith(".") and TMP_MARK in path.name
+
+
+def temp_path(final: Path) -> Path:
+    return final.parent / f".{final.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def os_error(exc: OSError, path: Path) -> OutOfSpaceError | WriteError:
+    """Turn an OSError from writing ``path`` into ckptz's error with a hint."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutOfSpaceError(
+            "no space left on the device", path=str(path), hint="free space and run the same command again"
+        )
+    reason = exc.strerror or str(exc)
+    return WriteError(f"cannot write ({reason})", path=str(path), hint="check permissions and free space")
+
+
+@contextmanager
+def atomic_output(final: Path) -> Iterator[tuple[BinaryIO, Path]]:
+    """Yield ``(file, temp path)``; on success fsync and rename to ``final``, else remove the temp.
+
+    The caller may check the temp file's content before the block ends; the rename happens
+    only if the block returns normally.
+    """
+    tmp = temp_path(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        f = open(tmp, "xb")  # noqa: SIM115 (closed below, before the rename)
+    except OSError as exc:
+        raise os_error(exc, final) from None
+    try:
+        try:
+            yield f, tmp
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise os_error(exc, final) from None
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def copy_file(src: Path, final: Path) -> None:
+    """Copy a non-checkpoint file unchanged (metadata included), atomically."""
+    with atomic_output(final) as (f, tmp):
+        with open(src, "rb") as s:
+            shutil.copyfileobj(s, f, 8 << 20)
+        f.flush()
+        shutil.copystat(src, tmp)
+
+
+def remove(path: Path) -> None:
+    """Remove a file that is safely represented elsewhere, and make that durable."""
+    os.unlink(path)
+    fsync_dir(path.parent)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
