@@ -145,7 +145,9 @@ def _walk(src: Path) -> list[_Entry]:
     if not src.exists() and not src.is_symlink():
         raise InputNotFoundError("no such file or folder", path=str(src))
     if not src.is_dir() or src.is_symlink():
-        return [_Entry(src, src.name, _kind(src))]
+        kind = _kind(src)
+        # A file named explicitly is compressed whatever its name says.
+        return [_Entry(src, src.name, "checkpoint" if kind == "other" else kind)]
     out = []
     for folder, dirs, files in os.walk(src, followlinks=False):
         dirs.sort()

@@ -54,7 +54,8 @@ def components_table(summary: Summary) -> Table:
     if summary.operation != "inspect":
         title = f"{summary.operation}: {summary.root}"
     table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
-    table.add_column("component")
+    # Component names are the table's key: never truncate them on narrow terminals.
+    table.add_column("component", no_wrap=True, min_width=max((len(c.name) for c in summary.components), default=5))
     table.add_column("tensors", justify="right")
     table.add_column("original", justify="right")
     if compressed:
@@ -105,7 +106,7 @@ def _component_cells(c: ComponentStats, compressed: bool, total: int) -> list[Re
 def files_table(files: tuple[FileStats, ...]) -> Table:
     """Per-file table."""
     table = Table(box=box.SIMPLE, title="files", title_justify="left")
-    table.add_column("file")
+    table.add_column("file", overflow="fold")
     table.add_column("format")
     table.add_column("original", justify="right")
     table.add_column("compressed", justify="right")

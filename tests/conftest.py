@@ -1,0 +1,57 @@
+"""Shared fixtures: a small checkpoint folder, and skipping GPU tests where no GPU can run."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    from ckptz.device import gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"no GPU engine here: {reason}")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    """sha256 of every regular file under ``root``, by relative path."""
+    return {p.relative_to(root).as_posix(): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face Trainer-like folder with real tensors (weights, AdamW state, RNG)."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("ckpt") / "checkpoint-500"
+    root.mkdir()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(300, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 300))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        x = torch.randint(0, 100, (16,))  # rows 100.. of the embedding never get gradients
+        loss = model(x).logsumexp(-1).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, root / "model.safetensors")
+    torch.save(opt.state_dict(), root / "optimizer.pt")
+    torch.save({"cpu_rng_state": torch.get_rng_state(), "numpy": np.random.get_state()}, root / "rng_state.pth")
+    (root / "trainer_state.json").write_text('{"global_step": 500}')
+    (root / "config.json").write_text('{"hidden_size": 64}')
+    return root

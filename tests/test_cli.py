@@ -1,0 +1,131 @@
+"""The command line, end to end through Typer's runner: the quickstart of the README."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import tree_digests
+from typer.testing import CliRunner
+
+from ckptz.cli import app
+
+runner = CliRunner()
+
+COMPONENTS = {
+    "weights",
+    "master_weights",
+    "optimizer.exp_avg",
+    "optimizer.exp_avg_sq",
+    "optimizer.other",
+    "gradients",
+    "rng_state",
+    "other",
+    "metadata",
+}
+
+
+def test_quickstart_round_trip(small_checkpoint: Path, tmp_path: Path) -> None:
+    before = tree_digests(small_checkpoint)
+    packed, restored = tmp_path / "c.ckptz", tmp_path / "restored"
+    result = runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "optimizer.exp_avg_sq" in result.output and "ratio" in result.output
+    assert (packed / "optimizer.pt.ckptz").is_file() and (packed / "config.json").is_file()
+    assert not (packed / "optimizer.pt").exists()
+
+    result = runner.invoke(app, ["verify", str(packed), "--against", str(small_checkpoint)])
+    assert result.exit_code == 0, result.output
+    assert "byte-identical" in result.output
+
+    result = runner.invoke(app, ["decompress", str(packed), "-o", str(restored)])
+    assert result.exit_code == 0, result.output
+    assert tree_digests(restored) == before
+    assert tree_digests(small_checkpoint) == before
+
+
+def test_inspect_json_shape(small_checkpoint: Path, tmp_path: Path) -> None:
+    raw = runner.invoke(app, ["inspect", str(small_checkpoint), "--json"])
+    assert raw.exit_code == 0, raw.output
+    data = json.loads(raw.stdout)
+    names = {c["name"] for c in data["components"]}
+    assert {"weights", "optimizer.exp_avg", "optimizer.exp_avg_sq", "rng_state", "metadata"} <= names <= COMPONENTS
+    assert all(c["compressed_bytes"] is None and c["ratio"] is None for c in data["components"])
+    sizes = {f["path"]: f["bytes"] for f in data["files"]}
+    assert sizes["optimizer.pt"] == (small_checkpoint / "optimizer.pt").stat().st_size
+    assert sum(c["bytes"] for c in data["components"]) == sum(sizes.values())
+
+    packed = tmp_path / "c.ckptz"
+    assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
+    data = json.loads(runner.invoke(app, ["inspect", str(packed), "--json"]).stdout)
+    for item in data["components"] + data["files"]:
+        assert {"bytes", "compressed_bytes", "ratio"} <= item.keys()
+        assert item["compressed_bytes"] > 0 and abs(item["ratio"] - item["bytes"] / item["compressed_bytes"]) < 1e-9
+    on_disk = sum(p.stat().st_size for p in packed.rglob("*.ckptz"))
+    assert sum(c["compressed_bytes"] for c in data["components"]) == on_disk
+    assert {f["path"] for f in data["files"]} == {"model.safetensors", "optimizer.pt", "rng_state.pth"}
+
+
+def test_in_place_round_trip(small_checkpoint: Path, tmp_path: Path) -> None:
+    import shutil
+
+    work = tmp_path / "ck"
+    shutil.copytree(small_checkpoint, work)
+    before = tree_digests(work)
+    assert runner.invoke(app, ["compress", str(work), "--in-place"]).exit_code == 0
+    names = sorted(p.name for p in work.iterdir())
+    assert "optimizer.pt" not in names and "optimizer.pt.ckptz" in names and "config.json" in names
+    assert runner.invoke(app, ["decompress", str(work), "--in-place"]).exit_code == 0
+    assert tree_digests(work) == before
+
+
+def test_errors_are_one_line(tmp_path: Path) -> None:
+    missing = runner.invoke(app, ["compress", str(tmp_path / "nope")])
+    assert missing.exit_code == 1
+    assert missing.stderr.strip().count("\n") == 0 and "no such file" in missing.stderr
+    assert "Traceback" not in missing.output
+
+    bogus = tmp_path / "bogus.ckptz"
+    bogus.write_bytes(b"not a container at all, sorry" * 10)
+    result = runner.invoke(app, ["verify", str(bogus)])
+    assert result.exit_code == 1 and "bad magic" in result.output
+
+    result = runner.invoke(app, ["decompress", str(bogus), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "bad magic" in result.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+    usage = runner.invoke(app, ["compress", str(tmp_path), "--in-place", "-o", str(tmp_path / "x")])
+    assert usage.exit_code == 2
+
+
+def test_refuses_to_overwrite(small_checkpoint: Path, tmp_path: Path) -> None:
+    packed = tmp_path / "c.ckptz"
+    assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
+    again = runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)])
+    assert again.exit_code == 2 and "already exists" in again.stderr
+    assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed), "--force"]).exit_code == 0
+
+
+def test_verify_names_the_damaged_file(small_checkpoint: Path, tmp_path: Path) -> None:
+    packed = tmp_path / "c.ckptz"
+    assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
+    target = packed / "optimizer.pt.ckptz"
+    data = bytearray(target.read_bytes())
+    data[200] ^= 0x01
+    target.write_bytes(bytes(data))
+    result = runner.invoke(app, ["verify", str(packed), "--json"])
+    assert result.exit_code == 1
+    verdicts = {f["path"]: f for f in json.loads(result.stdout)["files"]}
+    assert verdicts["model.safetensors.ckptz"]["ok"]
+    bad = verdicts["optimizer.pt.ckptz"]
+    assert not bad["ok"] and "optimizer.pt" in bad["error"] and "chunk" in bad["error"]
+
+
+def test_help_and_module_entry_point() -> None:
+    out = subprocess.run([sys.executable, "-m", "ckptz", "--help"], capture_output=True, text=True, check=True)
+    for command in ("compress", "decompress", "inspect", "verify"):
+        assert command in out.stdout
+    out = subprocess.run([sys.executable, "-m", "ckptz", "compress", "--help"], capture_output=True, text=True, check=True)
+    assert "--codec" in out.stdout and "ans" in out.stdout and "--device" in out.stdout

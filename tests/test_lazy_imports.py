@@ -1,0 +1,39 @@
+"""`ckptz --help` and `ckptz inspect` of a container must not import torch or nvCOMP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ckptz.cli import app
+
+PROBE = """
+import sys
+from ckptz.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+heavy = sorted(m for m in ("torch", "nvidia.nvcomp", "safetensors") if m in sys.modules)
+print("HEAVY", heavy, code)
+"""
+
+
+def _heavy(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=True)
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("HEAVY"))
+    return line
+
+
+def test_help_is_light() -> None:
+    assert _heavy("--help") == "HEAVY [] 0"
+
+
+def test_inspect_of_container_is_light(small_checkpoint: Path, tmp_path: Path) -> None:
+    packed = tmp_path / "c.ckptz"
+    assert CliRunner().invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
+    assert _heavy("inspect", str(packed)) == "HEAVY [] 0"
+    assert _heavy("inspect", str(small_checkpoint)) == "HEAVY [] 0"
