@@ -67,7 +67,7 @@ def open_engine(
     reason = gpu_unavailable_reason()
     if reason is not None:
         raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu")
-    from ckptz.gpu import open_gpu_engine  # type: ignore[import-not-found]
+    from ckptz.gpu import open_gpu_engine
 
     engine: Engine = open_gpu_engine(want, threads=threads, level=level, codec=codec, memory=memory)
     return engine, None

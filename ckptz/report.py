@@ -55,7 +55,9 @@ def components_table(summary: Summary) -> Table:
         title = f"{summary.operation}: {summary.root}"
     table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
     # Component names are the table's key: never truncate them on narrow terminals.
-    table.add_column("component", no_wrap=True, min_width=max((len(c.name) for c in summary.components), default=5))
+    table.add_column(
+        "component", no_wrap=True, min_width=max((len(c.name) for c in summary.components), default=5)
+    )
     table.add_column("tensors", justify="right")
     table.add_column("original", justify="right")
     if compressed:
@@ -70,7 +72,7 @@ def components_table(summary: Summary) -> Table:
     for c in summary.components:
         table.add_row(*_component_cells(c, compressed, total))
     table.add_section()
-    totals = [
+    totals: list[RenderableType] = [
         Text("total", style="bold"),
         str(sum(c.tensors for c in summary.components)),
         decimal(summary.bytes),
