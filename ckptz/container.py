@@ -7,7 +7,8 @@ Byte layout (all integers little-endian)::
     8             2     major version    (1) readers reject another major
     10            2     minor version    (0) readers accept any minor of their major
     12            4     flags            reserved, 0
-    16            ...   chunk payloads   each starts at a multiple of 16 (zero padding between)
+    16            ...   chunk payloads   packed in offset order, each at the first multiple
+                                     of 16 after the one before; the 0-15 pad bytes are zero
     index_offset  ...   index            zstd frame (see below)
     end - 48      48    footer
 
@@ -39,10 +40,18 @@ with the three tables packed arrays of these records (sizes in bytes)::
   chunks), and the table counts.
 
 The index sits after the data so a writer streams in one pass.
+
+What a reader checks, so that every flipped bit and every truncation is caught (see
+``RELIABILITY.md``): the header's magic, and its version and flags equal to the footer's; the
+footer's magic, its offsets adding up to the file size, and the index's xxh3_64 and raw size;
+every table cross-reference (:func:`read_index`); that the payloads tile the data area exactly
+with zero padding (:func:`check_padding`, at restore); every payload's xxh3_64 before decoding;
+every decoded frame's xxh3_64; and the whole restored file's xxh3_128.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -81,8 +90,13 @@ CHUNK_DTYPE = np.dtype(
     ]
 )
 
-# An index larger than this is not one ckptz wrote; refusing it bounds memory on hostile input.
-MAX_INDEX_BYTES = 1 << 32
+# An index larger than this is not one ckptz wrote; refusing it bounds memory on hostile input
+# (1 GiB of tables is ~30 million chunks, a source of tens of terabytes).
+MAX_INDEX_BYTES = 1 << 30
+# Limits that keep every allocation made while decoding bounded: one frame at a time, and
+# sizes that stay exact in float64 (2**53 bytes is 8 PiB).
+MAX_FRAME_BYTES = 1 << 30
+MAX_SOURCE_BYTES = (1 << 53) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +150,7 @@ class Index:
 
 def checksum(data: bytes | memoryview | np.ndarray) -> int:
     """The checksum of frames and chunks: xxh3_64, seed 0."""
-    return xxhash.xxh3_64_intdigest(data)
+    return xxhash.xxh3_64_intdigest(data.data if isinstance(data, np.ndarray) else data)
 
 
 class ContainerWriter:
@@ -193,6 +207,9 @@ class ContainerWriter:
 def read_index(f: BinaryIO, path: str) -> Index:
     """Read and validate a container's header, footer and index.
 
+    Memory and time stay bounded by the file's size (and :data:`MAX_INDEX_BYTES`) whatever
+    the tables claim.
+
     Raises:
         ContainerError: not a container, truncated, or inconsistent tables.
         UnsupportedVersionError: written by an incompatible ckptz.
@@ -202,27 +219,35 @@ def read_index(f: BinaryIO, path: str) -> Index:
     if size < HEADER.size + FOOTER.size:
         raise ContainerError("too small to be a ckptz container (truncated?)", path=path)
     f.seek(0)
-    magic, major, _minor, _flags = HEADER.unpack(f.read(HEADER.size))
+    magic, major, minor, flags = HEADER.unpack(f.read(HEADER.size))
     if magic != MAGIC:
         raise ContainerError("not a ckptz container (bad magic)", path=path)
+    f.seek(size - FOOTER.size)
+    off, isize, raw_size, isum, fmajor, fminor, fflags, end = FOOTER.unpack(f.read(FOOTER.size))
+    if end != END_MAGIC:
+        raise ContainerError("footer missing or damaged (truncated?)", path=path)
+    # The header's version and flags are repeated in the footer; comparing them is what makes a
+    # flipped bit there detectable (neither copy is covered by a checksum).
+    if (major, minor, flags) != (fmajor, fminor, fflags):
+        raise ContainerError("header and footer disagree on version or flags (damaged)", path=path)
     if major != MAJOR:
         raise UnsupportedVersionError(
             f"container format {major}.x; this ckptz reads {MAJOR}.x", path=path, hint="upgrade ckptz"
         )
-    f.seek(size - FOOTER.size)
-    off, isize, raw_size, isum, fmajor, _fminor, _fflags, end = FOOTER.unpack(f.read(FOOTER.size))
-    if end != END_MAGIC or fmajor != major:
-        raise ContainerError("footer missing or damaged (truncated?)", path=path)
-    if not (HEADER.size <= off and off + isize == size - FOOTER.size) or raw_size > MAX_INDEX_BYTES:
+    if not (HEADER.size <= off and off + isize == size - FOOTER.size) or not 4 <= raw_size <= MAX_INDEX_BYTES:
         raise ContainerError("footer points outside the file (truncated or damaged)", path=path)
     f.seek(off)
     blob = f.read(isize)
     if checksum(blob) != isum:
         raise CorruptionError("index checksum mismatch", path=path)
     try:
-        raw = zstandard.ZstdDecompressor().decompress(blob, max_output_size=raw_size)
+        # A stream reader never allocates more than asked, whatever size the zstd frame claims.
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)) as reader:
+            raw = reader.read(raw_size + 1)
     except zstandard.ZstdError as exc:
         raise CorruptionError(f"index does not decompress ({exc})", path=path) from None
+    if len(raw) != raw_size:
+        raise CorruptionError("index size disagrees with the footer", path=path)
     return _parse_index(raw, path, data_end=off)
 
 
@@ -245,16 +270,18 @@ def _parse_index(raw: bytes, path: str, data_end: int) -> Index:
             )
             for s in header["streams"]
         )
-        int(header["source"]["size"])
+        source_size = int(header["source"]["size"])
         str(header["source"]["xxh3_128"])
-    except (struct.error, ValueError, KeyError, TypeError) as exc:
-        raise ContainerError(f"index header unreadable ({exc})", path=path) from None
+    except (struct.error, ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+        raise ContainerError(f"index header unreadable ({type(exc).__name__})", path=path) from None
     pos = 4 + jsize
     sizes = [
         n * d.itemsize for n, d in ((n_seg, SEGMENT_DTYPE), (n_frame, FRAME_DTYPE), (n_chunk, CHUNK_DTYPE))
     ]
     if min(n_seg, n_frame, n_chunk) < 0 or pos + sum(sizes) != len(raw):
         raise ContainerError("index tables do not match their counts", path=path)
+    if not 0 <= source_size <= MAX_SOURCE_BYTES:
+        raise ContainerError("index claims an impossible source size", path=path)
     tables = []
     for nbytes, dtype in zip(sizes, (SEGMENT_DTYPE, FRAME_DTYPE, CHUNK_DTYPE), strict=True):
         tables.append(np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=pos))
@@ -265,31 +292,92 @@ def _parse_index(raw: bytes, path: str, data_end: int) -> Index:
 
 
 def _validate(index: Index, path: str, data_end: int) -> None:
-    """Check every cross-reference so decoding never reads or allocates out of bounds."""
+    """Check every cross-reference so decoding never reads or allocates out of bounds.
+
+    Every check is a vectorised pass over one table, so a hostile index costs time linear
+    in its (bounded) size. After it passes: every frame a stream needs exists and every
+    frame is needed; each frame has one chunk per plane, of the size the transform implies;
+    and the payloads tile ``[16, data_end)`` exactly, in 16-byte steps.
+    """
     streams, seg, frames, chunks = index.streams, index.segments, index.frames, index.chunks
-    n_streams = len(streams)
-    if any(s.id != i or s.word not in (1, 2, 4, 8) or s.frame_size <= 0 for i, s in enumerate(streams)):
-        raise ContainerError("stream table is inconsistent", path=path)
-    if len(seg) and int(seg["stream"].max()) >= n_streams:
-        raise ContainerError("a segment names a missing stream", path=path)
-    if int(seg["length"].sum(dtype=np.uint64)) != index.source_size:
-        raise ContainerError("segments do not add up to the source size", path=path)
-    if len(frames) and int(frames["stream"].max()) >= n_streams:
-        raise ContainerError("a frame names a missing stream", path=path)
-    if int(frames["chunks"].sum(dtype=np.uint64)) != len(chunks):
-        raise ContainerError("frames and chunks disagree", path=path)
-    for s in streams:
-        mine = frames["length"][frames["stream"] == s.id]
-        seg_len = int(seg["length"][seg["stream"] == s.id].sum(dtype=np.uint64))
-        if int(mine.sum(dtype=np.uint64)) != s.length or seg_len != s.length:
-            raise ContainerError(f"stream {s.id} lengths disagree", path=path)
-        if len(mine) and (
-            int(mine.max()) > s.frame_size or int(mine[:-1].min(initial=s.frame_size)) != s.frame_size
+    n = len(streams)
+    for i, s in enumerate(streams):
+        if (
+            s.id != i
+            or s.word not in (1, 2, 4, 8)
+            or not 0 < s.frame_size <= MAX_FRAME_BYTES
+            or s.frame_size % s.word
+            or not 0 <= s.length <= index.source_size
         ):
-            raise ContainerError(f"stream {s.id} frames have wrong sizes", path=path)
-    ends = chunks["offset"] + chunks["size"]
-    if len(chunks) and (int(chunks["offset"].min()) < HEADER.size or int(ends.max()) > data_end):
+            raise ContainerError(f"stream table is inconsistent (stream {i})", path=path)
+    if len(seg) > n * (index.source_size + 1):
+        raise ContainerError("more segments than bytes", path=path)
+    if len(seg) and int(seg["stream"].max()) >= n:
+        raise ContainerError("a segment names a missing stream", path=path)
+    # Python ints: a uint64 sum of hostile lengths could wrap around to the right total.
+    if sum(seg["length"].tolist()) != index.source_size:
+        raise ContainerError("segments do not add up to the source size", path=path)
+    lengths = np.array([s.length for s in streams], dtype=np.uint64)
+    # Each segment is at most source_size < 2**53 and they add up exactly, so these are exact.
+    seg_sums = np.bincount(seg["stream"], weights=seg["length"], minlength=n).astype(np.uint64)
+    if n and not np.array_equal(seg_sums, lengths):
+        raise ContainerError("stream lengths disagree with their segments", path=path)
+    fs, fl = frames["stream"].astype(np.int64), frames["length"]
+    if len(frames) and int(fs.max()) >= n:
+        raise ContainerError("a frame names a missing stream", path=path)
+    words = np.array([s.word for s in streams], dtype=np.uint64)[fs] if n else np.zeros(0, np.uint64)
+    sizes = np.array([s.frame_size for s in streams], dtype=np.uint64)[fs] if n else np.zeros(0, np.uint64)
+    if len(frames) and (
+        bool(np.any(frames["reserved"]))
+        or bool(np.any(fl == 0))
+        or bool(np.any(fl > sizes))
+        or bool(np.any(fl % words))
+        or not np.array_equal(frames["chunks"].astype(np.uint64), words)
+    ):
+        raise ContainerError("frame table is inconsistent", path=path)
+    # Only a stream's last frame may be short.
+    last = np.zeros(n, dtype=np.int64) - 1
+    np.maximum.at(last, fs, np.arange(len(frames), dtype=np.int64))
+    short = fl != sizes
+    if bool(np.any(short & (np.arange(len(frames)) != last[fs]))):
+        raise ContainerError("a frame other than a stream's last is short", path=path)
+    frame_sums = np.zeros(n, dtype=np.uint64)
+    np.add.at(frame_sums, fs, fl)
+    if n and not np.array_equal(frame_sums, lengths):
+        raise ContainerError("stream lengths disagree with their frames", path=path)
+    counts = frames["chunks"].astype(np.int64)
+    if int(counts.sum()) != len(chunks):
+        raise ContainerError("frames and chunks disagree", path=path)
+    starts = frame_chunk_starts(frames)
+    planes = np.arange(len(chunks), dtype=np.int64) - np.repeat(starts, counts)
+    raw_sizes = np.repeat(fl // np.maximum(words, 1), counts)
+    if not np.array_equal(chunks["plane"].astype(np.int64), planes) or not np.array_equal(
+        chunks["raw_size"], raw_sizes
+    ):
+        raise ContainerError("chunk table disagrees with its frames", path=path)
+    _check_tiling(chunks, path, data_end)
+
+
+def _check_tiling(chunks: np.ndarray, path: str, data_end: int) -> None:
+    """Payloads, sorted by offset, must each start at the first 16-byte boundary after the last."""
+    off, size = chunks["offset"], chunks["size"]
+    if len(chunks) == 0:
+        if data_end != HEADER.size:
+            raise ContainerError("bytes between the header and the index belong to no chunk", path=path)
+        return
+    if int(off.max()) > data_end or int(size.max()) > data_end:
         raise ContainerError("a chunk lies outside the data area", path=path)
+    order = np.argsort(off, kind="stable")
+    off, size = off[order], size[order]
+    ends = off + size
+    padded = ends + (-ends % ALIGN)
+    if int(off[0]) != HEADER.size or int(padded[-1]) != data_end or not np.array_equal(off[1:], padded[:-1]):
+        raise ContainerError("chunks do not tile the data area (overlap or stray bytes)", path=path)
+
+
+def padded_size(size: int) -> int:
+    """Bytes a payload of ``size`` occupies with its zero padding."""
+    return size + (-size % ALIGN)
 
 
 def frame_chunk_starts(frames: np.ndarray) -> np.ndarray:

@@ -75,6 +75,8 @@ class CorruptionError(ContainerError):
     ) -> None:
         self.chunk = chunk
         self.tensor = tensor
+        #: the message without the location suffix, so a caller can re-raise with more location.
+        self.reason = message
         where = []
         if chunk is not None:
             where.append(f"chunk {chunk}")

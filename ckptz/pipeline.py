@@ -9,6 +9,7 @@ first needed with a bounded look-ahead, and hashes what it writes. Memory stays 
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -27,12 +28,13 @@ from ckptz.container import (
     StreamInfo,
     frame_chunk_starts,
     make_tables,
+    padded_size,
     read_index,
     stream_frame_lists,
 )
 from ckptz.dtypes import lookup
 from ckptz.engine import EncodedFrame, Engine, StoredChunk
-from ckptz.errors import CorruptionError, FormatError, MismatchError
+from ckptz.errors import CodecError, CorruptionError, FormatError, MismatchError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout, Segment
 
@@ -58,22 +60,24 @@ class _Plan:
 def plan_streams(layout: FileLayout) -> _Plan:
     """Group segments into streams of one (component, dtype), numbered by first appearance."""
     ids: dict[tuple[str, str, int, bool], int] = {}
-    drafts: list[list[object]] = []
+    keys: list[tuple[str, str, int, bool]] = []
+    lengths: list[int] = []
+    tensors: list[int] = []
     seg_streams: list[int] = []
     for seg in layout.segments:
         key = _stream_key(seg)
-        sid = ids.get(key)
-        if sid is None:
-            sid = ids[key] = len(drafts)
-            drafts.append([key, 0, 0])
-        drafts[sid][1] = int(drafts[sid][1]) + seg.length  # type: ignore[call-overload]
-        drafts[sid][2] = int(drafts[sid][2]) + (seg.kind == "tensor")  # type: ignore[call-overload]
+        sid = ids.setdefault(key, len(keys))
+        if sid == len(keys):
+            keys.append(key)
+            lengths.append(0)
+            tensors.append(0)
+        lengths[sid] += seg.length
+        tensors[sid] += seg.kind == "tensor"
         seg_streams.append(sid)
     streams = []
-    for sid, (key, length, tensors) in enumerate(drafts):
-        component, dtype, word, rotate = key  # type: ignore[misc]
+    for sid, (component, dtype, word, rotate) in enumerate(keys):
         frame = META_FRAME_SIZE if word == 1 and component in ("metadata", "other") else FRAME_SIZE
-        streams.append(StreamInfo(sid, component, dtype, word, rotate, frame, length, tensors))  # type: ignore[arg-type]
+        streams.append(StreamInfo(sid, component, dtype, word, rotate, frame, lengths[sid], tensors[sid]))
     return _Plan(tuple(streams), tuple(seg_streams))
 
 
@@ -140,7 +144,7 @@ def compress_file(
             while remaining:
                 buf, fill = buffers.get(sid) or (np.empty(stream.frame_size, np.uint8), 0)
                 want = min(remaining, stream.frame_size - fill, READ_BLOCK)
-                view = memoryview(buf)[fill : fill + want]
+                view = buf.data[fill : fill + want]
                 got = _read_exact(f, view)
                 if got != want:
                     raise FormatError("file changed or was truncated while being read", path=relpath)
@@ -221,7 +225,7 @@ def restore(
     container: BinaryIO,
     path: str,
     engine: Engine,
-    sink: Callable[[memoryview], None],
+    sink: Callable[[memoryview], object],
     *,
     index: Index | None = None,
     progress: Progress = _no_progress,
@@ -241,10 +245,10 @@ def restore(
     starts = frame_chunk_starts(index.frames)
     keys = index.header.get("tensor_keys", [])
     limit = 4 * engine.threads + 4
-    pending: list[deque[Future[np.ndarray]]] = [deque() for _ in index.streams]
+    pending: list[deque[tuple[Future[np.ndarray], int, str | None]]] = [deque() for _ in index.streams]
     order = _need_order(index)
     in_flight = 0
-    current_where = [path]
+    tensor_at = _frame_tensors(index, keys if isinstance(keys, list) else [])
 
     def schedule_one() -> bool:
         nonlocal in_flight
@@ -258,24 +262,45 @@ def restore(
         row = int(rows[k])
         fr = index.frames[row]
         first = int(starts[row])
+        tensor = tensor_at(sid, k)
         stored = []
         for ci in range(first, first + int(fr["chunks"])):
             c = index.chunks[ci]
-            payload = os.pread(fd, int(c["size"]), int(c["offset"]))
+            size = int(c["size"])
+            # The pad after a payload is read with it and must be zero: no byte of the data
+            # area is left unchecked (the payload's own checksum covers only the payload).
+            padded = os.pread(fd, padded_size(size), int(c["offset"]))
+            if len(padded) != padded_size(size):
+                raise CorruptionError("container ends inside a chunk (truncated?)", path=path, chunk=ci)
+            if padded.count(0, size) != len(padded) - size:
+                raise CorruptionError("padding after a chunk is not zero", path=path, chunk=ci, tensor=tensor)
+            payload = padded if len(padded) == size else memoryview(padded)[:size]
             stored.append(StoredChunk(ci, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"])))
-        where = f"frame {row} of stream {sid} ({index.streams[sid].component}, {current_where[0]})"
-        pending[sid].append(
-            engine.decode(index.streams[sid], stored, int(fr["length"]), int(fr["checksum"]), where)
-        )
+        where = f"frame {row} of stream {sid} ({index.streams[sid].component})"
+        future = engine.decode(index.streams[sid], stored, int(fr["length"]), int(fr["checksum"]), where)
+        pending[sid].append((future, first, tensor))
         in_flight += 1
         return True
+
+    def result(sid: int) -> np.ndarray:
+        future, first, tensor = pending[sid].popleft()
+        try:
+            return future.result()
+        except CorruptionError as exc:
+            # Engines know the chunk, not the file or the tensor: add them.
+            chunk = first if exc.chunk is None else exc.chunk
+            raise CorruptionError(exc.reason, path=path, chunk=chunk, tensor=exc.tensor or tensor) from None
+        except CodecError as exc:
+            if exc.path is not None:
+                raise
+            raise type(exc)(
+                exc.message.removeprefix(f"codec {exc.codec}: "), codec=exc.codec, path=path, hint=exc.hint
+            ) from None
 
     heads: list[tuple[np.ndarray, int] | None] = [None] * len(index.streams)
     hasher = xxhash.xxh3_128()
     segment_rows = zip(index.segments["stream"].tolist(), index.segments["length"].tolist(), strict=True)
-    for i, (sid, length) in enumerate(segment_rows):
-        seg_keys = keys[i] if i < len(keys) and isinstance(keys[i], list) else []
-        current_where[0] = f"tensor {seg_keys[0]}" if seg_keys else path
+    for sid, length in segment_rows:
         remaining = length
         while remaining:
             head = heads[sid]
@@ -285,12 +310,12 @@ def restore(
                         raise CorruptionError("a stream ends before its segments", path=path)
                 while in_flight < limit and schedule_one():
                     pass
-                data = pending[sid].popleft().result()
+                data = result(sid)
                 in_flight -= 1
                 head = (data, 0)
             data, used = head
             take = min(remaining, data.size - used)
-            view = memoryview(data)[used : used + take]
+            view = data.data[used : used + take]
             hasher.update(view)
             sink(view)
             progress(take)
@@ -299,6 +324,26 @@ def restore(
     if hasher.hexdigest() != index.source_digest:
         raise CorruptionError("restored file does not match the original's digest", path=path)
     return index
+
+
+def _frame_tensors(index: Index, keys: list[object]) -> Callable[[int, int], str | None]:
+    """A function naming the first tensor in frame ``k`` of stream ``sid`` (None for metadata)."""
+    starts: list[list[int]] = [[] for _ in index.streams]
+    names: list[list[str | None]] = [[] for _ in index.streams]
+    pos = [0] * len(index.streams)
+    for i, (sid, length) in enumerate(
+        zip(index.segments["stream"].tolist(), index.segments["length"].tolist(), strict=True)
+    ):
+        seg_keys = keys[i] if i < len(keys) else None
+        starts[sid].append(pos[sid])
+        names[sid].append(str(seg_keys[0]) if isinstance(seg_keys, list) and seg_keys else None)
+        pos[sid] += length
+
+    def tensor(sid: int, k: int) -> str | None:
+        at = bisect.bisect_right(starts[sid], k * index.streams[sid].frame_size) - 1
+        return names[sid][at] if at >= 0 else None
+
+    return tensor
 
 
 class Comparer:
