@@ -25,7 +25,7 @@ from ckptz.errors import ContainerError, CorruptionError, UnsupportedVersionErro
 
 
 def _write(path: Path) -> Index:
-    payloads = [b"a" * 10, b"bc" * 7, b"", b"x"]
+    payloads = [b"a" * 10, b"bc" * 7, b"", b"x", b"meta"]
     with open(path, "wb") as f:
         w = ContainerWriter(f)
         offsets = [w.add_payload(p) for p in payloads]
@@ -33,13 +33,18 @@ def _write(path: Path) -> Index:
             StreamInfo(0, "weights", "float32", 4, True, 8, 8, 1),
             StreamInfo(1, "metadata", "uint8", 1, False, 16, 4, 0),
         )
+        planes, raw_sizes = [0, 1, 2, 3, 0], [2, 2, 2, 2, 4]
         seg, frames, chunks = make_tables(
             [(1, 2), (0, 8), (1, 2)],
             [(0, 4, 8, 123), (1, 1, 4, 456)],
-            [(o, len(p), 2 if i < 4 else 1, checksum(p), 2, i % 4) for i, (o, p) in enumerate(zip(offsets, payloads, strict=True))][:4]
-            + [(offsets[3], 1, 4, checksum(b"x"), 1, 0)],
+            [
+                (o, len(p), r, checksum(p), 2, pl)
+                for o, p, r, pl in zip(offsets, payloads, raw_sizes, planes, strict=True)
+            ],
         )
-        index = Index({"source": {"name": "x.pt", "size": 12, "xxh3_128": "00"}}, streams, seg, frames, chunks)
+        index = Index(
+            {"source": {"name": "x.pt", "size": 12, "xxh3_128": "00"}}, streams, seg, frames, chunks
+        )
         w.finish(index)
     return index
 
@@ -99,6 +104,9 @@ def test_rejects_other_major_version(tmp_path: Path) -> None:
     _write(path)
     data = bytearray(path.read_bytes())
     data[: HEADER.size] = HEADER.pack(MAGIC, 2, 0, 0)
+    footer = list(FOOTER.unpack(bytes(data[-FOOTER.size :])))
+    footer[4] = 2  # a newer writer puts its major version in both places
+    data[-FOOTER.size :] = FOOTER.pack(*footer)
     with pytest.raises(UnsupportedVersionError, match="upgrade ckptz"):
         _read(bytes(data), tmp_path)
 
