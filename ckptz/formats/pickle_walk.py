@@ -20,6 +20,7 @@ import _compat_pickle
 import io
 import pickle
 import pickletools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ an unpickled object graph can be tens of times larger than its pickle."""
 
 MAX_OPCODES = 50_000_000
 
+_MAX_PATH = 1024
 _MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 _TENSOR_REBUILDS = frozenset(
     {
@@ -42,6 +44,7 @@ _TENSOR_REBUILDS = frozenset(
         "torch._utils._rebuild_qtensor",
     }
 )
+_TEXT_PID = re.compile(r"\('storage', <class '([\w.]+)'>, '(\w+)', '([^']*)', (\d{1,19})(?:, None)?\)")
 _TEXT_CODECS = frozenset({"latin1", "latin-1", "iso-8859-1", "utf-8", "utf8", "ascii"})
 
 
@@ -134,7 +137,7 @@ class Stub:
     setitems: list[tuple[Any, Any]]
 
 
-class ODict(dict):  # type: ignore[type-arg]
+class ODict(dict[Any, Any]):
     """``collections.OrderedDict`` stand-in; state dicts BUILD a ``_metadata`` attribute onto it."""
 
 
@@ -192,6 +195,10 @@ class _StubUnpickler(pickle.Unpickler):
         return self.stub(f"{module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, str) and (m := _TEXT_PID.fullmatch(pid)):
+            # Protocol 0 stores the persistent id as the tuple's repr (torch itself cannot load it).
+            stype, key, location, numel = m.groups()
+            pid = ("storage", self.stub(stype), key, location, int(numel))
         if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
             _, stype, key, location, numel = pid[:5]
             if not isinstance(numel, int) or numel < 0:
@@ -202,21 +209,19 @@ class _StubUnpickler(pickle.Unpickler):
                 self.storages[key] = StorageRef(key, tname, str(location), numel)
             return self.storages[key]
         # ('module', cls, source_file, source) in legacy files, or anything else: inert.
-        return self.stub("<persistent>")(pid)
+        return _stub_new(self.stub("<persistent>"), pid)
 
 
 def _check_opcodes(data: bytes) -> None:
     """Reject pickles whose memo or opcode count would make the C unpickler allocate absurdly."""
     limit = len(data)
-    count = 0
-    for opcode, arg, _ in pickletools.genops(data):
-        count += 1
+    for count, (opcode, arg, _) in enumerate(pickletools.genops(data)):
+        if count >= MAX_OPCODES:
+            raise FormatError(f"pickle has more opcodes than ckptz walks ({MAX_OPCODES})")
         if opcode.name in _MEMO_PUTS and (not isinstance(arg, int) or arg < 0 or arg > limit):
             raise FormatError(f"pickle memo index {arg!r} exceeds the pickle's size")
-        if opcode.name == "PROTO" and not 0 <= arg <= pickle.HIGHEST_PROTOCOL:
+        if opcode.name == "PROTO" and not (isinstance(arg, int) and 0 <= arg <= pickle.HIGHEST_PROTOCOL):
             raise FormatError(f"unsupported pickle protocol {arg}")
-    if count > MAX_OPCODES:
-        raise FormatError(f"pickle has {count} opcodes, more than ckptz walks ({MAX_OPCODES})")
 
 
 def _segment(key: Any) -> str:
@@ -235,6 +240,9 @@ def _segment(key: Any) -> str:
 
 
 def _join(path: str, seg: str) -> str:
+    # Paths stop growing past _MAX_PATH so that hostile nesting costs linear, not quadratic, time.
+    if len(path) > _MAX_PATH:
+        return path
     return f"{path}.{seg}" if path else seg
 
 

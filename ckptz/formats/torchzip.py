@@ -23,6 +23,7 @@ Byte layout of the structures read here (little-endian)::
 
 from __future__ import annotations
 
+import itertools
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -130,7 +131,7 @@ def read_directory(f: BinaryIO, end: int, start: int = 0) -> tuple[int, list[Zip
         FormatError: the structures are missing, inconsistent or out of range.
     """
     eocd = _find_eocd(f, start, end)
-    sig, disk, cd_disk, _, count, cd_size, cd_off, _ = _EOCD.unpack(_read_at(f, eocd, _EOCD.size))
+    _, disk, cd_disk, _, count, cd_size, cd_off, _ = _EOCD.unpack(_read_at(f, eocd, _EOCD.size))
     cd_limit = eocd
     base = None
     if eocd - start >= _LOCATOR.size + _EOCD64.size:
@@ -178,7 +179,7 @@ def read_directory(f: BinaryIO, end: int, start: int = 0) -> tuple[int, list[Zip
             raise FormatError(f"record {name!r} claims {csize} bytes past the central directory")
         entries.append(ZipEntry(name, method, csize, header, data))
     entries.sort(key=lambda e: e.header)
-    for a, b in zip(entries, entries[1:], strict=False):
+    for a, b in itertools.pairwise(entries):
         if a.end > b.header:
             raise FormatError(f"records {a.name!r} and {b.name!r} overlap")
     return base, entries
