@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+import xxhash
+
 from ckptz.accounting import (
     ComponentStats,
     FileStats,
@@ -26,10 +28,17 @@ from ckptz.accounting import (
 from ckptz.container import SUFFIX, read_index
 from ckptz.device import open_engine
 from ckptz.engine import Engine
-from ckptz.errors import CkptzError, InputNotFoundError, MismatchError, UsageError
+from ckptz.errors import (
+    CkptzError,
+    CorruptionError,
+    InputNotFoundError,
+    MismatchError,
+    UnsafePathError,
+    UsageError,
+)
 from ckptz.formats import is_checkpoint, read_layout
 from ckptz.pipeline import Comparer, compress_file, restore
-from ckptz.safeio import atomic_output, copy_file, is_temp, os_error, remove
+from ckptz.safeio import atomic_output, copy_file, is_temp, os_error, remove, remove_temp, stale_temps
 
 
 class Reporter(Protocol):
@@ -253,22 +262,24 @@ def compress(
     entries = _walk(src)
     root = _output_root(src, Path(dst) if dst else None, in_place, suffix_add=True)
     single_dst = Path(dst) if dst and not src.is_dir() else None
-    verify = in_place if verify is None else verify
+    # In place, the original is removed only after its container decoded back to it.
+    verify = True if in_place else bool(verify)
     jobs: list[tuple[_Entry, Path]] = []
     copies: list[tuple[_Entry, Path]] = []
     for e in entries:
         if e.kind == "checkpoint":
             target = _target(src, root, e, e.path.name + SUFFIX, single_dst)
+            _check_target(root, target)
             if in_place and target.exists():
                 # A rerun after a crash between rename and removal: finish the job.
                 _finish_interrupted(e.path, target)
                 continue
             jobs.append((e, target))
         elif e.kind == "temp" and in_place:
-            e.path.unlink(missing_ok=True)
+            remove_temp(e.path)
         elif not in_place and e.kind in ("other", "container", "symlink"):
             copies.append((e, _target(src, root, e, e.path.name, single_dst)))
-    _refuse_existing([t for _, t in jobs + copies], force and not in_place)
+    _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
     files: list[FileStats] = []
     with _engine(device, threads, level, codec, memory, reporter) as (engine, notices):
         reporter.start(sum(e.path.stat().st_size for e, _ in jobs), "compress")
@@ -293,6 +304,8 @@ def compress(
 def _compress_one(
     e: _Entry, target: Path, engine: Engine, verify: bool, in_place: bool, reporter: Reporter
 ) -> FileStats:
+    for stale in stale_temps(target):
+        remove_temp(stale)
     with atomic_output(target) as (f, tmp):
         written = compress_file(e.path, e.rel, f, engine, progress=reporter.advance)
         if verify:
@@ -326,7 +339,11 @@ def _remove_original(path: Path) -> None:
 
 
 def _copy(e: _Entry, target: Path) -> None:
+    for stale in stale_temps(target):
+        remove_temp(stale)
     if e.kind == "symlink":
+        # Recreated verbatim, never followed: a link that points outside the folder is the
+        # user's data, and nothing is ever read or written through it.
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink():
             target.unlink()
@@ -335,12 +352,45 @@ def _copy(e: _Entry, target: Path) -> None:
         copy_file(e.path, target)
 
 
-def _refuse_existing(targets: list[Path], force: bool) -> None:
-    if force:
-        return
+def _refuse_existing(entries: list[_Entry], targets: list[Path], force: bool) -> None:
+    """Refuse outputs that exist (unless ``force``) and, always, outputs that are inputs."""
+    sources = {_identity(e.path) for e in entries} - {None}
     for t in targets:
-        if t.exists() or t.is_symlink():
+        if _identity(t) in sources:
+            raise UsageError("output would overwrite an input", path=str(t), hint="choose another -o")
+        if not force and (t.exists() or t.is_symlink()):
             raise UsageError("output already exists", path=str(t), hint="remove it or pass --force")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a path, not following a final symlink; None if it does not exist."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _check_target(root: Path, target: Path) -> None:
+    """Refuse an output whose folder (below ``root``) or own name is a symlink.
+
+    Writing through such a link could put bytes outside the destination, or, in place, make
+    ckptz remove an original whose container lives somewhere else.
+    """
+    try:
+        rel = target.relative_to(root)
+    except ValueError:
+        rel = Path(target.name)
+        root = target.parent
+    here = root
+    for part in rel.parts:
+        here = here / part
+        if here.is_symlink():
+            raise UnsafePathError(
+                "a symlink in the output path could redirect the write",
+                path=str(here),
+                hint="remove the link",
+            )
 
 
 def decompress(
@@ -372,22 +422,29 @@ def decompress(
     for e in entries:
         if e.kind == "container":
             target = _target(src, root, e, e.path.name.removesuffix(SUFFIX), single_dst)
+            _check_target(root, target)
             if in_place and target.exists():
                 _finish_interrupted(target, e.path)
                 continue
             jobs.append((e, target))
         elif e.kind == "temp" and in_place:
-            e.path.unlink(missing_ok=True)
+            remove_temp(e.path)
         elif not in_place and e.kind != "temp":
             copies.append((e, _target(src, root, e, e.path.name, single_dst)))
-    _refuse_existing([t for _, t in jobs + copies], force and not in_place)
+    _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
     files: list[FileStats] = []
     with _engine(device, threads, 3, "auto", memory, reporter) as (engine, notices):
         reporter.start(sum(_source_size(e.path) for e, _ in jobs), "decompress")
         for e, target in jobs:
             reporter.file(e.rel)
-            with open(e.path, "rb") as c, atomic_output(target) as (f, _tmp):
+            for stale in stale_temps(target):
+                remove_temp(stale)
+            with open(e.path, "rb") as c, atomic_output(target) as (f, tmp):
                 index = restore(c, e.rel, engine, f.write, progress=reporter.advance)
+                if in_place:
+                    # The container goes away next: read back what reached the file first.
+                    f.flush()
+                    _check_written(tmp, index.source_digest, e.rel)
             files.append(index_stats(e.rel.removesuffix(SUFFIX), index, e.path.stat().st_size))
             if in_place:
                 _remove_original(e.path)
@@ -404,6 +461,15 @@ def decompress(
         time.perf_counter() - start,
         tuple(notices),
     )
+
+
+def _check_written(path: Path, digest: str, rel: str) -> None:
+    hasher = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            hasher.update(block)
+    if hasher.hexdigest() != digest:
+        raise CorruptionError("restored file read back differs from the original's digest", path=rel)
 
 
 def _source_size(container: Path) -> int:

@@ -2,14 +2,16 @@
 
 Every output is written to a temporary file in the destination folder, flushed and fsynced,
 checked, then atomically renamed; the folder is fsynced after each rename. Temporary files
-carry ``TMP_MARK`` in their names, so a rerun recognises and removes them and never takes
-them for data.
+are named ``.<final name>.ckptz-tmp-<pid>-<8 hex digits>``: hidden, tied to the name they
+will take, and matched exactly by :func:`is_temp`, so a rerun recognises and removes them and
+never takes user data for one.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -20,15 +22,37 @@ from typing import BinaryIO
 from ckptz.errors import OutOfSpaceError, WriteError
 
 TMP_MARK = ".ckptz-tmp-"
+_TEMP_NAME = re.compile(r"\.(?P<final>.+)" + re.escape(TMP_MARK) + r"[0-9]+-[0-9a-f]{8}")
 
 
 def is_temp(path: Path) -> bool:
     """True for a temporary file ckptz left behind (never user data)."""
-    return path.name.startswith(".") and TMP_MARK in path.name
+    return _TEMP_NAME.fullmatch(path.name) is not None
 
 
 def temp_path(final: Path) -> Path:
+    """A fresh temporary name beside ``final`` (see the module docstring for its form)."""
     return final.parent / f".{final.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def stale_temps(final: Path) -> list[Path]:
+    """Temporary files a killed run left for ``final`` (they are never complete outputs)."""
+    try:
+        names = os.listdir(final.parent)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        m = _TEMP_NAME.fullmatch(name)
+        if m is not None and m["final"] == final.name:
+            out.append(final.parent / name)
+    return out
+
+
+def remove_temp(path: Path) -> None:
+    """Remove a leftover temporary file; only names :func:`is_temp` accepts are ever touched."""
+    if is_temp(path):
+        _unlink_quietly(path)
 
 
 def fsync_dir(folder: Path) -> None:
@@ -64,7 +88,7 @@ def atomic_output(final: Path) -> Iterator[tuple[BinaryIO, Path]]:
     tmp = temp_path(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        f = open(tmp, "xb")  # noqa: SIM115 (closed below, before the rename)
+        f = _open_temp(tmp)
     except OSError as exc:
         raise os_error(exc, final) from None
     try:
@@ -78,10 +102,17 @@ def atomic_output(final: Path) -> Iterator[tuple[BinaryIO, Path]]:
         fsync_dir(final.parent)
     except OSError as exc:
         _unlink_quietly(tmp)
+        if exc.filename is not None and exc.filename not in (str(tmp), str(final)):
+            raise  # reading some other file failed: not a write error, keep its own name
         raise os_error(exc, final) from None
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def _open_temp(tmp: Path) -> BinaryIO:
+    """Create the temporary file (exclusive); tests replace this to inject write faults."""
+    return open(tmp, "xb")
 
 
 def copy_file(src: Path, final: Path) -> None:
