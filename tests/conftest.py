@@ -41,7 +41,9 @@ def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ckpt") / "checkpoint-500"
     root.mkdir()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(300, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 300))
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(300, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 300)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(3):
         x = torch.randint(0, 100, (16,))  # rows 100.. of the embedding never get gradients
@@ -51,7 +53,9 @@ def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         opt.zero_grad()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, root / "model.safetensors")
     torch.save(opt.state_dict(), root / "optimizer.pt")
-    torch.save({"cpu_rng_state": torch.get_rng_state(), "numpy": np.random.get_state()}, root / "rng_state.pth")
+    torch.save(
+        {"cpu_rng_state": torch.get_rng_state(), "numpy": np.random.get_state()}, root / "rng_state.pth"
+    )
     (root / "trainer_state.json").write_text('{"global_step": 500}')
     (root / "config.json").write_text('{"hidden_size": 64}')
     return root

@@ -51,7 +51,11 @@ def test_inspect_json_shape(small_checkpoint: Path, tmp_path: Path) -> None:
     assert raw.exit_code == 0, raw.output
     data = json.loads(raw.stdout)
     names = {c["name"] for c in data["components"]}
-    assert {"weights", "optimizer.exp_avg", "optimizer.exp_avg_sq", "rng_state", "metadata"} <= names <= COMPONENTS
+    assert (
+        {"weights", "optimizer.exp_avg", "optimizer.exp_avg_sq", "rng_state", "metadata"}
+        <= names
+        <= COMPONENTS
+    )
     assert all(c["compressed_bytes"] is None and c["ratio"] is None for c in data["components"])
     sizes = {f["path"]: f["bytes"] for f in data["files"]}
     assert sizes["optimizer.pt"] == (small_checkpoint / "optimizer.pt").stat().st_size
@@ -62,7 +66,10 @@ def test_inspect_json_shape(small_checkpoint: Path, tmp_path: Path) -> None:
     data = json.loads(runner.invoke(app, ["inspect", str(packed), "--json"]).stdout)
     for item in data["components"] + data["files"]:
         assert {"bytes", "compressed_bytes", "ratio"} <= item.keys()
-        assert item["compressed_bytes"] > 0 and abs(item["ratio"] - item["bytes"] / item["compressed_bytes"]) < 1e-9
+        assert (
+            item["compressed_bytes"] > 0
+            and abs(item["ratio"] - item["bytes"] / item["compressed_bytes"]) < 1e-9
+        )
     on_disk = sum(p.stat().st_size for p in packed.rglob("*.ckptz"))
     assert sum(c["compressed_bytes"] for c in data["components"]) == on_disk
     assert {f["path"] for f in data["files"]} == {"model.safetensors", "optimizer.pt", "rng_state.pth"}
@@ -105,7 +112,9 @@ def test_refuses_to_overwrite(small_checkpoint: Path, tmp_path: Path) -> None:
     assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
     again = runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)])
     assert again.exit_code == 2 and "already exists" in again.stderr
-    assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed), "--force"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed), "--force"]).exit_code == 0
+    )
 
 
 def test_verify_names_the_damaged_file(small_checkpoint: Path, tmp_path: Path) -> None:
@@ -124,8 +133,12 @@ def test_verify_names_the_damaged_file(small_checkpoint: Path, tmp_path: Path) -
 
 
 def test_help_and_module_entry_point() -> None:
-    out = subprocess.run([sys.executable, "-m", "ckptz", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "ckptz", "--help"], capture_output=True, text=True, check=True
+    )
     for command in ("compress", "decompress", "inspect", "verify"):
         assert command in out.stdout
-    out = subprocess.run([sys.executable, "-m", "ckptz", "compress", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "ckptz", "compress", "--help"], capture_output=True, text=True, check=True
+    )
     assert "--codec" in out.stdout and "ans" in out.stdout and "--device" in out.stdout
