@@ -69,5 +69,10 @@ def open_engine(
         raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu")
     from ckptz.gpu import open_gpu_engine
 
-    engine: Engine = open_gpu_engine(want, threads=threads, level=level, codec=codec, memory=memory)
+    try:
+        engine: Engine = open_gpu_engine(want, threads=threads, level=level, codec=codec, memory=memory)
+    except DeviceError as exc:
+        if want != "auto" or codec not in CODECS_CPU:
+            raise
+        return CpuEngine(threads, level), f"running on the CPU: {exc.message}"
     return engine, None

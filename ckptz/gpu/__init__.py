@@ -1,0 +1,77 @@
+"""The GPU engine: nvCOMP codecs, the transform on the GPU, and decoding into device memory.
+
+Importing this package imports neither torch nor nvCOMP; :func:`open_gpu_engine` and
+:func:`restore_to_device` do, when called.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckptz.errors import DeviceError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ckptz.gpu.engine import GpuEngine
+
+GPU_CODECS = ("zstd", "ans")
+
+
+def _codec_name(codec: str, level: int) -> str:
+    name = codec.lower()
+    if name == "auto":
+        return "zstd"
+    if name not in GPU_CODECS:
+        raise UsageError(f"codec {codec!r} has no GPU implementation", hint="use --codec zstd or ans")
+    return name
+
+
+def open_gpu_engine(
+    want: str, *, threads: int | None = None, level: int = 3, codec: str = "auto", memory: int | None = None
+) -> GpuEngine:
+    """Open the GPU engine on ``want`` (``auto``, ``cuda`` or ``cuda:N``).
+
+    ``auto`` and ``cuda`` take the first device where CUDA and nvCOMP work. ``level`` is
+    accepted for the CPU engine's sake: nvCOMP Zstd has no levels.
+
+    Raises:
+        UsageError: the codec has no GPU implementation.
+        DeviceError: no such device, or CUDA/nvCOMP fail on it.
+    """
+    import torch
+
+    name = _codec_name(codec, level)
+    count = torch.cuda.device_count()
+    if want.startswith("cuda:"):
+        candidates = [int(want[5:])]
+        if candidates[0] >= count:
+            raise DeviceError(
+                f"no device {want}: this machine has {count} GPU(s)", hint="use cuda:0 .. cuda:N-1"
+            )
+    else:
+        candidates = list(range(count))
+    from ckptz.gpu.engine import GpuEngine
+
+    failures = []
+    for index in candidates:
+        try:
+            return GpuEngine(index, codec=name, memory=memory, threads=threads)
+        except (RuntimeError, OSError) as exc:
+            failures.append(f"cuda:{index}: {exc}")
+    raise DeviceError(
+        "no GPU could run nvCOMP (" + "; ".join(failures or ["no CUDA device"]) + ")", hint="use --device cpu"
+    )
+
+
+def restore_to_device(
+    container: str | Path, device: str = "cuda", *, memory: int | None = None
+) -> torch.Tensor:
+    """Decode a ``.ckptz`` container straight into GPU memory (see :mod:`ckptz.gpu.restore`)."""
+    from ckptz.gpu.restore import restore_to_device as run
+
+    return run(container, device, memory=memory)
+
+
+__all__ = ["GPU_CODECS", "open_gpu_engine", "restore_to_device"]

@@ -1,0 +1,351 @@
+"""The GPU engine: the pipeline's per-frame jobs, batched into nvCOMP calls on one GPU.
+
+``encode``/``decode`` queue a job and return a future at once. Worker threads (two by
+default, each with its own CUDA stream and nvCOMP codecs) take whatever jobs are queued,
+up to a batch of :attr:`GpuEngine.batch_bytes`, and run them as one batch: pack into pinned
+host memory (hashing on the way), one host→device copy, the transform and the batched nvCOMP
+call, device→host copies of planes and payloads, then resolve the futures. While one worker
+waits on its GPU work the other packs or copies, so copies and compute overlap across
+streams. Payloads handed back are views of the batch's pinned buffer, which returns to
+torch's pinned-memory cache once the pipeline has written them.
+
+Memory: each worker holds at most one batch on the device (input, planes, payload bounds:
+about 3.1 × the batch) and about 3 × the batch of pinned host memory, so ``memory`` is split
+as ``batch_bytes = memory / (8 × workers)``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ckptz.codecs.frames import EncodedChunk
+from ckptz.container import StreamInfo, checksum
+from ckptz.engine import EncodedFrame, StoredChunk, decode_chunks
+from ckptz.errors import CkptzError, CorruptionError
+from ckptz.gpu.coder import (
+    ANS_ID,
+    CONST_ID,
+    GPU_CODECS,
+    RAW_ID,
+    ZSTD_ID,
+    BatchLayout,
+    FrameShape,
+    StoredPlane,
+    decode_batch,
+    encode_batch,
+    plan_batch,
+)
+from ckptz.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
+from ckptz.gpu.transform import aligned
+
+DEFAULT_MEMORY = 2 << 30
+MIN_BATCH = 4 << 20
+MAX_BATCH = 256 << 20
+
+
+def _shape(stream: StreamInfo, length: int) -> FrameShape:
+    word = max(stream.word, 1)
+    return FrameShape(word, stream.rotate and word > 1, length)
+
+
+@dataclass(slots=True)
+class _EncodeJob:
+    stream: StreamInfo
+    data: np.ndarray
+    future: Future[EncodedFrame] = field(default_factory=Future)
+
+
+@dataclass(slots=True)
+class _DecodeJob:
+    stream: StreamInfo
+    chunks: list[StoredChunk]
+    length: int
+    checksum: int
+    where: str
+    on_device: bool
+    future: Future[np.ndarray] | Future[torch.Tensor] = field(default_factory=Future)
+
+
+_Job = _EncodeJob | _DecodeJob
+
+
+class GpuEngine:
+    """Frame coding on one GPU with nvCOMP; implements :class:`ckptz.engine.Engine`.
+
+    Args:
+        device_index: the CUDA device.
+        codec: ``zstd`` (portable) or ``ans`` (GPU-only, fastest).
+        memory: budget in bytes for pinned host and device buffers.
+        threads: CPU threads for frames with CPU-only codecs; also sizes the pipeline's
+            look-ahead.
+        workers: batches in flight at once (each with its own CUDA stream).
+    """
+
+    def __init__(
+        self,
+        device_index: int,
+        *,
+        codec: str = "zstd",
+        memory: int | None = None,
+        threads: int | None = None,
+        workers: int = 2,
+    ) -> None:
+        self.index = device_index
+        self.device = f"cuda:{device_index}"
+        self.codec_id = ANS_ID if codec == "ans" else ZSTD_ID
+        self.memory = memory or DEFAULT_MEMORY
+        self.batch_bytes = min(MAX_BATCH, max(MIN_BATCH, self.memory // (8 * workers)))
+        self.threads = max(4, threads or os.cpu_count() or 4)
+        self._jobs: deque[_Job] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._cpu = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-gpu-cpu")
+        self._ready = threading.Barrier(workers + 1)
+        self._errors: list[BaseException] = []
+        self._workers = [
+            threading.Thread(target=self._run, name=f"ckptz-gpu-{i}", daemon=True) for i in range(workers)
+        ]
+        for t in self._workers:
+            t.start()
+        self._ready.wait()
+        if self._errors:
+            self.close()
+            raise self._errors[0]
+
+    # -- Engine protocol ------------------------------------------------------------------
+
+    def encode(self, stream: StreamInfo, data: np.ndarray) -> Future[EncodedFrame]:
+        """Queue one frame for coding."""
+        job = _EncodeJob(stream, data)
+        self._put(job)
+        return job.future
+
+    def decode(
+        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
+    ) -> Future[np.ndarray]:
+        """Queue one frame for decoding into host memory (checked like :func:`decode_chunks`)."""
+        if any(c.codec not in GPU_CODECS for c in chunks):
+            # A bitstream this engine has no GPU coder for (e.g. a newer CPU codec).
+            return self._cpu.submit(decode_chunks, stream, chunks, length, frame_checksum, where)
+        job = _DecodeJob(stream, chunks, length, frame_checksum, where, on_device=False)
+        self._put(job)
+        return job.future  # type: ignore[return-value]
+
+    def decode_to_device(
+        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
+    ) -> Future[torch.Tensor]:
+        """Queue one frame for decoding into GPU memory; the future gives a uint8 CUDA tensor.
+
+        Payload checksums are verified before decoding; the frame checksum (of the original
+        bytes) is verified on a host copy, so corruption never goes unnoticed.
+        """
+        job = _DecodeJob(stream, chunks, length, frame_checksum, where, on_device=True)
+        if any(c.codec not in GPU_CODECS for c in chunks):
+            fut: Future[torch.Tensor] = Future()
+            host = self._cpu.submit(decode_chunks, stream, chunks, length, frame_checksum, where)
+            host.add_done_callback(lambda h: _to_device(h, fut, self.device))
+            return fut
+        self._put(job)
+        return job.future  # type: ignore[return-value]
+
+    def codec_config(self) -> dict[str, dict[str, object]]:
+        """What each bitstream was written with (recorded in the container)."""
+        return {
+            "zstd": {"implementation": "nvcomp", "bitstream_kind": "RAW", "nvcomp": nvcomp_version()},
+            "ans": {"implementation": "nvcomp", "data_type": "|u1", "nvcomp": nvcomp_version()},
+        }
+
+    def container_extras(self) -> dict[str, object]:
+        """Merged into the container header: the nvCOMP version that wrote it."""
+        return {"nvcomp": {"version": nvcomp_version(), "codec": NAMES[self.codec_id]}}
+
+    def close(self) -> None:
+        """Finish queued jobs, stop the workers and release the codecs."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        for t in self._workers:
+            t.join()
+        self._cpu.shutdown(wait=True)
+
+    def __enter__(self) -> GpuEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- workers --------------------------------------------------------------------------
+
+    def _put(self, job: _Job) -> None:
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._jobs.append(job)
+            self._cv.notify()
+
+    def _take(self) -> list[_Job] | None:
+        """Block for a job, then take queued jobs of the same kind up to a batch."""
+        with self._cv:
+            while not self._jobs:
+                if self._closed:
+                    return None
+                self._cv.wait()
+            first = self._jobs.popleft()
+            batch: list[_Job] = [first]
+            size = _job_bytes(first)
+            while self._jobs and type(self._jobs[0]) is type(first):
+                n = _job_bytes(self._jobs[0])
+                if size + n > self.batch_bytes:
+                    break
+                batch.append(self._jobs.popleft())
+                size += n
+            return batch
+
+    def _run(self) -> None:
+        try:
+            torch.cuda.set_device(self.index)
+            stream = torch.cuda.Stream(self.index)
+            codecs = NvcompCodecs(self.index, stream)
+        except BaseException as exc:
+            self._errors.append(exc)
+            self._ready.wait()
+            return
+        self._ready.wait()
+        try:
+            while (jobs := self._take()) is not None:
+                try:
+                    with torch.cuda.stream(stream):
+                        if isinstance(jobs[0], _EncodeJob):
+                            self._encode(codecs, stream, jobs)  # type: ignore[arg-type]
+                        else:
+                            self._decode(codecs, stream, jobs)  # type: ignore[arg-type]
+                except BaseException as exc:
+                    for j in jobs:
+                        if not j.future.done():
+                            j.future.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            codecs.close()
+
+    def _encode(self, codecs: NvcompCodecs, stream: torch.cuda.Stream, jobs: list[_EncodeJob]) -> None:
+        layout = plan_batch([_shape(j.stream, j.data.size) for j in jobs])
+        pinned = torch.empty(layout.data_bytes, dtype=torch.uint8, pin_memory=True)
+        host = pinned.numpy()
+        sums = []
+        for j, off in zip(jobs, layout.data_offsets, strict=True):
+            host[off : off + j.data.size] = j.data
+            sums.append(checksum(j.data))
+        data = pinned.to(self.device, non_blocking=True)
+        batch = encode_batch(codecs, self.codec_id, data, layout)
+        planes = torch.empty(batch.planes.numel(), dtype=torch.uint8, pin_memory=True)
+        payloads = torch.empty(batch.payloads.numel(), dtype=torch.uint8, pin_memory=True)
+        planes.copy_(batch.planes, non_blocking=True)
+        payloads.copy_(batch.payloads, non_blocking=True)
+        # The pinned input must outlive its asynchronous copy: keep it referenced until here.
+        stream.synchronize()
+        del pinned
+        pv, yv = memoryview(planes.numpy()), memoryview(payloads.numpy())  # type: ignore[arg-type]
+        for j, s, chunks in zip(jobs, sums, batch.chunks, strict=True):
+            out = []
+            for c in chunks:
+                if c.codec == CONST_ID:
+                    payload: bytes | memoryview = bytes([c.const_value])
+                elif c.codec == RAW_ID:
+                    payload = pv[c.planes_offset : c.planes_offset + c.raw_size]
+                else:
+                    payload = yv[c.payload_offset : c.payload_offset + c.payload_size]
+                out.append(EncodedChunk(c.codec, c.raw_size, payload))  # type: ignore[arg-type]
+            j.future.set_result(EncodedFrame(s, out))
+
+    def _decode(self, codecs: NvcompCodecs, stream: torch.cuda.Stream, jobs: list[_DecodeJob]) -> None:
+        good: list[_DecodeJob] = []
+        for j in jobs:
+            bad = next((c for c in j.chunks if checksum(c.payload) != c.checksum), None)
+            if bad is not None:
+                j.future.set_exception(
+                    CorruptionError(f"stored bytes of {j.where} fail their checksum", chunk=bad.index)
+                )
+            elif len(j.chunks) != max(j.stream.word, 1) or any(
+                c.raw_size * len(j.chunks) != j.length for c in j.chunks
+            ):
+                j.future.set_exception(
+                    CorruptionError(f"{j.where} has malformed chunks", chunk=j.chunks[0].index)
+                )
+            else:
+                good.append(j)
+        if not good:
+            return
+        layout = plan_batch([_shape(j.stream, j.length) for j in good])
+        planes, total = _pack_payloads(good)
+        pinned = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
+        host = pinned.numpy()
+        for j, row in zip(good, planes, strict=True):
+            for c, p in zip(j.chunks, row, strict=True):
+                if c.codec != CONST_ID:
+                    host[p.offset : p.offset + p.size] = np.frombuffer(c.payload, dtype=np.uint8)
+        payloads = pinned.to(self.device, non_blocking=True)
+        try:
+            data = decode_batch(codecs, payloads, layout, planes)
+        except CkptzError as exc:
+            raise CorruptionError(f"{good[0].where} does not decode ({exc.message})") from None
+        out = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True)
+        out.copy_(data, non_blocking=True)
+        stream.synchronize()
+        del pinned, payloads
+        view = out.numpy()
+        for j, off in zip(good, layout.data_offsets, strict=True):
+            frame = view[off : off + j.length]
+            if checksum(frame) != j.checksum:
+                j.future.set_exception(
+                    CorruptionError(
+                        f"decoded bytes of {j.where} fail their checksum", chunk=j.chunks[0].index
+                    )
+                )
+            elif j.on_device:
+                j.future.set_result(data[off : off + j.length])  # type: ignore[arg-type]
+            else:
+                j.future.set_result(frame)  # type: ignore[arg-type]
+
+
+def _pack_payloads(jobs: list[_DecodeJob]) -> tuple[list[list[StoredPlane]], int]:
+    """Place every payload at a 16-byte boundary of one buffer (ANS needs the alignment)."""
+    rows, pos = [], 0
+    for j in jobs:
+        row = []
+        for c in j.chunks:
+            if c.codec == CONST_ID:
+                if len(c.payload) != 1:
+                    raise CorruptionError(
+                        f"{j.where}: constant chunk of {len(c.payload)} bytes", chunk=c.index
+                    )
+                row.append(StoredPlane(CONST_ID, c.raw_size, 0, 1, c.payload[0]))
+                continue
+            if c.codec == RAW_ID and len(c.payload) != c.raw_size:
+                raise CorruptionError(f"{j.where}: stored chunk of the wrong size", chunk=c.index)
+            row.append(StoredPlane(c.codec, c.raw_size, pos, len(c.payload)))
+            pos = aligned(pos + len(c.payload))
+        rows.append(row)
+    return rows, pos
+
+
+def _job_bytes(job: _Job) -> int:
+    return int(job.data.size) if isinstance(job, _EncodeJob) else job.length
+
+
+def _to_device(host: Future[np.ndarray], fut: Future[torch.Tensor], device: str) -> None:
+    exc = host.exception()
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(torch.from_numpy(host.result()).to(device))
+
+
+__all__ = ["DEFAULT_MEMORY", "BatchLayout", "GpuEngine"]

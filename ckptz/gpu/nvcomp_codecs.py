@@ -1,0 +1,185 @@
+"""nvCOMP's batched codecs over torch buffers: the only module that imports ``nvidia.nvcomp``.
+
+Every call codes a whole batch of chunks that lie in one device buffer at 16-byte-aligned
+offsets (``nvcomp.as_arrays``), on one CUDA stream. Two bitstreams:
+
+* ``zstd`` (id 2): nvCOMP Zstd with ``bitstream_kind=RAW``: standard zstd frames, so the
+  CPU codec of the same id decodes them and nvCOMP decodes the CPU's.
+* ``ans`` (id 3): nvCOMP ANS on bytes; no CPU decoder exists, and 6.0 streams are not
+  readable by older nvCOMP, so containers record :func:`nvcomp_version`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import nvidia.nvcomp as nvc
+import torch
+
+from ckptz.errors import CodecError
+from ckptz.gpu.coder import ANS_ID, ZSTD_ID
+
+NAMES = {ZSTD_ID: "zstd", ANS_ID: "ans"}
+_ALGORITHM = {ZSTD_ID: "Zstd", ANS_ID: "ANS"}
+
+_allocator_lock = threading.Lock()
+_allocator_set = False
+
+
+def nvcomp_version() -> str:
+    """The nvCOMP library version, e.g. ``6.0.0`` (recorded in containers with ANS chunks)."""
+    return str(getattr(nvc, "__version__", "unknown"))
+
+
+class _TorchBlock:
+    """A device allocation nvCOMP asked for, served by torch's caching allocator."""
+
+    __slots__ = ("ptr", "tensor")
+
+    def __init__(self, nbytes: int) -> None:
+        self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+        self.ptr = self.tensor.data_ptr()
+
+
+def _use_torch_allocator() -> None:
+    # nvCOMP's own allocations were seen to outlive their codecs (CUDALibrarySamples #206);
+    # through torch they are pooled, freed, and counted in torch's peak-memory statistics.
+    global _allocator_set
+    with _allocator_lock:
+        if not _allocator_set:
+            nvc.set_device_allocator(lambda nbytes, _stream: _TorchBlock(nbytes))
+            _allocator_set = True
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(16, (max(n, 1) - 1).bit_length())
+
+
+class NvcompCodecs:
+    """nvCOMP codecs bound to one device and one CUDA stream (one per worker thread).
+
+    Args:
+        device_index: the CUDA device.
+        stream: a torch stream of that device; every call is ordered on it.
+    """
+
+    def __init__(self, device_index: int, stream: torch.cuda.Stream) -> None:
+        _use_torch_allocator()
+        self.device_index = device_index
+        self.stream = stream
+        self._codecs: dict[tuple[int, int], Any] = {}
+        self._max_size: dict[tuple[int, int], int] = {}
+        self._out_param_ok: bool | None = None
+
+    def _codec(self, codec_id: int, chunk: int) -> Any:
+        # RAW bitstreams: one stream per batch entry, so the codec's chunk size must cover the
+        # largest entry (a smaller one could split an entry into several frames).
+        key = (codec_id, _pow2_at_least(chunk))
+        codec = self._codecs.get(key)
+        if codec is None:
+            codec = nvc.Codec(
+                algorithm=_ALGORITHM[codec_id],
+                device_id=self.device_index,
+                cuda_stream=self.stream.cuda_stream,
+                bitstream_kind=nvc.BitstreamKind.RAW,
+                uncomp_chunk_size=key[1],
+            )
+            self._codecs[key] = codec
+        return codec
+
+    def max_compressed_size(self, codec_id: int, size: int) -> int:
+        """Upper bound of one chunk's payload, from nvCOMP (cached per size)."""
+        key = (codec_id, size)
+        bound = self._max_size.get(key)
+        if bound is None:
+            probe = torch.empty(size, dtype=torch.uint8, device=f"cuda:{self.device_index}")
+            arr = nvc.as_array(probe, self.stream.cuda_stream)
+            bound = int(self._codec(codec_id, size).get_max_comp_buffer_size(arr))
+            self._max_size[key] = bound
+        return bound
+
+    def _batch(self, buffer: torch.Tensor, offsets: Sequence[int], sizes: Sequence[int]) -> Any:
+        return nvc.as_arrays(buffer, list(offsets), list(sizes), self.stream.cuda_stream)
+
+    def encode(
+        self,
+        codec_id: int,
+        src: torch.Tensor,
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        dst: torch.Tensor,
+        dst_offsets: Sequence[int],
+        capacities: Sequence[int],
+    ) -> list[int]:
+        """Encode chunks of ``src`` into ``dst``; return each payload's size (waits for the GPU).
+
+        Args:
+            codec_id: :data:`ZSTD_ID` or :data:`ANS_ID`.
+            src: flat uint8 device buffer holding the chunks.
+            offsets: byte offset of each chunk in ``src`` (16-byte aligned).
+            sizes: byte size of each chunk (> 0).
+            dst: flat uint8 device buffer for the payloads.
+            dst_offsets: where each payload goes in ``dst`` (16-byte aligned).
+            capacities: room at each ``dst_offsets`` (at least :meth:`max_compressed_size`).
+        """
+        if not sizes:
+            return []
+        codec = self._codec(codec_id, max(sizes))
+        batch = self._batch(src, offsets, sizes)
+        config = codec.compression_config(list(sizes))
+        if self._out_param_ok is not False:
+            out = self._batch(dst, dst_offsets, capacities)
+            result = codec.encode(batch, out=out, compression_config=config)
+            got = [int(s) for s in result.buffer_sizes]
+            if self._out_param_ok is None:
+                # nvCOMP documents that a caller's batch "keeps its fixed capacity"; whether the
+                # result then reports the payload sizes is checked once, on real output.
+                self._out_param_ok = got != list(capacities)
+            if self._out_param_ok:
+                return got
+        result = codec.encode(batch, compression_config=config)
+        got = [int(s) for s in result.buffer_sizes]
+        with torch.cuda.stream(self.stream):
+            for i, size in enumerate(got):
+                view = torch.from_dlpack(result[i])
+                dst[dst_offsets[i] : dst_offsets[i] + size].copy_(view.view(torch.uint8).reshape(-1)[:size])
+        return got
+
+    def decode(
+        self,
+        codec_id: int,
+        src: torch.Tensor,
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        dst: torch.Tensor,
+        dst_offsets: Sequence[int],
+        raw_sizes: Sequence[int],
+    ) -> None:
+        """Decode payloads of ``src`` into ``dst``, queued on the stream.
+
+        The payloads must already have passed their checksums: nvCOMP decoders assume valid
+        input. The caller checks the decoded frames too.
+
+        Raises:
+            CodecError: nvCOMP rejected a payload.
+        """
+        if not sizes:
+            return
+        codec = self._codec(codec_id, max(raw_sizes))
+        batch = self._batch(src, offsets, sizes)
+        out = self._batch(dst, dst_offsets, raw_sizes)
+        try:
+            codec.decode(batch, out=out)
+        except (RuntimeError, ValueError) as exc:
+            raise CodecError(f"nvCOMP could not decode a batch ({exc})", codec=NAMES[codec_id]) from None
+
+    def close(self) -> None:
+        """Release the codecs (and the device memory nvCOMP holds for them)."""
+        for codec in self._codecs.values():
+            codec.__exit__(None, None, None)
+        self._codecs.clear()
+
+
+__all__ = ["NAMES", "NvcompCodecs", "nvcomp_version"]

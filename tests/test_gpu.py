@@ -1,0 +1,360 @@
+"""The GPU engine: on a CUDA machine with nvCOMP (``-m gpu``), and its no-GPU behaviour everywhere.
+
+The CPU half runs the GPU coder's batching logic on CPU tensors with a zstandard stand-in for
+nvCOMP, checks the torch transform against the CPU transform's bytes, and checks that a
+container with GPU-only ANS chunks fails with one clear error on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+from conftest import sha256, tree_digests
+
+from ckptz import api
+from ckptz.codecs.frames import EncodedChunk
+from ckptz.codecs.planes import split
+from ckptz.container import StreamInfo, checksum, read_index
+from ckptz.dtypes import lookup
+from ckptz.engine import CpuEngine, EncodedFrame
+from ckptz.errors import CodecUnavailableError
+
+torch = pytest.importorskip("torch")
+
+from ckptz.gpu.coder import (  # noqa: E402
+    ANS_ID,
+    CONST_ID,
+    RAW_ID,
+    ZSTD_ID,
+    FrameShape,
+    StoredPlane,
+    decode_batch,
+    encode_batch,
+    plan_batch,
+)
+from ckptz.gpu.transform import merge_from, split_into  # noqa: E402
+
+DTYPES = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "uint8"]
+
+
+def _trained_bytes(dtype: str, n: int, seed: int = 0) -> np.ndarray:
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.randn(n, generator=gen) * 0.02
+    t[: n // 8] = 0  # zero rows, like never-updated optimizer state
+    if dtype in ("int64", "int32", "uint8"):
+        t = (t * 1000).to(getattr(torch, dtype))
+    else:
+        t = t.to(getattr(torch, dtype))
+    return t.view(torch.uint8).numpy().copy()
+
+
+# -- CPU: transform and batching logic ---------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_transform_matches_cpu_planes(dtype: str) -> None:
+    dt = lookup(dtype)
+    raw = _trained_bytes(dtype, 3 * 4096)
+    k, n = 3, raw.size // 3
+    word = dt.word
+    planes = torch.full((k, word, (n // word + 15) // 16 * 16), 7, dtype=torch.uint8)
+    split_into(torch.from_numpy(raw), planes, word, dt.is_float)
+    for f in range(k):
+        want = split(raw[f * n : (f + 1) * n], dt)
+        for p in range(word):
+            assert planes[f, p, : n // word].numpy().tobytes() == want[p].tobytes()
+    back = torch.empty(raw.size, dtype=torch.uint8)
+    merge_from(planes, back, word, dt.is_float)
+    assert back.numpy().tobytes() == raw.tobytes()
+
+
+class ZstdStandIn:
+    """nvCOMP's batch interface served by zstandard on CPU tensors (ids 2 and 3 alike)."""
+
+    def max_compressed_size(self, codec_id: int, size: int) -> int:
+        return size + size // 128 + 1024
+
+    def encode(
+        self,
+        codec_id: int,
+        src: torch.Tensor,
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        dst: torch.Tensor,
+        dst_offsets: Sequence[int],
+        capacities: Sequence[int],
+    ) -> list[int]:
+        out = []
+        for o, n, d, cap in zip(offsets, sizes, dst_offsets, capacities, strict=True):
+            payload = zstandard.ZstdCompressor(level=1).compress(src[o : o + n].numpy().tobytes())
+            assert len(payload) <= cap and o % 16 == 0 and d % 16 == 0
+            dst[d : d + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            out.append(len(payload))
+        return out
+
+    def decode(
+        self,
+        codec_id: int,
+        src: torch.Tensor,
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        dst: torch.Tensor,
+        dst_offsets: Sequence[int],
+        raw_sizes: Sequence[int],
+    ) -> None:
+        for o, n, d, r in zip(offsets, sizes, dst_offsets, raw_sizes, strict=True):
+            assert o % 16 == 0 and d % 16 == 0
+            raw = zstandard.ZstdDecompressor().decompress(src[o : o + n].numpy().tobytes(), max_output_size=r)
+            dst[d : d + r] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("codec_id", [ZSTD_ID, ANS_ID])
+def test_batch_coder_round_trip_with_stand_in(codec_id: int) -> None:
+    frames, shapes = [], []
+    for i, dtype in enumerate(["float32", "bfloat16", "float32", "uint8", "float32", "int64"]):
+        dt = lookup(dtype)
+        n = 4096 if i != 4 else 1000  # a short last frame: planes not a multiple of 16
+        raw = _trained_bytes(dtype, n // max(dt.itemsize, 1) * max(dt.itemsize, 1) // dt.itemsize, seed=i)
+        raw = raw[: n - n % dt.word]
+        frames.append(raw)
+        shapes.append(FrameShape(dt.word, dt.is_float and dt.word > 1, raw.size))
+    frames.append(np.zeros(4096, np.uint8))
+    shapes.append(FrameShape(4, True, 4096))
+    layout = plan_batch(shapes)
+    data = torch.zeros(layout.data_bytes, dtype=torch.uint8)
+    for f, off in zip(frames, layout.data_offsets, strict=True):
+        data[off : off + f.size] = torch.from_numpy(f)
+    codecs = ZstdStandIn()
+    batch = encode_batch(codecs, codec_id, data, layout)
+    kinds = {c.codec for row in batch.chunks for c in row}
+    assert kinds >= {CONST_ID, codec_id}
+    assert all(c.codec == CONST_ID for c in batch.chunks[-1])
+    # Back through decode_batch, with payloads packed the way the engine packs them.
+    stored, pos = [], 0
+    buf = torch.zeros(layout.planes_bytes + batch.payloads.numel(), dtype=torch.uint8)
+    for row in batch.chunks:
+        out = []
+        for c in row:
+            if c.codec == CONST_ID:
+                out.append(StoredPlane(CONST_ID, c.raw_size, 0, 1, c.const_value))
+                continue
+            src = batch.planes if c.codec == RAW_ID else batch.payloads
+            n = c.raw_size if c.codec == RAW_ID else c.payload_size
+            buf[pos : pos + n] = src[c.payload_offset : c.payload_offset + n]
+            out.append(StoredPlane(c.codec, c.raw_size, pos, n))
+            pos += n + (-n % 16)
+        stored.append(out)
+    back = decode_batch(codecs, buf, layout, stored)
+    for f, off in zip(frames, layout.data_offsets, strict=True):
+        assert back[off : off + f.size].numpy().tobytes() == f.tobytes()
+
+
+# -- CPU: no GPU here ---------------------------------------------------------------------
+
+
+class _AnsStubEngine(CpuEngine):
+    """Writes the top plane of every frame as an 'ans' chunk: what a GPU machine would write."""
+
+    def _encode(self, stream: StreamInfo, data: np.ndarray) -> EncodedFrame:
+        frame = super()._encode(stream, data)
+        top = frame.chunks[-1]
+        frame.chunks[-1] = EncodedChunk(ANS_ID, top.raw_size, b"\x00" * 16)
+        return frame
+
+    def container_extras(self) -> dict[str, object]:
+        return {"nvcomp": {"version": "6.0.0", "codec": "ans"}}
+
+
+def test_ans_container_without_gpu_is_a_clear_error(small_checkpoint: Path, tmp_path: Path) -> None:
+    src = small_checkpoint / "model.safetensors"
+    out = tmp_path / "m.ckptz"
+    from ckptz.pipeline import compress_file
+
+    with open(out, "wb") as f, _AnsStubEngine(2) as engine:
+        compress_file(src, "model.safetensors", f, engine)
+    with open(out, "rb") as f:
+        index = read_index(f, str(out))
+    assert ANS_ID in set(index.chunks["codec"].tolist())
+    assert index.header["nvcomp"]["version"] == "6.0.0"
+    for device in ("cpu", "auto"):
+        with pytest.raises(CodecUnavailableError, match="ans.*no CPU decoder.*GPU"):
+            api.decompress(out, tmp_path / f"back-{device}", device=device)
+    from typer.testing import CliRunner
+
+    from ckptz.cli import app
+
+    result = CliRunner().invoke(app, ["decompress", str(out), "-o", str(tmp_path / "cli"), "--device", "cpu"])
+    assert result.exit_code != 0 and "no CPU decoder" in result.output and "Traceback" not in result.output
+
+
+def test_gpu_package_imports_light() -> None:
+    import subprocess
+    import sys
+
+    probe = "import sys, ckptz.gpu; print(sorted(m for m in ('torch', 'nvidia.nvcomp') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
+
+
+# -- GPU ----------------------------------------------------------------------------------
+
+gpu = pytest.mark.gpu
+
+
+def _frames_of(path: Path) -> list[tuple[StreamInfo, np.ndarray]]:
+    """Real tensor planes of a checkpoint: (stream, frame bytes) for every float stream."""
+    from ckptz.formats import read_layout
+    from ckptz.pipeline import plan_streams
+
+    layout = read_layout(path, path.name)
+    plan = plan_streams(layout)
+    raw = np.fromfile(path, dtype=np.uint8)
+    out, pos = [], 0
+    for seg, sid in zip(layout.segments, plan.segment_streams, strict=True):
+        stream = plan.streams[sid]
+        if seg.kind == "tensor" and stream.rotate and seg.length:
+            out.append((stream, raw[pos : pos + seg.length]))
+        pos += seg.length
+    return out
+
+
+@gpu
+def test_gpu_transform_matches_cpu_bytes() -> None:
+    for dtype in DTYPES:
+        dt = lookup(dtype)
+        raw = _trained_bytes(dtype, 1 << 16)
+        k, n = 4, raw.size // 4
+        planes = torch.zeros((k, dt.word, n // dt.word), dtype=torch.uint8, device="cuda")
+        split_into(torch.from_numpy(raw).cuda(), planes, dt.word, dt.is_float)
+        got = planes.cpu().numpy()
+        for f in range(k):
+            for p, want in enumerate(split(raw[f * n : (f + 1) * n], dt)):
+                assert got[f, p].tobytes() == want.tobytes(), (dtype, f, p)
+
+
+@gpu
+@pytest.mark.parametrize("codec", ["zstd", "ans"])
+def test_corpus_round_trips_on_gpu(tmp_path: Path, codec: str) -> None:
+    from corpus import make_corpus
+
+    corpus = make_corpus(tmp_path / "corpus")
+    root = tmp_path / "corpus"
+    before = tree_digests(root)
+    summary = api.compress(root, tmp_path / "all.ckptz", device="cuda", codec=codec)
+    assert summary.device.startswith("cuda")
+    assert api.verify(tmp_path / "all.ckptz", root, device="cuda").ok
+    api.decompress(tmp_path / "all.ckptz", tmp_path / "back", device="cuda")
+    assert tree_digests(tmp_path / "back") == before and len(corpus) >= 20
+
+
+@gpu
+def test_zstd_cross_decodes_both_ways_on_real_planes(small_checkpoint: Path, tmp_path: Path) -> None:
+    src = small_checkpoint / "optimizer.pt"
+    gpu_packed, cpu_packed = tmp_path / "g.ckptz", tmp_path / "c.ckptz"
+    api.compress(src, gpu_packed, device="cuda", codec="zstd")
+    api.compress(src, cpu_packed, device="cpu")
+    for packed in (gpu_packed, cpu_packed):
+        with open(packed, "rb") as f:
+            assert ZSTD_ID in set(read_index(f, str(packed)).chunks["codec"].tolist())
+    api.decompress(gpu_packed, tmp_path / "g_on_cpu", device="cpu")
+    api.decompress(cpu_packed, tmp_path / "c_on_gpu", device="cuda")
+    assert sha256(tmp_path / "g_on_cpu") == sha256(src) == sha256(tmp_path / "c_on_gpu")
+
+
+@gpu
+def test_nvcomp_zstd_chunks_are_standard_frames(small_checkpoint: Path) -> None:
+    from ckptz.gpu.nvcomp_codecs import NvcompCodecs
+
+    stream = torch.cuda.Stream()
+    codecs = NvcompCodecs(torch.cuda.current_device(), stream)
+    dtype = lookup("float32")
+    planes = [p for _, raw in _frames_of(small_checkpoint / "optimizer.pt") for p in split(raw, dtype)]
+    planes = [p for p in planes if p.size >= 64][:16]
+    offs, pos = [], 0
+    for p in planes:
+        offs.append(pos)
+        pos += p.size + (-p.size % 16)
+    buf = torch.zeros(pos, dtype=torch.uint8)
+    for p, o in zip(planes, offs, strict=True):
+        buf[o : o + p.size] = torch.from_numpy(p)
+    buf = buf.cuda()
+    caps = [codecs.max_compressed_size(ZSTD_ID, p.size) + 16 for p in planes]
+    dst_offs = list(np.cumsum([0, *[c + (-c % 16) for c in caps]])[:-1].tolist())
+    dst = torch.zeros(sum(c + (-c % 16) for c in caps), dtype=torch.uint8, device="cuda")
+    with torch.cuda.stream(stream):
+        sizes = codecs.encode(ZSTD_ID, buf, offs, [p.size for p in planes], dst, dst_offs, caps)
+    host = dst.cpu().numpy()
+    for p, o, n in zip(planes, dst_offs, sizes, strict=True):
+        frame = host[o : o + n].tobytes()
+        assert zstandard.ZstdDecompressor().decompress(frame, max_output_size=p.size) == p.tobytes()
+    # And CPU frames decode on the GPU.
+    frames = [zstandard.ZstdCompressor(level=3).compress(p.tobytes()) for p in planes]
+    offs, pos = [], 0
+    for fr in frames:
+        offs.append(pos)
+        pos += len(fr) + (-len(fr) % 16)
+    src = torch.zeros(pos, dtype=torch.uint8)
+    for fr, o in zip(frames, offs, strict=True):
+        src[o : o + len(fr)] = torch.frombuffer(bytearray(fr), dtype=torch.uint8)
+    out = torch.zeros(sum(p.size + (-p.size % 16) for p in planes), dtype=torch.uint8, device="cuda")
+    out_offs = list(np.cumsum([0, *[p.size + (-p.size % 16) for p in planes]])[:-1].tolist())
+    with torch.cuda.stream(stream):
+        codecs.decode(ZSTD_ID, src.cuda(), offs, [len(f) for f in frames], out, out_offs, [p.size for p in planes])
+    stream.synchronize()
+    got = out.cpu().numpy()
+    for p, o in zip(planes, out_offs, strict=True):
+        assert got[o : o + p.size].tobytes() == p.tobytes()
+
+
+@gpu
+def test_file_four_times_the_memory_budget(tmp_path: Path) -> None:
+    budget = 32 << 20
+    src = tmp_path / "big.pt"
+    gen = torch.Generator().manual_seed(1)
+    torch.save({f"t{i}": torch.randn(8 << 20, generator=gen) * 0.02 for i in range(4)}, src)  # 128 MiB
+    assert src.stat().st_size >= 4 * budget
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    api.compress(src, tmp_path / "big.ckptz", device="cuda", codec="ans", memory=budget)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak <= budget, f"GPU peak {peak} over the {budget} budget"
+    api.decompress(tmp_path / "big.ckptz", tmp_path / "back.pt", device="cuda", memory=budget)
+    assert sha256(tmp_path / "back.pt") == sha256(src)
+
+
+@gpu
+def test_restore_to_device(small_checkpoint: Path, tmp_path: Path) -> None:
+    from ckptz.gpu import restore_to_device
+
+    src = small_checkpoint / "model.safetensors"
+    api.compress(src, tmp_path / "m.ckptz", device="cuda", codec="ans")
+    restored = restore_to_device(tmp_path / "m.ckptz", "cuda")
+    assert restored.is_cuda and restored.cpu().numpy().tobytes() == src.read_bytes()
+
+
+@gpu
+def test_two_devices_by_index(small_checkpoint: Path, tmp_path: Path) -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    src = small_checkpoint / "optimizer.pt"
+    for i in (0, 1):
+        summary = api.compress(src, tmp_path / f"o{i}.ckptz", device=f"cuda:{i}", codec="ans")
+        assert summary.device == f"cuda:{i}"
+        api.decompress(tmp_path / f"o{i}.ckptz", tmp_path / f"o{i}.pt", device=f"cuda:{1 - i}")
+        assert sha256(tmp_path / f"o{i}.pt") == sha256(src)
+
+
+@gpu
+def test_engine_futures_and_checksums() -> None:
+    from ckptz.gpu.engine import GpuEngine
+
+    stream = StreamInfo(0, "weights", "float32", 4, True, 1 << 20, 3 << 20, 1)
+    frames = [_trained_bytes("float32", 1 << 18, seed=s) for s in range(3)]
+    with GpuEngine(0, codec="ans", memory=64 << 20) as engine:
+        futs: list[Future[EncodedFrame]] = [engine.encode(stream, f) for f in frames]
+        for f, fut in zip(frames, futs, strict=True):
+            assert fut.result().checksum == checksum(f)
