@@ -266,13 +266,14 @@ def compress(
     verify = True if in_place else bool(verify)
     jobs: list[tuple[_Entry, Path]] = []
     copies: list[tuple[_Entry, Path]] = []
+    interrupted: list[tuple[Path, Path, Path]] = []
     for e in entries:
         if e.kind == "checkpoint":
             target = _target(src, root, e, e.path.name + SUFFIX, single_dst)
             _check_target(root, target)
             if in_place and target.exists():
                 # A rerun after a crash between rename and removal: finish the job.
-                _finish_interrupted(e.path, target)
+                interrupted.append((e.path, target, e.path))
                 continue
             jobs.append((e, target))
         elif e.kind == "temp" and in_place:
@@ -282,6 +283,7 @@ def compress(
     _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
     files: list[FileStats] = []
     with _engine(device, threads, level, codec, memory, reporter) as (engine, notices):
+        _finish_interrupted(interrupted, engine)
         reporter.start(sum(e.path.stat().st_size for e, _ in jobs), "compress")
         for e, target in jobs:
             reporter.file(e.rel)
@@ -323,12 +325,16 @@ def _compare(container: Path, original: Path, rel: str, engine: Engine) -> None:
         comparer.finish()
 
 
-def _finish_interrupted(original: Path, container: Path) -> None:
-    from ckptz.engine import CpuEngine
+def _finish_interrupted(jobs: list[tuple[Path, Path, Path]], engine: Engine) -> None:
+    """Finish in-place work a killed run left with both forms present.
 
-    with CpuEngine() as engine:
+    Each job is ``(original, container, redundant)``: the container is decoded and compared
+    with the original, and only if they match is ``redundant`` (whichever of the two the
+    command replaces) removed. A mismatch stops the run with both files kept.
+    """
+    for original, container, redundant in jobs:
         _compare(container, original, str(original), engine)
-    _remove_original(original)
+        _remove_original(redundant)
 
 
 def _remove_original(path: Path) -> None:
@@ -419,12 +425,14 @@ def decompress(
     single_dst = Path(dst) if dst and not src.is_dir() else None
     jobs: list[tuple[_Entry, Path]] = []
     copies: list[tuple[_Entry, Path]] = []
+    interrupted: list[tuple[Path, Path, Path]] = []
     for e in entries:
         if e.kind == "container":
             target = _target(src, root, e, e.path.name.removesuffix(SUFFIX), single_dst)
             _check_target(root, target)
             if in_place and target.exists():
-                _finish_interrupted(target, e.path)
+                # The original was restored but the container not yet removed.
+                interrupted.append((target, e.path, e.path))
                 continue
             jobs.append((e, target))
         elif e.kind == "temp" and in_place:
@@ -434,6 +442,7 @@ def decompress(
     _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
     files: list[FileStats] = []
     with _engine(device, threads, 3, "auto", memory, reporter) as (engine, notices):
+        _finish_interrupted(interrupted, engine)
         reporter.start(sum(_source_size(e.path) for e, _ in jobs), "decompress")
         for e, target in jobs:
             reporter.file(e.rel)
