@@ -249,6 +249,78 @@ def verify(
         raise typer.Exit(1)
 
 
+@app.command()
+@_errors
+def bench(
+    path: Src,
+    device: Device = None,
+    codecs: Annotated[
+        str | None,
+        typer.Option(
+            "--codecs",
+            help="Comma-separated configurations: ckptz-auto, ckptz-zstd, ckptz-zstd-gpu, ckptz-ans-gpu, "
+            "zstd-raw, nvcomp-zstd-raw, nvcomp-ans-raw [default: all that can run here].",
+            show_default=False,
+        ),
+    ] = None,
+    sample: Annotated[
+        str, typer.Option("--sample", help="Bytes sampled per component; smaller components are taken whole.")
+    ] = "256MiB",
+    storage: Annotated[
+        Path | None,
+        typer.Option(
+            "--storage",
+            help="A folder on the checkpoint storage: its bandwidth is measured.",
+            show_default=False,
+        ),
+    ] = None,
+    storage_gbps: Annotated[
+        float | None,
+        typer.Option(
+            "--storage-gbps", help="Storage bandwidth in GB/s, instead of --storage.", show_default=False
+        ),
+    ] = None,
+    threads: Threads = None,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Timed runs per measurement (median).", min=3)
+    ] = 3,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs idle while a checkpoint is saved.", min=1)] = 8,
+    gpu_hour_usd: Annotated[
+        float, typer.Option("--gpu-hour-usd", help="Price of a GPU-hour (USD).", min=0)
+    ] = 2.5,
+    every_min: Annotated[
+        float, typer.Option("--every-min", help="Minutes between checkpoints.", min=0.1)
+    ] = 30.0,
+    storage_usd_tb_month: Annotated[
+        float, typer.Option("--storage-usd-tb-month", help="Price of a TB-month of storage (USD).", min=0)
+    ] = 20.0,
+    keep: Annotated[int, typer.Option("--keep", help="Checkpoints kept at any time.", min=1)] = 5,
+    as_json: Json = False,
+) -> None:
+    """Measure every codec on your checkpoint and storage; recommend one and project the savings."""
+    from ckptz.benchmark import bench as run_bench
+    from ckptz.report import bench_json, bench_view
+    from ckptz.savings import CostModel
+
+    bar = _Bar()
+    try:
+        result = run_bench(
+            path,
+            device=device,
+            codecs=[c.strip() for c in codecs.split(",") if c.strip()] if codecs else None,
+            sample_bytes=_size(sample) or 1,
+            storage_dir=storage,
+            storage_gbps=storage_gbps,
+            threads=threads,
+            repeats=repeats,
+            cost=CostModel(gpus, gpu_hour_usd, every_min, storage_usd_tb_month, keep),
+            reporter=bar,
+        )
+    finally:
+        bar.close()
+    _emit(bench_json(result) if as_json else None, None if as_json else bench_view(result), as_json)
+
+
 def _size(text: str | None) -> int | None:
     if text is None:
         return None
