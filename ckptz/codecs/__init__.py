@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from ckptz.codecs.base import Codec
 from ckptz.codecs.cpu import ConstCodec, RawCodec, ZstdCodec
+from ckptz.codecs.ctx import CtxCodec
 from ckptz.errors import CodecUnavailableError
 
 #: Names of every bitstream ckptz has ever written, so a container can name codecs
 #: this machine cannot run. Never reuse an id.
-BITSTREAMS: dict[int, str] = {0: "raw", 1: "const", 2: "zstd", 3: "ans"}
+BITSTREAMS: dict[int, str] = {0: "raw", 1: "const", 2: "zstd", 3: "ans", 4: "ctx"}
 
 #: Bitstreams that a CPU-only machine can decode.
-PORTABLE: frozenset[int] = frozenset({0, 1, 2})
+PORTABLE: frozenset[int] = frozenset({0, 1, 2, 4})
 
 _CPU: dict[int, Codec] = {c.id: c for c in (RawCodec(), ConstCodec(), ZstdCodec())}
 
@@ -47,5 +48,7 @@ def codec_name(codec_id: int) -> str:
     """Human name of a bitstream id, also for ids this build does not implement."""
     return BITSTREAMS.get(codec_id, f"#{codec_id}")
 
+
+register_cpu(CtxCodec())
 
 __all__ = ["BITSTREAMS", "PORTABLE", "Codec", "codec_name", "cpu_codec", "register_cpu"]

@@ -78,9 +78,16 @@ class ZstdCodec(Codec):
         return dctx
 
     def encode(self, data: np.ndarray) -> bytes:
-        return self._cctx().compress(data)
+        return self._cctx().compress(np.ascontiguousarray(data).data)
 
     def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
+        try:
+            declared = zstandard.frame_content_size(payload)
+        except zstandard.ZstdError as exc:
+            raise CodecError(f"corrupt zstd frame ({exc})", codec=self.name) from None
+        if declared not in (-1, size):
+            # Checked before decoding so a damaged header cannot make zstd allocate its claim.
+            raise CodecError(f"zstd frame declares {declared} bytes, expected {size}", codec=self.name)
         try:
             out = self._dctx().decompress(payload, max_output_size=size)
         except zstandard.ZstdError as exc:

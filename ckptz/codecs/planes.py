@@ -25,10 +25,17 @@ def split(raw: np.ndarray, dtype: DType) -> list[np.ndarray]:
         raise ValueError(f"{raw.size} bytes is not a whole number of {w}-byte words")
     words = raw.view(_UINT[w])
     if dtype.is_float:
-        bits = w * 8
-        words = (words << _UINT[w](1)) | (words >> _UINT[w](bits - 1))
-    grid = words.view(np.uint8).reshape(-1, w)
-    return [np.ascontiguousarray(grid[:, i]) for i in range(w)]
+        rotated = np.left_shift(words, 1)
+        rotated |= words >> (w * 8 - 1)
+        words = rotated
+    # Shift-and-truncate runs as contiguous SIMD loops; a strided byte gather
+    # (``grid[:, i]``) is about half as fast.
+    planes = [words.astype(np.uint8)]
+    shifted = np.empty_like(words)
+    for i in range(1, w):
+        np.right_shift(words, 8 * i, out=shifted)
+        planes.append(shifted.astype(np.uint8))
+    return planes
 
 
 def merge(planes: list[np.ndarray], dtype: DType) -> np.ndarray:
@@ -36,13 +43,14 @@ def merge(planes: list[np.ndarray], dtype: DType) -> np.ndarray:
     w = dtype.word
     if w == 1:
         return planes[0]
-    n = planes[0].size
-    grid = np.empty((n, w), dtype=np.uint8)
-    for i, plane in enumerate(planes):
-        grid[:, i] = plane
-    if not dtype.is_float:
-        return grid.reshape(-1)
-    words = grid.reshape(-1).view(_UINT[w])
-    bits = w * 8
-    words = (words >> _UINT[w](1)) | (words << _UINT[w](bits - 1))
+    words = planes[0].astype(_UINT[w])
+    widened = np.empty_like(words)
+    for i in range(1, w):
+        widened[...] = planes[i]
+        widened <<= 8 * i
+        words |= widened
+    if dtype.is_float:
+        np.left_shift(words, w * 8 - 1, out=widened)
+        words >>= 1
+        words |= widened
     return words.view(np.uint8)

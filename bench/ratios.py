@@ -1,0 +1,164 @@
+"""Per-component ratios and CPU throughput: ckptz's frame coder against its peers.
+
+For each component of the checkpoints from ``bench/make_checkpoints.py`` (generated into
+OUTDIR first if missing), on the same tensor bytes:
+
+* ``ckptz``: :func:`ckptz.codecs.frames.encode_frame` over frames of ``--frame`` bytes,
+  counting payloads, their 16-byte alignment and the container's per-frame (24 B) and
+  per-chunk (34 B) index records, so the ratio is what a container would really cost;
+* ``zipnn``: ZipNN 0.5.4 (byte input with the component's dtype; it reorders its input in
+  place, so it always gets a private copy);
+* ``zstd-3`` / ``zstd-19``: one zstd frame of the whole stream (single-threaded);
+* ``order0``: the global order-0 entropy bound of the byte planes (ckptz's transform).
+
+Throughput (MB/s of original bytes, median of ``--runs`` runs, ``--threads`` workers):
+ckptz through a thread pool over frames, ZipNN with its own ``threads``. Every round trip
+is verified byte for byte. Usage::
+
+    python bench/ratios.py OUTDIR [--frame BYTES] [--threads 2] [--runs 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+import zstandard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from make_checkpoints import generate, load_components
+
+from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encode_frame
+from ckptz.codecs.planes import split
+from ckptz.dtypes import DTYPES, DType
+
+_ZIPNN_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def stream_bytes(tensors: list[torch.Tensor]) -> tuple[np.ndarray, DType]:
+    """Concatenate tensors' bytes (one dtype) as the pipeline's stream would."""
+    dtype = DTYPES[str(tensors[0].dtype).removeprefix("torch.")]
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).numpy() for t in tensors]
+    return np.concatenate(parts), dtype
+
+
+def order0_bits(raw: np.ndarray, dtype: DType) -> float:
+    """Global order-0 entropy of the byte planes, in bits."""
+    total = 0.0
+    for plane in split(raw, dtype):
+        counts = np.bincount(plane, minlength=256).astype(np.float64)
+        p = counts[counts > 0] / plane.size
+        total += float(-(p * np.log2(p)).sum()) * plane.size
+    return total
+
+
+def ckptz_encode(
+    raw: np.ndarray, dtype: DType, frame: int, pool: ThreadPoolExecutor
+) -> list[list[EncodedChunk]]:
+    """Encode a stream frame by frame on the pool."""
+    opts = EncodeOptions()
+    return list(pool.map(lambda s: encode_frame(raw[s : s + frame], dtype, opts), range(0, raw.size, frame)))
+
+
+def ckptz_decode(frames: list[list[EncodedChunk]], dtype: DType, pool: ThreadPoolExecutor) -> np.ndarray:
+    """Decode every frame on the pool and join them."""
+    out = pool.map(lambda f: decode_frame([(c.codec, c.raw_size, c.payload) for c in f], dtype), frames)
+    return np.concatenate(list(out))
+
+
+def container_size(frames: list[list[EncodedChunk]]) -> int:
+    """Payloads with 16-byte alignment plus the index records a container stores."""
+    return sum(24 + sum(34 + -(-len(c.payload) // 16) * 16 for c in f) for f in frames)
+
+
+def timed(fn: Callable[[], object], runs: int) -> tuple[float, object]:
+    """Median wall time of ``runs`` calls and the last result."""
+    times, result = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
+def bench_component(raw: np.ndarray, dtype: DType, args: argparse.Namespace) -> dict[str, float]:
+    """Ratios and throughputs of every method on one stream."""
+    import zipnn
+
+    n = raw.size
+    res: dict[str, float] = {"bytes": n, "order0": n * 8 / order0_bits(raw, dtype)}
+    with ThreadPoolExecutor(args.threads) as pool:
+        t_enc, frames = timed(lambda: ckptz_encode(raw, dtype, args.frame, pool), args.runs)
+        t_dec, back = timed(lambda: ckptz_decode(frames, dtype, pool), args.runs)  # type: ignore[arg-type]
+    assert np.array_equal(back, raw), "ckptz round trip failed"  # type: ignore[arg-type]
+    res |= {
+        "ckptz": n / container_size(frames),
+        "ckptz_c_MBs": n / t_enc / 1e6,
+        "ckptz_d_MBs": n / t_dec / 1e6,
+    }  # type: ignore[arg-type]
+
+    zdt = _ZIPNN_DTYPE.get(dtype.name)
+    if zdt:
+        z = zipnn.ZipNN(input_format="byte", bytearray_dtype=zdt, threads=args.threads)
+        original = raw.tobytes()
+        copies = [bytearray(original) for _ in range(args.runs)]
+        t_enc, comp = timed(lambda: z.compress(copies.pop()), args.runs)
+        t_dec, zback = timed(lambda: z.decompress(comp), args.runs)
+        assert bytes(zback) == original, "zipnn round trip failed"  # type: ignore[arg-type]
+        res |= {"zipnn": n / len(comp), "zipnn_c_MBs": n / t_enc / 1e6, "zipnn_d_MBs": n / t_dec / 1e6}  # type: ignore[arg-type]
+    for level in (3, 19):
+        comp = zstandard.ZstdCompressor(level=level).compress(raw)
+        assert zstandard.ZstdDecompressor().decompress(comp) == raw.tobytes(), "zstd round trip failed"
+        res[f"zstd-{level}"] = n / len(comp)
+    return res
+
+
+def main() -> None:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--frame", type=int, default=1 << 20, help="frame size in bytes")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", default=None, help="comma-separated component names")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    comps = load_components(args.outdir) if (args.outdir / "scratch").exists() else generate(args.outdir)
+    wanted = set(args.only.split(",")) if args.only else None
+    results: dict[str, dict[str, float]] = {}
+    cols = ["order0", "ckptz", "zipnn", "zstd-3", "zstd-19"]
+    speeds = ["ckptz_c_MBs", "zipnn_c_MBs", "ckptz_d_MBs", "zipnn_d_MBs"]
+    print(
+        f"{'component':26s} {'MB':>6s} "
+        + " ".join(f"{c:>7s}" for c in cols)
+        + "   c MB/s ckptz/zipnn   d MB/s ckptz/zipnn"
+    )
+    for name, tensors in comps.items():
+        if wanted and name not in wanted:
+            continue
+        raw, dtype = stream_bytes(tensors)
+        r = bench_component(raw, dtype, args)
+        results[name] = r
+        ratios = " ".join(f"{r.get(c, float('nan')):7.3f}" for c in cols)
+        sp = [r.get(s, float("nan")) for s in speeds]
+        print(
+            f"{name:26s} {raw.size / 1e6:6.1f} {ratios}   {sp[0]:6.0f} / {sp[1]:6.0f}   {sp[2]:6.0f} / {sp[3]:6.0f}",
+            flush=True,
+        )
+    if args.json:
+        meta = {"frame": args.frame, "threads": args.threads, "runs": args.runs}
+        args.json.write_text(json.dumps({"config": meta, "components": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Conformance of every registered CPU codec and of the CPU frame coder.
+
+One helper, :func:`check_codec`, runs a codec through the same cases (empty, one byte, odd
+sizes, constant, random, realistic float planes); :func:`check_frame` does the same for
+whole frames of every dtype in the table. Corrupt payloads must raise ``CodecError``,
+never crash, hang or allocate without bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckptz.codecs import _CPU, cpu_codec
+from ckptz.codecs.base import Codec
+from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
+from ckptz.codecs.planes import merge, split
+from ckptz.dtypes import DTYPES, DType
+from ckptz.errors import CodecError
+
+RNG = np.random.default_rng(20261122)
+
+
+def _floats(n: int, scale: float = 0.02) -> np.ndarray:
+    return (RNG.standard_normal(n) * scale).astype(np.float32)
+
+
+def _optimizer_like(n: int, rng: np.random.Generator = RNG) -> np.ndarray:
+    """Rows of one scale each, with some all-zero rows (a fine-tune's unseen rows)."""
+    rows = max(1, n // 64)
+    scales = np.exp(rng.uniform(-12, -4, rows)).astype(np.float32)
+    scales[rng.random(rows) < 0.2] = 0
+    return (rng.standard_normal(rows * 64).astype(np.float32) * np.repeat(scales, 64))[:n]
+
+
+def _exponent_plane(values: np.ndarray) -> np.ndarray:
+    return split(values.view(np.uint8), DTYPES["float32"])[-1]
+
+
+def plane_cases() -> dict[str, np.ndarray]:
+    """Byte arrays every codec must round-trip."""
+    cases = {
+        "empty": np.empty(0, np.uint8),
+        "one byte": np.array([7], np.uint8),
+        "constant": np.full(4097, 3, np.uint8),
+        "zeros": np.zeros(1 << 16, np.uint8),
+        "random": RNG.integers(0, 256, 100_003, dtype=np.uint8),
+        "two symbols": RNG.integers(0, 2, 65_537, dtype=np.uint8),
+        "exponents": _exponent_plane(_floats(200_001)),
+        "optimizer exponents": _exponent_plane(_optimizer_like(150_000)),
+    }
+    for n in (2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 255, 1023):
+        cases[f"odd size {n}"] = _exponent_plane(_floats(n))
+    return cases
+
+
+def check_codec(codec: Codec) -> None:
+    """Every case round-trips exactly; a wrong size or truncation raises CodecError."""
+    for name, data in plane_cases().items():
+        if codec.name == "const" and data.size and not np.all(data == data[0]):
+            with pytest.raises(CodecError):
+                codec.encode(data)
+            continue
+        payload = codec.encode(data)
+        out = codec.decode(payload, data.size)
+        assert out.dtype == np.uint8 and np.array_equal(out, data), f"{codec.name}: {name}"
+        if codec.name != "const":  # a const payload fits any size
+            with pytest.raises(CodecError):
+                codec.decode(payload, data.size + 1)
+        if len(payload) > 1:
+            with pytest.raises(CodecError):
+                codec.decode(bytes(payload)[: len(payload) // 2], data.size)
+
+
+@pytest.mark.parametrize("codec_id", sorted(_CPU))
+def test_codec_conformance(codec_id: int) -> None:
+    check_codec(cpu_codec(codec_id))
+
+
+def frame_cases(dtype: DType) -> dict[str, np.ndarray]:
+    """Frames (whole words) of one dtype."""
+    w = dtype.word
+    cases = {
+        "empty": np.empty(0, np.uint8),
+        "one word": RNG.integers(0, 256, w, dtype=np.uint8),
+        "odd words": RNG.integers(0, 256, 1001 * w, dtype=np.uint8),
+        "zeros": np.zeros(4096 * w, np.uint8),
+    }
+    if dtype.is_float:
+        values = _optimizer_like(300_000 // dtype.itemsize * 4).astype(np.float64)
+        typed = {
+            "float64": values,
+            "float32": values.astype(np.float32),
+            "float16": values.astype(np.float16),
+        }
+        if dtype.name in typed:
+            raw = typed[dtype.name].view(np.uint8)
+            cases["realistic"] = raw[: raw.size // dtype.itemsize * dtype.itemsize]
+    return cases
+
+
+def check_frame(dtype: DType, options: EncodeOptions) -> None:
+    """Every frame case of ``dtype`` round-trips through encode_frame / decode_frame."""
+    for name, raw in frame_cases(dtype).items():
+        chunks = encode_frame(raw, dtype, options)
+        assert len(chunks) == max(dtype.word, 1)
+        out = decode_frame([(c.codec, c.raw_size, c.payload) for c in chunks], dtype)
+        assert np.array_equal(out, raw), f"{dtype.name}: {name}"
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+def test_frame_conformance(name: str) -> None:
+    for options in (EncodeOptions(), EncodeOptions(effort=0, level=1)):
+        check_frame(DTYPES[name], options)
+
+
+def test_many_frames_bf16_exact_fp32() -> None:
+    """A stream of fp32 holding bf16 values, cut into frames: the low plane is const."""
+    values = _floats(1 << 18).view(np.uint32) & np.uint32(0xFFFF0000)
+    raw = values.view(np.uint8)
+    dtype = DTYPES["float32"]
+    frame = 1 << 16
+    coded = [encode_frame(raw[s : s + frame], dtype, EncodeOptions()) for s in range(0, raw.size, frame)]
+    assert all(f[1].codec == 1 for f in coded)
+    out = np.concatenate([decode_frame([(c.codec, c.raw_size, c.payload) for c in f], dtype) for f in coded])
+    assert np.array_equal(out, raw)
+
+
+def test_planes_roundtrip_every_dtype() -> None:
+    for dtype in DTYPES.values():
+        raw = RNG.integers(0, 256, 64 * dtype.word, dtype=np.uint8)
+        planes = split(raw, dtype)
+        assert len(planes) == dtype.word
+        assert np.array_equal(merge(planes, dtype), raw)
+
+
+def test_exponent_plane_is_top_byte() -> None:
+    raw = np.array([1.0, -2.0], np.float32).view(np.uint8)
+    assert split(raw, DTYPES["float32"])[-1].tolist() == [127, 128]
+
+
+def test_policy() -> None:
+    assert looks_like_noise(RNG.integers(0, 256, 1 << 18, dtype=np.uint8))
+    assert not looks_like_noise(RNG.integers(0, 128, 1 << 18, dtype=np.uint8))
+    assert encode_plane(RNG.integers(0, 256, 1 << 16, dtype=np.uint8), EncodeOptions()).codec == 0
+    ctx_or_zstd = encode_plane(
+        _exponent_plane(_optimizer_like(1 << 16)), EncodeOptions(), exponent=True
+    ).codec
+    assert ctx_or_zstd in (2, 4)
+
+
+def test_frame_rejects_wrong_plane_count() -> None:
+    with pytest.raises(CodecError):
+        decode_frame([(0, 4, b"abcd")], DTYPES["float32"])
+
+
+_MUTABLE = sorted(i for i in _CPU if i >= 2)
+
+
+@st.composite
+def _mutations(draw: st.DrawFn) -> tuple[int, bytes, int, int]:
+    codec_id = draw(st.sampled_from(_MUTABLE))
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+    data = _exponent_plane(_optimizer_like(draw(st.integers(0, 3000)), rng))
+    payload = bytearray(cpu_codec(codec_id).encode(data))
+    for _ in range(draw(st.integers(1, 4))):
+        if not payload:
+            break
+        kind = draw(st.sampled_from(["flip", "cut", "insert"]))
+        pos = draw(st.integers(0, len(payload) - 1))
+        if kind == "flip":
+            payload[pos] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "cut":
+            del payload[pos:]
+        else:
+            payload[pos:pos] = draw(st.binary(min_size=1, max_size=8))
+    return codec_id, bytes(payload), data.size, len(payload)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mutations())
+def test_mutated_payloads_fail_cleanly(case: tuple[int, bytes, int, int]) -> None:
+    """A damaged payload either decodes to the right size or raises CodecError."""
+    codec_id, payload, size, _ = case
+    try:
+        out = cpu_codec(codec_id).decode(payload, size)
+    except CodecError:
+        return
+    assert out.size == size and out.dtype == np.uint8
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=64), st.integers(0, 1 << 22), st.sampled_from(sorted(_CPU)))
+def test_garbage_payloads_fail_cleanly(payload: bytes, size: int, codec_id: int) -> None:
+    """Arbitrary bytes decode to the asked size or raise CodecError.
+
+    Sizes come from the container, which bounds them by the stream's frame size.
+    """
+    try:
+        out = cpu_codec(codec_id).decode(payload, size)
+    except CodecError:
+        return
+    assert out.size == size
