@@ -176,7 +176,7 @@ def recommend(plans: Sequence[CodecPlan], checkpoint_bytes: int, storage: Storag
             base_write,
             base_read,
             f"compression does not pay on {storage.write_gbps:.3g} GB/s storage: writing uncompressed "
-            f"takes {base_write:.3g} s, the fastest codec ({t.codec} on {t.device}, "
+            f"takes {base_write:.3g} s, the fastest ckptz codec ({t.codec} on {t.device}, "
             f"{t.bytes / t.compress_seconds / 1e9:.3g} GB/s) {best.write_seconds:.3g} s; "
             f"it would still save {100 * (1 - 1 / t.ratio):.0f}% of the storage",
         )
