@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import tree_digests
 
 ROUNDS = int(os.environ.get("CKPTZ_KILL_ROUNDS", "20"))
