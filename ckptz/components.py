@@ -82,6 +82,11 @@ RULES: tuple[Rule, ...] = (
     # HF Trainer's rng_state.pth / rng_state_<rank>.pth hold only generator states.
     Rule("rng_state", file=re.compile(r"^rng_state(_\d+)?\.pth$")),
     Rule("gradients", key=_seg(r"grad|grads|gradients|main_grad")),
+    # Files saved to hold gradients (`gradients.pt`, `grads_rank0.pt`) name them by parameter.
+    Rule(
+        "gradients",
+        file=re.compile(r"^(?:[^/]*[_-])?grad(?:s|ients)?(?:[_-][^/]*)?\.(?:pt|pth|bin|safetensors)$"),
+    ),
     # Megatron rng_state.N.{torch_rng_state,cuda_rng_state,rng_tracker_states}; Lightning/torchtitan too.
     Rule("rng_state", key=_seg(r"[^.]*rng[^.]*")),
     Rule("rng_state", key=_leaf(r"cpu|cuda(_\d+)?|xla|npu|mps"), dtype="uint8"),
