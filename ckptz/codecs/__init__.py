@@ -7,16 +7,18 @@ CPU implementations register here at import; GPU ones (nvCOMP) register from
 from __future__ import annotations
 
 from ckptz.codecs.base import Codec
+from ckptz.codecs.bitpack import BitpackCodec
 from ckptz.codecs.cpu import ConstCodec, RawCodec, ZstdCodec
 from ckptz.codecs.ctx import CtxCodec
+from ckptz.codecs.deflate import DeflateCodec
 from ckptz.errors import CodecUnavailableError
 
 #: Names of every bitstream ckptz has ever written, so a container can name codecs
 #: this machine cannot run. Never reuse an id.
-BITSTREAMS: dict[int, str] = {0: "raw", 1: "const", 2: "zstd", 3: "ans", 4: "ctx"}
+BITSTREAMS: dict[int, str] = {0: "raw", 1: "const", 2: "zstd", 3: "ans", 4: "ctx", 5: "deflate", 6: "bitpack"}
 
 #: Bitstreams that a CPU-only machine can decode.
-PORTABLE: frozenset[int] = frozenset({0, 1, 2, 4})
+PORTABLE: frozenset[int] = frozenset({0, 1, 2, 4, 5, 6})
 
 _CPU: dict[int, Codec] = {c.id: c for c in (RawCodec(), ConstCodec(), ZstdCodec())}
 
@@ -50,5 +52,7 @@ def codec_name(codec_id: int) -> str:
 
 
 register_cpu(CtxCodec())
+register_cpu(DeflateCodec())
+register_cpu(BitpackCodec())
 
 __all__ = ["BITSTREAMS", "PORTABLE", "Codec", "codec_name", "cpu_codec", "register_cpu"]
