@@ -40,7 +40,8 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-stdout = Console()
+# Piped output has no terminal width to fit; 120 columns keep every table readable in logs.
+stdout = Console(width=None if sys.stdout.isatty() else 120)
 stderr = Console(stderr=True)
 
 Src = Annotated[Path, typer.Argument(help="A checkpoint file or folder.", show_default=False)]

@@ -61,15 +61,15 @@ def components_table(summary: Summary) -> Table:
     table.add_column(
         "component", no_wrap=True, min_width=max((len(c.name) for c in summary.components), default=5)
     )
-    table.add_column("tensors", justify="right")
-    table.add_column("original", justify="right")
+    table.add_column("tensors", justify="right", no_wrap=True)
+    table.add_column("original", justify="right", no_wrap=True)
     if compressed:
-        table.add_column("compressed", justify="right")
-        table.add_column("ratio", justify="right")
-        table.add_column("saved", justify="right")
+        table.add_column("compressed", justify="right", no_wrap=True)
+        table.add_column("ratio", justify="right", no_wrap=True)
+        table.add_column("saved", justify="right", no_wrap=True)
         table.add_column("codecs")
     else:
-        table.add_column("share", justify="right")
+        table.add_column("share", justify="right", no_wrap=True)
         table.add_column("", no_wrap=True)
         table.add_column("dtypes")
     for c in summary.components:
@@ -121,26 +121,30 @@ def _component_cells(c: ComponentStats, compressed: bool, total: int) -> list[Re
 
 
 def files_table(files: tuple[FileStats, ...]) -> Table:
-    """Per-file table."""
+    """Per-file table; a raw checkpoint's files show no compressed columns."""
+    packed = any(f.compressed_bytes is not None for f in files)
     table = Table(box=box.SIMPLE, title="files", title_justify="left")
-    table.add_column("file", overflow="fold")
-    table.add_column("format")
-    table.add_column("original", justify="right")
-    table.add_column("compressed", justify="right")
-    table.add_column("ratio", justify="right")
-    table.add_column("written on")
-    table.add_column("decodes on")
+    # The path is the row's key: it takes the room it needs, up to half a wide terminal.
+    longest = max((len(f.path) for f in files), default=4)
+    table.add_column("file", overflow="fold", min_width=min(longest, 40))
+    table.add_column("format", no_wrap=True)
+    table.add_column("original", justify="right", no_wrap=True)
+    if packed:
+        table.add_column("compressed", justify="right", no_wrap=True)
+        table.add_column("ratio", justify="right", no_wrap=True)
+        table.add_column("device", no_wrap=True)
+        table.add_column("decodes", no_wrap=True)
     for f in files:
-        packed = f.compressed_bytes is not None
-        table.add_row(
-            f.path,
-            f.format,
-            decimal(f.bytes),
-            decimal(f.compressed_bytes or 0) if packed else "-",
-            _ratio(f.ratio),
-            f.device or "-",
-            ("CPU and GPU" if f.portable else "GPU only") if packed else "-",
-        )
+        row = [f.path, f.format, decimal(f.bytes)]
+        if packed:
+            known = f.compressed_bytes is not None
+            row += [
+                decimal(f.compressed_bytes or 0) if known else "-",
+                _ratio(f.ratio),
+                f.device or "-",
+                ("CPU+GPU" if f.portable else "GPU only") if known else "-",
+            ]
+        table.add_row(*row)
     return table
 
 
