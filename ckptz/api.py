@@ -53,7 +53,9 @@ class Reporter(Protocol):
     def notice(self, text: str) -> None: ...
 
 
-class _Silent:
+class SilentReporter:
+    """A :class:`Reporter` that ignores everything (the default)."""
+
     def start(self, total: int, description: str) -> None:
         pass
 
@@ -257,7 +259,7 @@ def compress(
     Raises:
         CkptzError: bad arguments, unreadable input, or a failed write (nothing is lost).
     """
-    reporter = reporter or _Silent()
+    reporter = reporter or SilentReporter()
     src, start = Path(src), time.perf_counter()
     entries = _walk(src)
     root = _output_root(src, Path(dst) if dst else None, in_place, suffix_add=True)
@@ -290,8 +292,20 @@ def compress(
             files.append(_compress_one(e, target, engine, verify, in_place, reporter))
         for e, target in copies:
             _copy(e, target)
+    return _summary("compress", src, files, copies, engine, start, notices)
+
+
+def _summary(
+    operation: str,
+    src: Path,
+    files: list[FileStats],
+    copies: list[tuple[_Entry, Path]],
+    engine: Engine,
+    start: float,
+    notices: list[str],
+) -> Summary:
     return Summary(
-        "compress",
+        operation,
         str(src),
         tuple(files),
         total_components(files),
@@ -418,7 +432,7 @@ def decompress(
     Raises:
         CkptzError: bad arguments, a damaged container, or a failed write.
     """
-    reporter = reporter or _Silent()
+    reporter = reporter or SilentReporter()
     src, start = Path(src), time.perf_counter()
     entries = _walk(src)
     root = _output_root(src, Path(dst) if dst else None, in_place, suffix_add=False)
@@ -459,17 +473,7 @@ def decompress(
                 _remove_original(e.path)
         for e, target in copies:
             _copy(e, target)
-    return Summary(
-        "decompress",
-        str(src),
-        tuple(files),
-        total_components(files),
-        tuple(e.rel for e, _ in copies),
-        engine.device,
-        engine.threads,
-        time.perf_counter() - start,
-        tuple(notices),
-    )
+    return _summary("decompress", src, files, copies, engine, start, notices)
 
 
 def _check_written(path: Path, digest: str, rel: str) -> None:
@@ -527,7 +531,7 @@ def verify(
     With ``against`` (the original file or folder), also compare byte for byte. A failure is
     recorded per file (``ok`` False with the error) rather than raised.
     """
-    reporter = reporter or _Silent()
+    reporter = reporter or SilentReporter()
     src, start = Path(path), time.perf_counter()
     base = Path(against) if against else None
     containers = [e for e in _walk(src) if e.kind == "container"]

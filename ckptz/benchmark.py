@@ -12,8 +12,8 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ckptz.api import Reporter, SilentReporter
 from ckptz.container import SUFFIX
 from ckptz.device import gpu_unavailable_reason, requested_device
 from ckptz.errors import InputNotFoundError, UsageError
@@ -30,9 +30,6 @@ from ckptz.savings import (
     plan_codec,
     recommend,
 )
-
-if TYPE_CHECKING:
-    from ckptz.api import Reporter
 
 #: Sample per component by default: large enough to cover many tensors, quick on a CPU.
 DEFAULT_SAMPLE = 256 << 20
@@ -128,20 +125,6 @@ class BenchResult:
     seconds: float
 
 
-class _Silent:
-    def start(self, total: int, description: str) -> None:
-        pass
-
-    def advance(self, nbytes: int) -> None:
-        pass
-
-    def file(self, relpath: str) -> None:
-        pass
-
-    def notice(self, text: str) -> None:
-        pass
-
-
 def _checkpoint_files(src: Path) -> list[tuple[Path, str]]:
     if not src.exists():
         raise InputNotFoundError("no such file or folder", path=str(src))
@@ -230,7 +213,7 @@ def bench(
         raise UsageError("--storage-gbps must be positive")
     if repeats < 3:
         raise UsageError("repeats must be at least 3 (the median of fewer is noise)")
-    reporter = reporter or _Silent()
+    reporter = reporter or SilentReporter()
     cost = cost or CostModel()
     threads = max(1, threads or os.cpu_count() or 1)
     src = Path(path)

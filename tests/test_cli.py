@@ -11,20 +11,11 @@ from conftest import tree_digests
 from typer.testing import CliRunner
 
 from ckptz.cli import app
+from ckptz.components import COMPONENTS as ALL_COMPONENTS
 
 runner = CliRunner()
 
-COMPONENTS = {
-    "weights",
-    "master_weights",
-    "optimizer.exp_avg",
-    "optimizer.exp_avg_sq",
-    "optimizer.other",
-    "gradients",
-    "rng_state",
-    "other",
-    "metadata",
-}
+COMPONENTS = set(ALL_COMPONENTS)
 
 
 def test_quickstart_round_trip(small_checkpoint: Path, tmp_path: Path) -> None:
