@@ -16,6 +16,24 @@ from ckptz.dtypes import DType
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def _halve(words: np.ndarray, w: int, out: list[np.ndarray]) -> None:
+    """Append the ``w`` byte planes of ``w``-byte ``words``, lowest first, to ``out``.
+
+    Halving (low half by truncation, high half by shift-and-truncate) keeps every pass
+    a contiguous SIMD loop over ever narrower words; a strided byte gather
+    (``grid[:, i]``) is about half as fast.
+    """
+    if w == 1:
+        out.append(words)
+        return
+    h = w // 2
+    half = _UINT[h] if h > 1 else np.uint8
+    low = words.astype(half)
+    words >>= 8 * h  # the caller's temporary: the high half, in place
+    _halve(low, h, out)
+    _halve(words.astype(half), h, out)
+
+
 def split(raw: np.ndarray, dtype: DType) -> list[np.ndarray]:
     """Split a 1-D uint8 array of whole words into ``dtype.word`` contiguous byte planes."""
     w = dtype.word
@@ -25,17 +43,24 @@ def split(raw: np.ndarray, dtype: DType) -> list[np.ndarray]:
         raise ValueError(f"{raw.size} bytes is not a whole number of {w}-byte words")
     words = raw.view(_UINT[w])
     if dtype.is_float:
-        rotated = np.left_shift(words, 1)
-        rotated |= words >> (w * 8 - 1)
-        words = rotated
-    # Shift-and-truncate runs as contiguous SIMD loops; a strided byte gather
-    # (``grid[:, i]``) is about half as fast.
-    planes = [words.astype(np.uint8)]
-    shifted = np.empty_like(words)
-    for i in range(1, w):
-        np.right_shift(words, 8 * i, out=shifted)
-        planes.append(shifted.astype(np.uint8))
+        work = np.left_shift(words, 1)
+        work |= words >> (w * 8 - 1)
+    else:
+        work = words.copy()
+    planes: list[np.ndarray] = []
+    _halve(work, w, planes)
     return planes
+
+
+def _join(planes: list[np.ndarray]) -> np.ndarray:
+    """Inverse of :func:`_halve`: words of ``len(planes)`` bytes from their byte planes."""
+    w = len(planes)
+    if w == 1:
+        return planes[0]
+    h = w // 2
+    words = np.left_shift(_join(planes[h:]), 8 * h, dtype=_UINT[w])
+    words |= _join(planes[:h])
+    return words
 
 
 def merge(planes: list[np.ndarray], dtype: DType) -> np.ndarray:
@@ -43,14 +68,9 @@ def merge(planes: list[np.ndarray], dtype: DType) -> np.ndarray:
     w = dtype.word
     if w == 1:
         return planes[0]
-    words = planes[0].astype(_UINT[w])
-    widened = np.empty_like(words)
-    for i in range(1, w):
-        widened[...] = planes[i]
-        widened <<= 8 * i
-        words |= widened
+    words = _join(planes)
     if dtype.is_float:
-        np.left_shift(words, w * 8 - 1, out=widened)
+        widened = np.left_shift(words, w * 8 - 1)
         words >>= 1
         words |= widened
     return words.view(np.uint8)
