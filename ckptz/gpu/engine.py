@@ -11,13 +11,14 @@ torch's pinned-memory cache once the pipeline has written them.
 
 Memory: each worker holds at most one batch on the device (input, planes, payload bounds:
 about 3.1 × the batch) and about 3 × the batch of pinned host memory, so ``memory`` is split
-as ``batch_bytes = memory / (8 × workers)``.
+as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's scratch memory.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,8 +47,10 @@ from ckptz.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
 from ckptz.gpu.transform import aligned
 
 DEFAULT_MEMORY = 2 << 30
-MIN_BATCH = 4 << 20
+MIN_BATCH = 1 << 20
 MAX_BATCH = 256 << 20
+#: How long a worker waits for a batch to fill before running what is queued.
+BATCH_WAIT_S = 0.005
 
 
 def _shape(stream: StreamInfo, length: int) -> FrameShape:
@@ -101,7 +104,7 @@ class GpuEngine:
         self.device = f"cuda:{device_index}"
         self.codec_id = ANS_ID if codec == "ans" else ZSTD_ID
         self.memory = memory or DEFAULT_MEMORY
-        self.batch_bytes = min(MAX_BATCH, max(MIN_BATCH, self.memory // (8 * workers)))
+        self.batch_bytes = min(MAX_BATCH, max(MIN_BATCH, self.memory // (12 * workers)))
         self.threads = max(4, threads or os.cpu_count() or 4)
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
@@ -197,6 +200,15 @@ class GpuEngine:
                 if self._closed:
                     return None
                 self._cv.wait()
+            # nvCOMP needs thousands of chunks in flight to fill the GPU: a batch of a few
+            # frames runs nearly serially. So wait briefly for the pipeline to queue more
+            # (it stops queueing when its look-ahead is full, hence the time limit).
+            deadline = time.monotonic() + BATCH_WAIT_S
+            while not self._closed and sum(map(_job_bytes, self._jobs)) < self.batch_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
             first = self._jobs.popleft()
             batch: list[_Job] = [first]
             size = _job_bytes(first)

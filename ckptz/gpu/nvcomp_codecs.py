@@ -11,7 +11,6 @@ offsets (``nvcomp.as_arrays``), on one CUDA stream. Two bitstreams:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,37 +23,22 @@ from ckptz.gpu.coder import ANS_ID, ZSTD_ID
 NAMES = {ZSTD_ID: "zstd", ANS_ID: "ans"}
 _ALGORITHM = {ZSTD_ID: "Zstd", ANS_ID: "ANS"}
 
-_allocator_lock = threading.Lock()
-_allocator_set = False
-
 
 def nvcomp_version() -> str:
     """The nvCOMP library version, e.g. ``6.0.0`` (recorded in containers with ANS chunks)."""
     return str(getattr(nvc, "__version__", "unknown"))
 
 
-class _TorchBlock:
-    """A device allocation nvCOMP asked for, served by torch's caching allocator."""
-
-    __slots__ = ("ptr", "tensor")
-
-    def __init__(self, nbytes: int) -> None:
-        self.tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
-        self.ptr = self.tensor.data_ptr()
-
-
-def _use_torch_allocator() -> None:
-    # nvCOMP's own allocations were seen to outlive their codecs (CUDALibrarySamples #206);
-    # through torch they are pooled, freed, and counted in torch's peak-memory statistics.
-    global _allocator_set
-    with _allocator_lock:
-        if not _allocator_set:
-            nvc.set_device_allocator(lambda nbytes, _stream: _TorchBlock(nbytes))
-            _allocator_set = True
-
-
 def _pow2_at_least(n: int) -> int:
     return 1 << max(16, (max(n, 1) - 1).bit_length())
+
+
+def _size_classes(sizes: Sequence[int]) -> dict[int, list[int]]:
+    """Indices of ``sizes`` grouped by power-of-two size class."""
+    classes: dict[int, list[int]] = {}
+    for i, n in enumerate(sizes):
+        classes.setdefault(_pow2_at_least(n), []).append(i)
+    return classes
 
 
 class NvcompCodecs:
@@ -66,7 +50,6 @@ class NvcompCodecs:
     """
 
     def __init__(self, device_index: int, stream: torch.cuda.Stream) -> None:
-        _use_torch_allocator()
         self.device_index = device_index
         self.stream = stream
         self._codecs: dict[tuple[int, int], Any] = {}
@@ -90,13 +73,18 @@ class NvcompCodecs:
         return codec
 
     def max_compressed_size(self, codec_id: int, size: int) -> int:
-        """Upper bound of one chunk's payload, from nvCOMP (cached per size)."""
-        key = (codec_id, size)
+        """Room one chunk's payload needs in :meth:`encode`'s output (cached per size class).
+
+        nvCOMP sizes every output of a call for the codec's chunk size, so the bound is that
+        of the chunk's power-of-two size class, not of the chunk itself.
+        """
+        cls = _pow2_at_least(size)
+        key = (codec_id, cls)
         bound = self._max_size.get(key)
         if bound is None:
-            probe = torch.empty(size, dtype=torch.uint8, device=f"cuda:{self.device_index}")
+            probe = torch.empty(cls, dtype=torch.uint8, device=f"cuda:{self.device_index}")
             arr = nvc.as_array(probe, self.stream.cuda_stream)
-            bound = int(self._codec(codec_id, size).get_max_comp_buffer_size(arr))
+            bound = int(self._codec(codec_id, cls).get_max_comp_buffer_size(arr))
             self._max_size[key] = bound
         return bound
 
@@ -115,8 +103,10 @@ class NvcompCodecs:
     ) -> list[int]:
         """Encode chunks of ``src`` into ``dst``; return each payload's size (waits for the GPU).
 
+        One nvCOMP call per power-of-two size class of the chunks (usually one or two).
+
         Args:
-            codec_id: :data:`ZSTD_ID` or :data:`ANS_ID`.
+            codec_id: ``ZSTD_ID`` or ``ANS_ID``.
             src: flat uint8 device buffer holding the chunks.
             offsets: byte offset of each chunk in ``src`` (16-byte aligned).
             sizes: byte size of each chunk (> 0).
@@ -124,8 +114,31 @@ class NvcompCodecs:
             dst_offsets: where each payload goes in ``dst`` (16-byte aligned).
             capacities: room at each ``dst_offsets`` (at least :meth:`max_compressed_size`).
         """
-        if not sizes:
-            return []
+        got = [0] * len(sizes)
+        for members in _size_classes(sizes).values():
+            sub = self._encode_class(
+                codec_id,
+                src,
+                [offsets[i] for i in members],
+                [sizes[i] for i in members],
+                dst,
+                [dst_offsets[i] for i in members],
+                [capacities[i] for i in members],
+            )
+            for i, n in zip(members, sub, strict=True):
+                got[i] = n
+        return got
+
+    def _encode_class(
+        self,
+        codec_id: int,
+        src: torch.Tensor,
+        offsets: list[int],
+        sizes: list[int],
+        dst: torch.Tensor,
+        dst_offsets: list[int],
+        capacities: list[int],
+    ) -> list[int]:
         codec = self._codec(codec_id, max(sizes))
         batch = self._batch(src, offsets, sizes)
         config = codec.compression_config(list(sizes))
@@ -165,15 +178,14 @@ class NvcompCodecs:
         Raises:
             CodecError: nvCOMP rejected a payload.
         """
-        if not sizes:
-            return
-        codec = self._codec(codec_id, max(raw_sizes))
-        batch = self._batch(src, offsets, sizes)
-        out = self._batch(dst, dst_offsets, raw_sizes)
-        try:
-            codec.decode(batch, out=out)
-        except (RuntimeError, ValueError) as exc:
-            raise CodecError(f"nvCOMP could not decode a batch ({exc})", codec=NAMES[codec_id]) from None
+        for members in _size_classes(raw_sizes).values():
+            codec = self._codec(codec_id, max(raw_sizes[i] for i in members))
+            batch = self._batch(src, [offsets[i] for i in members], [sizes[i] for i in members])
+            out = self._batch(dst, [dst_offsets[i] for i in members], [raw_sizes[i] for i in members])
+            try:
+                codec.decode(batch, out=out)
+            except (RuntimeError, ValueError) as exc:
+                raise CodecError(f"nvCOMP could not decode a batch ({exc})", codec=NAMES[codec_id]) from None
 
     def close(self) -> None:
         """Release the codecs (and the device memory nvCOMP holds for them)."""
