@@ -123,20 +123,10 @@ def _median_time(fn: Any, reps: int = 5) -> float:
 
 
 def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) -> dict[str, float]:
-    """ckptz's GPU coder on device-resident bytes: transform, const check, batched nvCOMP."""
-    from ckptz.gpu.coder import (
-        ANS_ID,
-        CONST_ID,
-        RAW_ID,
-        ZSTD_ID,
-        FrameShape,
-        StoredPlane,
-        decode_batch,
-        encode_batch,
-        plan_batch,
-    )
+    """ckptz's GPU coder on device-resident bytes: transform, const check, batched nvCOMP, and
+    the gather into the container's data layout (what the engine copies back)."""
+    from ckptz.gpu.coder import ANS_ID, CONST_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
     from ckptz.gpu.nvcomp_codecs import NvcompCodecs
-    from ckptz.gpu.transform import aligned
 
     stream = torch.cuda.current_stream()
     codecs = NvcompCodecs(torch.cuda.current_device(), stream)
@@ -151,26 +141,14 @@ def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) 
 
     t_enc = _median_time(encode)
     batch = enc["b"]
-    stored, pos = [], 0
-    offsets = []
-    for row in batch.chunks:
-        out = []
-        for c in row:
-            if c.codec == CONST_ID:
-                out.append(StoredPlane(CONST_ID, c.raw_size, 0, 1, c.const_value))
-                continue
-            out.append(StoredPlane(c.codec, c.raw_size, pos, c.payload_size))
-            offsets.append((c, pos))
-            pos = aligned(pos + c.payload_size)
-        stored.append(out)
-    packed = torch.empty(max(pos, 1), dtype=torch.uint8, device="cuda")
-    for c, p in offsets:
-        src = batch.planes if c.codec == RAW_ID else batch.payloads
-        packed[p : p + c.payload_size].copy_(src[c.payload_offset : c.payload_offset + c.payload_size])
+    const = batch.codec == CONST_ID
+    values = np.zeros(batch.codec.size, dtype=np.int64)
+    if const.any():
+        values[const] = batch.block[torch.from_numpy(batch.offset[const]).cuda()].cpu().numpy()
     res: dict[str, torch.Tensor] = {}
 
     def decode() -> None:
-        res["d"] = decode_batch(codecs, packed, layout, stored)
+        res["d"] = decode_batch(codecs, batch.block, layout, batch.codec, batch.offset, batch.size, values)
 
     t_dec = _median_time(decode)
     ok = all(
@@ -180,13 +158,25 @@ def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) 
         )
         for g in layout.groups
     )
-    stored_bytes = sum(c.payload_size for row in batch.chunks for c in row)
     return {
-        "ratio": n / stored_bytes,
+        "ratio": n / batch.block.numel(),
         "comp_GBps": n / t_enc / 1e9,
         "decomp_GBps": n / t_dec / 1e9,
         "exact": ok,
     }
+
+
+def profile_coder(data: torch.Tensor, out: Path) -> None:
+    """torch.profiler tables (CPU and CUDA time) of the ans coder on 1 MiB frames."""
+    from torch.profiler import ProfilerActivity, profile
+
+    bench_ckptz_resident(data, 4, "ans", 1 << 20)  # warm up, compile the kernels
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        bench_ckptz_resident(data, 4, "ans", 1 << 20)
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+    gpu = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    out.write_text(table + "\n\n" + gpu)
+    print(gpu, flush=True)
 
 
 def bench_blog(data: torch.Tensor, algorithm: str, data_type: str) -> dict[str, float]:
@@ -265,10 +255,24 @@ def e2e_child(argv: list[str]) -> None:
         from ckptz import api
 
         device, codec = extra[0], extra[1]
+        profile_to = os.environ.get("CKPTZ_BENCH_PROFILE")
+        if profile_to:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         if op == "compress":
             api.compress(src, dst, device=device, codec=codec, verify=False)
         else:
             api.decompress(src, dst, device=device)
+        if profile_to:
+            import io
+            import pstats
+
+            prof.disable()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(35)
+            Path(profile_to, f"{op}-{device}-{codec}.prof.txt").write_text(text.getvalue())
     elif op in ("zstd", "unzstd", "zipnn", "unzipnn"):
         _file_codec(op, src, dst)
     gpu_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
@@ -320,7 +324,8 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ckptz-bench"))
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--skip", default="", help="comma list: resident,e2e,cpu")
+    ap.add_argument("--skip", default="", help="comma list: resident,e2e,cpu,peers (zstd/ZipNN end to end)")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler tables of the ans coder")
     a = ap.parse_args()
     skip = set(a.skip.split(","))
     a.out.mkdir(parents=True, exist_ok=True)
@@ -336,11 +341,13 @@ def main() -> None:
     results["folder_bytes"] = size
     print(f"generated {size / 1e9:.2f} GB in {folder}: {results['train']}", flush=True)
     rows: list[dict[str, Any]] = []
+    if a.profile:
+        profile_coder(next(iter(components(folder).values())), a.out / "profile.txt")
     if "resident" not in skip:
         for comp, data in components(folder).items():
             word = 2 if "bf16" in comp else 4
             for codec in ("ans", "zstd"):
-                for frame in (1 << 20, 16 << 20):
+                for frame in (1 << 20, 4 << 20):
                     r = bench_ckptz_resident(data, word, codec, frame)
                     rows.append(
                         {"component": comp, "method": f"ckptz {codec} ({frame >> 20} MiB frames)", **r}
@@ -370,6 +377,13 @@ def main() -> None:
         subprocess.run(["cp", "-r", str(folder), str(w / "cp")], check=True)
         runs.append({"name": "cp -r", "seconds": time.perf_counter() - t0})
         runs[-1]["GBps"] = size / runs[-1]["seconds"] / 1e9
+        # ckptz fsyncs every file it writes (safe writes): the like-for-like copy syncs too.
+        subprocess.run(["sync"], check=True)
+        t0 = time.perf_counter()
+        subprocess.run(["cp", "-r", str(folder), str(w / "cp-sync")], check=True)
+        subprocess.run(["sync"], check=True)
+        runs.append({"name": "cp -r && sync", "seconds": time.perf_counter() - t0})
+        runs[-1]["GBps"] = size / runs[-1]["seconds"] / 1e9
         for dev, codec in (("cuda", "ans"), ("cuda", "zstd"), ("cpu", "zstd")):
             tag = f"{dev}-{codec}"
             runs.append(
@@ -386,7 +400,7 @@ def main() -> None:
             )
             shutil.rmtree(w / f"{tag}-back", ignore_errors=True)
         for op, back in (("zstd", "unzstd"), ("zipnn", "unzipnn")):
-            if op == "zipnn" and "zipnn_skipped" in results:
+            if "peers" in skip or (op == "zipnn" and "zipnn_skipped" in results):
                 continue
             runs.append(e2e(f"{op} compress", [op, str(folder), str(w / op)], size))
             runs.append(e2e(f"{op} decompress", [back, str(w / op), str(w / f"{op}-back")], size))

@@ -118,7 +118,7 @@ def compress_file(
     frames: list[tuple[int, int, int, int]] = []
     chunks: list[tuple[int, int, int, int, int, int]] = []
     in_flight: deque[tuple[int, int, Future[EncodedFrame]]] = deque()
-    limit = max_in_flight or 4 * engine.threads + 4
+    limit = max_in_flight or look_ahead(engine)
     codecs_used: set[int] = set()
 
     def drain(keep: int) -> None:
@@ -187,6 +187,11 @@ def compress_file(
     return WrittenContainer(layout, index, size)
 
 
+def look_ahead(engine: Engine) -> int:
+    """Frames to keep in flight: an engine may ask for more (a GPU batches many at once)."""
+    return int(getattr(engine, "look_ahead", 4 * engine.threads + 4))
+
+
 def _codec_name(codec_id: int) -> str:
     from ckptz.codecs import codec_name
 
@@ -244,7 +249,7 @@ def restore(
     per_stream = stream_frame_lists(index)
     starts = frame_chunk_starts(index.frames)
     keys = index.header.get("tensor_keys", [])
-    limit = 4 * engine.threads + 4
+    limit = look_ahead(engine)
     pending: list[deque[tuple[Future[np.ndarray], int, str | None]]] = [deque() for _ in index.streams]
     order = _need_order(index)
     in_flight = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from ckptz import api
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.codecs.planes import split
 from ckptz.container import StreamInfo, checksum, read_index
-from ckptz.dtypes import lookup
+from ckptz.dtypes import DType, lookup
 from ckptz.engine import CpuEngine, EncodedFrame
 from ckptz.errors import CodecUnavailableError
 
@@ -32,7 +33,6 @@ from ckptz.gpu.coder import (  # noqa: E402
     RAW_ID,
     ZSTD_ID,
     FrameShape,
-    StoredPlane,
     decode_batch,
     encode_batch,
     plan_batch,
@@ -131,27 +131,34 @@ def test_batch_coder_round_trip_with_stand_in(codec_id: int) -> None:
         data[off : off + f.size] = torch.from_numpy(f)
     codecs = ZstdStandIn()
     batch = encode_batch(codecs, codec_id, data, layout)
-    kinds = {c.codec for row in batch.chunks for c in row}
+    kinds = set(batch.codec.tolist())
     assert kinds >= {CONST_ID, codec_id}
-    assert all(c.codec == CONST_ID for c in batch.chunks[-1])
-    # Back through decode_batch, with payloads packed the way the engine packs them.
-    stored, pos = [], 0
-    buf = torch.zeros(layout.planes_bytes + batch.payloads.numel(), dtype=torch.uint8)
-    for row in batch.chunks:
-        out = []
-        for c in row:
-            if c.codec == CONST_ID:
-                out.append(StoredPlane(CONST_ID, c.raw_size, 0, 1, c.const_value))
-                continue
-            src = batch.planes if c.codec == RAW_ID else batch.payloads
-            n = c.raw_size if c.codec == RAW_ID else c.payload_size
-            buf[pos : pos + n] = src[c.payload_offset : c.payload_offset + n]
-            out.append(StoredPlane(c.codec, c.raw_size, pos, n))
-            pos += n + (-n % 16)
-        stored.append(out)
-    back = decode_batch(codecs, buf, layout, stored)
+    last = batch.table.starts[-1]
+    assert set(batch.codec[last:].tolist()) == {CONST_ID}
+    block = batch.block.numpy()
+    # The block is the container's data area: payloads 16-byte aligned, zero padded.
+    assert block.size == sum(n + (-n % 16) for n in batch.size.tolist())
+    for c, (codec, off, n) in enumerate(zip(batch.codec, batch.offset, batch.size, strict=True)):
+        assert off % 16 == 0 and not block[off + n : off + n + (-n % 16)].any()
+        if codec == RAW_ID:
+            plane = batch.table.plane_offset[c]
+            assert n == batch.table.raw_size[c]
+            frame = int(np.searchsorted(batch.table.starts, c, side="right")) - 1
+            p = c - batch.table.starts[frame]
+            dt_planes = split(frames[frame], _dtype_of(shapes[frame]))
+            assert block[off : off + n].tobytes() == dt_planes[p].tobytes(), plane
+    const_value = np.where(batch.codec == CONST_ID, block[np.minimum(batch.offset, block.size - 1)], 0)
+    back = decode_batch(
+        codecs, batch.block, layout, batch.codec, batch.offset, batch.size, const_value.astype(np.int64)
+    )
     for f, off in zip(frames, layout.data_offsets, strict=True):
         assert back[off : off + f.size].numpy().tobytes() == f.tobytes()
+
+
+def _dtype_of(shape: FrameShape) -> DType:
+    return replace(
+        lookup({1: "uint8", 2: "int16", 4: "int32", 8: "int64"}[shape.word]), is_float=shape.rotate
+    )
 
 
 # -- CPU: no GPU here ---------------------------------------------------------------------
@@ -239,6 +246,83 @@ def test_gpu_transform_matches_cpu_bytes() -> None:
         for f in range(k):
             for p, want in enumerate(split(raw[f * n : (f + 1) * n], dt)):
                 assert got[f, p].tobytes() == want.tobytes(), (dtype, f, p)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_kernels_match_cpu_transform(dtype: str) -> None:
+    from ckptz.gpu import kernels
+    from ckptz.gpu.transform import DECODED, STATS, STORED
+
+    dt = lookup(dtype)
+    raw = _trained_bytes(dtype, 1 << 16)
+    k, n = 4, raw.size // 4
+    raw[:n] = 0  # frame 0: every plane constant
+    m, word = n // dt.word, dt.word
+    stride = (m + 15) // 16 * 16
+    planes = torch.full((k, word, stride), 7, dtype=torch.uint8, device="cuda")
+    stats = torch.zeros((k * word, STATS), dtype=torch.int32, device="cuda")
+    stats[:, 0] = 255
+    kernels.split_rows(torch.from_numpy(raw).cuda(), planes, stats, word, dt.is_float)
+    got, mm = planes.cpu().numpy(), stats.cpu().numpy()
+    assert m >= 4096  # one full block at least: the sample is the row's first 4096 bytes
+    for f in range(k):
+        for p, want in enumerate(split(raw[f * n : (f + 1) * n], dt)):
+            assert got[f, p, :m].tobytes() == want.tobytes(), (dtype, f, p)
+            assert (got[f, p, m:] == 7).all()  # padding untouched
+            assert tuple(mm[f * word + p, :2]) == (want.min(), want.max())
+            assert (mm[f * word + p, 2:] == np.bincount(want[:4096], minlength=256)).all()
+    # Merge back from a mix of sources: frame 0 from its constants, the rest alternately
+    # from the "stored" and the "decoded" buffer (both the planes here).
+    flat = planes.view(-1)
+    offsets = torch.arange(k * word, dtype=torch.int64, device="cuda") * (stride // 16)
+    sources = [int(mm[r, 0]) if r < word else (STORED if r % 2 else DECODED) for r in range(k * word)]
+    back = torch.zeros(raw.size, dtype=torch.uint8, device="cuda")
+    kernels.merge_rows(
+        flat, flat, offsets, torch.tensor(sources, dtype=torch.int32, device="cuda"), back, word, dt.is_float
+    )
+    assert back.cpu().numpy().tobytes() == raw.tobytes()
+
+
+@gpu
+def test_gather_kernel_pads_with_zeros() -> None:
+    from ckptz.gpu import kernels
+
+    src = torch.arange(256, dtype=torch.int64, device="cuda").to(torch.uint8).repeat(1024)
+    sizes = [1, 15, 16, 17, 40000, 0, 65536]
+    src_off = [0, 32, 64, 4096, 8192, 0, 96]
+    padded = [n + (-n % 16) for n in sizes]
+    dst_off = [sum(padded[:i]) for i in range(len(sizes))]
+    dst = torch.full((sum(padded),), 0xEE, dtype=torch.uint8, device="cuda")
+
+    def dev(v: list[int]) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.int64, device="cuda")
+
+    kernels.gather(
+        src,
+        dev([o // 16 for o in src_off]),
+        dev(sizes),
+        dst,
+        dev([o // 16 for o in dst_off]),
+        dev(padded),
+        max(padded),
+    )
+    host, s = dst.cpu().numpy(), src.cpu().numpy()
+    for so, n, do, pad in zip(src_off, sizes, dst_off, padded, strict=True):
+        assert host[do : do + n].tobytes() == s[so : so + n].tobytes()
+        assert not host[do + n : do + pad].any()
+
+
+@gpu
+@pytest.mark.parametrize("algorithm", ["zstd", "ans"])
+def test_raw_codec_round_trip(algorithm: str) -> None:
+    from ckptz.gpu import raw_codec
+
+    data = _trained_bytes("float32", 1 << 18)
+    coder = raw_codec(algorithm, "cuda:0")
+    blob = coder.encode(data)
+    assert len(blob) < data.size
+    assert coder.decode(blob, data.size).tobytes() == data.tobytes()
 
 
 @gpu

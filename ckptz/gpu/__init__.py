@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from ckptz.gpu.engine import GpuEngine
+    from ckptz.gpu.nvcomp_codecs import RawNvcomp
 
 GPU_CODECS = ("zstd", "ans")
 
@@ -65,6 +66,14 @@ def open_gpu_engine(
     )
 
 
+def raw_codec(algorithm: str, device: str = "cuda") -> RawNvcomp:
+    """nvCOMP ``zstd`` or ``ans`` straight on raw bytes, host in and out (``ckptz bench``'s
+    reference rows for the blog's recipe; see :class:`ckptz.gpu.nvcomp_codecs.RawNvcomp`)."""
+    from ckptz.gpu.nvcomp_codecs import RawNvcomp
+
+    return RawNvcomp(algorithm, device)
+
+
 def restore_to_device(
     container: str | Path, device: str = "cuda", *, memory: int | None = None
 ) -> torch.Tensor:
@@ -74,4 +83,4 @@ def restore_to_device(
     return run(container, device, memory=memory)
 
 
-__all__ = ["GPU_CODECS", "open_gpu_engine", "restore_to_device"]
+__all__ = ["GPU_CODECS", "open_gpu_engine", "raw_codec", "restore_to_device"]

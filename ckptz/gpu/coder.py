@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Protocol
 
+import numpy as np
 import torch
 
-from ckptz.gpu.transform import aligned, constant_rows, merge_from, split_into
+from ckptz.gpu.transform import ALIGN, DECODED, STATS, STORED, aligned
 
 RAW_ID = 0
 CONST_ID = 1
@@ -25,6 +27,10 @@ ANS_ID = 3
 #: nvCOMP ANS refuses chunks above 16 MiB; larger planes go through Zstd (up to 2 GiB).
 ANS_MAX_CHUNK = 16 << 20
 GPU_CODECS = frozenset({RAW_ID, CONST_ID, ZSTD_ID, ANS_ID})
+#: The CPU coder's thresholds (:mod:`ckptz.codecs.frames`): entropy above this many bits
+#: per byte, and no more zeros than this share, is noise.
+NOISE_BITS = 7.9
+NOISE_ZERO_SHARE = 0.008
 
 
 class BatchCodecs(Protocol):
@@ -121,27 +127,6 @@ def plan_batch(shapes: list[FrameShape]) -> BatchLayout:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkResult:
-    """How one plane of one frame was coded; offsets point into the batch's device buffers."""
-
-    codec: int
-    raw_size: int
-    planes_offset: int
-    payload_offset: int
-    payload_size: int
-    const_value: int
-
-
-@dataclass(frozen=True, slots=True)
-class EncodedBatch:
-    """A coded batch on the device: planes, payloads, and per frame its chunks."""
-
-    planes: torch.Tensor
-    payloads: torch.Tensor
-    chunks: tuple[tuple[ChunkResult, ...], ...]
-
-
 def _group_view(buf: torch.Tensor, g: Group) -> torch.Tensor:
     k, s = len(g.members), g.shape
     return buf[g.planes_offset : g.planes_offset + k * s.word * s.stride].view(k, s.word, s.stride)
@@ -151,12 +136,106 @@ def _data_view(buf: torch.Tensor, g: Group) -> torch.Tensor:
     return buf[g.data_offset : g.data_offset + len(g.members) * g.shape.length]
 
 
-def _coded_with(codec_id: int, size: int) -> int:
-    return ZSTD_ID if codec_id == ANS_ID and size > ANS_MAX_CHUNK else codec_id
+def _group_rows(layout: BatchLayout, g: Group) -> slice:
+    """The group's rows: consecutive, from its first frame's."""
+    first = layout.flag_offsets[g.members[0]]
+    return slice(first, first + len(g.members) * g.shape.word)
+
+
+def _noise_rows(counts: np.ndarray) -> np.ndarray:
+    """Rows whose sampled byte histogram looks like noise (see :data:`NOISE_BITS`).
+
+    The CPU coder's test (:func:`ckptz.codecs.frames.looks_like_noise`): near 8 bits of
+    order-0 entropy and few zeros. Such rows are stored without trying a coder, which
+    would spend time to save well under 1% of them. Rows with no sample are not noise.
+    """
+    total = counts.sum(axis=1, keepdims=True)
+    p = counts / np.maximum(total, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = -np.where(p > 0, p * np.log2(p), 0.0).sum(axis=1)
+    return (total[:, 0] > 0) & (bits > NOISE_BITS) & (p[:, 0] <= NOISE_ZERO_SHARE)
+
+
+def _ops(device: torch.device) -> ModuleType:
+    """The Triton kernels for CUDA tensors where Triton imports, else the torch versions."""
+    if device.type == "cuda":
+        try:
+            from ckptz.gpu import kernels
+        except ImportError:  # pragma: no cover - CUDA builds of torch ship Triton
+            pass
+        else:
+            return kernels
+    from ckptz.gpu import transform
+
+    return transform
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTable:
+    """Every chunk of a batch, frame by frame and plane by plane (one entry per plane).
+
+    Attributes:
+        starts: index of each frame's first chunk (frame ``f`` has ``shape.word`` chunks).
+        raw_size: bytes of each chunk's plane.
+        plane_offset: where each plane lies in the batch's planes buffer.
+        row: each plane's row in the planes buffer (``BatchLayout.flag_offsets`` + plane).
+    """
+
+    starts: np.ndarray
+    raw_size: np.ndarray
+    plane_offset: np.ndarray
+    row: np.ndarray
+
+
+def chunk_table(layout: BatchLayout) -> ChunkTable:
+    """The chunks of ``layout`` in frame-then-plane order."""
+    words = np.array([s.word for s in layout.shapes], dtype=np.int64)
+    starts = np.cumsum(words) - words
+    plane = np.repeat(np.array([s.plane for s in layout.shapes], dtype=np.int64), words)
+    stride = np.repeat(np.array([s.stride for s in layout.shapes], dtype=np.int64), words)
+    p = np.arange(int(words.sum()), dtype=np.int64) - np.repeat(starts, words)
+    offset = np.repeat(np.array(layout.planes_offsets, dtype=np.int64), words) + p * stride
+    row = np.repeat(np.array(layout.flag_offsets, dtype=np.int64), words) + p
+    return ChunkTable(starts, plane, offset, row)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """A coded batch: the container's data area for its chunks, and what each chunk is.
+
+    ``block`` holds every chunk's payload in frame-then-plane order, each at a 16-byte
+    boundary and zero-padded to the next: written as it is, it is exactly what
+    :class:`ckptz.container.ContainerWriter` would write chunk by chunk.
+
+    Attributes:
+        block: flat uint8 tensor on the batch's device.
+        table: the chunks (see :class:`ChunkTable`).
+        codec: bitstream id of each chunk.
+        size: payload bytes of each chunk.
+        offset: where each payload starts in ``block``.
+    """
+
+    block: torch.Tensor
+    table: ChunkTable
+    codec: np.ndarray
+    size: np.ndarray
+    offset: np.ndarray
+
+
+def _to_device(values: np.ndarray, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=dtype, non_blocking=True)
+
+
+def _padded(sizes: np.ndarray) -> np.ndarray:
+    return sizes + (-sizes % ALIGN)
 
 
 def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout: BatchLayout) -> EncodedBatch:
-    """Transform and code a batch already on the device; waits for the GPU once, for the sizes.
+    """Transform and code a batch already on the device, waiting for the GPU twice (flags, sizes).
+
+    Per chunk, as the CPU coder decides: a constant plane becomes ``const`` (its byte), a
+    plane that codes smaller gets ``codec_id`` (``zstd`` for planes above nvCOMP ANS's
+    16 MiB), and any other is stored ``raw``.
 
     Args:
         codecs: nvCOMP codecs of the device, bound to the current stream.
@@ -165,102 +244,119 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
         layout: from :func:`plan_batch`.
     """
     dev = data.device
-    planes = torch.empty(layout.planes_bytes, dtype=torch.uint8, device=dev)
-    flags, values = [], []
+    ops = _ops(dev)
+    table = chunk_table(layout)
+    n = table.raw_size.size
+    stats = torch.zeros((n, STATS), dtype=torch.int32, device=dev)
+    stats[:, 0] = 255
+    planes_bytes = aligned(layout.planes_bytes)
+    # Planes then payloads in one buffer, so one gather reads both.
+    sizes = table.raw_size
+    ids = np.where((codec_id == ANS_ID) & (sizes > ANS_MAX_CHUNK), ZSTD_ID, codec_id)
+    bounds = np.zeros(n, dtype=np.int64)
+    for cid in np.unique(ids).tolist():
+        for size in np.unique(sizes[ids == cid]).tolist():
+            bounds[(ids == cid) & (sizes == size)] = aligned(codecs.max_compressed_size(cid, size))
+    payload_at = planes_bytes + np.cumsum(bounds) - bounds
+    work = torch.empty(planes_bytes + max(int(bounds.sum()), ALIGN), dtype=torch.uint8, device=dev)
+    planes = work[: layout.planes_bytes]
     for g in layout.groups:
         view = _group_view(planes, g)
-        split_into(_data_view(data, g), view, g.shape.word, g.shape.rotate)
-        same, first = constant_rows(view, g.shape.plane)
-        flags.append(same.reshape(-1))
-        values.append(first.reshape(-1))
-    # Per codec: (frame, plane) of each chunk, and where its input and output lie.
-    jobs: dict[int, list[tuple[int, int]]] = {}
-    for f, s in enumerate(layout.shapes):
-        for p in range(s.word):
-            jobs.setdefault(_coded_with(codec_id, s.plane), []).append((f, p))
-    sizes_at: dict[tuple[int, int], tuple[int, int]] = {}
-    total = 0
-    placed: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
-    for cid, members in jobs.items():
-        src, size, dst, cap = [], [], [], []
-        for f, p in members:
-            s = layout.shapes[f]
-            bound = aligned(codecs.max_compressed_size(cid, s.plane))
-            src.append(layout.planes_offsets[f] + p * s.stride)
-            size.append(s.plane)
-            dst.append(total)
-            cap.append(bound)
-            total += bound
-        placed[cid] = (src, size, dst, cap)
-    payloads = torch.empty(max(total, 1), dtype=torch.uint8, device=dev)
-    for cid, (src, size, dst, cap) in placed.items():
-        got = codecs.encode(cid, planes, src, size, payloads, dst, cap)
-        for (f, p), o, n in zip(jobs[cid], dst, got, strict=True):
-            sizes_at[(f, p)] = (o, n)
-    # Read back after the encodes are queued: their size read-back already waited for the GPU.
-    flag_host = torch.cat(flags).cpu().tolist()
-    value_host = torch.cat(values).cpu().tolist()
-    frames = []
-    for f, s in enumerate(layout.shapes):
-        row = []
-        for p in range(s.word):
-            plane_off = layout.planes_offsets[f] + p * s.stride
-            idx = layout.flag_offsets[f] + p
-            off, n = sizes_at[(f, p)]
-            if flag_host[idx]:
-                row.append(ChunkResult(CONST_ID, s.plane, plane_off, 0, 1, int(value_host[idx])))
-            elif n < s.plane:
-                row.append(ChunkResult(_coded_with(codec_id, s.plane), s.plane, plane_off, off, n, 0))
-            else:
-                row.append(ChunkResult(RAW_ID, s.plane, plane_off, plane_off, s.plane, 0))
-        frames.append(tuple(row))
-    return EncodedBatch(planes, payloads, tuple(frames))
-
-
-@dataclass(frozen=True, slots=True)
-class StoredPlane:
-    """One chunk to decode: its bitstream, size, and where its payload lies on the device."""
-
-    codec: int
-    raw_size: int
-    offset: int
-    size: int
-    const_value: int = 0
+        ops.split_rows(_data_view(data, g), view, stats[_group_rows(layout, g)], g.shape.word, g.shape.rotate)
+    flags = stats.cpu().numpy()[table.row]
+    const = (flags[:, 0] == flags[:, 1]) & (sizes > 0)
+    noise = _noise_rows(flags[:, 2:])
+    got = np.full(n, -1, dtype=np.int64)
+    for cid in np.unique(ids).tolist():
+        todo = np.flatnonzero((ids == cid) & ~const & ~noise & (sizes > 0))
+        if todo.size:
+            got[todo] = codecs.encode(
+                cid,
+                work,
+                table.plane_offset[todo].tolist(),
+                sizes[todo].tolist(),
+                work,
+                payload_at[todo].tolist(),
+                bounds[todo].tolist(),
+            )
+    coded = (got >= 0) & (got < sizes)
+    codec = np.where(const, CONST_ID, np.where(coded, ids, RAW_ID))
+    size = np.where(const, 1, np.where(coded, got, sizes))
+    src = np.where(coded, payload_at, table.plane_offset)
+    padded = _padded(size)
+    offset = np.cumsum(padded) - padded
+    block = torch.empty(max(int(padded.sum()), ALIGN), dtype=torch.uint8, device=dev)
+    ops.gather(
+        work,
+        _to_device(src // ALIGN, dev),
+        _to_device(size, dev),
+        block,
+        _to_device(offset // ALIGN, dev),
+        _to_device(padded, dev),
+        int(padded.max(initial=0)),
+    )
+    return EncodedBatch(block[: int(padded.sum())], table, codec, size, offset)
 
 
 def decode_batch(
-    codecs: BatchCodecs, payloads: torch.Tensor, layout: BatchLayout, frames: list[list[StoredPlane]]
+    codecs: BatchCodecs,
+    payloads: torch.Tensor,
+    layout: BatchLayout,
+    codec: np.ndarray,
+    offset: np.ndarray,
+    size: np.ndarray,
+    const_value: np.ndarray,
 ) -> torch.Tensor:
     """Decode a batch whose payloads are on the device; return the frames' bytes (queued, no wait).
 
-    Every chunk's codec must be in :data:`GPU_CODECS`, and its payload must have passed its
-    checksum already.
+    The arrays describe every chunk in frame-then-plane order (:func:`chunk_table`): its
+    bitstream, where its payload starts in ``payloads`` (16-byte aligned), the payload's
+    size, and for ``const`` chunks their byte. Every codec must be in :data:`GPU_CODECS`,
+    every payload must have passed its checksum, and raw payloads must be their plane's size.
 
     Raises:
         CodecError: nvCOMP rejected a payload.
     """
     dev = payloads.device
-    planes = torch.empty(max(layout.planes_bytes, 1), dtype=torch.uint8, device=dev)
-    coded: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
-    for f, chunks in enumerate(frames):
-        s = layout.shapes[f]
-        for p, c in enumerate(chunks):
-            dst = layout.planes_offsets[f] + p * s.stride
-            if c.codec == RAW_ID:
-                planes[dst : dst + c.raw_size].copy_(payloads[c.offset : c.offset + c.size])
-            elif c.codec == CONST_ID:
-                planes[dst : dst + c.raw_size].fill_(c.const_value)
-            else:
-                src, size, out, raw = coded.setdefault(c.codec, ([], [], [], []))
-                src.append(c.offset)
-                size.append(c.size)
-                out.append(dst)
-                raw.append(c.raw_size)
-    for cid, (src, size, out, raw) in coded.items():
-        codecs.decode(cid, payloads, src, size, planes, out, raw)
+    ops = _ops(dev)
+    table = chunk_table(layout)
+    raw = table.raw_size
+    coded = (codec != RAW_ID) & (codec != CONST_ID)
+    room = np.where(coded, _padded(raw), 0)
+    at = np.cumsum(room) - room
+    decoded = torch.empty(max(int(room.sum()), 1), dtype=torch.uint8, device=dev)
+    for cid in np.unique(codec[coded]).tolist():
+        todo = np.flatnonzero(codec == cid)
+        codecs.decode(
+            cid,
+            payloads,
+            offset[todo].tolist(),
+            size[todo].tolist(),
+            decoded,
+            at[todo].tolist(),
+            raw[todo].tolist(),
+        )
+    source = np.where(codec == CONST_ID, const_value, np.where(coded, DECODED, STORED))
+    where = np.where(coded, at, offset) // ALIGN
+    # The kernels index rows group by group, in the planes buffer's row order.
+    by_row = np.empty_like(where)
+    by_row[table.row] = where
+    source_by_row = np.empty_like(source)
+    source_by_row[table.row] = source
+    where_dev = _to_device(by_row, dev)
+    source_dev = _to_device(source_by_row, dev, torch.int32)
     data = torch.empty(max(layout.data_bytes, 1), dtype=torch.uint8, device=dev)
     for g in layout.groups:
-        merge_from(_group_view(planes, g), _data_view(data, g), g.shape.word, g.shape.rotate)
+        rows = _group_rows(layout, g)
+        ops.merge_rows(
+            payloads,
+            decoded,
+            where_dev[rows],
+            source_dev[rows],
+            _data_view(data, g),
+            g.shape.word,
+            g.shape.rotate,
+        )
     return data
 
 
@@ -273,10 +369,10 @@ __all__ = [
     "ZSTD_ID",
     "BatchCodecs",
     "BatchLayout",
-    "ChunkResult",
+    "ChunkTable",
     "EncodedBatch",
     "FrameShape",
-    "StoredPlane",
+    "chunk_table",
     "decode_batch",
     "encode_batch",
     "plan_batch",

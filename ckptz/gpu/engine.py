@@ -38,19 +38,18 @@ from ckptz.gpu.coder import (
     ZSTD_ID,
     BatchLayout,
     FrameShape,
-    StoredPlane,
     decode_batch,
     encode_batch,
     plan_batch,
 )
 from ckptz.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
-from ckptz.gpu.transform import aligned
+from ckptz.pipeline import FRAME_SIZE
 
 DEFAULT_MEMORY = 2 << 30
 MIN_BATCH = 1 << 20
 MAX_BATCH = 256 << 20
 #: How long a worker waits for a batch to fill before running what is queued.
-BATCH_WAIT_S = 0.005
+BATCH_WAIT_S = 0.02
 
 
 def _shape(stream: StreamInfo, length: int) -> FrameShape:
@@ -106,6 +105,9 @@ class GpuEngine:
         self.memory = memory or DEFAULT_MEMORY
         self.batch_bytes = min(MAX_BATCH, max(MIN_BATCH, self.memory // (12 * workers)))
         self.threads = max(4, threads or os.cpu_count() or 4)
+        #: Frames the pipeline keeps in flight: enough to fill every worker's batch twice
+        #: over, so batches run full instead of with whatever a slow reader queued.
+        self.look_ahead = max(4 * self.threads + 4, 2 * workers * self.batch_bytes // FRAME_SIZE)
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -196,19 +198,22 @@ class GpuEngine:
     def _take(self) -> list[_Job] | None:
         """Block for a job, then take queued jobs of the same kind up to a batch."""
         with self._cv:
-            while not self._jobs:
-                if self._closed:
-                    return None
-                self._cv.wait()
-            # nvCOMP needs thousands of chunks in flight to fill the GPU: a batch of a few
-            # frames runs nearly serially. So wait briefly for the pipeline to queue more
-            # (it stops queueing when its look-ahead is full, hence the time limit).
-            deadline = time.monotonic() + BATCH_WAIT_S
-            while not self._closed and sum(map(_job_bytes, self._jobs)) < self.batch_bytes:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            while True:
+                while not self._jobs:
+                    if self._closed:
+                        return None
+                    self._cv.wait()
+                # nvCOMP needs thousands of chunks in flight to fill the GPU: a batch of a few
+                # frames runs nearly serially. So wait briefly for the pipeline to queue more
+                # (it stops queueing when its look-ahead is full, hence the time limit).
+                deadline = time.monotonic() + BATCH_WAIT_S
+                while not self._closed and sum(map(_job_bytes, self._jobs)) < self.batch_bytes:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+                if self._jobs:  # another worker may have taken them while this one waited
                     break
-                self._cv.wait(left)
             first = self._jobs.popleft()
             batch: list[_Job] = [first]
             size = _job_bytes(first)
@@ -257,24 +262,20 @@ class GpuEngine:
             sums.append(checksum(j.data))
         data = pinned.to(self.device, non_blocking=True)
         batch = encode_batch(codecs, self.codec_id, data, layout)
-        planes = torch.empty(batch.planes.numel(), dtype=torch.uint8, pin_memory=True)
-        payloads = torch.empty(batch.payloads.numel(), dtype=torch.uint8, pin_memory=True)
-        planes.copy_(batch.planes, non_blocking=True)
-        payloads.copy_(batch.payloads, non_blocking=True)
+        # One copy back: the batch's payloads, already laid out as the container stores them.
+        block = torch.empty(batch.block.numel(), dtype=torch.uint8, pin_memory=True)
+        block.copy_(batch.block, non_blocking=True)
         # The pinned input must outlive its asynchronous copy: keep it referenced until here.
         stream.synchronize()
         del pinned
-        pv, yv = memoryview(planes.numpy()), memoryview(payloads.numpy())  # type: ignore[arg-type]
-        for j, s, chunks in zip(jobs, sums, batch.chunks, strict=True):
-            out = []
-            for c in chunks:
-                if c.codec == CONST_ID:
-                    payload: bytes | memoryview = bytes([c.const_value])
-                elif c.codec == RAW_ID:
-                    payload = pv[c.planes_offset : c.planes_offset + c.raw_size]
-                else:
-                    payload = yv[c.payload_offset : c.payload_offset + c.payload_size]
-                out.append(EncodedChunk(c.codec, c.raw_size, payload))  # type: ignore[arg-type]
+        view = memoryview(block.numpy())  # type: ignore[arg-type]
+        codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
+        raw = batch.table.raw_size.tolist()
+        for j, s, shape, first in zip(jobs, sums, layout.shapes, batch.table.starts.tolist(), strict=True):
+            out = [
+                EncodedChunk(codec[c], raw[c], view[offset[c] : offset[c] + size[c]])  # type: ignore[arg-type]
+                for c in range(first, first + shape.word)
+            ]
             j.future.set_result(EncodedFrame(s, out))
 
     def _decode(self, codecs: NvcompCodecs, stream: torch.cuda.Stream, jobs: list[_DecodeJob]) -> None:
@@ -285,27 +286,33 @@ class GpuEngine:
                 j.future.set_exception(
                     CorruptionError(f"stored bytes of {j.where} fail their checksum", chunk=bad.index)
                 )
-            elif len(j.chunks) != max(j.stream.word, 1) or any(
-                c.raw_size * len(j.chunks) != j.length for c in j.chunks
-            ):
-                j.future.set_exception(
-                    CorruptionError(f"{j.where} has malformed chunks", chunk=j.chunks[0].index)
-                )
-            else:
-                good.append(j)
+                continue
+            try:
+                _check_chunks(j)
+            except CorruptionError as exc:
+                j.future.set_exception(exc)
+                continue
+            good.append(j)
         if not good:
             return
         layout = plan_batch([_shape(j.stream, j.length) for j in good])
-        planes, total = _pack_payloads(good)
-        pinned = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
+        chunks = [c for j in good for c in j.chunks]
+        codec = np.array([c.codec for c in chunks], dtype=np.int64)
+        const = codec == CONST_ID
+        size = np.array([0 if k else len(c.payload) for c, k in zip(chunks, const, strict=True)], np.int64)
+        padded = size + (-size % 16)
+        offset = np.cumsum(padded) - padded
+        const_value = np.array(
+            [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
+        )
+        pinned = torch.empty(max(int(padded.sum()), 1), dtype=torch.uint8, pin_memory=True)
         host = pinned.numpy()
-        for j, row in zip(good, planes, strict=True):
-            for c, p in zip(j.chunks, row, strict=True):
-                if c.codec != CONST_ID:
-                    host[p.offset : p.offset + p.size] = np.frombuffer(c.payload, dtype=np.uint8)
+        for c, o, n in zip(chunks, offset.tolist(), size.tolist(), strict=True):
+            if n:
+                host[o : o + n] = np.frombuffer(c.payload, dtype=np.uint8)
         payloads = pinned.to(self.device, non_blocking=True)
         try:
-            data = decode_batch(codecs, payloads, layout, planes)
+            data = decode_batch(codecs, payloads, layout, codec, offset, size, const_value)
         except CkptzError as exc:
             raise CorruptionError(f"{good[0].where} does not decode ({exc.message})") from None
         out = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True)
@@ -327,25 +334,17 @@ class GpuEngine:
                 j.future.set_result(frame)  # type: ignore[arg-type]
 
 
-def _pack_payloads(jobs: list[_DecodeJob]) -> tuple[list[list[StoredPlane]], int]:
-    """Place every payload at a 16-byte boundary of one buffer (ANS needs the alignment)."""
-    rows, pos = [], 0
-    for j in jobs:
-        row = []
-        for c in j.chunks:
-            if c.codec == CONST_ID:
-                if len(c.payload) != 1:
-                    raise CorruptionError(
-                        f"{j.where}: constant chunk of {len(c.payload)} bytes", chunk=c.index
-                    )
-                row.append(StoredPlane(CONST_ID, c.raw_size, 0, 1, c.payload[0]))
-                continue
-            if c.codec == RAW_ID and len(c.payload) != c.raw_size:
-                raise CorruptionError(f"{j.where}: stored chunk of the wrong size", chunk=c.index)
-            row.append(StoredPlane(c.codec, c.raw_size, pos, len(c.payload)))
-            pos = aligned(pos + len(c.payload))
-        rows.append(row)
-    return rows, pos
+def _check_chunks(j: _DecodeJob) -> None:
+    """Refuse chunks that do not fit the frame: nvCOMP assumes well-formed input."""
+    if len(j.chunks) != max(j.stream.word, 1) or any(
+        c.raw_size * len(j.chunks) != j.length for c in j.chunks
+    ):
+        raise CorruptionError(f"{j.where} has malformed chunks", chunk=j.chunks[0].index)
+    for c in j.chunks:
+        if c.codec == CONST_ID and len(c.payload) != 1:
+            raise CorruptionError(f"{j.where}: constant chunk of {len(c.payload)} bytes", chunk=c.index)
+        if c.codec == RAW_ID and len(c.payload) != c.raw_size:
+            raise CorruptionError(f"{j.where}: stored chunk of the wrong size", chunk=c.index)
 
 
 def _job_bytes(job: _Job) -> int:

@@ -194,4 +194,40 @@ class NvcompCodecs:
         self._codecs.clear()
 
 
-__all__ = ["NAMES", "NvcompCodecs", "nvcomp_version"]
+class RawNvcomp:
+    """The blog's recipe, for ``ckptz bench``'s reference rows: one nvCOMP codec straight on
+    the raw bytes (nvCOMP's own chunked format, default chunk size), host memory in and out.
+
+    Args:
+        algorithm: ``zstd`` or ``ans``.
+        device: a CUDA device (``cuda`` or ``cuda:N``).
+    """
+
+    def __init__(self, algorithm: str, device: str) -> None:
+        dev = torch.device(device)
+        self.device = torch.device(
+            "cuda", dev.index if dev.index is not None else torch.cuda.current_device()
+        )
+        self._stream = torch.cuda.current_stream(self.device)
+        name = {"zstd": "Zstd", "ans": "ANS"}[algorithm]
+        self._codec = nvc.Codec(
+            algorithm=name, device_id=self.device.index, cuda_stream=self._stream.cuda_stream
+        )
+
+    def encode(self, data: Any) -> bytes:
+        """Compress host bytes (a uint8 ndarray) on the GPU; return the compressed bytes."""
+        src = torch.from_numpy(data).to(self.device)
+        out = self._codec.encode(nvc.as_array(src, self._stream.cuda_stream))
+        size = int(out.buffer_size)
+        blob = torch.from_dlpack(out).view(torch.uint8).reshape(-1)[:size]
+        return bytes(blob.cpu().numpy().tobytes())
+
+    def decode(self, blob: bytes, size: int) -> Any:
+        """Decompress what :meth:`encode` wrote; return the original bytes as a uint8 ndarray."""
+        src = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(self.device)
+        out = self._codec.decode(nvc.as_array(src, self._stream.cuda_stream))
+        data = torch.from_dlpack(out).view(torch.uint8).reshape(-1)[:size]
+        return data.cpu().numpy()
+
+
+__all__ = ["NAMES", "NvcompCodecs", "RawNvcomp", "nvcomp_version"]

@@ -19,6 +19,7 @@ from ckptz.container import frame_chunk_starts, read_index, stream_frame_lists
 from ckptz.engine import StoredChunk
 from ckptz.errors import CorruptionError
 from ckptz.gpu.engine import GpuEngine
+from ckptz.pipeline import look_ahead
 
 
 def restore_to_device(
@@ -43,7 +44,7 @@ def restore_to_device(
         starts = frame_chunk_starts(index.frames)
         futures: dict[tuple[int, int], Future[torch.Tensor]] = {}
         order = deque(_need_order(index))
-        limit = 4 * engine.threads + 4
+        limit = look_ahead(engine)
 
         def schedule(until: tuple[int, int]) -> None:
             while order and (until not in futures or len(futures) < limit):

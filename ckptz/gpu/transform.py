@@ -14,6 +14,12 @@ from __future__ import annotations
 import torch
 
 ALIGN = 16
+#: Where :func:`merge_rows` finds a plane row: among the stored payloads, among the decoded
+#: planes, or (any value >= 0) nowhere, the row being that byte repeated.
+STORED = -1
+DECODED = -2
+#: int32 columns per plane row of :func:`split_rows`' statistics: min, max, 256 byte counts.
+STATS = 258
 
 _SIGNED = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -71,11 +77,79 @@ def merge_from(planes: torch.Tensor, raw: torch.Tensor, word: int, rotate: bool)
         words.copy_(_rotr1(words, word * 8))
 
 
-def constant_rows(planes: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which plane rows hold one repeated byte, and that byte (both ``[k, word]``, on the GPU)."""
-    rows = planes[:, :, :m]
-    first = rows[:, :, :1]
-    return (rows == first).all(dim=-1), first[:, :, 0]
+# -- the coder's three primitives, in torch (CPU tensors; CUDA without Triton) ------------
+# :mod:`ckptz.gpu.kernels` has the same functions, each in one Triton kernel.
 
 
-__all__ = ["ALIGN", "aligned", "constant_rows", "merge_from", "split_into"]
+def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, word: int, rotate: bool) -> None:
+    """Split ``k`` equal frames into ``planes`` ``[k, word, stride]`` and write each row's
+    minimum and maximum byte and byte histogram (of the whole row) into ``stats``
+    ``[k * word, STATS]`` (see ``kernels.split_rows``)."""
+    k, _, _ = planes.shape
+    m = raw.numel() // max(k, 1) // word
+    if k == 0 or m == 0:
+        return
+    split_into(raw, planes, word, rotate)
+    rows = planes[:, :, :m].reshape(k * word, m)
+    stats[:, 0] = rows.amin(dim=-1)
+    stats[:, 1] = rows.amax(dim=-1)
+    for r in range(k * word):
+        stats[r, 2:] = torch.bincount(rows[r], minlength=256)
+
+
+def merge_rows(
+    stored: torch.Tensor,
+    decoded: torch.Tensor,
+    offsets: torch.Tensor,
+    sources: torch.Tensor,
+    raw: torch.Tensor,
+    word: int,
+    rotate: bool,
+) -> None:
+    """Interleave plane rows found in ``stored``, ``decoded`` or ``sources`` into ``raw``
+    (offsets in units of 16 bytes; see ``kernels.merge_rows``)."""
+    k = offsets.numel() // word
+    m = raw.numel() // max(k, 1) // word
+    if k == 0 or m == 0:
+        return
+    planes = torch.empty((k, word, m), dtype=torch.uint8, device=raw.device)
+    flat = planes.view(k * word, m)
+    for r, (off, src) in enumerate(zip(offsets.tolist(), sources.tolist(), strict=True)):
+        if src >= 0:
+            flat[r].fill_(src)
+        else:
+            buf = stored if src == STORED else decoded
+            flat[r].copy_(buf[off * ALIGN : off * ALIGN + m])
+    merge_from(planes, raw, word, rotate)
+
+
+def gather(
+    src: torch.Tensor,
+    src_offsets: torch.Tensor,
+    sizes: torch.Tensor,
+    dst: torch.Tensor,
+    dst_offsets: torch.Tensor,
+    padded: torch.Tensor,
+    longest: int,
+) -> None:
+    """Copy byte ranges of ``src`` into ``dst``, each zero-filled to its padded size
+    (offsets in units of 16 bytes; see ``kernels.gather``)."""
+    rows = zip(src_offsets.tolist(), sizes.tolist(), dst_offsets.tolist(), padded.tolist(), strict=True)
+    for so, n, do, pad in rows:
+        so, do = so * ALIGN, do * ALIGN
+        dst[do : do + n].copy_(src[so : so + n])
+        dst[do + n : do + pad].zero_()
+
+
+__all__ = [
+    "ALIGN",
+    "DECODED",
+    "STATS",
+    "STORED",
+    "aligned",
+    "gather",
+    "merge_from",
+    "merge_rows",
+    "split_into",
+    "split_rows",
+]
