@@ -53,6 +53,7 @@ def _split_kernel(
     ROTATE: tl.constexpr,
     BLOCK: tl.constexpr,
     SAMPLE_EVERY: tl.constexpr,
+    NSTATS: tl.constexpr,
 ):
     b = tl.program_id(0)
     f = tl.program_id(1).to(tl.int64)
@@ -68,7 +69,7 @@ def _split_kernel(
         row = f * WORD + p
         tl.store(planes + row * stride + i, v, mask=mask)
         vi = v.to(tl.int32)
-        at = stats + row * STATS
+        at = stats + row * NSTATS
         tl.atomic_min(at, tl.min(tl.where(mask, vi, 255), axis=0))
         tl.atomic_max(at + 1, tl.max(tl.where(mask, vi, 0), axis=0))
         if (b % SAMPLE_EVERY == 0) and ((b + 1) * BLOCK <= m):
@@ -167,6 +168,7 @@ def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, wor
             rotate and word > 1,
             _BLOCK,
             _SAMPLE_EVERY,
+            STATS,
         )
 
 
