@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,16 +284,42 @@ def compress(
         elif not in_place and e.kind in ("other", "container", "symlink"):
             copies.append((e, _target(src, root, e, e.path.name, single_dst)))
     _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
-    files: list[FileStats] = []
     with _engine(device, threads, level, codec, memory, reporter) as (engine, notices):
         _finish_interrupted(interrupted, engine)
         reporter.start(sum(e.path.stat().st_size for e, _ in jobs), "compress")
-        for e, target in jobs:
+
+        def one(e: _Entry, target: Path) -> FileStats:
             reporter.file(e.rel)
-            files.append(_compress_one(e, target, engine, verify, in_place, reporter))
+            return _compress_one(e, target, engine, verify, in_place, reporter)
+
+        files = _each_file(one, jobs)
         for e, target in copies:
             _copy(e, target)
     return _summary("compress", src, files, copies, engine, start, notices)
+
+
+#: Files compressed or restored at once. One file's reads, hashing and writes run on one
+#: thread while the engine codes; several files in flight overlap their I/O (the wall
+#: once a GPU codes, measured in BENCHMARKS.md).
+PARALLEL_FILES = 4
+
+
+def _each_file(fn: Callable[[_Entry, Path], FileStats], jobs: list[tuple[_Entry, Path]]) -> list[FileStats]:
+    """``fn`` over every job, up to :data:`PARALLEL_FILES` at once; results in job order.
+
+    The first failure stops the files not yet started, lets the running ones finish (each
+    leaves either a complete output or none), and is raised.
+    """
+    if len(jobs) < 2:
+        return [fn(e, t) for e, t in jobs]
+    with ThreadPoolExecutor(min(PARALLEL_FILES, len(jobs)), thread_name_prefix="ckptz-file") as pool:
+        futures = [pool.submit(fn, e, t) for e, t in jobs]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
 
 
 def _summary(
@@ -454,11 +481,11 @@ def decompress(
         elif not in_place and e.kind != "temp":
             copies.append((e, _target(src, root, e, e.path.name, single_dst)))
     _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
-    files: list[FileStats] = []
     with _engine(device, threads, 3, "auto", memory, reporter) as (engine, notices):
         _finish_interrupted(interrupted, engine)
         reporter.start(sum(_source_size(e.path) for e, _ in jobs), "decompress")
-        for e, target in jobs:
+
+        def one(e: _Entry, target: Path) -> FileStats:
             reporter.file(e.rel)
             for stale in stale_temps(target):
                 remove_temp(stale)
@@ -468,9 +495,12 @@ def decompress(
                     # The container goes away next: read back what reached the file first.
                     f.flush()
                     _check_written(tmp, index.source_digest, e.rel)
-            files.append(index_stats(e.rel.removesuffix(SUFFIX), index, e.path.stat().st_size))
+            stats = index_stats(e.rel.removesuffix(SUFFIX), index, e.path.stat().st_size)
             if in_place:
                 _remove_original(e.path)
+            return stats
+
+        files = _each_file(one, jobs)
         for e, target in copies:
             _copy(e, target)
     return _summary("decompress", src, files, copies, engine, start, notices)

@@ -230,6 +230,7 @@ class GpuEngine:
             torch.cuda.set_device(self.index)
             stream = torch.cuda.Stream(self.index)
             codecs = NvcompCodecs(self.index, stream)
+            staging = _Staging()
         except BaseException as exc:
             self._errors.append(exc)
             self._ready.wait()
@@ -240,9 +241,9 @@ class GpuEngine:
                 try:
                     with torch.cuda.stream(stream):
                         if isinstance(jobs[0], _EncodeJob):
-                            self._encode(codecs, stream, jobs)  # type: ignore[arg-type]
+                            self._encode(codecs, stream, staging, jobs)  # type: ignore[arg-type]
                         else:
-                            self._decode(codecs, stream, jobs)  # type: ignore[arg-type]
+                            self._decode(codecs, stream, staging, jobs)  # type: ignore[arg-type]
                 except BaseException as exc:
                     for j in jobs:
                         if not j.future.done():
@@ -252,23 +253,26 @@ class GpuEngine:
         finally:
             codecs.close()
 
-    def _encode(self, codecs: NvcompCodecs, stream: torch.cuda.Stream, jobs: list[_EncodeJob]) -> None:
+    def _encode(
+        self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_EncodeJob]
+    ) -> None:
         layout = plan_batch([_shape(j.stream, j.data.size) for j in jobs])
-        pinned = torch.empty(layout.data_bytes, dtype=torch.uint8, pin_memory=True)
+        pinned = staging.get("in", layout.data_bytes)
         host = pinned.numpy()
         sums = []
         for j, off in zip(jobs, layout.data_offsets, strict=True):
             host[off : off + j.data.size] = j.data
             sums.append(checksum(j.data))
-        data = pinned.to(self.device, non_blocking=True)
+        data = pinned[: layout.data_bytes].to(self.device, non_blocking=True)
         batch = encode_batch(codecs, self.codec_id, data, layout)
         # One copy back: the batch's payloads, already laid out as the container stores them.
-        block = torch.empty(batch.block.numel(), dtype=torch.uint8, pin_memory=True)
-        block.copy_(batch.block, non_blocking=True)
-        # The pinned input must outlive its asynchronous copy: keep it referenced until here.
+        n = batch.block.numel()
+        block = staging.get("out", n)
+        block[:n].copy_(batch.block, non_blocking=True)
         stream.synchronize()
-        del pinned
-        view = memoryview(block.numpy())  # type: ignore[arg-type]
+        # The pipeline writes payloads later, while this worker reuses its pinned buffers:
+        # hand it its own copy (numpy copies without the GIL).
+        view = memoryview(block[:n].numpy().copy())  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
         raw = batch.table.raw_size.tolist()
         for j, s, shape, first in zip(jobs, sums, layout.shapes, batch.table.starts.tolist(), strict=True):
@@ -278,7 +282,9 @@ class GpuEngine:
             ]
             j.future.set_result(EncodedFrame(s, out))
 
-    def _decode(self, codecs: NvcompCodecs, stream: torch.cuda.Stream, jobs: list[_DecodeJob]) -> None:
+    def _decode(
+        self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_DecodeJob]
+    ) -> None:
         good: list[_DecodeJob] = []
         for j in jobs:
             bad = next((c for c in j.chunks if checksum(c.payload) != c.checksum), None)
@@ -305,7 +311,7 @@ class GpuEngine:
         const_value = np.array(
             [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
         )
-        pinned = torch.empty(max(int(padded.sum()), 1), dtype=torch.uint8, pin_memory=True)
+        pinned = staging.get("in", max(int(padded.sum()), 1))[: max(int(padded.sum()), 1)]
         host = pinned.numpy()
         for c, o, n in zip(chunks, offset.tolist(), size.tolist(), strict=True):
             if n:
@@ -315,11 +321,11 @@ class GpuEngine:
             data = decode_batch(codecs, payloads, layout, codec, offset, size, const_value)
         except CkptzError as exc:
             raise CorruptionError(f"{good[0].where} does not decode ({exc.message})") from None
-        out = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True)
+        out = staging.get("out", data.numel())[: data.numel()]
         out.copy_(data, non_blocking=True)
         stream.synchronize()
-        del pinned, payloads
-        view = out.numpy()
+        del payloads
+        view = out.numpy().copy()  # the frames outlive this batch (see _encode)
         for j, off in zip(good, layout.data_offsets, strict=True):
             frame = view[off : off + j.length]
             if checksum(frame) != j.checksum:
@@ -332,6 +338,22 @@ class GpuEngine:
                 j.future.set_result(data[off : off + j.length])  # type: ignore[arg-type]
             else:
                 j.future.set_result(frame)  # type: ignore[arg-type]
+
+
+class _Staging:
+    """A worker's pinned host buffers, kept between batches (pinning memory is slow: a fresh
+    pinned buffer per batch cost more than the batch's coding)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, size: int) -> torch.Tensor:
+        """A pinned uint8 tensor of at least ``size`` bytes (its contents are undefined)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < size:
+            # Grow with headroom: batch sizes vary a little from one batch to the next.
+            self._buffers[name] = buf = torch.empty(size + size // 4, dtype=torch.uint8, pin_memory=True)
+        return buf
 
 
 def _check_chunks(j: _DecodeJob) -> None:
