@@ -57,8 +57,12 @@ class _Plan:
     segment_streams: tuple[int, ...]
 
 
-def plan_streams(layout: FileLayout) -> _Plan:
-    """Group segments into streams of one (component, dtype), numbered by first appearance."""
+def plan_streams(layout: FileLayout, frame_size: int = FRAME_SIZE) -> _Plan:
+    """Group segments into streams of one (component, dtype), numbered by first appearance.
+
+    Tensor streams are cut into ``frame_size`` frames (an engine may prefer larger ones:
+    the container records each stream's, so any reader decodes any size).
+    """
     ids: dict[tuple[str, str, int, bool], int] = {}
     keys: list[tuple[str, str, int, bool]] = []
     lengths: list[int] = []
@@ -76,7 +80,7 @@ def plan_streams(layout: FileLayout) -> _Plan:
         seg_streams.append(sid)
     streams = []
     for sid, (component, dtype, word, rotate) in enumerate(keys):
-        frame = META_FRAME_SIZE if word == 1 and component in ("metadata", "other") else FRAME_SIZE
+        frame = META_FRAME_SIZE if word == 1 and component in ("metadata", "other") else frame_size
         streams.append(StreamInfo(sid, component, dtype, word, rotate, frame, lengths[sid], tensors[sid]))
     return _Plan(tuple(streams), tuple(seg_streams))
 
@@ -113,7 +117,7 @@ def compress_file(
         OSError: reading or writing failed.
     """
     layout = read_layout(src, relpath)
-    plan = plan_streams(layout)
+    plan = plan_streams(layout, int(getattr(engine, "frame_size", FRAME_SIZE)))
     writer = ContainerWriter(out)
     frames: list[tuple[int, int, int, int]] = []
     chunks: list[tuple[int, int, int, int, int, int]] = []
