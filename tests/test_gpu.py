@@ -279,7 +279,7 @@ def test_triton_kernels_match_cpu_transform(dtype: str) -> None:
     sources = [int(mm[r, 0]) if r < word else (STORED if r % 2 else DECODED) for r in range(k * word)]
     back = torch.zeros(raw.size, dtype=torch.uint8, device="cuda")
     kernels.merge_rows(
-        flat, flat, offsets, torch.tensor(sources, dtype=torch.int32, device="cuda"), back, word, dt.is_float
+        flat, flat, offsets, torch.tensor(sources, dtype=torch.int64, device="cuda"), back, word, dt.is_float
     )
     assert back.cpu().numpy().tobytes() == raw.tobytes()
 

@@ -222,8 +222,14 @@ class EncodedBatch:
     offset: np.ndarray
 
 
-def _to_device(values: np.ndarray, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=dtype, non_blocking=True)
+def _to_device(device: torch.device, *columns: np.ndarray) -> list[torch.Tensor]:
+    """int64 columns to the device in one copy (each copy from host memory costs a wait)."""
+    table = np.stack([np.asarray(c, dtype=np.int64) for c in columns])
+    if device.type == "cuda":
+        staged = torch.from_numpy(table).pin_memory().to(device, non_blocking=True)
+    else:
+        staged = torch.from_numpy(table)
+    return list(staged.unbind(0))
 
 
 def _padded(sizes: np.ndarray) -> np.ndarray:
@@ -286,15 +292,8 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
     padded = _padded(size)
     offset = np.cumsum(padded) - padded
     block = torch.empty(max(int(padded.sum()), ALIGN), dtype=torch.uint8, device=dev)
-    ops.gather(
-        work,
-        _to_device(src // ALIGN, dev),
-        _to_device(size, dev),
-        block,
-        _to_device(offset // ALIGN, dev),
-        _to_device(padded, dev),
-        int(padded.max(initial=0)),
-    )
+    src_at, size_dev, offset_at, padded_dev = _to_device(dev, src // ALIGN, size, offset // ALIGN, padded)
+    ops.gather(work, src_at, size_dev, block, offset_at, padded_dev, int(padded.max(initial=0)))
     return EncodedBatch(block[: int(padded.sum())], table, codec, size, offset)
 
 
@@ -343,8 +342,7 @@ def decode_batch(
     by_row[table.row] = where
     source_by_row = np.empty_like(source)
     source_by_row[table.row] = source
-    where_dev = _to_device(by_row, dev)
-    source_dev = _to_device(source_by_row, dev, torch.int32)
+    where_dev, source_dev = _to_device(dev, by_row, source_by_row)
     data = torch.empty(max(layout.data_bytes, 1), dtype=torch.uint8, device=dev)
     for g in layout.groups:
         rows = _group_rows(layout, g)

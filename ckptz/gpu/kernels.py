@@ -188,7 +188,7 @@ def merge_rows(
         decoded: flat uint8 CUDA tensor holding rows an nvCOMP codec decoded.
         offsets: int64 CUDA tensor ``[k * word]``: where row ``f * word + p`` starts in its
             buffer, in units of 16 bytes.
-        sources: int32 CUDA tensor ``[k * word]``: ``STORED``, ``DECODED`` (from
+        sources: int64 CUDA tensor ``[k * word]``: ``STORED``, ``DECODED`` (from
             :mod:`ckptz.gpu.transform`) or the
             row's byte (>= 0) when it is constant.
         raw: flat uint8 CUDA tensor of ``k * n`` bytes (16-byte aligned) to write.

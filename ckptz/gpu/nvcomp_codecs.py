@@ -55,6 +55,7 @@ class NvcompCodecs:
         self._codecs: dict[tuple[int, int], Any] = {}
         self._max_size: dict[tuple[int, int], int] = {}
         self._out_param_ok: bool | None = None
+        self._configs: dict[tuple[int, tuple[int, ...]], Any] = {}
 
     def _codec(self, codec_id: int, chunk: int) -> Any:
         # RAW bitstreams: one stream per batch entry, so the codec's chunk size must cover the
@@ -87,6 +88,17 @@ class NvcompCodecs:
             bound = int(self._codec(codec_id, cls).get_max_comp_buffer_size(arr))
             self._max_size[key] = bound
         return bound
+
+    def _config(self, codec: Any, sizes: list[int]) -> Any:
+        # Batches repeat the same sizes (whole frames' planes): building a config per call
+        # cost more than a small batch's coding.
+        key = (id(codec), tuple(sizes))
+        config = self._configs.get(key)
+        if config is None:
+            if len(self._configs) > 64:
+                self._configs.clear()
+            config = self._configs[key] = codec.compression_config(list(sizes))
+        return config
 
     def _batch(self, buffer: torch.Tensor, offsets: Sequence[int], sizes: Sequence[int]) -> Any:
         return nvc.as_arrays(buffer, list(offsets), list(sizes), self.stream.cuda_stream)
@@ -141,7 +153,7 @@ class NvcompCodecs:
     ) -> list[int]:
         codec = self._codec(codec_id, max(sizes))
         batch = self._batch(src, offsets, sizes)
-        config = codec.compression_config(list(sizes))
+        config = self._config(codec, sizes)
         if self._out_param_ok is not False:
             out = self._batch(dst, dst_offsets, capacities)
             result = codec.encode(batch, out=out, compression_config=config)
