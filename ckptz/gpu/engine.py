@@ -106,8 +106,10 @@ class GpuEngine:
         self.memory = memory or DEFAULT_MEMORY
         self.batch_bytes = min(MAX_BATCH, max(MIN_BATCH, self.memory // (12 * workers)))
         #: ANS codes 4 MiB frames (1 MiB planes) at about twice the speed of 1 MiB ones, at
-        #: the same ratio; nvCOMP Zstd needs the parallelism of smaller chunks.
-        self.frame_size = ANS_FRAME_SIZE if self.codec_id == ANS_ID else FRAME_SIZE
+        #: the same ratio, where the budget holds several per batch; nvCOMP Zstd needs the
+        #: parallelism of smaller chunks.
+        big = self.codec_id == ANS_ID and self.batch_bytes >= 4 * ANS_FRAME_SIZE
+        self.frame_size = ANS_FRAME_SIZE if big else FRAME_SIZE
         self.threads = max(4, threads or os.cpu_count() or 4)
         #: Frames the pipeline keeps in flight: enough to fill every worker's batch twice
         #: over, so batches run full instead of with whatever a slow reader queued.
