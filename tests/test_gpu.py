@@ -449,3 +449,24 @@ def test_engine_futures_and_checksums() -> None:
         futs: list[Future[EncodedFrame]] = [engine.encode(stream, f) for f in frames]
         for f, fut in zip(frames, futs, strict=True):
             assert fut.result().checksum == checksum(f)
+
+
+@gpu
+def test_bench_runs_every_configuration_on_the_gpu(small_checkpoint: Path) -> None:
+    from ckptz.benchmark import CONFIGS, bench
+
+    result = bench(small_checkpoint, device="cuda:0", storage_gbps=5.0, sample_bytes=4 << 20)
+    assert not result.skipped, result.skipped
+    ran = {r.codec for r in result.rows}
+    assert ran == set(CONFIGS)
+    for r in result.rows:
+        assert r.compressed_bytes > 0 and r.compress_gbps > 0 and r.decompress_gbps > 0
+    by = {(r.component, r.codec): r for r in result.rows}
+    for (component, codec), row in by.items():
+        if codec == "nvcomp-ans-raw" and component in (
+            "weights",
+            "optimizer.exp_avg",
+            "optimizer.exp_avg_sq",
+        ):
+            # ckptz's ans pipeline codes the same bytes at least as small as the raw recipe.
+            assert by[(component, "ckptz-ans-gpu")].compressed_bytes <= row.compressed_bytes * 1.01
