@@ -39,7 +39,16 @@ from ckptz.errors import (
 )
 from ckptz.formats import is_checkpoint, read_layout
 from ckptz.pipeline import Comparer, compress_file, restore
-from ckptz.safeio import atomic_output, copy_file, is_temp, os_error, remove, remove_temp, stale_temps
+from ckptz.safeio import (
+    atomic_output,
+    background_writes,
+    copy_file,
+    is_temp,
+    os_error,
+    remove,
+    remove_temp,
+    stale_temps,
+)
 
 
 class Reporter(Protocol):
@@ -490,7 +499,8 @@ def decompress(
             for stale in stale_temps(target):
                 remove_temp(stale)
             with open(e.path, "rb") as c, atomic_output(target) as (f, tmp):
-                index = restore(c, e.rel, engine, f.write, progress=reporter.advance)
+                with background_writes(f) as out:
+                    index = restore(c, e.rel, engine, out.write, progress=reporter.advance)
                 if in_place:
                     # The container goes away next: read back what reached the file first.
                     f.flush()

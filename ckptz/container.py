@@ -57,7 +57,7 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import xxhash
@@ -153,10 +153,16 @@ def checksum(data: bytes | memoryview | np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(data.data if isinstance(data, np.ndarray) else data)
 
 
+class Writable(Protocol):
+    """Where a container goes: an open binary file, or anything with its ``write``."""
+
+    def write(self, data: bytes | memoryview, /) -> int: ...
+
+
 class ContainerWriter:
     """Writes one container to an open binary file, payloads first, index last."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: Writable) -> None:
         self._f = f
         self._pos = 0
         self._write(HEADER.pack(MAGIC, MAJOR, MINOR, 0))

@@ -37,6 +37,7 @@ from ckptz.engine import EncodedFrame, Engine, StoredChunk
 from ckptz.errors import CodecError, CorruptionError, FormatError, MismatchError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout, Segment
+from ckptz.safeio import background_writes
 
 #: Bytes of original data per frame. Frames are the unit of parallelism and of checksums.
 FRAME_SIZE = 1 << 20
@@ -118,7 +119,23 @@ def compress_file(
     """
     layout = read_layout(src, relpath)
     plan = plan_streams(layout, int(getattr(engine, "frame_size", FRAME_SIZE)))
-    writer = ContainerWriter(out)
+    # Writes run on their own thread: this one reads, hashes and feeds the engine meanwhile.
+    with background_writes(out) as background:
+        return _compress_into(
+            src, relpath, layout, plan, ContainerWriter(background), engine, progress, max_in_flight
+        )
+
+
+def _compress_into(
+    src: Path,
+    relpath: str,
+    layout: FileLayout,
+    plan: _Plan,
+    writer: ContainerWriter,
+    engine: Engine,
+    progress: Progress,
+    max_in_flight: int | None,
+) -> WrittenContainer:
     frames: list[tuple[int, int, int, int]] = []
     chunks: list[tuple[int, int, int, int, int, int]] = []
     in_flight: deque[tuple[int, int, Future[EncodedFrame]]] = deque()

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import re
 import secrets
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -108,6 +110,62 @@ def atomic_output(final: Path) -> Iterator[tuple[BinaryIO, Path]]:
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+class BackgroundWriter:
+    """Writes to a file on a thread of its own, so the caller's reads and hashing overlap them.
+
+    :meth:`write` queues a buffer, which the caller must not change afterwards; :meth:`close`
+    waits until everything queued is written. The first write error stops all later writes
+    and is raised by the next :meth:`write` or by :meth:`close`.
+
+    Args:
+        f: the open file.
+        depth: buffers queued at most (the caller blocks beyond that).
+    """
+
+    def __init__(self, f: BinaryIO, depth: int = 64) -> None:
+        self._f = f
+        self._queue: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ckptz-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._f.write(data)
+                except BaseException as exc:
+                    self._error = exc
+
+    def write(self, data: bytes | memoryview) -> int:
+        """Queue ``data``; raise the error of an earlier write, if any."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(data)
+        return len(data)
+
+    def close(self) -> None:
+        """Wait for every queued write; raise the first write error."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+@contextmanager
+def background_writes(f: BinaryIO, depth: int = 64) -> Iterator[BackgroundWriter]:
+    """A :class:`BackgroundWriter` on ``f``, closed (all written) when the block ends."""
+    writer = BackgroundWriter(f, depth)
+    try:
+        yield writer
+    except BaseException:
+        with suppress(BaseException):
+            writer.close()  # the block's own error is the one to report
+        raise
+    writer.close()
 
 
 def _open_temp(tmp: Path) -> BinaryIO:
