@@ -70,9 +70,17 @@ def ckptz_encode(
 
 
 def ckptz_decode(frames: list[list[EncodedChunk]], dtype: DType, pool: ThreadPoolExecutor) -> np.ndarray:
-    """Decode every frame on the pool and join them."""
-    out = pool.map(lambda f: decode_frame([(c.codec, c.raw_size, c.payload) for c in f], dtype), frames)
-    return np.concatenate(list(out))
+    """Decode every frame on the pool into one output array, as a tensor's storage would be."""
+    sizes = [sum(c.raw_size for c in f) for f in frames]
+    starts = np.cumsum([0, *sizes])
+    out = np.empty(int(starts[-1]), np.uint8)
+
+    def one(i: int) -> None:
+        chunks = [(c.codec, c.raw_size, c.payload) for c in frames[i]]
+        decode_frame(chunks, dtype, out[starts[i] : starts[i + 1]])
+
+    list(pool.map(one, range(len(frames))))
+    return out
 
 
 def container_size(frames: list[list[EncodedChunk]]) -> int:

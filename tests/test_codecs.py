@@ -137,6 +137,32 @@ def test_planes_roundtrip_every_dtype() -> None:
         assert np.array_equal(merge(planes, dtype), raw)
 
 
+def test_planes_into_given_buffers() -> None:
+    """split/merge with ``out`` write the same bytes there; decode_frame decodes in place."""
+    for dtype in DTYPES.values():
+        raw = RNG.integers(0, 256, 1000 * dtype.word, dtype=np.uint8)
+        fresh = split(raw, dtype)
+        buf = np.zeros(raw.size, np.uint8)
+        planes = split(raw, dtype, out=buf)
+        assert all(np.array_equal(a, b) for a, b in zip(planes, fresh, strict=True))
+        assert dtype.word == 1 or np.shares_memory(planes[0], buf)
+        out = np.zeros(raw.size, np.uint8)
+        assert merge(planes, dtype, out=out) is out and np.array_equal(out, raw)
+        chunks = encode_frame(raw, dtype, EncodeOptions())
+        whole = np.zeros(raw.size + 8, np.uint8)
+        decode_frame([(c.codec, c.raw_size, c.payload) for c in chunks], dtype, whole[4:-4])
+        assert np.array_equal(whole[4:-4], raw) and not whole[:4].any() and not whole[-4:].any()
+
+
+def test_payloads_do_not_share_scratch() -> None:
+    """Chunks of one frame stay intact after the same thread encodes another frame."""
+    dtype = DTYPES["float32"]
+    first = _floats(1 << 16).view(np.uint8)
+    chunks = encode_frame(first, dtype, EncodeOptions())
+    encode_frame(_floats(1 << 16).view(np.uint8), dtype, EncodeOptions())
+    assert np.array_equal(decode_frame([(c.codec, c.raw_size, c.payload) for c in chunks], dtype), first)
+
+
 def test_exponent_plane_is_top_byte() -> None:
     raw = np.array([1.0, -2.0], np.float32).view(np.uint8)
     assert split(raw, DTYPES["float32"])[-1].tolist() == [127, 128]

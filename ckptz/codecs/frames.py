@@ -31,7 +31,7 @@ from ckptz.codecs.base import Codec
 from ckptz.codecs.bitpack import BitpackCodec, packed_size, varying_bits
 from ckptz.codecs.cpu import ConstCodec, RawCodec, ZstdCodec
 from ckptz.codecs.deflate import DeflateCodec
-from ckptz.codecs.planes import merge, split
+from ckptz.codecs.planes import merge, scratch, split
 from ckptz.dtypes import DType
 from ckptz.errors import CodecError
 
@@ -148,14 +148,28 @@ def encode_plane(plane: np.ndarray, options: EncodeOptions, *, exponent: bool = 
 
 
 def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[EncodedChunk]:
-    """Transform one frame (a 1-D uint8 array of whole words) and code each plane."""
-    planes = split(raw, dtype)
+    """Transform one frame (a 1-D uint8 array of whole words) and code each plane.
+
+    The planes live in this thread's scratch buffer: every payload is a copy.
+    """
+    planes = split(raw, dtype, out=scratch("planes", raw.size))
     top = len(planes) - 1
     return [encode_plane(p, options, exponent=dtype.is_float and i == top) for i, p in enumerate(planes)]
 
 
-def decode_frame(chunks: list[tuple[int, int, bytes | memoryview]], dtype: DType) -> np.ndarray:
+def decode_frame(
+    chunks: list[tuple[int, int, bytes | memoryview]], dtype: DType, out: np.ndarray | None = None
+) -> np.ndarray:
     """Decode ``(codec id, raw size, payload)`` per plane and undo the transform.
+
+    Args:
+        chunks: one per plane, lowest first.
+        dtype: the stream's transform.
+        out: a 1-D uint8 array of the frame's size to decode into (e.g. a slice of the
+            whole tensor); by default a new array.
+
+    Returns:
+        ``out``, or the new array.
 
     Raises:
         CodecError: a payload is malformed, or the planes disagree in size.
@@ -163,13 +177,15 @@ def decode_frame(chunks: list[tuple[int, int, bytes | memoryview]], dtype: DType
     """
     if len(chunks) != max(dtype.word, 1) or len({size for _, size, _ in chunks}) > 1:
         raise CodecError("frame planes do not match the stream's dtype", codec="frame")
+    if out is not None and out.size != chunks[0][1] * len(chunks):
+        raise ValueError(f"output of {out.size} bytes for a frame of {chunks[0][1] * len(chunks)}")
     planes = []
     for codec, size, payload in chunks:
-        if codec == _RAW.id and dtype.word > 1:
+        if codec == _RAW.id and (dtype.word > 1 or out is not None):
             # merge() copies the plane anyway: skip the codec's defensive copy.
             if len(payload) != size:
                 raise CodecError(f"stored chunk holds {len(payload)} bytes, expected {size}", codec=_RAW.name)
             planes.append(np.frombuffer(payload, dtype=np.uint8))
         else:
             planes.append(cpu_codec(codec).decode(payload, size))
-    return merge(planes, dtype)
+    return merge(planes, dtype, out)
