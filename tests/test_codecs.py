@@ -35,6 +35,11 @@ def _optimizer_like(n: int, rng: np.random.Generator = RNG) -> np.ndarray:
     return (rng.standard_normal(rows * 64).astype(np.float32) * np.repeat(scales, 64))[:n]
 
 
+def _bf16_bytes(values: np.ndarray) -> np.ndarray:
+    """bf16 bytes of fp32 values (truncated: the top half of each word)."""
+    return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+
+
 def _exponent_plane(values: np.ndarray) -> np.ndarray:
     return split(values.view(np.uint8), DTYPES["float32"])[-1]
 
@@ -176,6 +181,10 @@ def test_policy() -> None:
         _exponent_plane(_optimizer_like(1 << 16)), EncodeOptions(), exponent=True
     ).codec
     assert ctx_or_zstd in (2, 4)
+    weights = _floats(1 << 16)
+    assert encode_plane(_exponent_plane(weights), EncodeOptions(), exponent=True).codec == 5
+    bf16 = split(_bf16_bytes(weights), DTYPES["bfloat16"])[-1]
+    assert encode_plane(bf16, EncodeOptions(), exponent=True, half=True).codec == 2
 
 
 def test_frame_rejects_wrong_plane_count() -> None:
