@@ -17,7 +17,9 @@ from ckptz.codecs import _CPU, cpu_codec
 from ckptz.codecs.base import Codec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
 from ckptz.codecs.planes import merge, split
+from ckptz.container import StreamInfo
 from ckptz.dtypes import DTYPES, DType
+from ckptz.engine import CpuEngine
 from ckptz.errors import CodecError
 
 RNG = np.random.default_rng(20261122)
@@ -118,7 +120,11 @@ def check_frame(dtype: DType, options: EncodeOptions) -> None:
 
 @pytest.mark.parametrize("name", sorted(DTYPES))
 def test_frame_conformance(name: str) -> None:
-    for options in (EncodeOptions(), EncodeOptions(effort=0, level=1)):
+    for options in (
+        EncodeOptions(),
+        EncodeOptions(effort=0, level=1),
+        EncodeOptions(effort=2, fast_exponents=True),
+    ):
         check_frame(DTYPES[name], options)
 
 
@@ -184,7 +190,11 @@ def test_policy() -> None:
     weights = _floats(1 << 16)
     assert encode_plane(_exponent_plane(weights), EncodeOptions(), exponent=True).codec == 5
     bf16 = split(_bf16_bytes(weights), DTYPES["bfloat16"])[-1]
-    assert encode_plane(bf16, EncodeOptions(), exponent=True, half=True).codec == 2
+    assert encode_plane(bf16, EncodeOptions(), exponent=True, literal=True).codec == 2
+    fp32 = weights.view(np.uint8)
+    assert encode_frame(fp32, DTYPES["float32"], EncodeOptions())[-1].codec == 5
+    assert encode_frame(fp32, DTYPES["float32"], EncodeOptions(fast_exponents=True))[-1].codec == 2
+    assert encode_frame(_bf16_bytes(weights), DTYPES["bfloat16"], EncodeOptions())[-1].codec == 2
 
 
 def test_frame_rejects_wrong_plane_count() -> None:
@@ -239,3 +249,16 @@ def test_garbage_payloads_fail_cleanly(payload: bytes, size: int, codec_id: int)
     except CodecError:
         return
     assert out.size == size
+
+
+def test_cpu_engine_keeps_deflate_exponents_for_weights() -> None:
+    """Dense weights keep deflate's smaller exponent code; other components get literal zstd."""
+
+    def stream(component: str) -> StreamInfo:
+        return StreamInfo(0, component, "float32", 4, True, 1 << 20, 0, 0)
+
+    with CpuEngine(1) as engine:
+        assert not engine.options_for(stream("weights")).fast_exponents
+        assert not engine.options_for(stream("master_weights")).fast_exponents
+        assert engine.options_for(stream("optimizer.exp_avg")).fast_exponents
+        assert engine.options_for(stream("gradients")).fast_exponents
