@@ -4,7 +4,8 @@ For each component of the checkpoints from ``bench/make_checkpoints.py`` (genera
 OUTDIR first if missing), on the same tensor bytes:
 
 * ``ckptz``: :func:`ckptz.codecs.frames.encode_frame` over frames of ``--frame`` bytes,
-  counting payloads, their 16-byte alignment and the container's per-frame (24 B) and
+  with the options the CPU engine uses for the component (deflate exponents for weights,
+  literal zstd elsewhere), decoded into one preallocated output, counting payloads, their 16-byte alignment and the container's per-frame (24 B) and
   per-chunk (34 B) index records, so the ratio is what a container would really cost;
 * ``zipnn``: ZipNN 0.5.4 (byte input with the component's dtype; it reorders its input in
   place, so it always gets a private copy);
