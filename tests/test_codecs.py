@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ckptz.codecs import _CPU, cpu_codec
 from ckptz.codecs.base import Codec
+from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
 from ckptz.codecs.planes import merge, split
 from ckptz.container import StreamInfo
@@ -85,6 +86,14 @@ def check_codec(codec: Codec) -> None:
 @pytest.mark.parametrize("codec_id", sorted(_CPU))
 def test_codec_conformance(codec_id: int) -> None:
     check_codec(cpu_codec(codec_id))
+
+
+def test_literal_zstd_conformance() -> None:
+    """The literal-mostly encoder writes plain zstd frames that bitstream 2 decodes."""
+    check_codec(ZstdCodec(literal=True))
+    plane = _exponent_plane(_floats(1 << 16))
+    payload = ZstdCodec(literal=True).encode(plane)
+    assert np.array_equal(cpu_codec(2).decode(payload, plane.size), plane)
 
 
 def frame_cases(dtype: DType) -> dict[str, np.ndarray]:
