@@ -4,7 +4,8 @@ For each component of the checkpoints from ``bench/make_checkpoints.py`` (genera
 OUTDIR first if missing), on the same tensor bytes:
 
 * ``ckptz``: :func:`ckptz.codecs.frames.encode_frame` over frames of ``--frame`` bytes,
-  counting payloads, their 16-byte alignment and the container's per-frame (24 B) and
+  with the options the CPU engine uses for the component (deflate exponents for weights,
+  literal zstd elsewhere), decoded into one preallocated output, counting payloads, their 16-byte alignment and the container's per-frame (24 B) and
   per-chunk (34 B) index records, so the ratio is what a container would really cost;
 * ``zipnn``: ZipNN 0.5.4 (byte input with the component's dtype; it reorders its input in
   place, so it always gets a private copy);
@@ -62,17 +63,25 @@ def order0_bits(raw: np.ndarray, dtype: DType) -> float:
 
 
 def ckptz_encode(
-    raw: np.ndarray, dtype: DType, frame: int, pool: ThreadPoolExecutor
+    raw: np.ndarray, dtype: DType, frame: int, pool: ThreadPoolExecutor, dense: bool
 ) -> list[list[EncodedChunk]]:
-    """Encode a stream frame by frame on the pool."""
-    opts = EncodeOptions()
+    """Encode a stream frame by frame on the pool, with the CPU engine's options for it."""
+    opts = EncodeOptions(fast_exponents=not dense)
     return list(pool.map(lambda s: encode_frame(raw[s : s + frame], dtype, opts), range(0, raw.size, frame)))
 
 
 def ckptz_decode(frames: list[list[EncodedChunk]], dtype: DType, pool: ThreadPoolExecutor) -> np.ndarray:
-    """Decode every frame on the pool and join them."""
-    out = pool.map(lambda f: decode_frame([(c.codec, c.raw_size, c.payload) for c in f], dtype), frames)
-    return np.concatenate(list(out))
+    """Decode every frame on the pool into one output array, as a tensor's storage would be."""
+    sizes = [sum(c.raw_size for c in f) for f in frames]
+    starts = np.cumsum([0, *sizes])
+    out = np.empty(int(starts[-1]), np.uint8)
+
+    def one(i: int) -> None:
+        chunks = [(c.codec, c.raw_size, c.payload) for c in frames[i]]
+        decode_frame(chunks, dtype, out[starts[i] : starts[i + 1]])
+
+    list(pool.map(one, range(len(frames))))
+    return out
 
 
 def container_size(frames: list[list[EncodedChunk]]) -> int:
@@ -90,14 +99,17 @@ def timed(fn: Callable[[], object], runs: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
-def bench_component(raw: np.ndarray, dtype: DType, args: argparse.Namespace) -> dict[str, float]:
+def bench_component(raw: np.ndarray, dtype: DType, args: argparse.Namespace, name: str) -> dict[str, float]:
     """Ratios and throughputs of every method on one stream."""
     import zipnn
+
+    # What CpuEngine does for the weights components (DENSE_COMPONENTS).
+    dense = name.removeprefix("ft ").startswith("weights")
 
     n = raw.size
     res: dict[str, float] = {"bytes": n, "order0": n * 8 / order0_bits(raw, dtype)}
     with ThreadPoolExecutor(args.threads) as pool:
-        t_enc, frames = timed(lambda: ckptz_encode(raw, dtype, args.frame, pool), args.runs)
+        t_enc, frames = timed(lambda: ckptz_encode(raw, dtype, args.frame, pool, dense), args.runs)
         t_dec, back = timed(lambda: ckptz_decode(frames, dtype, pool), args.runs)  # type: ignore[arg-type]
     assert np.array_equal(back, raw), "ckptz round trip failed"  # type: ignore[arg-type]
     res |= {
@@ -147,7 +159,7 @@ def main() -> None:
         if wanted and name not in wanted:
             continue
         raw, dtype = stream_bytes(tensors)
-        r = bench_component(raw, dtype, args)
+        r = bench_component(raw, dtype, args, name)
         results[name] = r
         ratios = " ".join(f"{r.get(c, float('nan')):7.3f}" for c in cols)
         sp = [r.get(s, float("nan")) for s in speeds]

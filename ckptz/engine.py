@@ -84,6 +84,11 @@ def decode_chunks(
     return data
 
 
+#: Components whose exponent planes keep deflate's smaller code (see ckptz.codecs.frames):
+#: dense weights, where ZipNN sits at the order-0 bound and every 0.01% counts.
+DENSE_COMPONENTS = frozenset({"weights", "master_weights"})
+
+
 class CpuEngine:
     """Frame coding on a pool of CPU threads."""
 
@@ -92,10 +97,16 @@ class CpuEngine:
     def __init__(self, threads: int | None = None, level: int = 3) -> None:
         self.threads = max(1, threads or os.cpu_count() or 1)
         self.options = EncodeOptions(level=level)
+        self._fast = replace(self.options, fast_exponents=True)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-cpu")
 
+    def options_for(self, stream: StreamInfo) -> EncodeOptions:
+        """Literal-zstd exponents everywhere but the dense weights components."""
+        return self.options if stream.component in DENSE_COMPONENTS else self._fast
+
     def _encode(self, stream: StreamInfo, data: np.ndarray) -> EncodedFrame:
-        return EncodedFrame(checksum(data), encode_frame(data, stream_dtype(stream), self.options))
+        options = self.options_for(stream)
+        return EncodedFrame(checksum(data), encode_frame(data, stream_dtype(stream), options))
 
     def encode(self, stream: StreamInfo, data: np.ndarray) -> Future[EncodedFrame]:
         return self._pool.submit(self._encode, stream, data)

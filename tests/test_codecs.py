@@ -15,9 +15,12 @@ from hypothesis import strategies as st
 
 from ckptz.codecs import _CPU, cpu_codec
 from ckptz.codecs.base import Codec
+from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
 from ckptz.codecs.planes import merge, split
+from ckptz.container import StreamInfo
 from ckptz.dtypes import DTYPES, DType
+from ckptz.engine import CpuEngine
 from ckptz.errors import CodecError
 
 RNG = np.random.default_rng(20261122)
@@ -33,6 +36,11 @@ def _optimizer_like(n: int, rng: np.random.Generator = RNG) -> np.ndarray:
     scales = np.exp(rng.uniform(-12, -4, rows)).astype(np.float32)
     scales[rng.random(rows) < 0.2] = 0
     return (rng.standard_normal(rows * 64).astype(np.float32) * np.repeat(scales, 64))[:n]
+
+
+def _bf16_bytes(values: np.ndarray) -> np.ndarray:
+    """bf16 bytes of fp32 values (truncated: the top half of each word)."""
+    return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
 
 
 def _exponent_plane(values: np.ndarray) -> np.ndarray:
@@ -80,6 +88,14 @@ def test_codec_conformance(codec_id: int) -> None:
     check_codec(cpu_codec(codec_id))
 
 
+def test_literal_zstd_conformance() -> None:
+    """The literal-mostly encoder writes plain zstd frames that bitstream 2 decodes."""
+    check_codec(ZstdCodec(literal=True))
+    plane = _exponent_plane(_floats(1 << 16))
+    payload = ZstdCodec(literal=True).encode(plane)
+    assert np.array_equal(cpu_codec(2).decode(payload, plane.size), plane)
+
+
 def frame_cases(dtype: DType) -> dict[str, np.ndarray]:
     """Frames (whole words) of one dtype."""
     w = dtype.word
@@ -113,7 +129,11 @@ def check_frame(dtype: DType, options: EncodeOptions) -> None:
 
 @pytest.mark.parametrize("name", sorted(DTYPES))
 def test_frame_conformance(name: str) -> None:
-    for options in (EncodeOptions(), EncodeOptions(effort=0, level=1)):
+    for options in (
+        EncodeOptions(),
+        EncodeOptions(effort=0, level=1),
+        EncodeOptions(effort=2, fast_exponents=True),
+    ):
         check_frame(DTYPES[name], options)
 
 
@@ -137,6 +157,32 @@ def test_planes_roundtrip_every_dtype() -> None:
         assert np.array_equal(merge(planes, dtype), raw)
 
 
+def test_planes_into_given_buffers() -> None:
+    """split/merge with ``out`` write the same bytes there; decode_frame decodes in place."""
+    for dtype in DTYPES.values():
+        raw = RNG.integers(0, 256, 1000 * dtype.word, dtype=np.uint8)
+        fresh = split(raw, dtype)
+        buf = np.zeros(raw.size, np.uint8)
+        planes = split(raw, dtype, out=buf)
+        assert all(np.array_equal(a, b) for a, b in zip(planes, fresh, strict=True))
+        assert dtype.word == 1 or np.shares_memory(planes[0], buf)
+        out = np.zeros(raw.size, np.uint8)
+        assert merge(planes, dtype, out=out) is out and np.array_equal(out, raw)
+        chunks = encode_frame(raw, dtype, EncodeOptions())
+        whole = np.zeros(raw.size + 8, np.uint8)
+        decode_frame([(c.codec, c.raw_size, c.payload) for c in chunks], dtype, whole[4:-4])
+        assert np.array_equal(whole[4:-4], raw) and not whole[:4].any() and not whole[-4:].any()
+
+
+def test_payloads_do_not_share_scratch() -> None:
+    """Chunks of one frame stay intact after the same thread encodes another frame."""
+    dtype = DTYPES["float32"]
+    first = _floats(1 << 16).view(np.uint8)
+    chunks = encode_frame(first, dtype, EncodeOptions())
+    encode_frame(_floats(1 << 16).view(np.uint8), dtype, EncodeOptions())
+    assert np.array_equal(decode_frame([(c.codec, c.raw_size, c.payload) for c in chunks], dtype), first)
+
+
 def test_exponent_plane_is_top_byte() -> None:
     raw = np.array([1.0, -2.0], np.float32).view(np.uint8)
     assert split(raw, DTYPES["float32"])[-1].tolist() == [127, 128]
@@ -150,6 +196,14 @@ def test_policy() -> None:
         _exponent_plane(_optimizer_like(1 << 16)), EncodeOptions(), exponent=True
     ).codec
     assert ctx_or_zstd in (2, 4)
+    weights = _floats(1 << 16)
+    assert encode_plane(_exponent_plane(weights), EncodeOptions(), exponent=True).codec == 5
+    bf16 = split(_bf16_bytes(weights), DTYPES["bfloat16"])[-1]
+    assert encode_plane(bf16, EncodeOptions(), exponent=True, literal=True).codec == 2
+    fp32 = weights.view(np.uint8)
+    assert encode_frame(fp32, DTYPES["float32"], EncodeOptions())[-1].codec == 5
+    assert encode_frame(fp32, DTYPES["float32"], EncodeOptions(fast_exponents=True))[-1].codec == 2
+    assert encode_frame(_bf16_bytes(weights), DTYPES["bfloat16"], EncodeOptions())[-1].codec == 2
 
 
 def test_frame_rejects_wrong_plane_count() -> None:
@@ -204,3 +258,16 @@ def test_garbage_payloads_fail_cleanly(payload: bytes, size: int, codec_id: int)
     except CodecError:
         return
     assert out.size == size
+
+
+def test_cpu_engine_keeps_deflate_exponents_for_weights() -> None:
+    """Dense weights keep deflate's smaller exponent code; other components get literal zstd."""
+
+    def stream(component: str) -> StreamInfo:
+        return StreamInfo(0, component, "float32", 4, True, 1 << 20, 0, 0)
+
+    with CpuEngine(1) as engine:
+        assert not engine.options_for(stream("weights")).fast_exponents
+        assert not engine.options_for(stream("master_weights")).fast_exponents
+        assert engine.options_for(stream("optimizer.exp_avg")).fast_exponents
+        assert engine.options_for(stream("gradients")).fast_exponents

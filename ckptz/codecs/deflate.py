@@ -7,16 +7,20 @@ window bits -15, memory level 8): dynamic-Huffman blocks of ~16 K literals each,
 code adapts within a plane the way ZipNN's per-chunk Huffman tables do, and an exponent
 byte costs within ~1% of the plane's chunk-local order-0 entropy. zstd cannot be told to
 skip LZ matching, and its short matches cost more than they save on exponent planes
-(measured: 3.3 bits per exponent at level 3 against 2.6 for Huffman on trained weights).
+(measured: 3.3 bits per exponent at level 3 against 2.6 for Huffman on trained weights;
+~0.013 bits more even with literal-mostly parameters, see ``ZstdCodec(literal=True)``),
+so the frame coder keeps deflate for the exponents of dense fp32/fp64 weights.
 
 nvCOMP's Deflate with ``bitstream_kind=RAW`` reads and writes the same bitstream, so a GPU
 can decode these chunks (its decoder wants 4-byte aligned input: the container aligns
 payloads to 16 bytes).
 
-Encoding uses stdlib zlib: ISA-L (``isal``) has no Huffman-only mode, and its LZ matching
-costs 9-37% more on exponent planes (1-3% even with a 2-byte window). Decoding uses ISA-L's
-inflate when ``isal`` is importable (measured 2.3x zlib's on these streams, GIL released),
-else zlib's; both read any valid raw deflate stream.
+Encoding uses zlib-ng (``zlib_ng``) when importable, else stdlib zlib: both write the same
+Huffman-only stream (same sizes on every plane measured), zlib-ng 1.6-1.9x faster. ISA-L
+(``isal``) has no Huffman-only mode, and its LZ matching costs 9-37% more on exponent planes
+(1-3% even with a 2-byte window). Decoding uses ISA-L's inflate when ``isal`` is importable
+(measured 2.3x zlib's on these streams, GIL released), else zlib's; both read any valid raw
+deflate stream.
 
 Decoding fails with :class:`~ckptz.errors.CodecError` if the stream is malformed, ends
 early, or would inflate past the expected size (output is capped at that size, so a
@@ -36,6 +40,12 @@ from ckptz.errors import CodecError
 _WBITS = -15  # raw deflate, 32 KiB window
 _MEM_LEVEL = 8  # 16 K literals per block: finer adaptation than 9 measured no worse
 
+_deflate: ModuleType
+try:
+    from zlib_ng import zlib_ng as _deflate
+except ImportError:  # pragma: no cover - zlib-ng is a dependency; zlib writes the same stream
+    _deflate = zlib
+
 _inflate: ModuleType
 try:
     from isal import isal_zlib as _inflate
@@ -52,7 +62,7 @@ class DeflateCodec(Codec):
     name = "deflate"
 
     def encode(self, data: np.ndarray) -> bytes:
-        obj = zlib.compressobj(1, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zlib.Z_HUFFMAN_ONLY)
+        obj = _deflate.compressobj(1, _deflate.DEFLATED, _WBITS, _MEM_LEVEL, _deflate.Z_HUFFMAN_ONLY)
         return obj.compress(np.ascontiguousarray(data).data) + obj.flush()
 
     def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
