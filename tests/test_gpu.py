@@ -161,6 +161,19 @@ def _dtype_of(shape: FrameShape) -> DType:
     )
 
 
+def test_noise_rows_follow_the_cpu_coders_test() -> None:
+    from ckptz.gpu.coder import _noise_rows
+
+    rng = np.random.default_rng(0)
+    noise = np.bincount(rng.integers(0, 256, 1 << 15), minlength=256)
+    exponents = np.bincount(np.clip(rng.normal(120, 3, 1 << 15).astype(int), 0, 255), minlength=256)
+    zero_runs = noise.copy()
+    zero_runs[0] += 2000  # a fine-tune's zero rows in an otherwise noisy plane: worth coding
+    unsampled = np.zeros(256, dtype=np.int64)
+    got = _noise_rows(np.stack([noise, exponents, zero_runs, unsampled]))
+    assert got.tolist() == [True, False, False, False]
+
+
 # -- CPU: no GPU here ---------------------------------------------------------------------
 
 
