@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import sha256, tree_digests
@@ -83,3 +84,31 @@ def test_zip64_file_over_4_gib(tmp_path: Path) -> None:
     api.decompress(tmp_path / "big.pt.ckptz", tmp_path / "back.pt")
     assert (tmp_path / "back.pt").stat().st_size == src_size
     assert sha256(tmp_path / "back.pt") == before
+
+
+def test_a_failing_file_stops_a_folder_cleanly(
+    small_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files run several at once: one failing leaves no temp file and no partial container,
+    and every container that was finished is whole."""
+    from ckptz import safeio
+    from ckptz.errors import FormatError
+
+    real = api.compress_file
+
+    def flaky(src: Path, relpath: str, out: Any, engine: Any, **kw: Any) -> Any:
+        if relpath.endswith("optimizer.pt"):
+            out.write(b"some bytes reached the temp file")
+            raise FormatError("file changed or was truncated while being read", path=relpath)
+        return real(src, relpath, out, engine, **kw)
+
+    monkeypatch.setattr(api, "compress_file", flaky)
+    before = tree_digests(small_checkpoint)
+    with pytest.raises(FormatError):
+        api.compress(small_checkpoint, tmp_path / "out", device="cpu")
+    out = tmp_path / "out"
+    assert tree_digests(small_checkpoint) == before
+    assert not [p for p in out.rglob("*") if safeio.is_temp(p)]
+    assert not (out / "optimizer.pt.ckptz").exists()
+    for container in out.rglob("*.ckptz"):
+        assert api.verify(container, small_checkpoint / container.name.removesuffix(".ckptz")).ok
