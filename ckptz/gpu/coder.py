@@ -2,10 +2,15 @@
 
 A batch is laid out by :func:`plan_batch`: frames of one shape (word, rotation, length) sit
 side by side, so one transform call covers them all, and every plane row starts on a 16-byte
-boundary. :func:`encode_batch` returns the device buffers and, per chunk, which bitstream won
-(constant, coded, or raw when coding does not shrink it), exactly as the CPU coder decides;
-:func:`decode_batch` is its inverse. Both work on device memory only: the engine moves bytes
-between host and device, and a caller that wants decoded bytes on the GPU keeps them there.
+boundary. :func:`encode_batch` splits the frames into planes (taking each plane's min/max and
+a sampled byte histogram on the way), decides per chunk exactly as the CPU coder does
+(constant, noise stored raw, coded, or raw when coding does not shrink it), codes the rest
+with one batched nvCOMP call, and gathers every payload into one device buffer laid out as
+the container stores it. :func:`decode_batch` is its inverse: nvCOMP decodes the coded
+chunks, and one merge per frame shape reads each plane from wherever it lies. Both work on
+device memory only: the engine moves bytes between host and device, and a caller that wants
+decoded bytes on the GPU keeps them there. The kernels are Triton's
+(:mod:`ckptz.gpu.kernels`) on CUDA, torch's (:mod:`ckptz.gpu.transform`) elsewhere.
 """
 
 from __future__ import annotations
@@ -243,7 +248,8 @@ def _to_device(device: torch.device, *columns: np.ndarray) -> list[torch.Tensor]
     return list(torch.from_numpy(table).to(device).unbind(0))
 
 
-def _padded(sizes: np.ndarray) -> np.ndarray:
+def padded_sizes(sizes: np.ndarray) -> np.ndarray:
+    """Payload sizes rounded up to the container's 16-byte alignment."""
     return sizes + (-sizes % ALIGN)
 
 
@@ -300,7 +306,7 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
     codec = np.where(const, CONST_ID, np.where(coded, ids, RAW_ID))
     size = np.where(const, 1, np.where(coded, got, sizes))
     src = np.where(coded, payload_at, table.plane_offset)
-    padded = _padded(size)
+    padded = padded_sizes(size)
     offset = np.cumsum(padded) - padded
     block = torch.empty(max(int(padded.sum()), ALIGN), dtype=torch.uint8, device=dev)
     src_at, size_dev, offset_at, padded_dev = _to_device(dev, src // ALIGN, size, offset // ALIGN, padded)
@@ -332,7 +338,7 @@ def decode_batch(
     table = chunk_table(layout)
     raw = table.raw_size
     coded = (codec != RAW_ID) & (codec != CONST_ID)
-    room = np.where(coded, _padded(raw), 0)
+    room = np.where(coded, padded_sizes(raw), 0)
     at = np.cumsum(room) - room
     decoded = torch.empty(max(int(room.sum()), 1), dtype=torch.uint8, device=dev)
     for cid in np.unique(codec[coded]).tolist():
@@ -384,5 +390,6 @@ __all__ = [
     "chunk_table",
     "decode_batch",
     "encode_batch",
+    "padded_sizes",
     "plan_batch",
 ]

@@ -40,6 +40,7 @@ from ckptz.gpu.coder import (
     FrameShape,
     decode_batch,
     encode_batch,
+    padded_sizes,
     plan_batch,
 )
 from ckptz.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
@@ -312,7 +313,7 @@ class GpuEngine:
         codec = np.array([c.codec for c in chunks], dtype=np.int64)
         const = codec == CONST_ID
         size = np.array([0 if k else len(c.payload) for c, k in zip(chunks, const, strict=True)], np.int64)
-        padded = size + (-size % 16)
+        padded = padded_sizes(size)
         offset = np.cumsum(padded) - padded
         const_value = np.array(
             [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
