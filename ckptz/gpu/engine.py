@@ -2,16 +2,19 @@
 
 ``encode``/``decode`` queue a job and return a future at once. Worker threads (two by
 default, each with its own CUDA stream and nvCOMP codecs) take whatever jobs are queued,
-up to a batch of :attr:`GpuEngine.batch_bytes`, and run them as one batch: pack into pinned
-host memory (hashing on the way), one host→device copy, the transform and the batched nvCOMP
-call, device→host copies of planes and payloads, then resolve the futures. While one worker
-waits on its GPU work the other packs or copies, so copies and compute overlap across
-streams. Payloads handed back are views of the batch's pinned buffer, which returns to
-torch's pinned-memory cache once the pipeline has written them.
+up to a batch of :attr:`GpuEngine.batch_bytes`, and run them as one batch: pack into the
+worker's pinned staging buffer (hashing on the way), one host→device copy, the coder
+(:mod:`ckptz.gpu.coder`: split kernel, batched nvCOMP, gather into the container's layout),
+one device→host copy of that block, then resolve the futures. While one worker waits on its
+GPU work the other packs or copies, so copies and compute overlap across streams. Payloads
+handed back are views of a private host copy of the block, so the staging buffers can be
+reused at once while the pipeline writes at its own pace.
 
-Memory: each worker holds at most one batch on the device (input, planes, payload bounds:
-about 3.1 × the batch) and about 3 × the batch of pinned host memory, so ``memory`` is split
-as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's scratch memory.
+Memory: each worker holds at most one batch on the device (input, planes, payload bounds,
+block: about 3.1 × the batch) and about 2.5 × the batch of pinned host memory, so
+``memory`` is split as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's
+scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames of ordinary
+host memory) comes on top, per file in flight.
 """
 
 from __future__ import annotations
