@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,11 +324,14 @@ def _each_file(fn: Callable[[_Entry, Path], FileStats], jobs: list[tuple[_Entry,
     with ThreadPoolExecutor(min(PARALLEL_FILES, len(jobs)), thread_name_prefix="ckptz-file") as pool:
         futures = [pool.submit(fn, e, t) for e, t in jobs]
         try:
-            return [f.result() for f in futures]
-        except BaseException:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        finally:
             for f in futures:
-                f.cancel()
-            raise
+                f.cancel()  # only those not started; leaving the block waits for the rest
+        for f in futures:
+            if not f.cancelled() and (error := f.exception()) is not None:
+                raise error
+        return [f.result() for f in futures]
 
 
 def _summary(
