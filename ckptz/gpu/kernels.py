@@ -27,16 +27,8 @@ import triton.language as tl
 
 from ckptz.gpu.transform import DECODED, STATS, STORED
 
-#: Bytes of input per program of the split and merge kernels: 4096 fp32 words, four
-#: 4 KiB plane rows out (narrower words get more of them, so every program moves as much).
-_BLOCK_BYTES = 16384
-
-
-def block_words(word: int) -> int:
-    """Words per program of :func:`split_rows` and :func:`merge_rows` for ``word``-byte words."""
-    return _BLOCK_BYTES // word
-
-
+#: Words per program: 4096 fp32 words is 16 KiB in, four 4 KiB plane rows out.
+_BLOCK = 4096
 #: Every this many full blocks of a plane row, :func:`split_rows` adds the block's byte
 #: histogram to the row's sample (1/8 of a 256 KiB row: 32 K bytes).
 _SAMPLE_EVERY = 8
@@ -163,7 +155,7 @@ def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, wor
     words = raw.view(_STORAGE[word]).view(k, m)
     for f0 in range(0, k, _MAX_Y):
         f1 = min(k, f0 + _MAX_Y)
-        grid = (triton.cdiv(m, block_words(word)), f1 - f0)
+        grid = (triton.cdiv(m, _BLOCK), f1 - f0)
         _split_kernel[grid](
             words[f0:f1],
             planes[f0:f1],
@@ -174,7 +166,7 @@ def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, wor
             st,
             ut,
             rotate and word > 1,
-            block_words(word),
+            _BLOCK,
             _SAMPLE_EVERY,
             STATS,
         )
@@ -210,7 +202,7 @@ def merge_rows(
     for f0 in range(0, k if m else 0, _MAX_Y):
         f1 = min(k, f0 + _MAX_Y)
         rows = slice(f0 * word, f1 * word)
-        grid = (triton.cdiv(m, block_words(word)), f1 - f0)
+        grid = (triton.cdiv(m, _BLOCK), f1 - f0)
         _merge_kernel[grid](
             stored,
             decoded,
@@ -222,7 +214,7 @@ def merge_rows(
             st,
             ut,
             rotate and word > 1,
-            block_words(word),
+            _BLOCK,
             STORED,
             DECODED,
         )
@@ -258,4 +250,4 @@ def gather(
         )
 
 
-__all__ = ["block_words", "gather", "merge_rows", "split_rows"]
+__all__ = ["gather", "merge_rows", "split_rows"]
