@@ -5,8 +5,9 @@ OUTDIR first if missing), on the same tensor bytes:
 
 * ``ckptz``: :func:`ckptz.codecs.frames.encode_frame` over frames of ``--frame`` bytes,
   with the options the CPU engine uses for the component (deflate exponents for weights,
-  literal zstd elsewhere), decoded into one preallocated output, counting payloads, their 16-byte alignment and the container's per-frame (24 B) and
-  per-chunk (34 B) index records, so the ratio is what a container would really cost;
+  literal zstd elsewhere), decoded into one preallocated output, counting payloads, their
+  16-byte alignment and the container's per-frame (24 B) and per-chunk (34 B) index
+  records, so the ratio is what a container would really cost;
 * ``zipnn``: ZipNN 0.5.4 (byte input with the component's dtype; it reorders its input in
   place, so it always gets a private copy);
 * ``zstd-3`` / ``zstd-19``: one zstd frame of the whole stream (single-threaded);
@@ -41,6 +42,7 @@ from make_checkpoints import generate, load_components
 from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encode_frame
 from ckptz.codecs.planes import split
 from ckptz.dtypes import DTYPES, DType
+from ckptz.engine import DENSE_COMPONENTS
 
 _ZIPNN_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -103,8 +105,8 @@ def bench_component(raw: np.ndarray, dtype: DType, args: argparse.Namespace, nam
     """Ratios and throughputs of every method on one stream."""
     import zipnn
 
-    # What CpuEngine does for the weights components (DENSE_COMPONENTS).
-    dense = name.removeprefix("ft ").startswith("weights")
+    # What CpuEngine does for the component ("ft weights fp32" is the weights component).
+    dense = name.removeprefix("ft ").split()[0] in DENSE_COMPONENTS
 
     n = raw.size
     res: dict[str, float] = {"bytes": n, "order0": n * 8 / order0_bits(raw, dtype)}

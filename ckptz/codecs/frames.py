@@ -48,11 +48,11 @@ from ckptz.errors import CodecError
 _SAMPLE = 16384
 #: Estimated bits per byte above which a plane is stored raw: Huffman could save at most
 #: ~1% there, and zstd would spend most of the frame's time finding that out.
-_NOISE_BITS = 7.9
+NOISE_BITS = 7.9
 #: Share of zero bytes in the sample above which a noisy plane is still worth zstd:
 #: noise has 1/256 (0.39%) zeros, 4 sigma above that on a 16 K sample is ~0.6%; a
 #: fine-tune's zero rows add more, and zstd codes their runs nearly free.
-_ZERO_SHARE = 0.008
+NOISE_ZERO_SHARE = 0.008
 
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
 _PACK_SLACK = 0.1
@@ -116,7 +116,7 @@ def _sample_stats(plane: np.ndarray) -> tuple[float, float]:
 def looks_like_noise(plane: np.ndarray) -> bool:
     """True if a strided sample of ``plane`` has near 8 bits of entropy and few zeros."""
     bits, zeros = _sample_stats(plane)
-    return bits > _NOISE_BITS and zeros <= _ZERO_SHARE
+    return bits > NOISE_BITS and zeros <= NOISE_ZERO_SHARE
 
 
 def encode_plane(
@@ -137,14 +137,14 @@ def encode_plane(
     if plane[0] == plane[-1] and bool(np.all(plane == plane[0])):
         return EncodedChunk(_CONST.id, size, _CONST.encode(plane))
     bits, zeros = _sample_stats(plane)
-    if bits > _NOISE_BITS and zeros <= _ZERO_SHARE:
+    if bits > NOISE_BITS and zeros <= NOISE_ZERO_SHARE:
         return EncodedChunk(_RAW.id, size, _RAW.encode(plane))
     zstd = _zstd(options.level)
     if exponent:
         candidates: list[Codec]
         if options.effort >= 2:
             candidates = [_LITERAL, _DEFLATE, zstd]
-        elif zeros > _ZERO_SHARE:
+        elif zeros > NOISE_ZERO_SHARE:
             # Zero runs: literal zstd codes them as repeats too; level-3 matching wins where
             # they fill whole rows (optimizer states of a fine-tune).
             candidates = [_LITERAL, zstd]

@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ckptz.codecs.frames import NOISE_BITS, NOISE_ZERO_SHARE
 from ckptz.gpu.transform import ALIGN, DECODED, STATS, STORED, aligned
 
 RAW_ID = 0
@@ -32,10 +33,6 @@ ANS_ID = 3
 #: nvCOMP ANS refuses chunks above 16 MiB; larger planes go through Zstd (up to 2 GiB).
 ANS_MAX_CHUNK = 16 << 20
 GPU_CODECS = frozenset({RAW_ID, CONST_ID, ZSTD_ID, ANS_ID})
-#: The CPU coder's thresholds (:mod:`ckptz.codecs.frames`): entropy above this many bits
-#: per byte, and no more zeros than this share, is noise.
-NOISE_BITS = 7.9
-NOISE_ZERO_SHARE = 0.008
 
 
 class BatchCodecs(Protocol):
@@ -148,7 +145,7 @@ def _group_rows(layout: BatchLayout, g: Group) -> slice:
 
 
 def _noise_rows(counts: np.ndarray) -> np.ndarray:
-    """Rows whose sampled byte histogram looks like noise (see :data:`NOISE_BITS`).
+    """Rows whose sampled byte histogram looks like noise (:data:`ckptz.codecs.frames.NOISE_BITS`).
 
     The CPU coder's test (:func:`ckptz.codecs.frames.looks_like_noise`): near 8 bits of
     order-0 entropy and few zeros. Such rows are stored without trying a coder, which
