@@ -121,10 +121,21 @@ def _median_time(fn: Any, reps: int = 5) -> float:
     return statistics.median(times)
 
 
+def _const_values(batch: Any) -> np.ndarray:
+    """Each chunk's byte if it is ``const`` (its one-byte payload in the block), else 0."""
+    from ckptz.gpu.coder import CONST_ID
+
+    const = batch.codec == CONST_ID
+    values = np.zeros(batch.codec.size, dtype=np.int64)
+    if const.any():
+        values[const] = batch.block[torch.from_numpy(batch.offset[const]).cuda()].cpu().numpy()
+    return values
+
+
 def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) -> dict[str, float]:
     """ckptz's GPU coder on device-resident bytes: transform, const check, batched nvCOMP, and
     the gather into the container's data layout (what the engine copies back)."""
-    from ckptz.gpu.coder import ANS_ID, CONST_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
+    from ckptz.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
     from ckptz.gpu.nvcomp_codecs import NvcompCodecs
 
     stream = torch.cuda.current_stream()
@@ -140,10 +151,7 @@ def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) 
 
     t_enc = _median_time(encode)
     batch = enc["b"]
-    const = batch.codec == CONST_ID
-    values = np.zeros(batch.codec.size, dtype=np.int64)
-    if const.any():
-        values[const] = batch.block[torch.from_numpy(batch.offset[const]).cuda()].cpu().numpy()
+    values = _const_values(batch)
     res: dict[str, torch.Tensor] = {}
 
     def decode() -> None:
@@ -173,7 +181,7 @@ def bench_ckptz_workers(
     overlaps another's GPU work. Bytes already on the GPU; median of 3 after a warm-up."""
     import threading
 
-    from ckptz.gpu.coder import ANS_ID, CONST_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
+    from ckptz.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
     from ckptz.gpu.nvcomp_codecs import NvcompCodecs
 
     cid = ANS_ID if codec == "ans" else ZSTD_ID
@@ -219,11 +227,7 @@ def bench_ckptz_workers(
     run(enc)
     t_enc = statistics.median(run(enc) for _ in range(3))
     for i, b in enumerate(encoded):
-        v = np.zeros(b.codec.size, dtype=np.int64)
-        const = b.codec == CONST_ID
-        if const.any():
-            v[const] = b.block[torch.from_numpy(b.offset[const]).cuda()].cpu().numpy()
-        values[i] = v
+        values[i] = _const_values(b)
     run(dec)
     t_dec = statistics.median(run(dec) for _ in range(3))
     ok = all(
