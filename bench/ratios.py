@@ -14,8 +14,9 @@ OUTDIR first if missing), on the same tensor bytes:
 * ``order0``: the global order-0 entropy bound of the byte planes (ckptz's transform).
 
 Throughput (MB/s of original bytes, median of ``--runs`` runs, ``--threads`` workers):
-ckptz through a thread pool over frames, ZipNN with its own ``threads``. Every round trip
-is verified byte for byte. Usage::
+ckptz through a thread pool over frames, ZipNN with its own ``threads``, the two
+alternating run by run; ``(x)`` is ckptz's speed over ZipNN's, the median of the per-run
+ratios. Every round trip is verified byte for byte. Usage::
 
     python bench/ratios.py OUTDIR [--frame BYTES] [--threads 2] [--runs 3] [--json out.json]
 """
@@ -91,48 +92,65 @@ def container_size(frames: list[list[EncodedChunk]]) -> int:
     return sum(24 + sum(34 + -(-len(c.payload) // 16) * 16 for c in f) for f in frames)
 
 
-def timed(fn: Callable[[], object], runs: int) -> tuple[float, object]:
-    """Median wall time of ``runs`` calls and the last result."""
-    times, result = [], None
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+def timed(fn: Callable[..., object], *args: object) -> tuple[float, object]:
+    """Wall time of one call ``fn(*args)`` and its result."""
+    t0 = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - t0, result
 
 
 def bench_component(raw: np.ndarray, dtype: DType, args: argparse.Namespace, name: str) -> dict[str, float]:
-    """Ratios and throughputs of every method on one stream."""
+    """Ratios and throughputs of every method on one stream.
+
+    ckptz and ZipNN run alternately (ckptz compress, ZipNN compress, ckptz decompress,
+    ZipNN decompress, ``--runs`` times), so both see the same machine load; speeds are
+    medians, and ``*_vs_zipnn`` the median of the per-run speed ratios.
+    """
     import zipnn
 
     # What CpuEngine does for the component ("ft weights fp32" is the weights component).
     dense = name.removeprefix("ft ").split()[0] in DENSE_COMPONENTS
+    zdt = _ZIPNN_DTYPE.get(dtype.name)
+    z = zipnn.ZipNN(input_format="byte", bytearray_dtype=zdt, threads=args.threads) if zdt else None
+    original = raw.tobytes()
 
     n = raw.size
     res: dict[str, float] = {"bytes": n, "order0": n * 8 / order0_bits(raw, dtype)}
+    times: dict[str, list[float]] = {"c": [], "d": [], "zc": [], "zd": []}
+    frames: list[list[EncodedChunk]] = []
+    comp = b""
     with ThreadPoolExecutor(args.threads) as pool:
-        t_enc, frames = timed(lambda: ckptz_encode(raw, dtype, args.frame, pool, dense), args.runs)
-        t_dec, back = timed(lambda: ckptz_decode(frames, dtype, pool), args.runs)  # type: ignore[arg-type]
-    assert np.array_equal(back, raw), "ckptz round trip failed"  # type: ignore[arg-type]
+        for _ in range(args.runs):
+            t, frames = timed(ckptz_encode, raw, dtype, args.frame, pool, dense)  # type: ignore[assignment]
+            times["c"].append(t)
+            if z is not None:
+                private = bytearray(original)  # ZipNN reorders its input in place
+                t, comp = timed(z.compress, private)  # type: ignore[assignment]
+                times["zc"].append(t)
+            t, back = timed(ckptz_decode, frames, dtype, pool)
+            times["d"].append(t)
+            assert np.array_equal(back, raw), "ckptz round trip failed"  # type: ignore[arg-type]
+            if z is not None:
+                t, zback = timed(z.decompress, comp)
+                times["zd"].append(t)
+                assert bytes(zback) == original, "zipnn round trip failed"  # type: ignore[call-overload]
     res |= {
         "ckptz": n / container_size(frames),
-        "ckptz_c_MBs": n / t_enc / 1e6,
-        "ckptz_d_MBs": n / t_dec / 1e6,
-    }  # type: ignore[arg-type]
-
-    zdt = _ZIPNN_DTYPE.get(dtype.name)
-    if zdt:
-        z = zipnn.ZipNN(input_format="byte", bytearray_dtype=zdt, threads=args.threads)
-        original = raw.tobytes()
-        copies = [bytearray(original) for _ in range(args.runs)]
-        t_enc, comp = timed(lambda: z.compress(copies.pop()), args.runs)
-        t_dec, zback = timed(lambda: z.decompress(comp), args.runs)
-        assert bytes(zback) == original, "zipnn round trip failed"  # type: ignore[arg-type]
-        res |= {"zipnn": n / len(comp), "zipnn_c_MBs": n / t_enc / 1e6, "zipnn_d_MBs": n / t_dec / 1e6}  # type: ignore[arg-type]
+        "ckptz_c_MBs": n / statistics.median(times["c"]) / 1e6,
+        "ckptz_d_MBs": n / statistics.median(times["d"]) / 1e6,
+    }
+    if z is not None:
+        res |= {
+            "zipnn": n / len(comp),
+            "zipnn_c_MBs": n / statistics.median(times["zc"]) / 1e6,
+            "zipnn_d_MBs": n / statistics.median(times["zd"]) / 1e6,
+            "c_vs_zipnn": statistics.median(zt / ct for ct, zt in zip(times["c"], times["zc"], strict=True)),
+            "d_vs_zipnn": statistics.median(zt / dt for dt, zt in zip(times["d"], times["zd"], strict=True)),
+        }
     for level in (3, 19):
-        comp = zstandard.ZstdCompressor(level=level).compress(raw)
-        assert zstandard.ZstdDecompressor().decompress(comp) == raw.tobytes(), "zstd round trip failed"
-        res[f"zstd-{level}"] = n / len(comp)
+        zcomp = zstandard.ZstdCompressor(level=level).compress(raw)
+        assert zstandard.ZstdDecompressor().decompress(zcomp) == original, "zstd round trip failed"
+        res[f"zstd-{level}"] = n / len(zcomp)
     return res
 
 
@@ -151,11 +169,11 @@ def main() -> None:
     wanted = set(args.only.split(",")) if args.only else None
     results: dict[str, dict[str, float]] = {}
     cols = ["order0", "ckptz", "zipnn", "zstd-3", "zstd-19"]
-    speeds = ["ckptz_c_MBs", "zipnn_c_MBs", "ckptz_d_MBs", "zipnn_d_MBs"]
+    speeds = ["ckptz_c_MBs", "zipnn_c_MBs", "c_vs_zipnn", "ckptz_d_MBs", "zipnn_d_MBs", "d_vs_zipnn"]
     print(
         f"{'component':26s} {'MB':>6s} "
         + " ".join(f"{c:>7s}" for c in cols)
-        + "   c MB/s ckptz/zipnn   d MB/s ckptz/zipnn"
+        + "   c MB/s ckptz/zipnn (x)     d MB/s ckptz/zipnn (x)"
     )
     for name, tensors in comps.items():
         if wanted and name not in wanted:
@@ -166,7 +184,8 @@ def main() -> None:
         ratios = " ".join(f"{r.get(c, float('nan')):7.3f}" for c in cols)
         sp = [r.get(s, float("nan")) for s in speeds]
         print(
-            f"{name:26s} {raw.size / 1e6:6.1f} {ratios}   {sp[0]:6.0f} / {sp[1]:6.0f}   {sp[2]:6.0f} / {sp[3]:6.0f}",
+            f"{name:26s} {raw.size / 1e6:6.1f} {ratios}   {sp[0]:6.0f} / {sp[1]:6.0f} ({sp[2]:4.2f})"
+            f"   {sp[3]:6.0f} / {sp[4]:6.0f} ({sp[5]:4.2f})",
             flush=True,
         )
     if args.json:

@@ -21,7 +21,8 @@ Encoding packs one bit row at a time (``packbits`` is SIMD). Decoding is one 8x8
 bit-matrix transpose per 8 bytes: the ``k`` rows' bytes are laid into 64-bit words (row
 ``b`` in byte ``b``), each word is an 8x8 bit matrix, and three delta swaps (Hacker's
 Delight, ``transpose8``) turn it into 8 output bytes: ~4x faster than unpacking, shifting
-and or-ing each row over the whole plane.
+and or-ing each row over the whole plane. The C extension (:mod:`ckptz.codecs.native`)
+runs the same transposes word by word, both ways, in one pass.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ckptz.codecs.base import Codec
+from ckptz.codecs.native import native
 from ckptz.errors import CodecError
 
 
@@ -71,10 +73,13 @@ class BitpackCodec(Codec):
     id = 6
     name = "bitpack"
 
-    def encode(self, data: np.ndarray) -> bytes:
+    def encode(self, data: np.ndarray, varying: tuple[int, int] | None = None) -> bytes:
+        """Pack ``data``; ``varying`` is its :func:`varying_bits` if already known."""
         if data.size == 0:
             return bytes([0xFF, 0])
-        fixed, value = varying_bits(data)
+        fixed, value = varying if varying is not None else varying_bits(data)
+        if native is not None:
+            return bytes([fixed, value]) + native.bitpack_encode(np.ascontiguousarray(data), fixed)
         parts = [bytes([fixed, value])]
         bit = np.empty_like(data)
         for b in range(8):
@@ -91,6 +96,10 @@ class BitpackCodec(Codec):
         if value & ~fixed & 0xFF or len(payload) != packed_size(size, fixed):
             raise CodecError("bitpack payload header or length is corrupt", codec=self.name)
         packed = np.frombuffer(payload, dtype=np.uint8, offset=2)
+        if native is not None:
+            out = np.empty(size, np.uint8)
+            native.bitpack_decode(packed, fixed, value, out)
+            return out
         m = (size + 7) // 8
         words = np.zeros(m, np.uint64)
         rows = words.view(np.uint8).reshape(m, 8)

@@ -6,7 +6,8 @@ byte planes, plane 0 holding every word's lowest byte and plane ``word-1`` the e
 byte. Integers are split without rotation. Words of one byte pass through unchanged.
 The GPU transform must produce exactly these bytes.
 
-Speed: both directions work by halving words (low half by truncation, high half by
+Speed: with the C extension (:mod:`ckptz.codecs.native`) each direction is one pass over
+the words. Without it, both directions work by halving words (low half by truncation, high half by
 shift-and-truncate), so every pass is a contiguous SIMD loop over ever narrower words; a
 strided byte gather or scatter (``grid[:, i]``) is about half as fast. Every pass writes
 into a preallocated array: the intermediates live in per-thread scratch buffers that are
@@ -18,9 +19,11 @@ more than the pass itself once the allocator hands back untouched pages (page fa
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
+from ckptz.codecs.native import native
 from ckptz.dtypes import DType
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -87,15 +90,31 @@ def split(raw: np.ndarray, dtype: DType, out: np.ndarray | None = None) -> list[
         out: where to put the planes (``raw.size`` bytes, plane ``i`` at ``i * n``); by
             default a new array. The planes returned are views of it.
     """
+    return split_sampled(raw, dtype, out)[0]
+
+
+#: Per plane: sampled entropy (bits per byte), sampled share of zeros, AND and OR of all
+#: its bytes (see ``ckptz.codecs.frames.PlaneStats``).
+Stats = tuple[float, float, int, int]
+
+
+def split_sampled(
+    raw: np.ndarray, dtype: DType, out: np.ndarray | None = None, sample: int = 0
+) -> tuple[list[np.ndarray], list[Stats] | None]:
+    """:func:`split`, plus each plane's statistics over a ``sample``-byte strided sample
+    where the C extension computes them in the same pass (else None)."""
     w = dtype.word
     if w == 1:
-        return [raw]
+        return [raw], None
     if raw.size % w:
         raise ValueError(f"{raw.size} bytes is not a whole number of {w}-byte words")
     n = raw.size // w
     if out is None:
         out = np.empty(raw.size, np.uint8)
     planes = [out[i * n : (i + 1) * n] for i in range(w)]
+    if native is not None and w in (2, 4, 8):
+        stats = native.split(raw, out, w, dtype.is_float, sample)
+        return planes, list(stats) if stats is not None else None
     words = raw.view(_UINT[w])
     work = scratch("work", n, w)
     if dtype.is_float:
@@ -103,7 +122,7 @@ def split(raw: np.ndarray, dtype: DType, out: np.ndarray | None = None) -> list[
     else:
         np.copyto(work, words)
     _halve(work, w, planes)
-    return planes
+    return planes, None
 
 
 def _join(planes: list[np.ndarray], out: np.ndarray, depth: int = 0) -> None:
@@ -122,11 +141,12 @@ def _join(planes: list[np.ndarray], out: np.ndarray, depth: int = 0) -> None:
     out |= low
 
 
-def merge(planes: list[np.ndarray], dtype: DType, out: np.ndarray | None = None) -> np.ndarray:
+def merge(planes: Sequence[np.ndarray | int], dtype: DType, out: np.ndarray | None = None) -> np.ndarray:
     """Inverse of :func:`split`: interleave planes back and undo the rotation.
 
     Args:
-        planes: ``dtype.word`` planes of equal size.
+        planes: ``dtype.word`` planes of equal size; an int stands for a plane of that one
+            byte value (a ``const`` chunk), and needs ``out``.
         dtype: the transform.
         out: a 1-D uint8 array of ``word * plane size`` bytes to write into; by default a
             new array.
@@ -135,15 +155,23 @@ def merge(planes: list[np.ndarray], dtype: DType, out: np.ndarray | None = None)
         ``out`` (or the new array); for one-byte words without ``out``, the plane itself.
     """
     w = dtype.word
+    if w == 1 and out is None and not isinstance(planes[0], int):
+        return planes[0]
+    if out is None:
+        arrays = [p for p in planes if not isinstance(p, int)]
+        if len(arrays) != len(planes):
+            raise ValueError("constant planes need an output array")
+        out = np.empty(sum(a.size for a in arrays), np.uint8)
     if w == 1:
-        if out is None:
-            return planes[0]
         out[...] = planes[0]
         return out
-    if out is None:
-        out = np.empty(w * planes[0].size, np.uint8)
+    if native is not None and w in (2, 4, 8):
+        native.merge(planes, out, w, dtype.is_float)
+        return out
+    n = out.size // w
+    arrays = [np.full(n, p, np.uint8) if isinstance(p, int) else p for p in planes]
     words = out.view(_UINT[w])
-    _join(planes, words)
+    _join(arrays, words)
     if dtype.is_float:
         _rotate_right(words, w)
     return out

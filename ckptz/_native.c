@@ -1,0 +1,1111 @@
+/*
+ * ckptz._native: the CPU coder's inner loops in C (an optional speed-up; ckptz.codecs.native
+ * falls back to numpy and the zstd/deflate bindings where this module is not built).
+ *
+ *   split(src, dst, word, rotate, sample)  words -> byte planes, one pass (ckptz.codecs.planes),
+ *                                       with each plane's statistics (ckptz.codecs.frames)
+ *   plane_stats(plane, sample)          the same statistics of one plane
+ *   merge(planes, dst, word, rotate)    byte planes (or constant bytes) -> words, one pass
+ *   huffman_zstd(src, block)            one standard zstd frame (RFC 8878) of Huffman-coded
+ *                                       literal blocks with no sequences, or None
+ *   bitpack_encode(src, fixed)          ckptz.codecs.bitpack's rows, 8x8 bit transposes
+ *   bitpack_decode(rows, fixed, value, out)
+ *
+ * Every function checks its arguments, raises ValueError on bad ones, and releases the GIL
+ * while it works.
+ *
+ * The zstd frame: libzstd cannot be told to skip LZ matching, and on float exponent planes
+ * its few short matches cost more than they save; ZipNN calls zstd's Huffman coder
+ * directly, which the zstandard binding does not expose. So this writes the frame itself:
+ * a single-segment header with the content size, then one block per `block` bytes of
+ * input, each the cheapest (exact sizes, computed before writing) of
+ *
+ *   - an RLE block (one byte value),
+ *   - a compressed block whose literals are Huffman-coded in four streams with a new
+ *     table (direct 4-bit weights: every byte value present must be <= 128) or with the
+ *     previous block's table (a treeless literals block) and whose sequence section is
+ *     empty,
+ *   - a raw block.
+ *
+ * Codes are limited to 11 bits and assigned canonically as RFC 8878 section 4.2.1.3
+ * prescribes, so any zstd decoder (libzstd, nvCOMP's Zstd) reads the frame. A block
+ * whose own table would need a byte value above 128 (FSE-compressed weights, not written
+ * here) and that cannot reuse the previous table makes the function return None: the
+ * caller codes the plane another way.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- split and merge */
+
+#define ROTL(v, bits) (((v) << 1) | ((v) >> ((bits)-1)))
+#define ROTR(v, bits) (((v) >> 1) | ((v) << ((bits)-1)))
+
+/* Each split also ANDs and ORs the (rotated) words: byte k of the results is the AND and
+ * the OR of plane k, which tell a constant plane and the bit positions that never vary. */
+
+static void split2(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+                   uint64_t *or_out) {
+    uint8_t *restrict p0 = dst, *restrict p1 = dst + n;
+    uint16_t a = 0xFFFF, o = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v;
+        memcpy(&v, src + 2 * i, 2);
+        if (rotate) v = (uint16_t)ROTL(v, 16);
+        a &= v;
+        o |= v;
+        p0[i] = (uint8_t)v;
+        p1[i] = (uint8_t)(v >> 8);
+    }
+    *and_out = a, *or_out = o;
+}
+
+static void split4(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+                   uint64_t *or_out) {
+    uint8_t *restrict p0 = dst, *restrict p1 = dst + n, *restrict p2 = dst + 2 * n, *restrict p3 = dst + 3 * n;
+    uint32_t a = 0xFFFFFFFFu, o = 0;
+    if (rotate) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, src + 4 * i, 4);
+            v = ROTL(v, 32);
+            a &= v;
+            o |= v;
+            p0[i] = (uint8_t)v;
+            p1[i] = (uint8_t)(v >> 8);
+            p2[i] = (uint8_t)(v >> 16);
+            p3[i] = (uint8_t)(v >> 24);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, src + 4 * i, 4);
+            a &= v;
+            o |= v;
+            p0[i] = (uint8_t)v;
+            p1[i] = (uint8_t)(v >> 8);
+            p2[i] = (uint8_t)(v >> 16);
+            p3[i] = (uint8_t)(v >> 24);
+        }
+    }
+    *and_out = a, *or_out = o;
+}
+
+static void split8(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+                   uint64_t *or_out) {
+    uint64_t a = ~0ULL, o = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v;
+        memcpy(&v, src + 8 * i, 8);
+        if (rotate) v = ROTL(v, 64);
+        a &= v;
+        o |= v;
+        for (int k = 0; k < 8; k++) dst[k * n + i] = (uint8_t)(v >> (8 * k));
+    }
+    *and_out = a, *or_out = o;
+}
+
+/* A plane's sampled statistics, as ckptz.codecs.frames computes them with numpy: order-0
+ * entropy (bits per byte) and share of zeros of bytes 0, step, 2 step, ... with
+ * step = max(1, n / sample). */
+static void sample_stats(const uint8_t *plane, size_t n, size_t sample, double *bits, double *zeros) {
+    size_t step = n / sample > 1 ? n / sample : 1, count = 0;
+    uint32_t hist[256] = {0};
+    for (size_t i = 0; i < n; i += step, count++) hist[plane[i]]++;
+    double sum = 0;
+    for (int s = 0; s < 256; s++)
+        if (hist[s]) sum += hist[s] * log2((double)hist[s]);
+    *bits = count ? log2((double)count) - sum / (double)count : 0;
+    *zeros = count ? (double)hist[0] / (double)count : 0;
+}
+
+/* (bits, zero share, AND of the bytes, OR of the bytes) */
+static PyObject *stats_tuple(const uint8_t *plane, size_t n, size_t sample, int and_byte, int or_byte) {
+    double bits, zeros;
+    sample_stats(plane, n, sample, &bits, &zeros);
+    return Py_BuildValue("(ddii)", bits, zeros, and_byte, or_byte);
+}
+
+/* A plane of merge(): its bytes, or NULL and a constant byte. */
+typedef struct {
+    const uint8_t *bytes;
+    uint8_t value;
+} plane_t;
+
+/* Planes given as constants are read from a small buffer of that byte instead, so the
+ * loops below need no branch: `stride` is 1 for real planes, 0 for constants. */
+static void merge2(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
+    const uint8_t *p0 = planes[0].bytes ? planes[0].bytes : &planes[0].value;
+    const uint8_t *p1 = planes[1].bytes ? planes[1].bytes : &planes[1].value;
+    size_t s0 = planes[0].bytes != NULL, s1 = planes[1].bytes != NULL;
+    if (s0 && s1) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t v = (uint16_t)(p0[i] | (p1[i] << 8));
+            if (rotate) v = (uint16_t)ROTR(v, 16);
+            memcpy(dst + 2 * i, &v, 2);
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)(p0[i * s0] | (p1[i * s1] << 8));
+        if (rotate) v = (uint16_t)ROTR(v, 16);
+        memcpy(dst + 2 * i, &v, 2);
+    }
+}
+
+static void merge4(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
+    const uint8_t *p[4];
+    int all = 1;
+    for (int k = 0; k < 4; k++) {
+        p[k] = planes[k].bytes;
+        all &= p[k] != NULL;
+    }
+    if (all) {
+        const uint8_t *restrict p0 = p[0], *restrict p1 = p[1], *restrict p2 = p[2], *restrict p3 = p[3];
+        if (rotate) {
+            for (size_t i = 0; i < n; i++) {
+                uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24);
+                v = ROTR(v, 32);
+                memcpy(dst + 4 * i, &v, 4);
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24);
+                memcpy(dst + 4 * i, &v, 4);
+            }
+        }
+        return;
+    }
+    /* Some planes constant: OR their bytes in once, then the varying ones. */
+    uint32_t base = 0;
+    for (int k = 0; k < 4; k++)
+        if (!p[k]) base |= (uint32_t)planes[k].value << (8 * k);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v = base;
+        for (int k = 0; k < 4; k++)
+            if (p[k]) v |= (uint32_t)p[k][i] << (8 * k);
+        if (rotate) v = ROTR(v, 32);
+        memcpy(dst + 4 * i, &v, 4);
+    }
+}
+
+static void merge8(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = 0;
+        for (int k = 0; k < 8; k++)
+            v |= (uint64_t)(planes[k].bytes ? planes[k].bytes[i] : planes[k].value) << (8 * k);
+        if (rotate) v = ROTR(v, 64);
+        memcpy(dst + 8 * i, &v, 8);
+    }
+}
+
+static int check_word(int word) {
+    if (word != 2 && word != 4 && word != 8) {
+        PyErr_Format(PyExc_ValueError, "word size %d: expected 2, 4 or 8", word);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *native_split(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int word, rotate;
+    Py_ssize_t sample = 0;
+    if (!PyArg_ParseTuple(args, "y*w*ip|n", &src, &dst, &word, &rotate, &sample)) return NULL;
+    PyObject *result = NULL;
+    if (check_word(word) < 0) goto done;
+    if (src.len != dst.len || src.len % word) {
+        PyErr_Format(PyExc_ValueError, "split of %zd bytes into %zd: sizes must match and hold whole %d-byte words",
+                     src.len, dst.len, word);
+        goto done;
+    }
+    size_t n = (size_t)src.len / (size_t)word;
+    uint64_t and_word = 0, or_word = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    if (word == 2)
+        split2(src.buf, dst.buf, n, rotate, &and_word, &or_word);
+    else if (word == 4)
+        split4(src.buf, dst.buf, n, rotate, &and_word, &or_word);
+    else
+        split8(src.buf, dst.buf, n, rotate, &and_word, &or_word);
+    Py_END_ALLOW_THREADS;
+    if (sample <= 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyTuple_New(word);
+    for (int k = 0; result && k < word; k++) {
+        PyObject *item = stats_tuple((const uint8_t *)dst.buf + (size_t)k * n, n, (size_t)sample,
+                                     (int)(and_word >> (8 * k) & 255), (int)(or_word >> (8 * k) & 255));
+        if (!item) Py_CLEAR(result);
+        else PyTuple_SET_ITEM(result, k, item);
+    }
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+static PyObject *native_plane_stats(PyObject *self, PyObject *args) {
+    Py_buffer plane;
+    Py_ssize_t sample;
+    if (!PyArg_ParseTuple(args, "y*n", &plane, &sample)) return NULL;
+    PyObject *result = NULL;
+    if (sample <= 0) {
+        PyErr_Format(PyExc_ValueError, "sample of %zd bytes", sample);
+        goto done;
+    }
+    const uint8_t *p = plane.buf;
+    size_t n = (size_t)plane.len;
+    uint8_t a = 0xFF, o = 0;
+    double bits, zeros;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t i = 0; i < n; i++) {
+        a &= p[i];
+        o |= p[i];
+    }
+    sample_stats(p, n, (size_t)sample, &bits, &zeros);
+    Py_END_ALLOW_THREADS;
+    result = Py_BuildValue("(ddii)", bits, zeros, a, o);
+done:
+    PyBuffer_Release(&plane);
+    return result;
+}
+
+static PyObject *native_merge(PyObject *self, PyObject *args) {
+    PyObject *seq;
+    Py_buffer dst;
+    int word, rotate;
+    if (!PyArg_ParseTuple(args, "Ow*ip", &seq, &dst, &word, &rotate)) return NULL;
+    Py_buffer views[8];
+    plane_t planes[8];
+    int held = 0;
+    PyObject *result = NULL, *fast = NULL;
+    if (check_word(word) < 0) goto done;
+    fast = PySequence_Fast(seq, "planes must be a sequence");
+    if (!fast) goto done;
+    if (PySequence_Fast_GET_SIZE(fast) != word) {
+        PyErr_Format(PyExc_ValueError, "%zd planes for %d-byte words", PySequence_Fast_GET_SIZE(fast), word);
+        goto done;
+    }
+    if (dst.len % word) {
+        PyErr_Format(PyExc_ValueError, "output of %zd bytes is not whole %d-byte words", dst.len, word);
+        goto done;
+    }
+    size_t n = (size_t)dst.len / (size_t)word;
+    for (int k = 0; k < word; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, k);
+        if (PyLong_Check(item)) {
+            long value = PyLong_AsLong(item);
+            if (value < 0 || value > 255) {
+                if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "constant plane byte %ld", value);
+                goto done;
+            }
+            planes[k].bytes = NULL;
+            planes[k].value = (uint8_t)value;
+            continue;
+        }
+        if (PyObject_GetBuffer(item, &views[held], PyBUF_SIMPLE) < 0) goto done;
+        held++;
+        if ((size_t)views[held - 1].len != n) {
+            PyErr_Format(PyExc_ValueError, "plane %d holds %zd bytes, expected %zu", k, views[held - 1].len, n);
+            goto done;
+        }
+        planes[k].bytes = views[held - 1].buf;
+        planes[k].value = 0;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    if (word == 2)
+        merge2(planes, dst.buf, n, rotate);
+    else if (word == 4)
+        merge4(planes, dst.buf, n, rotate);
+    else
+        merge8(planes, dst.buf, n, rotate);
+    Py_END_ALLOW_THREADS;
+    result = Py_NewRef(Py_None);
+done:
+    for (int k = 0; k < held; k++) PyBuffer_Release(&views[k]);
+    Py_XDECREF(fast);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* ---------------------------------------------------------------- Huffman (zstd literals) */
+
+#define MAX_BITS 11        /* RFC 8878: Huffman codes are at most 11 bits */
+#define MAX_DIRECT 128     /* direct weights: the highest byte value present is at most 128 */
+#define BLOCK_MAX (1 << 17) /* zstd's Block_Maximum_Size */
+#define MIN_HUFFMAN 1024   /* smaller blocks are stored raw (4 streams need a few symbols) */
+
+typedef struct {
+    uint8_t len[256]; /* code length per byte value, 0 = absent */
+    uint16_t code[256];
+    int max_symbol;   /* highest byte value present */
+    int valid;
+} table_t;
+
+/* Code lengths of an optimal prefix code for weights sorted ascending (Moffat and
+ * Katajainen's in-place algorithm): on return a[i] is the length of the i-th symbol. */
+static void minimum_redundancy(uint32_t *a, int n) {
+    if (n == 1) {
+        a[0] = 1;
+        return;
+    }
+    int root = 0, leaf = 2, next;
+    a[0] += a[1];
+    for (next = 1; next < n - 1; next++) {
+        if (leaf >= n || a[root] < a[leaf]) {
+            a[next] = a[root];
+            a[root++] = (uint32_t)next;
+        } else {
+            a[next] = a[leaf++];
+        }
+        if (leaf >= n || (root < next && a[root] < a[leaf])) {
+            a[next] += a[root];
+            a[root++] = (uint32_t)next;
+        } else {
+            a[next] += a[leaf++];
+        }
+    }
+    a[n - 2] = 0;
+    for (next = n - 3; next >= 0; next--) a[next] = a[a[next]] + 1;
+    int avbl = 1, used = 0, depth = 0;
+    root = n - 2;
+    next = n - 1;
+    while (avbl > 0) {
+        while (root >= 0 && (int)a[root] == depth) {
+            used++;
+            root--;
+        }
+        while (avbl > used) {
+            a[next--] = (uint32_t)depth;
+            avbl--;
+        }
+        avbl = 2 * used;
+        depth++;
+        used = 0;
+    }
+}
+
+static int cmp_count(const void *x, const void *y) {
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* A length-limited canonical Huffman table for a histogram with at least two symbols. */
+static void build_table(const uint32_t *hist, table_t *t) {
+    uint64_t keyed[256]; /* count << 8 | symbol, sorted ascending */
+    uint32_t lens[256];
+    int n = 0;
+    memset(t, 0, sizeof(*t));
+    for (int s = 0; s < 256; s++)
+        if (hist[s]) {
+            keyed[n++] = ((uint64_t)hist[s] << 8) | (uint64_t)s;
+            t->max_symbol = s;
+        }
+    qsort(keyed, (size_t)n, sizeof(keyed[0]), cmp_count);
+    for (int i = 0; i < n; i++) lens[i] = (uint32_t)(keyed[i] >> 8);
+    minimum_redundancy(lens, n);
+    /* Limit to MAX_BITS (as miniz does): clamp, then lengthen codes until Kraft's sum is 1. */
+    int count[64] = {0};
+    for (int i = 0; i < n; i++) count[lens[i] < 63 ? lens[i] : 63]++;
+    for (int l = MAX_BITS + 1; l < 64; l++) {
+        count[MAX_BITS] += count[l];
+        count[l] = 0;
+    }
+    uint32_t total = 0;
+    for (int l = MAX_BITS; l > 0; l--) total += (uint32_t)count[l] << (MAX_BITS - l);
+    while (total != (1u << MAX_BITS)) {
+        count[MAX_BITS]--;
+        for (int l = MAX_BITS - 1; l > 0; l--)
+            if (count[l]) {
+                count[l]--;
+                count[l + 1] += 2;
+                break;
+            }
+        total--;
+    }
+    /* Least frequent symbols get the longest codes. */
+    int i = 0, max_len = 0;
+    for (int l = MAX_BITS; l > 0; l--)
+        for (int k = 0; k < count[l]; k++) {
+            t->len[keyed[i++] & 255] = (uint8_t)l;
+            if (l > max_len) max_len = l;
+        }
+    /* Canonical codes (RFC 8878 4.2.1.3): by weight ascending (longest codes first), then by
+     * byte value; a code of length l is its first slot in the 2^max_len table >> (max_len - l). */
+    uint32_t slot = 0;
+    for (int l = max_len; l > 0; l--)
+        for (int s = 0; s <= t->max_symbol; s++)
+            if (t->len[s] == l) {
+                t->code[s] = (uint16_t)(slot >> (max_len - l));
+                slot += 1u << (max_len - l);
+            }
+    t->valid = 1;
+}
+
+static int table_max_len(const table_t *t) {
+    int m = 0;
+    for (int s = 0; s <= t->max_symbol; s++)
+        if (t->len[s] > m) m = t->len[s];
+    return m;
+}
+
+/* Bits of the four streams' codes for a histogram under a table, or -1 if a symbol has no code. */
+static int64_t coded_bits(const uint32_t *hist, const table_t *t) {
+    int64_t bits = 0;
+    for (int s = 0; s < 256; s++)
+        if (hist[s]) {
+            if (s > t->max_symbol || !t->len[s]) return -1;
+            bits += (int64_t)hist[s] * t->len[s];
+        }
+    return bits;
+}
+
+/* ---- The Huffman table's description: its weights, FSE-compressed or direct (RFC 8878
+ * 4.2.1). A code of length l has weight max_len + 1 - l (0: absent); weights are given for
+ * byte values 0..N-1 with N = max_symbol, the last one's being implied. */
+
+#define FSE_MAX_LOG 6 /* the accuracy log of weight tables */
+
+typedef struct { /* a little-endian bit writer; the decoder reads it backwards */
+    uint8_t *op, *end;
+    uint64_t acc;
+    unsigned nbits;
+} bits_t;
+
+static void bits_add(bits_t *b, uint32_t value, unsigned n) {
+    b->acc |= (uint64_t)(value & ((1u << n) - 1)) << b->nbits;
+    b->nbits += n;
+    while (b->nbits >= 8) {
+        if (b->op < b->end) *b->op = (uint8_t)b->acc;
+        b->op++;
+        b->acc >>= 8;
+        b->nbits -= 8;
+    }
+}
+
+/* Closes a stream with its end mark; returns its size, or 0 if it overran `end`. */
+static size_t bits_close(bits_t *b, uint8_t *start) {
+    bits_add(b, 1, 1);
+    if (b->nbits) {
+        if (b->op < b->end) *b->op = (uint8_t)b->acc;
+        b->op++;
+    }
+    return b->op <= b->end ? (size_t)(b->op - start) : 0;
+}
+
+static int highbit(uint32_t v) { return 31 - __builtin_clz(v); }
+
+/* Counts normalised to 2^log, every present symbol keeping at least one state. */
+static void fse_normalize(const unsigned *count, int symbols, unsigned total, int log, short *norm) {
+    int size = 1 << log, sum = 0, largest = 0;
+    for (int s = 0; s < symbols; s++) {
+        norm[s] = 0;
+        if (!count[s]) continue;
+        int v = (int)(((uint64_t)count[s] * (unsigned)size + total / 2) / total);
+        norm[s] = (short)(v < 1 ? 1 : v);
+        sum += norm[s];
+        if (norm[s] > norm[largest] || !count[largest]) largest = s;
+    }
+    while (sum != size) { /* the largest absorbs the rounding; others give way if it cannot */
+        int step = sum < size ? 1 : -1, s = largest;
+        if (step < 0 && norm[s] <= 1)
+            for (s = 0; s < symbols && norm[s] <= 1; s++) {
+            }
+        norm[s] = (short)(norm[s] + step);
+        sum += step;
+    }
+}
+
+/* The FSE table description (RFC 8878 4.1.1) of `norm` (symbols 0..symbols-1). */
+static void fse_write_ncount(bits_t *b, const short *norm, int symbols, int log) {
+    bits_add(b, (uint32_t)(log - 5), 4);
+    int remaining = (1 << log) + 1, threshold = 1 << log, nbits = log + 1, prev_zero = 0;
+    int s = 0;
+    while (s < symbols && remaining > 1) {
+        if (prev_zero) { /* a run of zero counts: 2-bit repeat flags, 3 per flag */
+            int start = s;
+            while (s < symbols && !norm[s]) s++;
+            while (s >= start + 3) {
+                start += 3;
+                bits_add(b, 3, 2);
+            }
+            bits_add(b, (uint32_t)(s - start), 2);
+        }
+        int count = norm[s++];
+        int max = (2 * threshold - 1) - remaining;
+        remaining -= count;
+        count++;
+        if (count >= threshold) count += max;
+        bits_add(b, (uint32_t)count, (unsigned)(count < max ? nbits - 1 : nbits));
+        prev_zero = count == 1;
+        while (remaining < threshold) {
+            nbits--;
+            threshold >>= 1;
+        }
+    }
+}
+
+/* FSE-compresses weights w[0..n-1] (n >= 2, at least two distinct values) at accuracy
+ * `log`, as libzstd's FSE_compress does: symbols coded last to first on two interleaved
+ * states, the last two in the states' initial values. Returns the size, or 0 if over `cap`. */
+static size_t fse_weights(uint8_t *out, size_t cap, const uint8_t *w, int n, int log) {
+    enum { SYMBOLS = MAX_BITS + 2 };
+    unsigned count[SYMBOLS] = {0};
+    for (int i = 0; i < n; i++) count[w[i]]++;
+    int symbols = 0;
+    for (int s = 0; s < SYMBOLS; s++)
+        if (count[s]) symbols = s + 1;
+    short norm[SYMBOLS];
+    fse_normalize(count, symbols, (unsigned)n, log, norm);
+    int size = 1 << log;
+    /* spread symbols over the states, then the encoder's tables (FSE_buildCTable) */
+    uint8_t spread[1 << FSE_MAX_LOG];
+    int pos = 0, step = (size >> 1) + (size >> 3) + 3;
+    for (int s = 0; s < symbols; s++)
+        for (int k = 0; k < norm[s]; k++) {
+            spread[pos] = (uint8_t)s;
+            pos = (pos + step) & (size - 1);
+        }
+    int cumul[SYMBOLS + 1];
+    cumul[0] = 0;
+    for (int s = 0; s < symbols; s++) cumul[s + 1] = cumul[s] + norm[s];
+    uint16_t state_table[1 << FSE_MAX_LOG];
+    int next[SYMBOLS];
+    memcpy(next, cumul, sizeof(int) * (size_t)symbols);
+    for (int u = 0; u < size; u++) state_table[next[spread[u]]++] = (uint16_t)(size + u);
+    int32_t delta_bits[SYMBOLS], delta_state[SYMBOLS];
+    for (int s = 0, total = 0; s < symbols; s++) {
+        if (!norm[s]) continue;
+        if (norm[s] == 1) {
+            delta_bits[s] = (log << 16) - size;
+            delta_state[s] = total - 1;
+        } else {
+            int max_out = log - highbit((uint32_t)norm[s] - 1);
+            delta_bits[s] = (max_out << 16) - (norm[s] << max_out);
+            delta_state[s] = total - norm[s];
+        }
+        total += norm[s];
+    }
+    bits_t b = {out, out + cap, 0, 0};
+    fse_write_ncount(&b, norm, symbols, log);
+    if (b.nbits) bits_add(&b, 0, 8 - b.nbits); /* the description ends on a byte */
+    uint8_t *stream = b.op;
+    uint32_t state[2];
+    /* initCState2: the state of the symbol's largest bit count, so the decoder's step
+     * after it always reads past the stream's start and ends. */
+#define INIT_STATE(st, sym)                                                              \
+    do {                                                                                 \
+        uint32_t nb = (uint32_t)((delta_bits[sym] + (1 << 15)) >> 16);                   \
+        uint32_t v = (nb << 16) - (uint32_t)delta_bits[sym];                             \
+        (st) = state_table[(int)(v >> nb) + delta_state[sym]];                           \
+    } while (0)
+#define ENCODE(st, sym)                                                                  \
+    do {                                                                                 \
+        uint32_t nb = (uint32_t)(((int64_t)(st) + delta_bits[sym]) >> 16);               \
+        bits_add(&b, (st), nb);                                                          \
+        (st) = state_table[(int)((st) >> nb) + delta_state[sym]];                        \
+    } while (0)
+    int i = n;
+    /* state[0] decodes even positions, state[1] odd ones */
+    INIT_STATE(state[(n - 1) & 1], w[n - 1]);
+    INIT_STATE(state[(n - 2) & 1], w[n - 2]);
+    for (i = n - 3; i >= 0; i--) ENCODE(state[i & 1], w[i]);
+#undef INIT_STATE
+#undef ENCODE
+    bits_add(&b, state[1], (unsigned)log); /* state 2 first: the decoder reads state 1 first */
+    bits_add(&b, state[0], (unsigned)log);
+    size_t tail = bits_close(&b, stream);
+    return tail ? (size_t)(stream - out) + tail : 0;
+}
+
+/* The table's description into `out` (room for 129 bytes); returns its size, or 0 if it
+ * has none (more than 128 weights that FSE cannot fit in 127 bytes). */
+static size_t describe_table(uint8_t *out, const table_t *t) {
+    int max_len = table_max_len(t), n = t->max_symbol;
+    uint8_t w[256];
+    int distinct = 0, seen[MAX_BITS + 2] = {0};
+    for (int s = 0; s < n; s++) {
+        w[s] = (uint8_t)(t->len[s] ? max_len + 1 - t->len[s] : 0);
+        distinct += !seen[w[s]]++;
+    }
+    size_t best = 0;
+    if (n >= 2 && distinct >= 2) {
+        uint8_t trial[256];
+        for (int log = 5; log <= FSE_MAX_LOG; log++) {
+            size_t size = fse_weights(trial, 127, w, n, log);
+            if (size && (!best || size + 1 < best)) {
+                best = size + 1;
+                out[0] = (uint8_t)size;
+                memcpy(out + 1, trial, size);
+            }
+        }
+    }
+    size_t direct = 1 + ((size_t)n + 1) / 2;
+    if (n <= MAX_DIRECT && (!best || direct <= best)) {
+        out[0] = (uint8_t)(127 + n);
+        for (int s = 0; s < n; s += 2) out[1 + s / 2] = (uint8_t)((w[s] << 4) | (s + 1 < n ? w[s + 1] : 0));
+        best = direct;
+    }
+    return best;
+}
+
+/* Four Huffman streams, written in lockstep so their bit writers run in parallel. */
+typedef struct {
+    uint64_t acc;
+    unsigned nbits;
+    uint8_t *op;
+} stream_t;
+
+/* code | length << 16 per byte value: one load per symbol */
+#define PUT(st, s)                                                      \
+    do {                                                                \
+        uint32_t e_ = ce[s];                                            \
+        (st).acc |= (uint64_t)(e_ & 0xFFFF) << (st).nbits;              \
+        (st).nbits += e_ >> 16;                                         \
+    } while (0)
+/* after at most 4 codes of <= 11 bits on <= 7 pending bits: whole bytes out, 8 stored */
+#define FLUSH(st)                                                       \
+    do {                                                                \
+        memcpy((st).op, &(st).acc, 8);                                  \
+        (st).op += (st).nbits >> 3;                                     \
+        (st).acc >>= (st).nbits & ~7u;                                  \
+        (st).nbits &= 7;                                                \
+    } while (0)
+
+/* Codes src[count-1] down to src[0] (the decoder reads backwards, so it sees them first
+ * to last). */
+static void encode_run(stream_t *st, const uint8_t *src, size_t count, const uint32_t *ce) {
+    size_t i = count;
+    while (i >= 4) {
+        PUT(*st, src[i - 1]);
+        PUT(*st, src[i - 2]);
+        PUT(*st, src[i - 3]);
+        PUT(*st, src[i - 4]);
+        FLUSH(*st);
+        i -= 4;
+    }
+    while (i > 0) PUT(*st, src[--i]);
+    FLUSH(*st);
+}
+
+/* The four streams of a block of n >= MIN_HUFFMAN bytes (RFC 8878 4.2.2: streams 1-3 hold
+ * ceil(n / 4) symbols each, stream 4 the rest), each into its own `region`-byte part of
+ * `scratch`; sizes[] gets their sizes. */
+static void write_streams(const uint8_t *src, size_t n, const uint32_t *ce, uint8_t *scratch, size_t region,
+                          size_t *sizes) {
+    size_t seg = (n + 3) / 4, rest = n - 3 * seg;
+    stream_t st[4];
+    for (int k = 0; k < 4; k++) st[k] = (stream_t){0, 0, scratch + (size_t)k * region};
+    /* streams 1-3 are longer than stream 4 by seg - rest symbols: their ends first */
+    for (int k = 0; k < 3; k++) encode_run(&st[k], src + (size_t)k * seg + rest, seg - rest, ce);
+    const uint8_t *s0 = src, *s1 = src + seg, *s2 = src + 2 * seg, *s3 = src + 3 * seg;
+    stream_t a = st[0], b = st[1], c = st[2], d = st[3];
+    size_t i = rest;
+    while (i >= 4) {
+        for (int k = 1; k <= 4; k++) {
+            PUT(a, s0[i - k]);
+            PUT(b, s1[i - k]);
+            PUT(c, s2[i - k]);
+            PUT(d, s3[i - k]);
+        }
+        FLUSH(a);
+        FLUSH(b);
+        FLUSH(c);
+        FLUSH(d);
+        i -= 4;
+    }
+    st[0] = a, st[1] = b, st[2] = c, st[3] = d;
+    for (int k = 0; k < 4; k++) {
+        encode_run(&st[k], (const uint8_t *[]){s0, s1, s2, s3}[k], i, ce);
+        st[k].acc |= (uint64_t)1 << st[k].nbits; /* the end mark */
+        st[k].nbits++;
+        memcpy(st[k].op, &st[k].acc, 8);
+        sizes[k] = (size_t)(st[k].op - (scratch + (size_t)k * region)) + ((st[k].nbits + 7) >> 3);
+    }
+}
+
+#undef PUT
+#undef FLUSH
+
+/* Bytes a stream region needs: 11 bits per symbol of a quarter block, and 8 of slack. */
+#define REGION ((BLOCK_MAX / 4 + 1) * MAX_BITS / 8 + 16)
+
+static void put_le(uint8_t *op, uint64_t v, int bytes) {
+    for (int k = 0; k < bytes; k++) op[k] = (uint8_t)(v >> (8 * k));
+}
+
+/* Byte counts of src, on four tables: runs of one value would otherwise wait on each
+ * increment. */
+static void histogram(const uint8_t *src, size_t n, uint32_t *hist) {
+    uint32_t h[4][256];
+    memset(h, 0, sizeof(h));
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h[0][src[i]]++;
+        h[1][src[i + 1]]++;
+        h[2][src[i + 2]]++;
+        h[3][src[i + 3]]++;
+    }
+    for (; i < n; i++) h[0][src[i]]++;
+    for (int s = 0; s < 256; s++) hist[s] = h[0][s] + h[1][s] + h[2][s] + h[3][s];
+}
+
+/* Writes one block of n input bytes with byte counts `hist`; returns the end, or NULL if
+ * its table cannot be described. `prev` is the table a treeless block may reuse. */
+static uint8_t *write_block(uint8_t *op, const uint8_t *src, size_t n, const uint32_t *hist, int last,
+                            table_t *prev, uint8_t *scratch) {
+    int distinct = 0;
+    for (int s = 0; s < 256; s++) distinct += hist[s] != 0;
+    if (distinct == 1) { /* RLE block: Block_Size is the regenerated size */
+        put_le(op, (uint64_t)last | (1u << 1) | ((uint64_t)n << 3), 3);
+        op[3] = src[0];
+        return op + 4;
+    }
+    size_t best = n; /* a raw block's payload */
+    int mode = 0;    /* 0 raw, 1 new table, 2 treeless (the previous table) */
+    table_t fresh;
+    uint8_t desc[160];
+    size_t desc_size = 0, lit_header = n <= 16383 ? 4 : 5;
+    /* literals header, four streams (each rounded up to bytes after its end bit), the
+     * jump table, and the sequences section (one byte: no sequences) */
+#define COMPRESSED(bits) (lit_header + (size_t)((bits) + 4 * 8) / 8 + 6 + 1)
+    if (n >= MIN_HUFFMAN) {
+        build_table(hist, &fresh);
+        desc_size = describe_table(desc, &fresh);
+        size_t size = COMPRESSED(coded_bits(hist, &fresh));
+        if (desc_size && size + desc_size < best) {
+            best = size + desc_size;
+            mode = 1;
+        }
+        int64_t reused = prev->valid ? coded_bits(hist, prev) : -1;
+        if (reused >= 0 && COMPRESSED(reused) < best) {
+            best = COMPRESSED(reused);
+            mode = 2;
+        }
+        if (!desc_size && mode == 0 && size + 64 < n) return NULL;
+    }
+#undef COMPRESSED
+    if (mode == 0) {
+        put_le(op, (uint64_t)last | ((uint64_t)n << 3), 3);
+        memcpy(op + 3, src, n);
+        return op + 3 + n;
+    }
+    const table_t *t = mode == 1 ? &fresh : prev;
+    uint32_t ce[256];
+    for (int s = 0; s < 256; s++) ce[s] = s <= t->max_symbol ? (uint32_t)t->code[s] | ((uint32_t)t->len[s] << 16) : 0;
+    uint8_t *block = op + 3, *lit = block + lit_header, *body = lit;
+    if (mode == 1) {
+        memcpy(body, desc, desc_size);
+        body += desc_size;
+    }
+    size_t sizes[4];
+    write_streams(src, n, ce, scratch, REGION, sizes);
+    uint8_t *sp = body + 6;
+    for (int k = 0; k < 4; k++) {
+        if (k < 3) put_le(body + 2 * k, sizes[k], 2); /* the jump table */
+        memcpy(sp, scratch + (size_t)k * REGION, sizes[k]);
+        sp += sizes[k];
+    }
+    size_t compressed = (size_t)(sp - lit);
+    uint64_t type = mode == 1 ? 2 : 3, header;
+    if (lit_header == 4)
+        header = type | (2u << 2) | ((uint64_t)n << 4) | ((uint64_t)compressed << 18);
+    else
+        header = type | (3u << 2) | ((uint64_t)n << 4) | ((uint64_t)compressed << 22);
+    put_le(block, header, (int)lit_header);
+    *sp++ = 0; /* Number_of_Sequences = 0 */
+    put_le(op, (uint64_t)last | (2u << 1) | ((uint64_t)(sp - block) << 3), 3);
+    if (mode == 1) *prev = fresh;
+    return sp;
+}
+
+/* ---- Where blocks end. A block pays ~14 bytes of headers and its table's description; a
+ * plane's statistics drift (tensors of different scales, rows, a fine-tune's untouched
+ * rows), and a table per block follows them. Block ends are chosen on SUB-byte steps by
+ * dynamic programming over an estimate of each candidate's cost: its order-0 entropy plus
+ * BLOCK_COST bytes plus DESC_COST per distinct byte value. */
+
+#define SUB 8192
+#define MAX_SUBS (BLOCK_MAX / SUB)
+#define BLOCK_COST 24.0f /* headers, jump table, and a weight table's fixed part (bytes) */
+#define DESC_COST 0.6f   /* a weight table's cost per distinct byte value (bytes) */
+
+/* c * log2(c), within 0.0013 * c: exponent bits plus a cubic for the mantissa's log. */
+static inline float xlog2x(float c) {
+    union {
+        float f;
+        uint32_t i;
+    } u = {c};
+    float e = (float)((int)(u.i >> 23) - 127);
+    u.i = (u.i & 0x7FFFFF) | 0x3F800000; /* the mantissa, in [1, 2) */
+    float m = u.f;
+    return c * (e + ((0.15824871f * m - 1.05187502f) * m + 3.04788415f) * m - 2.15419310f);
+}
+
+/* The blocks of n > 0 input bytes: ends[k] and byte counts hist[k] of each; returns their
+ * number, or 0 if out of memory. ends and hist need n / SUB + 1 entries. */
+static size_t plan_blocks(const uint8_t *src, size_t n, size_t *ends, uint32_t (*hist)[256]) {
+    size_t subs = (n + SUB - 1) / SUB;
+    uint32_t(*sub)[256] = malloc(subs * sizeof(*sub));
+    uint8_t(*sym)[256] = malloc(subs * sizeof(*sym)); /* each sub-block's byte values present */
+    uint16_t *used = malloc(subs * sizeof(uint16_t));
+    float *best = malloc((subs + 1) * sizeof(float));
+    size_t *from = malloc((subs + 1) * sizeof(size_t));
+    size_t count = 0;
+    if (!sub || !sym || !used || !best || !from) goto done;
+    for (size_t k = 0; k < subs; k++) {
+        size_t end = (k + 1) * SUB < n ? (k + 1) * SUB : n;
+        histogram(src + k * SUB, end - k * SUB, sub[k]);
+        int m = 0;
+        for (int s = 0; s < 256; s++)
+            if (sub[k][s]) sym[k][m++] = (uint8_t)s;
+        used[k] = (uint16_t)m;
+    }
+    best[0] = 0;
+    for (size_t j = 1; j <= subs; j++) best[j] = 3e38f;
+    uint32_t acc[256];
+    for (size_t i = 0; i < subs; i++) {
+        memset(acc, 0, sizeof(acc));
+        float sum_xlogx = 0;
+        uint32_t total = 0, distinct = 0;
+        for (size_t j = i + 1; j <= subs && j - i <= MAX_SUBS; j++) {
+            const uint8_t *s = sym[j - 1];
+            const uint32_t *c = sub[j - 1];
+            for (int k = 0; k < used[j - 1]; k++) {
+                uint32_t was = acc[s[k]], now = was + c[s[k]];
+                acc[s[k]] = now;
+                sum_xlogx += xlog2x((float)now) - (was ? xlog2x((float)was) : 0);
+                distinct += was == 0;
+                total += c[s[k]];
+            }
+            float cost = (xlog2x((float)total) - sum_xlogx) / 8 + BLOCK_COST + DESC_COST * (float)distinct;
+            if (best[i] + cost < best[j]) {
+                best[j] = best[i] + cost;
+                from[j] = i;
+            }
+        }
+    }
+    for (size_t j = subs; j > 0; j = from[j]) count++;
+    size_t k = count;
+    for (size_t j = subs; j > 0; j = from[j]) {
+        k--;
+        ends[k] = j * SUB < n ? j * SUB : n;
+        memset(hist[k], 0, sizeof(hist[k]));
+        for (size_t q = from[j]; q < j; q++)
+            for (int s = 0; s < used[q]; s++) hist[k][sym[q][s]] += sub[q][sym[q][s]];
+    }
+done:
+    free(sub);
+    free(sym);
+    free(used);
+    free(best);
+    free(from);
+    return count;
+}
+
+/* The whole frame into `out` (capacity from frame_capacity): blocks of `block` bytes, or
+ * planned ones for block 0. Returns its size; 0 if a block's table cannot be described
+ * (or memory ran out). */
+static size_t write_frame(uint8_t *out, const uint8_t *src, size_t n, size_t block) {
+    uint8_t *op = out;
+    put_le(op, 0xFD2FB528u, 4);
+    op += 4;
+    /* Single_Segment_flag set (no window descriptor; the window is the content), content size
+     * in 1, 2 (+256), 4 or 8 bytes. */
+    if (n < 256) {
+        *op++ = 0x20;
+        *op++ = (uint8_t)n;
+    } else if (n < 65536 + 256) {
+        *op++ = 0x60;
+        put_le(op, n - 256, 2);
+        op += 2;
+    } else if (n <= 0xFFFFFFFFu) {
+        *op++ = 0xA0;
+        put_le(op, n, 4);
+        op += 4;
+    } else {
+        *op++ = 0xE0;
+        put_le(op, n, 8);
+        op += 8;
+    }
+    if (n == 0) { /* one empty raw block */
+        put_le(op, 1, 3);
+        return (size_t)(op + 3 - out);
+    }
+    size_t blocks = block ? (n + block - 1) / block : n / SUB + 1;
+    size_t *ends = malloc(blocks * sizeof(size_t));
+    uint32_t(*hist)[256] = malloc(blocks * sizeof(*hist));
+    uint8_t *scratch = malloc(4 * REGION);
+    table_t prev;
+    prev.valid = 0;
+    if (!ends || !hist || !scratch) {
+        op = NULL;
+    } else if (block) {
+        for (size_t k = 0; k < blocks; k++) {
+            ends[k] = (k + 1) * block < n ? (k + 1) * block : n;
+            histogram(src + k * block, ends[k] - k * block, hist[k]);
+        }
+    } else {
+        blocks = plan_blocks(src, n, ends, hist);
+        if (!blocks) op = NULL;
+    }
+    for (size_t k = 0, at = 0; op && k < blocks; at = ends[k++])
+        op = write_block(op, src + at, ends[k] - at, hist[k], k + 1 == blocks, &prev, scratch);
+    free(ends);
+    free(hist);
+    free(scratch);
+    return op ? (size_t)(op - out) : 0;
+}
+
+static size_t frame_capacity(size_t n, size_t block) {
+    /* header 14, per block at most a raw block (3 + bytes) */
+    return 14 + n + 3 * (n / (block ? block : SUB) + 1) + 64;
+}
+
+static PyObject *native_huffman_zstd(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t block = 0;
+    if (!PyArg_ParseTuple(args, "y*|n", &src, &block)) return NULL;
+    PyObject *result = NULL;
+    if (block && (block < MIN_HUFFMAN || block > BLOCK_MAX)) {
+        PyErr_Format(PyExc_ValueError, "block of %zd bytes: expected 0 (adaptive) or %d to %d", block, MIN_HUFFMAN,
+                     BLOCK_MAX);
+        goto done;
+    }
+    size_t n = (size_t)src.len, cap = frame_capacity(n, (size_t)block);
+    uint8_t *buf = malloc(cap);
+    if (!buf) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t size;
+    Py_BEGIN_ALLOW_THREADS;
+    size = write_frame(buf, src.buf, n, (size_t)block);
+    Py_END_ALLOW_THREADS;
+    result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
+    free(buf);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* ---------------------------------------------------------------- bit packing */
+
+/* An 8x8 bit matrix (byte r = row r) transposed: three delta swaps (Hacker's Delight). */
+static inline uint64_t transpose8(uint64_t x) {
+    uint64_t t;
+    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;
+    x ^= t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL;
+    x ^= t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL;
+    x ^= t ^ (t << 28);
+    return x;
+}
+
+static int varying_list(int fixed, int *bits) {
+    int k = 0;
+    for (int b = 0; b < 8; b++)
+        if (!(fixed >> b & 1)) bits[k++] = b;
+    return k;
+}
+
+/* bitpack_encode(src, fixed) -> the rows of ckptz.codecs.bitpack's payload (no header). */
+static PyObject *native_bitpack_encode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    int fixed;
+    if (!PyArg_ParseTuple(args, "y*i", &src, &fixed)) return NULL;
+    PyObject *result = NULL;
+    if (fixed < 0 || fixed > 255) {
+        PyErr_Format(PyExc_ValueError, "fixed-bit mask %d", fixed);
+        goto done;
+    }
+    int bits[8], k = varying_list(fixed, bits);
+    size_t n = (size_t)src.len, m = (n + 7) / 8;
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(k * m));
+    if (!result) goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    const uint8_t *in = src.buf;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t j = 0; j < m; j++) {
+        uint64_t word = 0;
+        if (8 * j + 8 <= n)
+            memcpy(&word, in + 8 * j, 8);
+        else
+            memcpy(&word, in + 8 * j, n - 8 * j);
+        word = transpose8(word); /* byte b: bit b of the 8 bytes */
+        for (int i = 0; i < k; i++) out[(size_t)i * m + j] = (uint8_t)(word >> (8 * bits[i]));
+    }
+    Py_END_ALLOW_THREADS;
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* bitpack_decode(rows, fixed, value, out): the bytes of a bitpack payload's rows. */
+static PyObject *native_bitpack_decode(PyObject *self, PyObject *args) {
+    Py_buffer rows, dst;
+    int fixed, value;
+    if (!PyArg_ParseTuple(args, "y*iiw*", &rows, &fixed, &value, &dst)) return NULL;
+    PyObject *result = NULL;
+    int bits[8], k = varying_list(fixed & 255, bits);
+    size_t n = (size_t)dst.len, m = (n + 7) / 8;
+    if (fixed < 0 || fixed > 255 || value < 0 || value > 255 || (value & ~fixed)) {
+        PyErr_Format(PyExc_ValueError, "fixed-bit mask %d with values %d", fixed, value);
+        goto done;
+    }
+    if ((size_t)rows.len != (size_t)k * m) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes of rows for %d varying bits of %zu bytes", rows.len, k, n);
+        goto done;
+    }
+    const uint8_t *in = rows.buf;
+    uint8_t *out = dst.buf;
+    uint64_t fill = 0x0101010101010101ULL * (uint64_t)value;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t j = 0; j < m; j++) {
+        uint64_t word = 0;
+        for (int i = 0; i < k; i++) word |= (uint64_t)in[(size_t)i * m + j] << (8 * bits[i]);
+        word = transpose8(word) | fill;
+        if (8 * j + 8 <= n)
+            memcpy(out + 8 * j, &word, 8);
+        else
+            memcpy(out + 8 * j, &word, n - 8 * j);
+    }
+    Py_END_ALLOW_THREADS;
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef methods[] = {
+    {"split", native_split, METH_VARARGS,
+     "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"
+     "k * n); with sample > 0, each plane's plane_stats as a tuple."},
+    {"plane_stats", native_plane_stats, METH_VARARGS,
+     "plane_stats(plane, sample): (entropy bits per byte and zero share of a strided sample of about\n"
+     "`sample` bytes, AND of all bytes, OR of all bytes)."},
+    {"merge", native_merge, METH_VARARGS,
+     "merge(planes, dst, word, rotate): words from byte planes (buffers, or ints for constant planes)."},
+    {"huffman_zstd", native_huffman_zstd, METH_VARARGS,
+     "huffman_zstd(src, block=0): a zstd frame of Huffman-coded literal blocks (adaptive sizes, or `block` bytes each), or None."},
+    {"bitpack_encode", native_bitpack_encode, METH_VARARGS,
+     "bitpack_encode(src, fixed): the packed rows of src's varying bits (ckptz.codecs.bitpack)."},
+    {"bitpack_decode", native_bitpack_decode, METH_VARARGS,
+     "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ckptz._native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

@@ -1,0 +1,175 @@
+"""The C extension (ckptz/_native.c): the same bytes as the numpy transform, and zstd
+frames that libzstd decodes exactly, whatever the input."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptz.codecs import bitpack, planes
+from ckptz.codecs.cpu import HuffmanZstd, ZstdCodec
+from ckptz.codecs.deflate import DeflateCodec
+from ckptz.codecs.native import native
+from ckptz.dtypes import DTYPES
+
+RNG = np.random.default_rng(7)
+needs_native = pytest.mark.skipif(native is None, reason="ckptz._native is not built")
+
+
+def test_extension_is_built() -> None:
+    """The install builds the extension (turn it off with CKPTZ_NO_NATIVE=1)."""
+    if os.environ.get("CKPTZ_NO_NATIVE", "") not in ("", "0"):
+        pytest.skip("CKPTZ_NO_NATIVE is set")
+    assert native is not None, "ckptz._native did not build: is a C compiler installed?"
+
+
+def _numpy_split(raw: np.ndarray, name: str, monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
+    with monkeypatch.context() as m:
+        m.setattr(planes, "native", None)
+        return [p.copy() for p in planes.split(raw, DTYPES[name])]
+
+
+@needs_native
+@pytest.mark.parametrize("name", sorted(n for n, d in DTYPES.items() if d.word in (2, 4, 8)))
+@pytest.mark.parametrize("words", [0, 1, 3, 4097])
+def test_split_and_merge_match_numpy(name: str, words: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    dtype = DTYPES[name]
+    raw = RNG.integers(0, 256, words * dtype.word, dtype=np.uint8)
+    expected = _numpy_split(raw, name, monkeypatch)
+    got = planes.split(raw, dtype)
+    assert all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True))
+    assert np.array_equal(planes.merge(got, dtype), raw)
+
+
+@needs_native
+@pytest.mark.parametrize("word", [2, 4, 8])
+def test_merge_takes_constant_planes(word: int) -> None:
+    """An int stands for a plane of that byte: the same words as the full plane gives."""
+    dtype = next(d for d in DTYPES.values() if d.word == word and d.is_float)
+    raw = RNG.integers(0, 256, 999 * word, dtype=np.uint8)
+    split = [p.copy() for p in planes.split(raw, dtype)]
+    for k in range(word):
+        split[k][:] = k * 37 % 256
+        with_ints: list[np.ndarray | int] = list(split)
+        with_ints[k] = k * 37 % 256
+        assert np.array_equal(
+            planes.merge(with_ints, dtype, np.empty(raw.size, np.uint8)), planes.merge(split, dtype)
+        )
+    out = planes.merge([5] * word, dtype, np.empty(raw.size, np.uint8))
+    assert np.array_equal(planes.merge([np.full(999, 5, np.uint8)] * word, dtype), out)
+
+
+@needs_native
+def test_bad_arguments_raise_value_error() -> None:
+    assert native is not None
+    buf = np.zeros(12, np.uint8)
+    with pytest.raises(ValueError, match="word size"):
+        native.split(buf, np.empty(12, np.uint8), 3, True)
+    with pytest.raises(ValueError, match="sizes must match"):
+        native.split(buf, np.empty(8, np.uint8), 4, True)
+    with pytest.raises(ValueError, match="planes for"):
+        native.merge([buf[:3]] * 3, np.empty(12, np.uint8), 4, True)
+    with pytest.raises(ValueError, match="holds"):
+        native.merge([buf[:3], buf[:3], buf[:3], buf[:2]], np.empty(12, np.uint8), 4, True)
+    with pytest.raises(ValueError, match="constant plane byte"):
+        native.merge([buf[:3], buf[:3], buf[:3], 256], np.empty(12, np.uint8), 4, True)
+    with pytest.raises(ValueError, match="block of"):
+        native.huffman_zstd(buf, 100)
+    with pytest.raises(TypeError):
+        native.merge([buf[:3]] * 3 + ["abc"], np.empty(12, np.uint8), 4, True)
+
+
+def _decode(frame: bytes, size: int) -> bytes:
+    assert zstandard.frame_content_size(frame) == size
+    return zstandard.ZstdDecompressor().decompress(frame, max_output_size=max(size, 1))
+
+
+@st.composite
+def _planes(draw: st.DrawFn) -> np.ndarray:
+    """Byte planes of every shape the coder meets: skewed, flat, sparse, with runs and
+    with values above 128 (FSE-described tables), in pieces of different statistics."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    parts = []
+    for _ in range(draw(st.integers(1, 4))):
+        n = draw(st.sampled_from([0, 1, 5, 1023, 1024, 1025, 8191, 8192, 40_000, 150_000]))
+        kind = draw(st.sampled_from(["exponent", "uniform", "two", "run", "high", "sparse"]))
+        if kind == "exponent":
+            scale = float(np.exp(rng.uniform(-12, 2)))
+            part = planes.split(
+                (rng.standard_normal(n) * scale).astype(np.float32).view(np.uint8), DTYPES["float32"]
+            )[-1]
+        elif kind == "uniform":
+            part = rng.integers(0, draw(st.integers(2, 256)), n, dtype=np.uint8)
+        elif kind == "two":
+            part = rng.choice(
+                np.array(draw(st.lists(st.integers(0, 255), min_size=2, max_size=2)), np.uint8), n
+            )
+        elif kind == "run":
+            part = np.full(n, draw(st.integers(0, 255)), np.uint8)
+        elif kind == "high":
+            part = (200 + rng.geometric(0.3, n).clip(0, 55)).astype(np.uint8)
+        else:
+            part = (rng.random(n) < 0.01).astype(np.uint8) * draw(st.integers(1, 255))
+        parts.append(part)
+    return np.concatenate(parts)
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(_planes(), st.sampled_from([0, 0, 1024, 16384, 131072]))
+def test_huffman_frames_decode_exactly(plane: np.ndarray, block: int) -> None:
+    assert native is not None
+    frame = native.huffman_zstd(plane, block)
+    if frame is None:  # a table it cannot describe: the codec falls back
+        frame = HuffmanZstd().encode(plane)
+    assert _decode(frame, plane.size) == plane.tobytes()
+    assert len(frame) <= plane.size + 3 * (plane.size // 1024 + 1) + 14
+
+
+@needs_native
+def test_huffman_frames_beat_deflate_and_literal_zstd_on_exponents() -> None:
+    """Rows of different scales (as in trained weights and optimizer states): the planned
+    blocks follow them, and the frame is smaller than Huffman-only deflate's stream."""
+    rows = np.repeat(np.exp(RNG.uniform(-10, -3, 256)), 4096)
+    values = (RNG.standard_normal(rows.size) * rows).astype(np.float32)
+    plane = planes.split(values.view(np.uint8), DTYPES["float32"])[-1]
+    frame = HuffmanZstd().encode(plane)
+    assert _decode(frame, plane.size) == plane.tobytes()
+    assert len(frame) < len(DeflateCodec().encode(plane))
+    assert len(frame) < len(ZstdCodec(literal=True).encode(plane))
+
+
+@needs_native
+def test_huffman_frame_block_kinds() -> None:
+    """Constant blocks become RLE blocks (4 bytes), incompressible ones raw blocks."""
+    assert native is not None
+    zeros = np.zeros(300_000, np.uint8)
+    frame = native.huffman_zstd(zeros)
+    assert _decode(frame, zeros.size) == zeros.tobytes() and len(frame) < 64
+    high = (200 + RNG.geometric(0.3, 100_000).clip(0, 55)).astype(np.uint8)
+    frame = native.huffman_zstd(high)  # byte values above 128: FSE-described tables
+    assert frame is not None and _decode(frame, high.size) == high.tobytes() and len(frame) < high.size / 2
+    noise = RNG.integers(0, 256, 100_000, dtype=np.uint8)
+    frame = native.huffman_zstd(noise)
+    assert _decode(frame, noise.size) == noise.tobytes() and len(frame) <= noise.size + 64
+
+
+@needs_native
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 4096, 100_003])
+@pytest.mark.parametrize("mask", [0x00, 0x01, 0x7F, 0xFE, 0x81])
+def test_bitpack_matches_numpy(size: int, mask: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same payload as the numpy coder, and each decodes the other's."""
+    data = RNG.integers(0, 256, size, dtype=np.uint8) & mask | 0x40 & ~mask
+    codec = bitpack.BitpackCodec()
+    fast = codec.encode(data)
+    with monkeypatch.context() as m:
+        m.setattr(bitpack, "native", None)
+        slow = codec.encode(data)
+        assert np.array_equal(codec.decode(fast, size), data)
+    assert fast == slow
+    assert np.array_equal(codec.decode(slow, size), data)
