@@ -8,7 +8,7 @@
  *   merge(planes, dst, word, rotate)    byte planes (or constant bytes) -> words, one pass
  *   huffman_zstd(src, block)            one standard zstd frame (RFC 8878) of Huffman-coded
  *                                       literal blocks with no sequences, or None
- *   bitpack_encode(src, fixed)          ckptz.codecs.bitpack's rows, 8x8 bit transposes
+ *   bitpack_encode(src, fixed, value)   a ckptz.codecs.bitpack payload (8x8 bit transposes)
  *   bitpack_decode(rows, fixed, value, out)
  *
  * Every function checks its arguments, raises ValueError on bad ones, and releases the GIL
@@ -40,8 +40,19 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 /* ---------------------------------------------------------------- split and merge */
+
+/* The word loops below vectorise; on x86-64 Linux they are also built for AVX2 and the
+ * loader picks the clone the CPU runs (SSE2 is the baseline). */
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define WIDE __attribute__((target_clones("avx2", "default")))
+#else
+#define WIDE
+#endif
 
 #define ROTL(v, bits) (((v) << 1) | ((v) >> ((bits)-1)))
 #define ROTR(v, bits) (((v) >> 1) | ((v) << ((bits)-1)))
@@ -49,7 +60,7 @@
 /* Each split also ANDs and ORs the (rotated) words: byte k of the results is the AND and
  * the OR of plane k, which tell a constant plane and the bit positions that never vary. */
 
-static void split2(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+WIDE static void split2(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
                    uint64_t *or_out) {
     uint8_t *restrict p0 = dst, *restrict p1 = dst + n;
     uint16_t a = 0xFFFF, o = 0;
@@ -65,7 +76,7 @@ static void split2(const uint8_t *restrict src, uint8_t *restrict dst, size_t n,
     *and_out = a, *or_out = o;
 }
 
-static void split4(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+WIDE static void split4(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
                    uint64_t *or_out) {
     uint8_t *restrict p0 = dst, *restrict p1 = dst + n, *restrict p2 = dst + 2 * n, *restrict p3 = dst + 3 * n;
     uint32_t a = 0xFFFFFFFFu, o = 0;
@@ -96,7 +107,7 @@ static void split4(const uint8_t *restrict src, uint8_t *restrict dst, size_t n,
     *and_out = a, *or_out = o;
 }
 
-static void split8(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+WIDE static void split8(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
                    uint64_t *or_out) {
     uint64_t a = ~0ULL, o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -139,7 +150,7 @@ typedef struct {
 
 /* Planes given as constants are read from a small buffer of that byte instead, so the
  * loops below need no branch: `stride` is 1 for real planes, 0 for constants. */
-static void merge2(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
+WIDE static void merge2(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
     const uint8_t *p0 = planes[0].bytes ? planes[0].bytes : &planes[0].value;
     const uint8_t *p1 = planes[1].bytes ? planes[1].bytes : &planes[1].value;
     size_t s0 = planes[0].bytes != NULL, s1 = planes[1].bytes != NULL;
@@ -158,7 +169,7 @@ static void merge2(const plane_t *planes, uint8_t *restrict dst, size_t n, int r
     }
 }
 
-static void merge4(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
+WIDE static void merge4(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
     const uint8_t *p[4];
     int all = 1;
     for (int k = 0; k < 4; k++) {
@@ -167,14 +178,30 @@ static void merge4(const plane_t *planes, uint8_t *restrict dst, size_t n, int r
     }
     if (all) {
         const uint8_t *restrict p0 = p[0], *restrict p1 = p[1], *restrict p2 = p[2], *restrict p3 = p[3];
+        size_t i = 0;
+#ifdef __SSE2__
+        /* 16 words at a time: interleave bytes (planes 0+1, 2+3), then the byte pairs */
+        for (; i + 16 <= n; i += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(p0 + i)), b = _mm_loadu_si128((const __m128i *)(p1 + i));
+            __m128i c = _mm_loadu_si128((const __m128i *)(p2 + i)), d = _mm_loadu_si128((const __m128i *)(p3 + i));
+            __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+            __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
+            __m128i w[4] = {_mm_unpacklo_epi16(ab0, cd0), _mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab1, cd1),
+                            _mm_unpackhi_epi16(ab1, cd1)};
+            for (int k = 0; k < 4; k++) {
+                if (rotate) w[k] = _mm_or_si128(_mm_srli_epi32(w[k], 1), _mm_slli_epi32(w[k], 31));
+                _mm_storeu_si128((__m128i *)(dst + 4 * i + 16 * (size_t)k), w[k]);
+            }
+        }
+#endif
         if (rotate) {
-            for (size_t i = 0; i < n; i++) {
+            for (; i < n; i++) {
                 uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24);
                 v = ROTR(v, 32);
                 memcpy(dst + 4 * i, &v, 4);
             }
         } else {
-            for (size_t i = 0; i < n; i++) {
+            for (; i < n; i++) {
                 uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24);
                 memcpy(dst + 4 * i, &v, 4);
             }
@@ -194,7 +221,7 @@ static void merge4(const plane_t *planes, uint8_t *restrict dst, size_t n, int r
     }
 }
 
-static void merge8(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
+WIDE static void merge8(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
     for (size_t i = 0; i < n; i++) {
         uint64_t v = 0;
         for (int k = 0; k < 8; k++)
@@ -1017,29 +1044,30 @@ static int varying_list(int fixed, int *bits) {
     return k;
 }
 
-/* bitpack_encode(src, fixed) -> the rows of ckptz.codecs.bitpack's payload (no header). */
+/* bitpack_encode(src, fixed, value) -> ckptz.codecs.bitpack's payload: the two header
+ * bytes, then the rows of the varying bits. */
 static PyObject *native_bitpack_encode(PyObject *self, PyObject *args) {
     Py_buffer src;
-    int fixed;
-    if (!PyArg_ParseTuple(args, "y*i", &src, &fixed)) return NULL;
+    int fixed, value;
+    if (!PyArg_ParseTuple(args, "y*ii", &src, &fixed, &value)) return NULL;
     PyObject *result = NULL;
-    if (fixed < 0 || fixed > 255) {
-        PyErr_Format(PyExc_ValueError, "fixed-bit mask %d", fixed);
+    if (fixed < 0 || fixed > 255 || value < 0 || value > 255 || (value & ~fixed)) {
+        PyErr_Format(PyExc_ValueError, "fixed-bit mask %d with values %d", fixed, value);
         goto done;
     }
     int bits[8], k = varying_list(fixed, bits);
     size_t n = (size_t)src.len, m = (n + 7) / 8;
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(k * m));
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(2 + k * m));
     if (!result) goto done;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
     const uint8_t *in = src.buf;
+    out[0] = (uint8_t)fixed;
+    out[1] = (uint8_t)value;
+    out += 2;
     Py_BEGIN_ALLOW_THREADS;
     for (size_t j = 0; j < m; j++) {
         uint64_t word = 0;
-        if (8 * j + 8 <= n)
-            memcpy(&word, in + 8 * j, 8);
-        else
-            memcpy(&word, in + 8 * j, n - 8 * j);
+        memcpy(&word, in + 8 * j, 8 * j + 8 <= n ? 8 : n - 8 * j);
         word = transpose8(word); /* byte b: bit b of the 8 bytes */
         for (int i = 0; i < k; i++) out[(size_t)i * m + j] = (uint8_t)(word >> (8 * bits[i]));
     }
@@ -1047,6 +1075,29 @@ static PyObject *native_bitpack_encode(PyObject *self, PyObject *args) {
 done:
     PyBuffer_Release(&src);
     return result;
+}
+
+/* spread[x]: byte q holds bit q of x (as bit 0), set up at import */
+static uint64_t spread[256];
+
+static void init_spread(void) {
+    for (int x = 0; x < 256; x++) {
+        uint64_t w = 0;
+        for (int q = 0; q < 8; q++) w |= (uint64_t)((x >> q) & 1) << (8 * q);
+        spread[x] = w;
+    }
+}
+
+/* Bytes from k packed rows of m bytes (row i: bit bits[i] of every byte): per 8 bytes one
+ * table lookup and shift per row, 2x the transposes' speed. */
+static void unpack_rows(const uint8_t *in, size_t m, const int *bits, int k, uint8_t value, uint8_t *out,
+                        size_t n) {
+    uint64_t fill = 0x0101010101010101ULL * value;
+    for (size_t j = 0; j < m; j++) {
+        uint64_t word = fill;
+        for (int i = 0; i < k; i++) word |= spread[in[(size_t)i * m + j]] << bits[i];
+        memcpy(out + 8 * j, &word, 8 * j + 8 <= n ? 8 : n - 8 * j);
+    }
 }
 
 /* bitpack_decode(rows, fixed, value, out): the bytes of a bitpack payload's rows. */
@@ -1067,17 +1118,8 @@ static PyObject *native_bitpack_decode(PyObject *self, PyObject *args) {
     }
     const uint8_t *in = rows.buf;
     uint8_t *out = dst.buf;
-    uint64_t fill = 0x0101010101010101ULL * (uint64_t)value;
     Py_BEGIN_ALLOW_THREADS;
-    for (size_t j = 0; j < m; j++) {
-        uint64_t word = 0;
-        for (int i = 0; i < k; i++) word |= (uint64_t)in[(size_t)i * m + j] << (8 * bits[i]);
-        word = transpose8(word) | fill;
-        if (8 * j + 8 <= n)
-            memcpy(out + 8 * j, &word, 8);
-        else
-            memcpy(out + 8 * j, &word, n - 8 * j);
-    }
+    unpack_rows(in, m, bits, k, (uint8_t)value, out, n);
     Py_END_ALLOW_THREADS;
     result = Py_NewRef(Py_None);
 done:
@@ -1100,7 +1142,7 @@ static PyMethodDef methods[] = {
     {"huffman_zstd", native_huffman_zstd, METH_VARARGS,
      "huffman_zstd(src, block=0): a zstd frame of Huffman-coded literal blocks (adaptive sizes, or `block` bytes each), or None."},
     {"bitpack_encode", native_bitpack_encode, METH_VARARGS,
-     "bitpack_encode(src, fixed): the packed rows of src's varying bits (ckptz.codecs.bitpack)."},
+     "bitpack_encode(src, fixed, value): a ckptz.codecs.bitpack payload of src."},
     {"bitpack_decode", native_bitpack_decode, METH_VARARGS,
      "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
     {NULL, NULL, 0, NULL},
@@ -1108,4 +1150,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ckptz._native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    init_spread();
+    return PyModule_Create(&module);
+}

@@ -393,8 +393,20 @@ def test_nvcomp_zstd_chunks_are_standard_frames(small_checkpoint: Path) -> None:
     for p, o, n in zip(planes, dst_offs, sizes, strict=True):
         frame = host[o : o + n].tobytes()
         assert zstandard.ZstdDecompressor().decompress(frame, max_output_size=p.size) == p.tobytes()
-    # And CPU frames decode on the GPU.
+    # And CPU frames decode on the GPU: libzstd's, and the C extension's Huffman-only
+    # frames (FSE-described and treeless tables, RLE and raw blocks).
+    from ckptz.codecs.cpu import HuffmanZstd
+
+    rng = np.random.default_rng(3)
+    planes += [
+        np.zeros(200_000, np.uint8),
+        rng.integers(0, 256, 100_000, dtype=np.uint8),
+        (200 + rng.geometric(0.3, 100_000).clip(0, 55)).astype(np.uint8),
+        np.concatenate([planes[0], np.zeros(70_000, np.uint8), planes[1]]),
+    ]
     frames = [zstandard.ZstdCompressor(level=3).compress(p.tobytes()) for p in planes]
+    frames += [HuffmanZstd().encode(p) for p in planes]
+    planes += planes
     offs, pos = [], 0
     for fr in frames:
         offs.append(pos)

@@ -79,7 +79,7 @@ class BitpackCodec(Codec):
             return bytes([0xFF, 0])
         fixed, value = varying if varying is not None else varying_bits(data)
         if native is not None:
-            return bytes([fixed, value]) + native.bitpack_encode(np.ascontiguousarray(data), fixed)
+            return bytes(native.bitpack_encode(np.ascontiguousarray(data), fixed, value))
         parts = [bytes([fixed, value])]
         bit = np.empty_like(data)
         for b in range(8):
