@@ -427,7 +427,7 @@ static int cmp_count(const void *x, const void *y) {
 /* A length-limited canonical Huffman table for a histogram with at least two symbols. */
 static void build_table(const uint32_t *hist, table_t *t) {
     uint64_t keyed[256]; /* count << 8 | symbol, sorted ascending */
-    uint32_t lens[256];
+    uint32_t lens[256] = {0}; /* (zeroed: the compiler cannot see n >= 2 fills a[0] and a[1]) */
     int n = 0;
     memset(t, 0, sizeof(*t));
     for (int s = 0; s < 256; s++)
@@ -1148,7 +1148,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ckptz._native", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ckptz._native", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
     init_spread();
