@@ -163,8 +163,7 @@ def plane_stats(plane: np.ndarray) -> PlaneStats:
 
 def looks_like_noise(plane: np.ndarray) -> bool:
     """True if a strided sample of ``plane`` has near 8 bits of entropy and few zeros."""
-    bits, zeros = _sample_stats(plane)
-    return bits > NOISE_BITS and zeros <= NOISE_ZERO_SHARE
+    return plane_stats(plane).noise
 
 
 def encode_plane(
