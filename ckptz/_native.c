@@ -80,29 +80,16 @@ WIDE static void split4(const uint8_t *restrict src, uint8_t *restrict dst, size
                    uint64_t *or_out) {
     uint8_t *restrict p0 = dst, *restrict p1 = dst + n, *restrict p2 = dst + 2 * n, *restrict p3 = dst + 3 * n;
     uint32_t a = 0xFFFFFFFFu, o = 0;
-    if (rotate) {
-        for (size_t i = 0; i < n; i++) {
-            uint32_t v;
-            memcpy(&v, src + 4 * i, 4);
-            v = ROTL(v, 32);
-            a &= v;
-            o |= v;
-            p0[i] = (uint8_t)v;
-            p1[i] = (uint8_t)(v >> 8);
-            p2[i] = (uint8_t)(v >> 16);
-            p3[i] = (uint8_t)(v >> 24);
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            uint32_t v;
-            memcpy(&v, src + 4 * i, 4);
-            a &= v;
-            o |= v;
-            p0[i] = (uint8_t)v;
-            p1[i] = (uint8_t)(v >> 8);
-            p2[i] = (uint8_t)(v >> 16);
-            p3[i] = (uint8_t)(v >> 24);
-        }
+    for (size_t i = 0; i < n; i++) { /* -O3 unswitches the rotate test out of the loop */
+        uint32_t v;
+        memcpy(&v, src + 4 * i, 4);
+        if (rotate) v = ROTL(v, 32);
+        a &= v;
+        o |= v;
+        p0[i] = (uint8_t)v;
+        p1[i] = (uint8_t)(v >> 8);
+        p2[i] = (uint8_t)(v >> 16);
+        p3[i] = (uint8_t)(v >> 24);
     }
     *and_out = a, *or_out = o;
 }
@@ -194,17 +181,10 @@ WIDE static void merge4(const plane_t *planes, uint8_t *restrict dst, size_t n, 
             }
         }
 #endif
-        if (rotate) {
-            for (; i < n; i++) {
-                uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24);
-                v = ROTR(v, 32);
-                memcpy(dst + 4 * i, &v, 4);
-            }
-        } else {
-            for (; i < n; i++) {
-                uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24);
-                memcpy(dst + 4 * i, &v, 4);
-            }
+        for (; i < n; i++) {
+            uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24);
+            if (rotate) v = ROTR(v, 32);
+            memcpy(dst + 4 * i, &v, 4);
         }
         return;
     }
