@@ -8,6 +8,8 @@
  *   merge(planes, dst, word, rotate)    byte planes (or constant bytes) -> words, one pass
  *   huffman_zstd(src, block)            one standard zstd frame (RFC 8878) of Huffman-coded
  *                                       literal blocks with no sequences, or None
+ *   literals_decode(frame, out)         such a frame (or any zstd frame of raw, RLE and
+ *                                       literal-only blocks) into out; False to leave it to libzstd
  *   bitpack_encode(src, fixed, value)   a ckptz.codecs.bitpack payload (8x8 bit transposes)
  *   bitpack_decode(rows, fixed, value, out)
  *
@@ -17,21 +19,26 @@
  * The zstd frame: libzstd cannot be told to skip LZ matching, and on float exponent planes
  * its few short matches cost more than they save; ZipNN calls zstd's Huffman coder
  * directly, which the zstandard binding does not expose. So this writes the frame itself:
- * a single-segment header with the content size, then one block per `block` bytes of
- * input, each the cheapest (exact sizes, computed before writing) of
+ * a single-segment header with the content size, then blocks (planned from the plane's
+ * statistics, or `block` bytes each), each the cheapest (exact sizes, computed before
+ * writing) of
  *
  *   - an RLE block (one byte value),
  *   - a compressed block whose literals are Huffman-coded in four streams with a new
- *     table (direct 4-bit weights: every byte value present must be <= 128) or with the
+ *     table (its weights FSE-compressed or direct, whichever is smaller) or with the
  *     previous block's table (a treeless literals block) and whose sequence section is
  *     empty,
  *   - a raw block.
  *
  * Codes are limited to 11 bits and assigned canonically as RFC 8878 section 4.2.1.3
- * prescribes, so any zstd decoder (libzstd, nvCOMP's Zstd) reads the frame. A block
- * whose own table would need a byte value above 128 (FSE-compressed weights, not written
- * here) and that cannot reuse the previous table makes the function return None: the
- * caller codes the plane another way.
+ * prescribes, so any zstd decoder (libzstd, nvCOMP's Zstd) reads the frame. A block whose
+ * table cannot be described (more than 128 weights that FSE cannot fit in 127 bytes) and
+ * that cannot reuse the previous table makes the function return None: the caller codes
+ * the plane another way.
+ *
+ * Reading those frames back, libzstd runs about 1-1.5 GB/s on exponent planes; the
+ * decoder here (literals_decode) looks up 11 bits at a time and takes every whole code in
+ * them, up to four symbols per lookup, on four streams in lockstep: 1.2-2.3x libzstd.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -156,46 +163,34 @@ WIDE static void merge2(const plane_t *planes, uint8_t *restrict dst, size_t n, 
     }
 }
 
-WIDE static void merge4(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
-    const uint8_t *p[4];
-    int all = 1;
-    for (int k = 0; k < 4; k++) {
-        p[k] = planes[k].bytes;
-        all &= p[k] != NULL;
-    }
-    if (all) {
-        const uint8_t *restrict p0 = p[0], *restrict p1 = p[1], *restrict p2 = p[2], *restrict p3 = p[3];
-        size_t i = 0;
 #ifdef __SSE2__
-        /* 16 words at a time: interleave bytes (planes 0+1, 2+3), then the byte pairs */
-        for (; i + 16 <= n; i += 16) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(p0 + i)), b = _mm_loadu_si128((const __m128i *)(p1 + i));
-            __m128i c = _mm_loadu_si128((const __m128i *)(p2 + i)), d = _mm_loadu_si128((const __m128i *)(p3 + i));
-            __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
-            __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
-            __m128i w[4] = {_mm_unpacklo_epi16(ab0, cd0), _mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab1, cd1),
-                            _mm_unpackhi_epi16(ab1, cd1)};
-            for (int k = 0; k < 4; k++) {
-                if (rotate) w[k] = _mm_or_si128(_mm_srli_epi32(w[k], 1), _mm_slli_epi32(w[k], 31));
-                _mm_storeu_si128((__m128i *)(dst + 4 * i + 16 * (size_t)k), w[k]);
-            }
-        }
+/* 16 bytes of a plane, or its constant byte 16 times (the test is the same every call of
+ * a merge, so the branch predicts). */
+static inline __m128i plane16(const plane_t *pl, size_t i) {
+    return pl->bytes ? _mm_loadu_si128((const __m128i *)(pl->bytes + i)) : _mm_set1_epi8((char)pl->value);
+}
 #endif
-        for (; i < n; i++) {
-            uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24);
-            if (rotate) v = ROTR(v, 32);
-            memcpy(dst + 4 * i, &v, 4);
+
+WIDE static void merge4(const plane_t *planes, uint8_t *restrict dst, size_t n, int rotate) {
+    size_t i = 0;
+#ifdef __SSE2__
+    /* 16 words at a time: interleave bytes (planes 0+1, 2+3), then the byte pairs */
+    for (; i + 16 <= n; i += 16) {
+        __m128i a = plane16(&planes[0], i), b = plane16(&planes[1], i);
+        __m128i c = plane16(&planes[2], i), d = plane16(&planes[3], i);
+        __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+        __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
+        __m128i w[4] = {_mm_unpacklo_epi16(ab0, cd0), _mm_unpackhi_epi16(ab0, cd0), _mm_unpacklo_epi16(ab1, cd1),
+                        _mm_unpackhi_epi16(ab1, cd1)};
+        for (int k = 0; k < 4; k++) {
+            if (rotate) w[k] = _mm_or_si128(_mm_srli_epi32(w[k], 1), _mm_slli_epi32(w[k], 31));
+            _mm_storeu_si128((__m128i *)(dst + 4 * i + 16 * (size_t)k), w[k]);
         }
-        return;
     }
-    /* Some planes constant: OR their bytes in once, then the varying ones. */
-    uint32_t base = 0;
-    for (int k = 0; k < 4; k++)
-        if (!p[k]) base |= (uint32_t)planes[k].value << (8 * k);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t v = base;
-        for (int k = 0; k < 4; k++)
-            if (p[k]) v |= (uint32_t)p[k][i] << (8 * k);
+#endif
+    for (; i < n; i++) {
+        uint32_t v = 0;
+        for (int k = 0; k < 4; k++) v |= (uint32_t)(planes[k].bytes ? planes[k].bytes[i] : planes[k].value) << (8 * k);
         if (rotate) v = ROTR(v, 32);
         memcpy(dst + 4 * i, &v, 4);
     }
@@ -841,7 +836,7 @@ static uint8_t *write_block(uint8_t *op, const uint8_t *src, size_t n, const uin
 
 #define SUB 8192
 #define MAX_SUBS (BLOCK_MAX / SUB)
-#define BLOCK_COST 24.0f /* headers, jump table, and a weight table's fixed part (bytes) */
+#define BLOCK_COST 48.0f /* headers, jump table, a weight table's fixed part, and its decoding (bytes) */
 #define DESC_COST 0.6f   /* a weight table's cost per distinct byte value (bytes) */
 
 /* c * log2(c), within 0.0013 * c: exponent bits plus a cubic for the mantissa's log. */
@@ -1003,6 +998,473 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- zstd literal frames: decode
+ *
+ * literals_decode(frame, out): the frames above (and any zstd frame whose blocks are raw, RLE,
+ * or hold only literals) decoded straight into `out`. Huffman streams are read by lookups
+ * of LOOKUP bits that each yield every whole code in them, up to four symbols, four streams
+ * in lockstep: on float exponent planes (2-3 bits per symbol) about three symbols per
+ * lookup. A frame with sequences, a dictionary or a checksum is not for this decoder: it
+ * returns False and the caller hands the frame to libzstd, which also judges frames this
+ * one finds malformed. Every read and write is bounds-checked against the frame and `out`. */
+
+/* A lookup's window: every code fits in it (so each lookup yields a symbol), and five of
+ * them fit in the 57+ bits a refill guarantees. */
+#define LOOKUP 11
+_Static_assert(LOOKUP >= MAX_BITS && 5 * LOOKUP <= 57, "lookup window");
+
+typedef struct {
+    uint8_t sym[1 << MAX_BITS]; /* by the next `log` bits: the symbol ... */
+    uint8_t len[1 << MAX_BITS]; /* ... and its code length */
+    uint64_t multi[1 << LOOKUP]; /* by the next LOOKUP bits: symbols | bits << 32 | count << 40 */
+    int log;
+    int valid;
+} dtable_t;
+
+/* A backward bit stream (RFC 8878 4.1.2.1 / libzstd's BIT_DStream): `pos` bits remain,
+ * bit pos-1 is read next (most significant first). */
+typedef struct {
+    const uint8_t *start;
+    int64_t pos;
+} rstream_t;
+
+/* Starts a stream of n bytes: the last byte's highest set bit marks the end. */
+static int rstream_init(rstream_t *r, const uint8_t *p, size_t n) {
+    if (n == 0 || p[n - 1] == 0) return 0;
+    r->start = p;
+    r->pos = 8 * (int64_t)(n - 1) + highbit(p[n - 1]);
+    return 1;
+}
+
+/* The next `bits` (1..32) bits, zeros below the stream's start; does not consume. */
+static inline uint32_t rstream_peek(const rstream_t *r, int bits) {
+    int64_t pos = r->pos;
+    if (pos <= 0) return 0;
+    uint64_t c = 0;
+    int64_t top = (pos + 7) >> 3; /* bytes [0, top) hold the remaining bits */
+    if (top >= 8) {
+        memcpy(&c, r->start + top - 8, 8);
+        c <<= 8 * top - pos;
+    } else {
+        for (int64_t k = 0; k < top; k++) c |= (uint64_t)r->start[k] << (8 * k);
+        c <<= 64 - pos;
+    }
+    return (uint32_t)(c >> (64 - bits));
+}
+
+static inline uint32_t rstream_read(rstream_t *r, int bits) {
+    if (!bits) return 0;
+    uint32_t v = rstream_peek(r, bits);
+    r->pos -= bits;
+    return v;
+}
+
+/* A forward little-endian bit reader over [p, end). */
+typedef struct {
+    const uint8_t *p, *end;
+    size_t bit;
+} fstream_t;
+
+static uint32_t fstream_read(fstream_t *f, int bits) {
+    size_t byte = f->bit >> 3, size = (size_t)(f->end - f->p);
+    uint64_t c = 0;
+    if (byte < size) memcpy(&c, f->p + byte, size - byte < 8 ? size - byte : 8);
+    uint32_t v = (uint32_t)(c >> (f->bit & 7)) & ((1u << bits) - 1);
+    f->bit += (size_t)bits;
+    return v;
+}
+
+/* FSE-compressed Huffman weights (RFC 8878 4.2.1.2) from in[0..n); returns their number
+ * (at most 255) in w, or -1. */
+static int fse_read_weights(const uint8_t *in, size_t n, uint8_t *w) {
+    enum { SYMBOLS = MAX_BITS + 2 };
+    fstream_t f = {in, in + n, 0};
+    int log = (int)fstream_read(&f, 4) + 5;
+    if (log > FSE_MAX_LOG) return -1;
+    short norm[SYMBOLS] = {0};
+    int remaining = (1 << log) + 1, threshold = 1 << log, nbits = log + 1, prev_zero = 0, s = 0;
+    while (remaining > 1) {
+        if (prev_zero) {
+            for (;;) {
+                uint32_t flag = fstream_read(&f, 2);
+                s += (int)flag;
+                if (s > SYMBOLS) return -1;
+                if (flag != 3) break;
+            }
+        }
+        if (s >= SYMBOLS) return -1;
+        int max = (2 * threshold - 1) - remaining;
+        int low = (int)fstream_read(&f, nbits - 1), count;
+        if (low < max) {
+            count = low;
+        } else {
+            count = low | (int)fstream_read(&f, 1) << (nbits - 1);
+            if (count >= threshold) count -= max;
+        }
+        count--;
+        remaining -= count < 0 ? -count : count;
+        norm[s++] = (short)count;
+        prev_zero = count == 0;
+        if (remaining < 1) return -1;
+        while (remaining < threshold) {
+            nbits--;
+            threshold >>= 1;
+        }
+    }
+    if (remaining != 1) return -1;
+    size_t used = (f.bit + 7) >> 3;
+    if (used > n) return -1;
+    int symbols = s, size = 1 << log, high = size - 1;
+    /* the decoding table (FSE_buildDTable) */
+    uint8_t sym[1 << FSE_MAX_LOG], nb[1 << FSE_MAX_LOG];
+    uint16_t base[1 << FSE_MAX_LOG];
+    int next[SYMBOLS];
+    for (s = 0; s < symbols; s++) {
+        if (norm[s] == -1) {
+            sym[high--] = (uint8_t)s;
+            next[s] = 1;
+        } else {
+            next[s] = norm[s];
+        }
+    }
+    int pos = 0, step = (size >> 1) + (size >> 3) + 3;
+    for (s = 0; s < symbols; s++)
+        for (int k = 0; k < norm[s]; k++) {
+            sym[pos] = (uint8_t)s;
+            do pos = (pos + step) & (size - 1);
+            while (pos > high);
+        }
+    if (pos != 0) return -1;
+    for (int u = 0; u < size; u++) {
+        int state = next[sym[u]]++;
+        nb[u] = (uint8_t)(log - highbit((uint32_t)state));
+        base[u] = (uint16_t)((state << nb[u]) - size);
+    }
+    rstream_t r;
+    if (!rstream_init(&r, in + used, n - used)) return -1;
+    uint32_t st[2];
+    st[0] = rstream_read(&r, log);
+    st[1] = rstream_read(&r, log);
+    if (r.pos < 0) return -1;
+    /* alternate the states; once a read overruns the stream, the other state's symbol is
+     * the last one (FSE_decompress_usingDTable's tail) */
+    int count = 0;
+    for (int k = 0;; k ^= 1) {
+        if (count > 253) return -1;
+        w[count++] = sym[st[k]];
+        st[k] = base[st[k]] + rstream_read(&r, nb[st[k]]);
+        if (r.pos < 0) {
+            w[count++] = sym[st[k ^ 1]];
+            return count;
+        }
+    }
+}
+
+/* Fills dt->multi[at, at + 2^bits): the windows whose first `used` bits hold the `count`
+ * symbols in `syms`. Each next code that fits in the remaining `bits` gets its own range
+ * (codes lie in the table longest first, so those are the table's tail); the rest, where
+ * no whole code fits or four symbols are there, end the lookup. Every entry is written once. */
+static void fill_multi(dtable_t *dt, uint32_t at, int bits, uint64_t syms, int used, int count) {
+    uint64_t stop = syms | (uint64_t)used << 32 | (uint64_t)count << 40;
+    int log = dt->log;
+    uint32_t j = 1u << log;
+    if (count < 4)
+        while (j > 0 && dt->len[j - 1] <= bits) {
+            int len = dt->len[j - 1];
+            j -= 1u << (log - len);
+            uint32_t v = bits >= log ? j << (bits - log) : j >> (log - bits);
+            uint64_t more = syms | (uint64_t)dt->sym[j] << (8 * count);
+            if (count < 3) {
+                fill_multi(dt, at + v, bits - len, more, used + len, count + 1);
+            } else { /* the fourth symbol ends the lookup: fill its range here */
+                uint64_t e = more | (uint64_t)(used + len) << 32 | (uint64_t)4 << 40;
+                for (uint32_t u = 0; u < (1u << (bits - len)); u++) dt->multi[at + v + u] = e;
+            }
+        }
+    uint32_t rest = count == 4 ? 1u << bits : bits >= log ? j << (bits - log) : j >> (log - bits);
+    for (uint32_t v = 0; v < rest; v++) dt->multi[at + v] = stop;
+}
+
+/* A Huffman tree description (RFC 8878 4.2.1) from in[0..n) into dt; returns its size, or 0. */
+static size_t read_tree(const uint8_t *in, size_t n, dtable_t *dt) {
+    uint8_t w[256];
+    int count;
+    size_t used;
+    if (n < 1) return 0;
+    if (in[0] >= 128) {
+        count = in[0] - 127;
+        used = 1 + ((size_t)count + 1) / 2;
+        if (used > n) return 0;
+        for (int i = 0; i < count; i++) w[i] = i & 1 ? in[1 + i / 2] & 15 : in[1 + i / 2] >> 4;
+    } else {
+        used = 1 + (size_t)in[0];
+        if (in[0] == 0 || used > n) return 0;
+        count = fse_read_weights(in + 1, in[0], w);
+        if (count < 0) return 0;
+    }
+    uint32_t total = 0;
+    for (int i = 0; i < count; i++) {
+        if (w[i] > MAX_BITS) return 0;
+        if (w[i]) total += 1u << (w[i] - 1);
+    }
+    if (!total || count > 255) return 0;
+    int log = highbit(total) + 1;
+    uint32_t rest = (1u << log) - total;
+    if (log > MAX_BITS || (rest & (rest - 1))) return 0;
+    w[count++] = (uint8_t)(highbit(rest) + 1); /* the last weight is implied */
+    /* symbols by weight, lowest weight (longest code) first, in ascending order within
+     * one weight (HUF_readDTableX1) */
+    uint32_t start[MAX_BITS + 2] = {0};
+    for (int i = 0; i < count; i++) start[w[i]] += 1u << w[i] >> 1;
+    for (int k = 1, at = 0; k <= log; k++) {
+        uint32_t size = start[k];
+        start[k] = (uint32_t)at;
+        at += (int)size;
+    }
+    for (int i = 0; i < count; i++) {
+        if (!w[i]) continue;
+        uint32_t size = 1u << w[i] >> 1;
+        memset(dt->sym + start[w[i]], i, size);
+        memset(dt->len + start[w[i]], log + 1 - w[i], size);
+        start[w[i]] += size;
+    }
+    dt->log = log;
+    fill_multi(dt, 0, LOOKUP, 0, 0, 0);
+    dt->valid = 1;
+    return used;
+}
+
+/* The rest of a stream into [op, end): multi-symbol lookups while their codes lie within
+ * the stream's bits and the output, then single codes. The stream's first bytes are read
+ * from a copy behind 8 zero bytes, so every window is one load. 1 if the stream ends
+ * exactly at `end`. */
+static int stream_tail(rstream_t *r, const dtable_t *dt, uint8_t *op, uint8_t *end, size_t len) {
+    uint8_t low[16] = {0};
+    memcpy(low + 8, r->start, len < 8 ? len : 8);
+    int64_t pos = r->pos;
+    while (op < end) {
+        if (pos < 0) return 0;
+        int64_t top = (pos + 7) >> 3;
+        uint64_t c;
+        memcpy(&c, top >= 8 ? r->start + top - 8 : low + top, 8);
+        c <<= 8 * top - pos;
+        if (end - op >= 4) {
+            uint64_t e = dt->multi[c >> (64 - LOOKUP)];
+            int64_t bits = (int64_t)(e >> 32 & 0xFF);
+            if (bits <= pos) {
+                uint32_t y = (uint32_t)e;
+                memcpy(op, &y, 4);
+                op += e >> 40;
+                pos -= bits;
+                continue;
+            }
+        }
+        uint32_t idx = (uint32_t)(c >> (64 - dt->log));
+        *op++ = dt->sym[idx];
+        pos -= dt->len[idx];
+    }
+    return pos == 0;
+}
+
+/* One stream by multi-symbol lookups while it has 66+ bits and 20+ symbols left; returns
+ * where its output got to. */
+static uint8_t *stream_fast(rstream_t *r, const uint64_t *restrict multi, uint8_t *restrict o, uint8_t *end) {
+    int64_t pos = r->pos;
+    while (pos >= 66 && end - o >= 20) {
+        int64_t top = (pos + 7) >> 3;
+        uint64_t c;
+        memcpy(&c, r->start + top - 8, 8);
+        unsigned sh = (unsigned)(8 * top - pos);
+        for (int q = 0; q < 5; q++) {
+            uint64_t e = multi[(c << sh) >> (64 - LOOKUP)];
+            uint32_t y = (uint32_t)e;
+            memcpy(o, &y, 4);
+            o += e >> 40;
+            sh += (unsigned)(e >> 32) & 0xFF;
+        }
+        pos = 8 * top - sh;
+    }
+    r->pos = pos;
+    return o;
+}
+
+/* The Huffman-coded literals of n bytes in[0..size) (`streams` 1 or 4) into out[0..n). */
+static int decode_streams(const uint8_t *in, size_t size, int streams, const dtable_t *dt, uint8_t *out, size_t n) {
+    rstream_t r[4];
+    uint8_t *op[4], *end[4];
+    size_t len[4];
+    if (streams == 1) return rstream_init(&r[0], in, size) && stream_tail(&r[0], dt, out, out + n, size);
+    if (size < 6) return 0;
+    size_t seg = (n + 3) / 4, at = 6;
+    len[0] = in[0] | (size_t)in[1] << 8;
+    len[1] = in[2] | (size_t)in[3] << 8;
+    len[2] = in[4] | (size_t)in[5] << 8;
+    if (len[0] + len[1] + len[2] > size - 6 || 3 * seg > n) return 0;
+    len[3] = size - 6 - len[0] - len[1] - len[2];
+    for (int k = 0; k < 4; k++) {
+        if (!rstream_init(&r[k], in + at, len[k])) return 0;
+        at += len[k];
+        op[k] = out + (size_t)k * seg;
+        end[k] = k < 3 ? op[k] + seg : out + n;
+    }
+    /* lockstep rounds while every stream has 66+ bits left (so 5 lookups of <= 11 bits read
+     * only its own bytes) and room for 5 lookups' 4-byte stores; locals, not arrays, so
+     * the byte stores cannot alias the decoder's state */
+    const uint64_t *restrict multi = dt->multi;
+    uint8_t *restrict o0 = op[0], *restrict o1 = op[1], *restrict o2 = op[2], *restrict o3 = op[3];
+    int64_t p0 = r[0].pos, p1 = r[1].pos, p2 = r[2].pos, p3 = r[3].pos;
+    while ((p0 >= 66) & (p1 >= 66) & (p2 >= 66) & (p3 >= 66) & (end[0] - o0 >= 20) & (end[1] - o1 >= 20) &
+           (end[2] - o2 >= 20) & (end[3] - o3 >= 20)) {
+        int64_t t0 = (p0 + 7) >> 3, t1 = (p1 + 7) >> 3, t2 = (p2 + 7) >> 3, t3 = (p3 + 7) >> 3;
+        uint64_t c0, c1, c2, c3;
+        memcpy(&c0, r[0].start + t0 - 8, 8);
+        memcpy(&c1, r[1].start + t1 - 8, 8);
+        memcpy(&c2, r[2].start + t2 - 8, 8);
+        memcpy(&c3, r[3].start + t3 - 8, 8);
+        unsigned s0 = (unsigned)(8 * t0 - p0), s1 = (unsigned)(8 * t1 - p1), s2 = (unsigned)(8 * t2 - p2),
+                 s3 = (unsigned)(8 * t3 - p3);
+#define STEP(c, s, o)                                                  \
+    do {                                                               \
+        uint64_t e_ = multi[((c) << (s)) >> (64 - LOOKUP)];            \
+        uint32_t y_ = (uint32_t)e_;                                    \
+        memcpy((o), &y_, 4);                                           \
+        (o) += e_ >> 40;                                               \
+        (s) += (unsigned)(e_ >> 32) & 0xFF;                            \
+    } while (0)
+        for (int q = 0; q < 5; q++) {
+            STEP(c0, s0, o0);
+            STEP(c1, s1, o1);
+            STEP(c2, s2, o2);
+            STEP(c3, s3, o3);
+        }
+#undef STEP
+        p0 = 8 * t0 - s0, p1 = 8 * t1 - s1, p2 = 8 * t2 - s2, p3 = 8 * t3 - s3;
+    }
+    r[0].pos = p0, r[1].pos = p1, r[2].pos = p2, r[3].pos = p3;
+    op[0] = o0, op[1] = o1, op[2] = o2, op[3] = o3;
+    /* streams of shorter codes reach their ends in fewer rounds: the others go on alone */
+    for (int k = 0; k < 4; k++) op[k] = stream_fast(&r[k], multi, op[k], end[k]);
+    for (int k = 0; k < 4; k++)
+        if (!stream_tail(&r[k], dt, op[k], end[k], len[k])) return 0;
+    return 1;
+}
+
+static size_t get_le(const uint8_t *p, int bytes) {
+    size_t v = 0;
+    for (int k = 0; k < bytes; k++) v |= (size_t)p[k] << (8 * k);
+    return v;
+}
+
+/* One compressed block's content in[0..n): literals, then an empty sequence section.
+ * Writes the literals to out[0..cap) when `out` is set; returns their number, or -1 if the
+ * block is malformed or has sequences. */
+static int64_t literals_block(const uint8_t *in, size_t n, uint8_t *out, size_t cap, dtable_t *dt) {
+    if (n < 1) return -1;
+    int type = in[0] & 3, format = in[0] >> 2 & 3;
+    size_t regen, csize = 0, header;
+    if (type < 2) {
+        if (!(format & 1)) header = 1, regen = in[0] >> 3;
+        else if (format == 1) header = 2, regen = n >= 2 ? get_le(in, 2) >> 4 : 0;
+        else header = 3, regen = n >= 3 ? get_le(in, 3) >> 4 : 0;
+        csize = type == 0 ? regen : 1;
+    } else {
+        int bits = format < 2 ? 10 : format == 2 ? 14 : 18;
+        header = format < 2 ? 3 : (size_t)format + 2;
+        if (n < header) return -1;
+        uint64_t h = get_le(in, (int)header) >> 4;
+        regen = (size_t)(h & ((1u << bits) - 1));
+        csize = (size_t)(h >> bits);
+    }
+    if (n < header || n - header < csize || n - header - csize != 1 || in[header + csize] != 0) return -1;
+    if (regen > cap) return -1;
+    if (!out) return (int64_t)regen;
+    const uint8_t *body = in + header;
+    if (type == 0) {
+        memcpy(out, body, regen);
+    } else if (type == 1) {
+        memset(out, body[0], regen);
+    } else {
+        size_t tree = 0;
+        if (type == 2) {
+            tree = read_tree(body, csize, dt);
+            if (!tree) return -1;
+        } else if (!dt->valid) {
+            return -1;
+        }
+        if (!decode_streams(body + tree, csize - tree, format == 0 ? 1 : 4, dt, out, regen)) return -1;
+    }
+    return (int64_t)regen;
+}
+
+/* Decodes frame in[0..n) into out[0..size) (see above); 1 on success, 0 if the frame is not
+ * one of these or is malformed. A first pass checks every block header without decoding. */
+static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size, dtable_t *dt) {
+    if (n < 6 || get_le(in, 4) != 0xFD2FB528u) return 0;
+    int fhd = in[4], fcs = fhd >> 6, single = fhd >> 5 & 1;
+    if (fhd & 0x0F) return 0; /* reserved bit, checksum, or dictionary id */
+    size_t at = 5 + !single;
+    int fcs_bytes = fcs == 0 ? single : fcs == 1 ? 2 : fcs == 2 ? 4 : 8;
+    if (n < at + (size_t)fcs_bytes) return 0;
+    if (fcs_bytes) {
+        size_t declared = get_le(in + at, fcs_bytes) + (fcs == 1 ? 256 : 0);
+        if (declared != size) return 0;
+    }
+    at += (size_t)fcs_bytes;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t p = at, done = 0;
+        dt->valid = 0;
+        for (;;) {
+            if (n - p < 3) return 0;
+            size_t h = get_le(in + p, 3), bsize = h >> 3;
+            int last = h & 1, type = h >> 1 & 3;
+            p += 3;
+            if (type == 1) {
+                if (n - p < 1 || size - done < bsize) return 0;
+                if (pass) memset(out + done, in[p], bsize);
+                p += 1;
+                done += bsize;
+            } else if (type == 3 || n - p < bsize) {
+                return 0;
+            } else if (type == 0) {
+                if (size - done < bsize) return 0;
+                if (pass) memcpy(out + done, in + p, bsize);
+                p += bsize;
+                done += bsize;
+            } else {
+                int64_t got = literals_block(in + p, bsize, pass ? out + done : NULL, size - done, dt);
+                if (got < 0) return 0;
+                p += bsize;
+                done += (size_t)got;
+            }
+            if (last) break;
+        }
+        if (p != n || done != size) return 0;
+    }
+    return 1;
+}
+
+/* literals_decode(frame, out) -> True if `frame` was decoded into `out` (its exact size),
+ * False if libzstd should decode it. */
+static PyObject *native_literals_decode(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    PyObject *result = NULL;
+    dtable_t *dt = malloc(sizeof(dtable_t));
+    if (!dt) {
+        PyErr_NoMemory();
+    } else {
+        int ok;
+        Py_BEGIN_ALLOW_THREADS;
+        ok = literals_frame(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, dt);
+        Py_END_ALLOW_THREADS;
+        result = PyBool_FromLong(ok);
+    }
+    free(dt);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 /* ---------------------------------------------------------------- bit packing */
 
 /* An 8x8 bit matrix (byte r = row r) transposed: three delta swaps (Hacker's Delight). */
@@ -1068,12 +1530,58 @@ static void init_spread(void) {
     }
 }
 
-/* Bytes from k packed rows of m bytes (row i: bit bits[i] of every byte): per 8 bytes one
- * table lookup and shift per row, 2x the transposes' speed. */
+#ifdef __SSE2__
+/* transpose8 of both 64-bit halves */
+static inline __m128i transpose8x2(__m128i x) {
+    static const int shifts[3] = {7, 14, 28};
+    static const uint64_t masks[3] = {0x00AA00AA00AA00AAULL, 0x0000CCCC0000CCCCULL, 0x00000000F0F0F0F0ULL};
+    for (int s = 0; s < 3; s++) {
+        __m128i t = _mm_and_si128(_mm_xor_si128(x, _mm_srli_epi64(x, shifts[s])), _mm_set1_epi64x((long long)masks[s]));
+        x = _mm_xor_si128(x, _mm_xor_si128(t, _mm_slli_epi64(t, shifts[s])));
+    }
+    return x;
+}
+
+/* 128 bytes from 16 bytes of each bit's row (or its fixed bit as 0x00/0xFF): an 8x16 byte
+ * transpose by unpacks (word j's byte b = row b's byte j), then transpose8 per word. */
+static inline void unpack128(__m128i r[8], uint8_t *out) {
+    __m128i p[8], q[8];
+    for (int b = 0; b < 8; b += 2) {
+        p[b] = _mm_unpacklo_epi8(r[b], r[b + 1]); /* rows b, b+1 of bytes 0..7 */
+        p[b + 1] = _mm_unpackhi_epi8(r[b], r[b + 1]); /* ... of bytes 8..15 */
+    }
+    for (int h = 0; h < 2; h++) { /* h = 0: rows 0-3, h = 1: rows 4-7 */
+        q[4 * h + 0] = _mm_unpacklo_epi16(p[4 * h], p[4 * h + 2]);     /* bytes 0..3 */
+        q[4 * h + 1] = _mm_unpackhi_epi16(p[4 * h], p[4 * h + 2]);     /* bytes 4..7 */
+        q[4 * h + 2] = _mm_unpacklo_epi16(p[4 * h + 1], p[4 * h + 3]); /* bytes 8..11 */
+        q[4 * h + 3] = _mm_unpackhi_epi16(p[4 * h + 1], p[4 * h + 3]); /* bytes 12..15 */
+    }
+    for (int t = 0; t < 4; t++) {
+        __m128i lo = _mm_unpacklo_epi32(q[t], q[4 + t]), hi = _mm_unpackhi_epi32(q[t], q[4 + t]);
+        _mm_storeu_si128((__m128i *)(out + 32 * t), transpose8x2(lo));
+        _mm_storeu_si128((__m128i *)(out + 32 * t + 16), transpose8x2(hi));
+    }
+}
+#endif
+
+/* Bytes from k packed rows of m bytes (row i: bit bits[i] of every byte). With SSE2, 128
+ * bytes at a time by unpacks and bit transposes; the rest by one table lookup and shift
+ * per row and 8 bytes. */
 static void unpack_rows(const uint8_t *in, size_t m, const int *bits, int k, uint8_t value, uint8_t *out,
                         size_t n) {
+    size_t j = 0;
+#ifdef __SSE2__
+    const uint8_t *row[8] = {NULL};
+    __m128i r[8];
+    for (int i = 0; i < k; i++) row[bits[i]] = in + (size_t)i * m;
+    for (; j + 16 <= m && 8 * j + 128 <= n; j += 16) {
+        for (int b = 0; b < 8; b++)
+            r[b] = row[b] ? _mm_loadu_si128((const __m128i *)(row[b] + j)) : _mm_set1_epi8((char)-(value >> b & 1));
+        unpack128(r, out + 8 * j);
+    }
+#endif
     uint64_t fill = 0x0101010101010101ULL * value;
-    for (size_t j = 0; j < m; j++) {
+    for (; j < m; j++) {
         uint64_t word = fill;
         for (int i = 0; i < k; i++) word |= spread[in[(size_t)i * m + j]] << bits[i];
         memcpy(out + 8 * j, &word, 8 * j + 8 <= n ? 8 : n - 8 * j);
@@ -1123,6 +1631,8 @@ static PyMethodDef methods[] = {
      "huffman_zstd(src, block=0): a zstd frame of Huffman-coded literal blocks (adaptive sizes, or `block` bytes each), or None."},
     {"bitpack_encode", native_bitpack_encode, METH_VARARGS,
      "bitpack_encode(src, fixed, value): a ckptz.codecs.bitpack payload of src."},
+    {"literals_decode", native_literals_decode, METH_VARARGS,
+     "literals_decode(frame, out): decode a zstd frame of literal-only blocks into out; False if not one."},
     {"bitpack_decode", native_bitpack_decode, METH_VARARGS,
      "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
     {NULL, NULL, 0, NULL},

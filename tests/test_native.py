@@ -1,5 +1,6 @@
-"""The C extension (ckptz/_native.c): the same bytes as the numpy transform, and zstd
-frames that libzstd decodes exactly, whatever the input."""
+"""The C extension (ckptz/_native.c): the same bytes as the numpy transform, zstd frames
+that libzstd decodes exactly whatever the input, and a literal-block decoder that reads
+those frames (and libzstd's literal-only ones) exactly and stays in bounds on damaged ones."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ckptz.codecs.cpu import HuffmanZstd, ZstdCodec
 from ckptz.codecs.deflate import DeflateCodec
 from ckptz.codecs.native import native
 from ckptz.dtypes import DTYPES
+from ckptz.errors import CodecError
 
 RNG = np.random.default_rng(7)
 needs_native = pytest.mark.skipif(native is None, reason="ckptz._native is not built")
@@ -129,6 +131,67 @@ def test_huffman_frames_decode_exactly(plane: np.ndarray, block: int) -> None:
         frame = HuffmanZstd().encode(plane)
     assert _decode(frame, plane.size) == plane.tobytes()
     assert len(frame) <= plane.size + 3 * (plane.size // 1024 + 1) + 14
+    out = np.empty(plane.size, np.uint8)
+    assert native.literals_decode(frame, out) is True  # the C decoder reads every one too
+    assert np.array_equal(out, plane)
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(_planes(), st.sampled_from([1, 3, 19, "literal"]))
+def test_literals_decoder_takes_or_declines_libzstd_frames(plane: np.ndarray, level: int | str) -> None:
+    """libzstd's own frames: those with only literals (its Huffman tables, one or four
+    streams, raw and RLE literals) decode exactly; those with matches are declined, and the
+    codec hands them to libzstd."""
+    assert native is not None
+    codec = ZstdCodec(literal=True) if level == "literal" else ZstdCodec(int(level))
+    frame = codec.encode(plane)
+    out = np.empty(plane.size, np.uint8)
+    if native.literals_decode(frame, out):
+        assert np.array_equal(out, plane)
+    assert np.array_equal(codec.decode(frame, plane.size), plane)
+
+
+@needs_native
+def test_literals_decoder_declines_frames_with_matches_or_checksums() -> None:
+    assert native is not None
+    data = np.tile(RNG.integers(0, 256, 1000, dtype=np.uint8), 50)  # long repeats
+    out = np.empty(data.size, np.uint8)
+    assert native.literals_decode(zstandard.ZstdCompressor(level=3).compress(data.tobytes()), out) is False
+    noise = RNG.integers(0, 200, 5000, dtype=np.uint8)
+    checked = zstandard.ZstdCompressor(write_checksum=True).compress(noise.tobytes())
+    assert native.literals_decode(checked, np.empty(noise.size, np.uint8)) is False
+    frame = native.huffman_zstd(noise)
+    assert native.literals_decode(frame, np.empty(noise.size + 1, np.uint8)) is False  # wrong size
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(_planes(), st.data())
+def test_damaged_frames_are_declined_or_decoded_in_bounds(plane: np.ndarray, data: st.DataObject) -> None:
+    """Flipped bytes, cuts and extensions anywhere: the decoder reads and writes only
+    within its buffers (guard bytes around the output stay put) and returns a bool; the
+    codec then raises CodecError or returns the right number of bytes."""
+    assert native is not None
+    frame = bytearray(native.huffman_zstd(plane) or HuffmanZstd().encode(plane))
+    how = data.draw(st.sampled_from(["flip", "cut", "extend"]))
+    if how == "flip":
+        for _ in range(data.draw(st.integers(1, 4))):
+            at = data.draw(st.integers(0, len(frame) - 1))
+            frame[at] ^= data.draw(st.integers(1, 255))
+    elif how == "cut":
+        del frame[data.draw(st.integers(0, len(frame) - 1)) :]
+    else:
+        frame += bytes(data.draw(st.integers(1, 16)))
+    guarded = np.full(plane.size + 64, 0xA5, np.uint8)
+    result = native.literals_decode(bytes(frame), guarded[32 : 32 + plane.size])
+    assert isinstance(result, bool)
+    assert (guarded[:32] == 0xA5).all() and (guarded[32 + plane.size :] == 0xA5).all()
+    try:
+        back = HuffmanZstd().decode(bytes(frame), plane.size)
+    except CodecError:
+        return
+    assert back.size == plane.size
 
 
 @needs_native

@@ -71,7 +71,10 @@ class ZstdCodec(Codec):
     faster than zlib-ng writes one, at 0.1-0.7% more size on exponent planes. ``level``
     is ignored then. Either way the payload is a plain zstd frame.
 
-    Compressor objects are not thread-safe, so each thread keeps its own.
+    Compressor objects are not thread-safe, so each thread keeps its own. With the C
+    extension, a frame whose blocks hold only literals (no LZ sequences) is decoded by
+    :mod:`ckptz.codecs.native`'s multi-symbol Huffman decoder; any other frame, and any it
+    finds malformed, by libzstd.
     """
 
     id = 2
@@ -110,6 +113,12 @@ class ZstdCodec(Codec):
         return self._cctx().compress(np.ascontiguousarray(data).data)
 
     def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
+        if native is not None:
+            # Frames of literal-only blocks (HuffmanZstd's, and libzstd's where it found no
+            # matches) decode in C, 1.2-2.3x faster than libzstd, straight into the array.
+            array = np.empty(size, np.uint8)
+            if native.literals_decode(payload, array):
+                return array
         try:
             declared = zstandard.frame_content_size(payload)
         except zstandard.ZstdError as exc:
