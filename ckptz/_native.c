@@ -873,6 +873,7 @@ static size_t plan_blocks(const uint8_t *src, size_t n, size_t *ends, uint32_t (
     best[0] = 0;
     for (size_t j = 1; j <= subs; j++) best[j] = 3e38f;
     uint32_t acc[256];
+    uint8_t present[256];
     for (size_t i = 0; i < subs; i++) {
         memset(acc, 0, sizeof(acc));
         float sum_xlogx = 0;
@@ -884,10 +885,22 @@ static size_t plan_blocks(const uint8_t *src, size_t n, size_t *ends, uint32_t (
                 uint32_t was = acc[s[k]], now = was + c[s[k]];
                 acc[s[k]] = now;
                 sum_xlogx += xlog2x((float)now) - (was ? xlog2x((float)was) : 0);
-                distinct += was == 0;
+                if (!was) present[distinct++] = s[k];
                 total += c[s[k]];
             }
-            float cost = (xlog2x((float)total) - sum_xlogx) / 8 + BLOCK_COST + DESC_COST * (float)distinct;
+            /* Codes are at most MAX_BITS long: byte values rarer than 2^-MAX_BITS take
+             * 2^-MAX_BITS of the code space each, more than their share, and the other
+             * codes lengthen to make room. A block that gathers many rare values pays
+             * that on all its bytes. */
+            uint32_t rare = 0, rare_count = 0;
+            for (uint32_t k = 0; k < distinct; k++)
+                if ((acc[present[k]] << MAX_BITS) < total) rare++, rare_count += acc[present[k]];
+            float limit = 0;
+            if (rare) {
+                float space = 1.0f - (float)rare / (1 << MAX_BITS), share = 1.0f - (float)rare_count / (float)total;
+                limit = (float)(total - rare_count) * log2f(share / space) / 8;
+            }
+            float cost = (xlog2x((float)total) - sum_xlogx) / 8 + limit + BLOCK_COST + DESC_COST * (float)distinct;
             if (best[i] + cost < best[j]) {
                 best[j] = best[i] + cost;
                 from[j] = i;
@@ -1507,7 +1520,20 @@ static PyObject *native_bitpack_encode(PyObject *self, PyObject *args) {
     out[1] = (uint8_t)value;
     out += 2;
     Py_BEGIN_ALLOW_THREADS;
-    for (size_t j = 0; j < m; j++) {
+    size_t j = 0;
+#ifdef __SSE2__
+    /* 16 bytes at a time: bit b of each byte shifted to its top, then gathered by movemask */
+    __m128i shift[8];
+    for (int i = 0; i < k; i++) shift[i] = _mm_cvtsi32_si128(7 - bits[i]);
+    for (; 8 * j + 16 <= n; j += 2) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(in + 8 * j));
+        for (int i = 0; i < k; i++) {
+            uint16_t row = (uint16_t)_mm_movemask_epi8(_mm_sll_epi64(x, shift[i]));
+            memcpy(out + (size_t)i * m + j, &row, 2);
+        }
+    }
+#endif
+    for (; j < m; j++) {
         uint64_t word = 0;
         memcpy(&word, in + 8 * j, 8 * j + 8 <= n ? 8 : n - 8 * j);
         word = transpose8(word); /* byte b: bit b of the 8 bytes */
