@@ -57,8 +57,12 @@
  * loader picks the clone the CPU runs (SSE2 is the baseline). */
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define WIDE __attribute__((target_clones("avx2", "default")))
+/* Bit readers want BMI2's shifts by a register (one instruction, no CL): a Haswell-level
+ * clone beside the baseline one. */
+#define SHIFTS __attribute__((target_clones("arch=haswell", "default")))
 #else
 #define WIDE
+#define SHIFTS
 #endif
 
 #define ROTL(v, bits) (((v) << 1) | ((v) >> ((bits)-1)))
@@ -1030,6 +1034,8 @@ typedef struct {
     uint8_t sym[1 << MAX_BITS]; /* by the next `log` bits: the symbol ... */
     uint8_t len[1 << MAX_BITS]; /* ... and its code length */
     uint64_t multi[1 << LOOKUP]; /* by the next LOOKUP bits: symbols | bits << 32 | count << 40 */
+    uint16_t single[1 << LOOKUP]; /* by the next LOOKUP bits: symbol | length << 8 */
+    int one; /* no two codes fit in a window (7-bit mantissas): `single` is the table */
     int log;
     int valid;
 } dtable_t;
@@ -1242,7 +1248,16 @@ static size_t read_tree(const uint8_t *in, size_t n, dtable_t *dt) {
         start[w[i]] += size;
     }
     dt->log = log;
-    fill_multi(dt, 0, LOOKUP, 0, 0, 0);
+    /* With codes of 6+ bits a window never holds two: the 2-byte table is faster there (a
+     * quarter of the cache) and quicker to build. */
+    dt->one = 2 * dt->len[(1u << log) - 1] > LOOKUP;
+    if (dt->one)
+        for (uint32_t p = 0; p < (1u << LOOKUP); p++) {
+            uint32_t idx = p >> (LOOKUP - log);
+            dt->single[p] = (uint16_t)(dt->sym[idx] | dt->len[idx] << 8);
+        }
+    else
+        fill_multi(dt, 0, LOOKUP, 0, 0, 0);
     dt->valid = 1;
     return used;
 }
@@ -1261,7 +1276,7 @@ static int stream_tail(rstream_t *r, const dtable_t *dt, uint8_t *op, uint8_t *e
         uint64_t c;
         memcpy(&c, top >= 8 ? r->start + top - 8 : low + top, 8);
         c <<= 8 * top - pos;
-        if (end - op >= 4) {
+        if (!dt->one && end - op >= 4) {
             uint64_t e = dt->multi[c >> (64 - LOOKUP)];
             int64_t bits = (int64_t)(e >> 32 & 0xFF);
             if (bits <= pos) {
@@ -1279,30 +1294,81 @@ static int stream_tail(rstream_t *r, const dtable_t *dt, uint8_t *op, uint8_t *e
     return pos == 0;
 }
 
-/* One stream by multi-symbol lookups while it has 66+ bits and 20+ symbols left; returns
- * where its output got to. */
-static uint8_t *stream_fast(rstream_t *r, const uint64_t *restrict multi, uint8_t *restrict o, uint8_t *end) {
+/* One lookup on a stream (container c, shift s, output o): a multi-symbol entry, or a
+ * single one. `one` is a constant wherever this is expanded. */
+#define STEP(one, c, s, o)                                                     \
+    do {                                                                       \
+        uint32_t w_ = (uint32_t)(((c) << (s)) >> (64 - LOOKUP));               \
+        if (one) {                                                             \
+            uint16_t e_ = single[w_];                                          \
+            *(o)++ = (uint8_t)e_;                                              \
+            (s) += e_ >> 8;                                                    \
+        } else {                                                               \
+            uint64_t e_ = multi[w_];                                           \
+            uint32_t y_ = (uint32_t)e_;                                        \
+            memcpy((o), &y_, 4);                                               \
+            (o) += e_ >> 40;                                                   \
+            (s) += (unsigned)(e_ >> 32) & 0xFF;                                \
+        }                                                                      \
+    } while (0)
+
+/* One stream by lookups while it has 66+ bits and 20+ symbols left; returns where its
+ * output got to. */
+static inline __attribute__((always_inline)) uint8_t *stream_fast(rstream_t *r, const dtable_t *dt,
+                                                                  uint8_t *restrict o, uint8_t *end, const int one) {
+    const uint64_t *restrict multi = dt->multi;
+    const uint16_t *restrict single = dt->single;
     int64_t pos = r->pos;
     while (pos >= 66 && end - o >= 20) {
         int64_t top = (pos + 7) >> 3;
         uint64_t c;
         memcpy(&c, r->start + top - 8, 8);
         unsigned sh = (unsigned)(8 * top - pos);
-        for (int q = 0; q < 5; q++) {
-            uint64_t e = multi[(c << sh) >> (64 - LOOKUP)];
-            uint32_t y = (uint32_t)e;
-            memcpy(o, &y, 4);
-            o += e >> 40;
-            sh += (unsigned)(e >> 32) & 0xFF;
-        }
+        for (int q = 0; q < 5; q++) STEP(one, c, sh, o);
         pos = 8 * top - sh;
     }
     r->pos = pos;
     return o;
 }
 
+/* Four streams in lockstep rounds while every one has 66+ bits left (so 5 lookups of <= 11
+ * bits read only its own bytes) and room for 5 lookups' 4-byte stores, then each alone.
+ * Locals, not arrays, so the byte stores cannot alias the decoder's state. */
+static inline __attribute__((always_inline)) void streams4(rstream_t *r, uint8_t **op, uint8_t *const *end,
+                                                           const dtable_t *dt, const int one) {
+    const uint64_t *restrict multi = dt->multi;
+    const uint16_t *restrict single = dt->single;
+    uint8_t *restrict o0 = op[0], *restrict o1 = op[1], *restrict o2 = op[2], *restrict o3 = op[3];
+    int64_t p0 = r[0].pos, p1 = r[1].pos, p2 = r[2].pos, p3 = r[3].pos;
+    while ((p0 >= 66) & (p1 >= 66) & (p2 >= 66) & (p3 >= 66) & (end[0] - o0 >= 20) & (end[1] - o1 >= 20) &
+           (end[2] - o2 >= 20) & (end[3] - o3 >= 20)) {
+        int64_t t0 = (p0 + 7) >> 3, t1 = (p1 + 7) >> 3, t2 = (p2 + 7) >> 3, t3 = (p3 + 7) >> 3;
+        uint64_t c0, c1, c2, c3;
+        memcpy(&c0, r[0].start + t0 - 8, 8);
+        memcpy(&c1, r[1].start + t1 - 8, 8);
+        memcpy(&c2, r[2].start + t2 - 8, 8);
+        memcpy(&c3, r[3].start + t3 - 8, 8);
+        unsigned s0 = (unsigned)(8 * t0 - p0), s1 = (unsigned)(8 * t1 - p1), s2 = (unsigned)(8 * t2 - p2),
+                 s3 = (unsigned)(8 * t3 - p3);
+        for (int q = 0; q < 5; q++) {
+            STEP(one, c0, s0, o0);
+            STEP(one, c1, s1, o1);
+            STEP(one, c2, s2, o2);
+            STEP(one, c3, s3, o3);
+        }
+        p0 = 8 * t0 - s0, p1 = 8 * t1 - s1, p2 = 8 * t2 - s2, p3 = 8 * t3 - s3;
+    }
+    r[0].pos = p0, r[1].pos = p1, r[2].pos = p2, r[3].pos = p3;
+    op[0] = o0, op[1] = o1, op[2] = o2, op[3] = o3;
+    /* streams of shorter codes reach their ends in fewer rounds: the others go on alone */
+    for (int k = 0; k < 4; k++) op[k] = stream_fast(&r[k], dt, op[k], end[k], one);
+}
+
+#undef STEP
+
 /* The Huffman-coded literals of n bytes in[0..size) (`streams` 1 or 4) into out[0..n). */
-static int decode_streams(const uint8_t *in, size_t size, int streams, const dtable_t *dt, uint8_t *out, size_t n) {
+SHIFTS static int decode_streams(const uint8_t *in, size_t size, int streams, const dtable_t *dt, uint8_t *out,
+                                size_t n) {
     rstream_t r[4];
     uint8_t *op[4], *end[4];
     size_t len[4];
@@ -1320,43 +1386,10 @@ static int decode_streams(const uint8_t *in, size_t size, int streams, const dta
         op[k] = out + (size_t)k * seg;
         end[k] = k < 3 ? op[k] + seg : out + n;
     }
-    /* lockstep rounds while every stream has 66+ bits left (so 5 lookups of <= 11 bits read
-     * only its own bytes) and room for 5 lookups' 4-byte stores; locals, not arrays, so
-     * the byte stores cannot alias the decoder's state */
-    const uint64_t *restrict multi = dt->multi;
-    uint8_t *restrict o0 = op[0], *restrict o1 = op[1], *restrict o2 = op[2], *restrict o3 = op[3];
-    int64_t p0 = r[0].pos, p1 = r[1].pos, p2 = r[2].pos, p3 = r[3].pos;
-    while ((p0 >= 66) & (p1 >= 66) & (p2 >= 66) & (p3 >= 66) & (end[0] - o0 >= 20) & (end[1] - o1 >= 20) &
-           (end[2] - o2 >= 20) & (end[3] - o3 >= 20)) {
-        int64_t t0 = (p0 + 7) >> 3, t1 = (p1 + 7) >> 3, t2 = (p2 + 7) >> 3, t3 = (p3 + 7) >> 3;
-        uint64_t c0, c1, c2, c3;
-        memcpy(&c0, r[0].start + t0 - 8, 8);
-        memcpy(&c1, r[1].start + t1 - 8, 8);
-        memcpy(&c2, r[2].start + t2 - 8, 8);
-        memcpy(&c3, r[3].start + t3 - 8, 8);
-        unsigned s0 = (unsigned)(8 * t0 - p0), s1 = (unsigned)(8 * t1 - p1), s2 = (unsigned)(8 * t2 - p2),
-                 s3 = (unsigned)(8 * t3 - p3);
-#define STEP(c, s, o)                                                  \
-    do {                                                               \
-        uint64_t e_ = multi[((c) << (s)) >> (64 - LOOKUP)];            \
-        uint32_t y_ = (uint32_t)e_;                                    \
-        memcpy((o), &y_, 4);                                           \
-        (o) += e_ >> 40;                                               \
-        (s) += (unsigned)(e_ >> 32) & 0xFF;                            \
-    } while (0)
-        for (int q = 0; q < 5; q++) {
-            STEP(c0, s0, o0);
-            STEP(c1, s1, o1);
-            STEP(c2, s2, o2);
-            STEP(c3, s3, o3);
-        }
-#undef STEP
-        p0 = 8 * t0 - s0, p1 = 8 * t1 - s1, p2 = 8 * t2 - s2, p3 = 8 * t3 - s3;
-    }
-    r[0].pos = p0, r[1].pos = p1, r[2].pos = p2, r[3].pos = p3;
-    op[0] = o0, op[1] = o1, op[2] = o2, op[3] = o3;
-    /* streams of shorter codes reach their ends in fewer rounds: the others go on alone */
-    for (int k = 0; k < 4; k++) op[k] = stream_fast(&r[k], multi, op[k], end[k]);
+    if (dt->one)
+        streams4(r, op, end, dt, 1);
+    else
+        streams4(r, op, end, dt, 0);
     for (int k = 0; k < 4; k++)
         if (!stream_tail(&r[k], dt, op[k], end[k], len[k])) return 0;
     return 1;

@@ -39,3 +39,11 @@ class Codec(ABC):
         Raises:
             CodecError: the payload is malformed or decodes to another size.
         """
+
+    def decode_into(self, payload: bytes | memoryview, size: int, out: np.ndarray | None) -> np.ndarray:
+        """Decode like :meth:`decode`, into ``out`` (``size`` bytes) where this codec can.
+
+        Returns the array that holds the bytes: ``out``, or a new one (the default, and
+        always when ``out`` is None).
+        """
+        return self.decode(payload, size)

@@ -90,6 +90,9 @@ class BitpackCodec(Codec):
         return b"".join(parts)
 
     def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
+        return self.decode_into(payload, size, None)
+
+    def decode_into(self, payload: bytes | memoryview, size: int, out: np.ndarray | None) -> np.ndarray:
         if len(payload) < 2:
             raise CodecError("bitpack payload is shorter than its header", codec=self.name)
         fixed, value = payload[0], payload[1]
@@ -97,7 +100,8 @@ class BitpackCodec(Codec):
             raise CodecError("bitpack payload header or length is corrupt", codec=self.name)
         packed = np.frombuffer(payload, dtype=np.uint8, offset=2)
         if native is not None:
-            out = np.empty(size, np.uint8)
+            if out is None:
+                out = np.empty(size, np.uint8)
             native.bitpack_decode(packed, fixed, value, out)
             return out
         m = (size + 7) // 8
@@ -107,7 +111,7 @@ class BitpackCodec(Codec):
         for i, b in enumerate(varying):
             rows[:, b] = packed[i * m : (i + 1) * m]
         _transpose8(words)
-        out = words.view(np.uint8)[:size]
+        result = words.view(np.uint8)[:size]
         if value:
-            out |= value
-        return out
+            result |= value
+        return result

@@ -293,7 +293,10 @@ def decode_frame(
     if out is None and dtype.word > 1:
         out = np.empty(chunks[0][1] * len(chunks), np.uint8)
     planes: list[np.ndarray | int] = []
-    for codec, size, payload in chunks:
+    # Planes decode into this thread's scratch where their codec can: merge() copies them
+    # out, and fresh plane-sized arrays would fault in new pages on every frame.
+    room = scratch("decoded", chunks[0][1] * len(chunks)) if out is not None else None
+    for k, (codec, size, payload) in enumerate(chunks):
         if codec == _CONST.id and size and out is not None:
             if len(payload) != 1:
                 raise CodecError(
@@ -306,5 +309,6 @@ def decode_frame(
                 raise CodecError(f"stored chunk holds {len(payload)} bytes, expected {size}", codec=_RAW.name)
             planes.append(np.frombuffer(payload, dtype=np.uint8))
         else:
-            planes.append(cpu_codec(codec).decode(payload, size))
+            into = room[k * size : (k + 1) * size] if room is not None else None
+            planes.append(cpu_codec(codec).decode_into(payload, size, into))
     return merge(planes, dtype, out)
