@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptz.codecs import _CPU, cpu_codec
-from ckptz.codecs import native as native_module
 from ckptz.codecs.base import Codec
 from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
@@ -207,26 +206,6 @@ def test_policy(coder_path: str) -> None:
     assert encode_frame(fp32, DTYPES["float32"], EncodeOptions())[-1].codec == dense_fp32
     assert encode_frame(fp32, DTYPES["float32"], EncodeOptions(fast_exponents=True))[-1].codec == 2
     assert encode_frame(_bf16_bytes(weights), DTYPES["bfloat16"], EncodeOptions())[-1].codec == 2
-
-
-def test_mantissa_planes_without_zero_runs_skip_lz(coder_path: str) -> None:
-    """With the C extension, a float's 7-bit mantissa plane (1/128 zeros, no runs; fp32
-    holding some non-bf16 values) gets Huffman coding alone: a frame of literal blocks
-    within 0.5% of level-3 zstd's size. With a quarter of it zero rows it goes to zstd, whose
-    frame has matches. (The fallback gives both to zstd.)"""
-    mantissa = RNG.integers(0, 128, 1 << 17, dtype=np.uint8)
-    mantissa[RNG.random(mantissa.size) < 0.003] |= 0x80  # no bit fixed: not bit-packed
-    rows = mantissa.copy()
-    rows[: 1 << 15] = 0
-    coded = encode_plane(mantissa, EncodeOptions(), mantissa=True)
-    with_runs = encode_plane(rows, EncodeOptions(), mantissa=True)
-    for chunk, plane in ((coded, mantissa), (with_runs, rows)):
-        assert chunk.codec == 2 and np.array_equal(ZstdCodec().decode(chunk.payload, plane.size), plane)
-    if coder_path == "native":
-        assert native_module.native is not None
-        assert native_module.native.literals_decode(coded.payload, np.empty(mantissa.size, np.uint8))
-        assert len(coded.payload) <= len(ZstdCodec(3).encode(mantissa)) * 1.005
-        assert not native_module.native.literals_decode(with_runs.payload, np.empty(rows.size, np.uint8))
 
 
 def test_frame_rejects_wrong_plane_count() -> None:

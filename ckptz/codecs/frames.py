@@ -22,9 +22,8 @@ This is the CPU frame coder. Per plane, cheapest first:
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
    entropy (sign bits of bf16-exact fp32, ``exp_avg_sq``'s low plane) is ``bitpack``-ed;
 5. any other plane (zero runs, 7-bit mantissas) gets ``zstd``; a low-entropy one that is
-   not mostly zeros (sign bits) Huffman-coded zstd too; a float's lower plane of 4+ bits
-   with no more zeros than its entropy implies (no runs, nothing for LZ matching to
-   find) Huffman coding alone with the C extension; at ``effort >= 2``, ``deflate`` as well;
+   not mostly zeros (sign bits) Huffman-coded zstd too; at ``effort >= 2``, ``deflate`` as
+   well;
 
 and any coded chunk not smaller than its plane is stored ``raw`` instead. The ``ctx``
 bitstream (neighbour-context coding) still decodes but is no longer chosen: on trained
@@ -173,7 +172,6 @@ def encode_plane(
     options: EncodeOptions,
     *,
     exponent: bool = False,
-    mantissa: bool = False,
     literal: bool = False,
     stats: PlaneStats | None = None,
 ) -> EncodedChunk:
@@ -183,7 +181,6 @@ def encode_plane(
         plane: the plane's bytes (1-D uint8).
         options: how hard to try.
         exponent: the plane holds float exponents (Huffman coding is the first choice).
-        mantissa: the plane is one of a float's lower planes (mantissa and sign bits).
         literal: an exponent plane gets literal zstd rather than deflate (see the module
             docs for when).
         stats: the plane's statistics if already known (computed here otherwise).
@@ -228,12 +225,6 @@ def encode_plane(
             candidates = [zstd, huffman, _DEFLATE]
         elif bits < _LOW_BITS and zeros < _RUN_SHARE:
             candidates = [zstd, huffman]
-        elif mantissa and bits >= _LOW_BITS and zeros <= 2 * 2**-bits and native is not None:
-            # A float's lower plane with no more zeros than its entropy implies (a 7-bit
-            # mantissa has 1/128): no zero runs, nothing for LZ matching to find, and zstd
-            # would spend most of the frame's time not finding it. (Literal zstd, the
-            # fallback's Huffman coder, is ~1% larger than level 3 there.)
-            candidates = [huffman]
         else:
             candidates = [zstd]
     best_id, best = _RAW.id, b""
@@ -260,7 +251,6 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
             p,
             options,
             exponent=dtype.is_float and i == top,
-            mantissa=dtype.is_float and i < top,
             literal=literal,
             stats=st,
         )
