@@ -22,8 +22,7 @@ This is the CPU frame coder. Per plane, cheapest first:
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
    entropy (sign bits of bf16-exact fp32, ``exp_avg_sq``'s low plane) is ``bitpack``-ed;
 5. any other plane (zero runs, 7-bit mantissas) gets ``zstd``; a low-entropy one that is
-   not mostly zeros (sign bits) Huffman-coded zstd too; at ``effort >= 2``, ``deflate`` as
-   well;
+   not mostly zeros (sign bits) Huffman-coded zstd too; at ``effort >= 2``, ``deflate`` as well;
 
 and any coded chunk not smaller than its plane is stored ``raw`` instead. The ``ctx``
 bitstream (neighbour-context coding) still decodes but is no longer chosen: on trained
@@ -247,13 +246,7 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
     top = len(planes) - 1
     literal = dtype.word == 2 or options.fast_exponents
     return [
-        encode_plane(
-            p,
-            options,
-            exponent=dtype.is_float and i == top,
-            literal=literal,
-            stats=st,
-        )
+        encode_plane(p, options, exponent=dtype.is_float and i == top, literal=literal, stats=st)
         for i, (p, st) in enumerate(zip(planes, stats, strict=True))
     ]
 
