@@ -1193,13 +1193,7 @@ static void fill_multi(dtable_t *dt, uint32_t at, int bits, uint64_t syms, int u
             int len = dt->len[j - 1];
             j -= 1u << (log - len);
             uint32_t v = bits >= log ? j << (bits - log) : j >> (log - bits);
-            uint64_t more = syms | (uint64_t)dt->sym[j] << (8 * count);
-            if (count < 3) {
-                fill_multi(dt, at + v, bits - len, more, used + len, count + 1);
-            } else { /* the fourth symbol ends the lookup: fill its range here */
-                uint64_t e = more | (uint64_t)(used + len) << 32 | (uint64_t)4 << 40;
-                for (uint32_t u = 0; u < (1u << (bits - len)); u++) dt->multi[at + v + u] = e;
-            }
+            fill_multi(dt, at + v, bits - len, syms | (uint64_t)dt->sym[j] << (8 * count), used + len, count + 1);
         }
     uint32_t rest = count == 4 ? 1u << bits : bits >= log ? j << (bits - log) : j >> (log - bits);
     for (uint32_t v = 0; v < rest; v++) dt->multi[at + v] = stop;
