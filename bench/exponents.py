@@ -53,7 +53,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     print(f"{'component':26s} {'MB':>6s} {'bytes':>9s}  libzstd MB/s  ckptz MB/s   (x)")
     for name, tensors in comps.items():
-        raw, dtype = stream_bytes(tensors)
+        raw, dtype, _ = stream_bytes(tensors)
         plane = np.ascontiguousarray(split(raw, dtype)[-1])
         step = args.frame // dtype.word
         pieces = [plane[s : s + step] for s in range(0, plane.size, step)]

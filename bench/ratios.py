@@ -3,8 +3,10 @@
 For each component of the checkpoints from ``bench/make_checkpoints.py`` (generated into
 OUTDIR first if missing), on the same tensor bytes:
 
-* ``ckptz``: :func:`ckptz.codecs.frames.encode_frame` over frames of ``--frame`` bytes,
-  with the options the CPU engine uses for the component (deflate exponents for weights,
+* ``ckptz``: :func:`ckptz.codecs.frames.encode_frame` over frames of ``--frame`` bytes
+  of each stream the pipeline would plan (float tensors grouped by value class, so fp32
+  tensors holding bf16 values apart from true fp32 ones; every peer gets the same bytes
+  in the same order), with the options the CPU engine uses for the component (deflate exponents for weights,
   literal zstd elsewhere), decoded into one preallocated output, counting payloads, their
   16-byte alignment and the container's per-frame (24 B) and per-chunk (34 B) index
   records, so the ratio is what a container would really cost;
@@ -24,6 +26,7 @@ ratios. Every round trip is verified byte for byte. Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -44,15 +47,29 @@ from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encod
 from ckptz.codecs.planes import split
 from ckptz.dtypes import DTYPES, DType
 from ckptz.engine import DENSE_COMPONENTS
+from ckptz.pipeline import sample_spans, value_class
 
 _ZIPNN_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
-def stream_bytes(tensors: list[torch.Tensor]) -> tuple[np.ndarray, DType]:
-    """Concatenate tensors' bytes (one dtype) as the pipeline's stream would."""
+def stream_bytes(tensors: list[torch.Tensor]) -> tuple[np.ndarray, DType, list[int]]:
+    """The component's streams, as the pipeline plans them, concatenated.
+
+    Tensors (one dtype) are grouped by :func:`ckptz.pipeline.value_class` of the same
+    sample the pipeline reads, groups in order of first appearance. Returns the bytes, the
+    dtype and where each stream starts (plus the end).
+    """
     dtype = DTYPES[str(tensors[0].dtype).removeprefix("torch.")]
-    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).numpy() for t in tensors]
-    return np.concatenate(parts), dtype
+    groups: dict[int, list[np.ndarray]] = {}
+    for t in tensors:
+        data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        cls = 0
+        if dtype.is_float and dtype.word > 1:
+            sample = [data[at : at + n] for at, n in sample_spans(data.size, dtype.word)]
+            cls = value_class(np.concatenate(sample), dtype.word)
+        groups.setdefault(cls, []).append(data)
+    parts = [np.concatenate(g) for g in groups.values()]
+    return np.concatenate(parts), dtype, [0, *np.cumsum([p.size for p in parts]).tolist()]
 
 
 def order0_bits(raw: np.ndarray, dtype: DType) -> float:
@@ -66,11 +83,17 @@ def order0_bits(raw: np.ndarray, dtype: DType) -> float:
 
 
 def ckptz_encode(
-    raw: np.ndarray, dtype: DType, frame: int, pool: ThreadPoolExecutor, dense: bool
+    raw: np.ndarray, dtype: DType, bounds: list[int], frame: int, pool: ThreadPoolExecutor, dense: bool
 ) -> list[list[EncodedChunk]]:
-    """Encode a stream frame by frame on the pool, with the CPU engine's options for it."""
+    """Encode streams (``raw[bounds[i]:bounds[i + 1]]``) frame by frame on the pool, with
+    the CPU engine's options for the component."""
     opts = EncodeOptions(fast_exponents=not dense)
-    return list(pool.map(lambda s: encode_frame(raw[s : s + frame], dtype, opts), range(0, raw.size, frame)))
+    cuts = [
+        (s, min(s + frame, end))
+        for start, end in itertools.pairwise(bounds)
+        for s in range(start, end, frame)
+    ]
+    return list(pool.map(lambda c: encode_frame(raw[c[0] : c[1]], dtype, opts), cuts))
 
 
 def ckptz_decode(frames: list[list[EncodedChunk]], dtype: DType, pool: ThreadPoolExecutor) -> np.ndarray:
@@ -99,7 +122,9 @@ def timed(fn: Callable[..., object], *args: object) -> tuple[float, object]:
     return time.perf_counter() - t0, result
 
 
-def bench_component(raw: np.ndarray, dtype: DType, args: argparse.Namespace, name: str) -> dict[str, float]:
+def bench_component(
+    raw: np.ndarray, dtype: DType, bounds: list[int], args: argparse.Namespace, name: str
+) -> dict[str, float]:
     """Ratios and throughputs of every method on one stream.
 
     ckptz and ZipNN run alternately (ckptz compress, ZipNN compress, ckptz decompress,
@@ -121,7 +146,7 @@ def bench_component(raw: np.ndarray, dtype: DType, args: argparse.Namespace, nam
     comp = b""
     with ThreadPoolExecutor(args.threads) as pool:
         for _ in range(args.runs):
-            t, frames = timed(ckptz_encode, raw, dtype, args.frame, pool, dense)  # type: ignore[assignment]
+            t, frames = timed(ckptz_encode, raw, dtype, bounds, args.frame, pool, dense)  # type: ignore[assignment]
             times["c"].append(t)
             if z is not None:
                 private = bytearray(original)  # ZipNN reorders its input in place
@@ -178,8 +203,8 @@ def main() -> None:
     for name, tensors in comps.items():
         if wanted and name not in wanted:
             continue
-        raw, dtype = stream_bytes(tensors)
-        r = bench_component(raw, dtype, args, name)
+        raw, dtype, bounds = stream_bytes(tensors)
+        r = bench_component(raw, dtype, bounds, args, name)
         results[name] = r
         ratios = " ".join(f"{r.get(c, float('nan')):7.3f}" for c in cols)
         sp = [r.get(s, float("nan")) for s in speeds]

@@ -58,9 +58,10 @@
  * loader picks the clone the CPU runs (SSE2 is the baseline). */
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define WIDE __attribute__((target_clones("avx2", "default")))
-/* Bit readers want BMI2's shifts by a register (one instruction, no CL): a Haswell-level
- * clone beside the baseline one. */
-#define SHIFTS __attribute__((target_clones("arch=haswell", "default")))
+/* Bit readers want BMI2's shifts by a register (one instruction, no CL): a BMI2 clone
+ * beside the baseline one. (Not "arch=haswell": GCC picks an arch= clone by CPU model,
+ * so it would run on Haswell only, never on AMD or later Intel cores.) */
+#define SHIFTS __attribute__((target_clones("bmi2", "default")))
 #else
 #define WIDE
 #define SHIFTS

@@ -27,9 +27,12 @@ with the three tables packed arrays of these records (sizes in bytes)::
 
 * Segments, in source-file order, say how many bytes of which stream come next; writing
   them out in order rebuilds the source file.
-* A stream is the concatenation of the segments of one (component, dtype). It is cut into
+* A stream is the concatenation of segments of one (component, dtype). It is cut into
   frames of ``frame_size`` bytes (the last one shorter); frame ``k`` of a stream is the
   ``k``-th frame row naming that stream. The frame's ``xxh3_64`` is of its original bytes.
+  Several streams may share a (component, dtype): readers only follow the segment table.
+  (ckptz's writer gives float tensors whose sampled values leave low bytes zero, such as
+  fp32 tensors holding bf16 values, streams of their own.)
 * A frame's chunks follow it in the chunk table: one per byte plane of the stream's
   transform (``word`` planes, sign rotated to the bottom when ``rotate``), in plane order.
   A chunk's ``xxh3_64`` is of its stored payload, so damage is found before decoding.

@@ -71,7 +71,7 @@ class _StreamRef:
 
 def _stream_refs(path: Path, relpath: str) -> list[_StreamRef]:
     layout = read_layout(path, relpath)
-    plan = plan_streams(layout)
+    plan = plan_streams(layout, source=path)
     parts: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for seg, sid in zip(layout.segments, plan.segment_streams, strict=True):
         parts[sid].append((seg.offset, seg.length))

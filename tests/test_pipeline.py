@@ -1,0 +1,111 @@
+"""Stream planning: which tensors share frames, and that any grouping restores exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import sha256
+from safetensors.torch import save_file
+
+from ckptz import api
+from ckptz.codecs import codec_name
+from ckptz.container import read_index
+from ckptz.formats import read_layout
+from ckptz.pipeline import plan_streams, value_class
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def test_value_class_counts_zero_low_bytes() -> None:
+    g = torch.Generator().manual_seed(0)
+    fp32 = torch.randn(4096, generator=g)
+    assert value_class(_bytes(fp32), 4) == 0
+    assert value_class(_bytes(fp32.bfloat16().float()), 4) == 2
+    assert value_class(_bytes(fp32.double()), 8) == 3  # 29 zero mantissa bits
+    # Values whose bf16 mantissa is empty too (powers of two, zeros): every byte but the top.
+    assert value_class(_bytes(torch.zeros(64)), 4) == 3
+    assert value_class(_bytes(torch.full((64,), 0.5)), 4) == 3
+    assert value_class(np.zeros(0, np.uint8), 4) == 3
+    # One true fp32 value among bf16 ones is enough.
+    mixed = fp32.bfloat16().float()
+    mixed[77] = 0.1
+    assert value_class(_bytes(mixed), 4) == 0
+
+
+def _mixed_file(path: Path) -> dict[str, torch.Tensor]:
+    """fp32 weights: bf16-exact matrices with true fp32 norms between them."""
+    g = torch.Generator().manual_seed(1)
+    tensors = {}
+    for i in range(3):
+        w = torch.randn(256, 512, generator=g).bfloat16().float()
+        w[0] = 0  # a padding row of zeros where sampling starts
+        tensors[f"layers.{i}.attn.weight"] = w
+        norm = torch.randn(4096, generator=g)
+        norm[:1024] = 0  # a true fp32 tensor whose first 4 KB look bf16-exact
+        tensors[f"layers.{i}.norm.weight"] = norm
+    save_file(tensors, str(path))
+    return tensors
+
+
+def test_plan_separates_bf16_exact_fp32_tensors(tmp_path: Path) -> None:
+    src = tmp_path / "model.safetensors"
+    tensors = _mixed_file(src)
+    layout = read_layout(src, src.name)
+
+    mixed = plan_streams(layout)
+    split = plan_streams(layout, source=src)
+    fp32 = [s for s in split.streams if s.dtype == "float32"]
+    assert len([s for s in mixed.streams if s.dtype == "float32"]) == 1
+    assert len(fp32) == 2
+    assert {s.component for s in fp32} == {"weights"}
+    assert sum(s.length for s in fp32) == sum(t.numel() * 4 for t in tensors.values())
+    by_key = {
+        seg.keys[0]: split.streams[sid].id
+        for seg, sid in zip(layout.segments, split.segment_streams, strict=True)
+        if seg.kind == "tensor"
+    }
+    matrices = {by_key[k] for k in tensors if k.endswith("attn.weight")}
+    norms = {by_key[k] for k in tensors if k.endswith("norm.weight")}
+    assert len(matrices) == 1 and len(norms) == 1 and matrices != norms
+
+
+def test_split_streams_restore_exactly_and_keep_constant_planes(tmp_path: Path) -> None:
+    src = tmp_path / "model.safetensors"
+    _mixed_file(src)
+    digest = sha256(src)
+    container = tmp_path / "model.safetensors.ckptz"
+    api.compress(src, container, threads=2)
+    with open(container, "rb") as f:
+        index = read_index(f, container.name)
+    fp32 = [s.id for s in index.streams if s.dtype == "float32"]
+    assert len(fp32) == 2
+    # Only the bf16-exact stream's second-lowest plane is zero throughout: one constant
+    # chunk per frame.
+    frames, chunks = index.frames, index.chunks
+    first = np.concatenate([[0], np.cumsum(frames["chunks"].astype(np.int64))])
+    plane1 = [
+        {codec_name(int(chunks["codec"][first[k] + 1])) for k in np.flatnonzero(frames["stream"] == sid)}
+        for sid in fp32
+    ]
+    assert sorted(p == {"const"} for p in plane1) == [False, True]
+
+    restored = tmp_path / "restored.safetensors"
+    api.decompress(container, restored)
+    assert sha256(restored) == digest
+    assert sha256(src) == digest
+
+
+@pytest.mark.parametrize("shrink", [0, 100])
+def test_sampling_a_short_file_is_not_an_error_in_planning(tmp_path: Path, shrink: int) -> None:
+    src = tmp_path / "model.safetensors"
+    _mixed_file(src)
+    layout = read_layout(src, src.name)
+    data = src.read_bytes()
+    src.write_bytes(data[: len(data) - shrink])
+    plan = plan_streams(layout, source=src)
+    assert len(plan.segment_streams) == len(layout.segments)
