@@ -1439,8 +1439,9 @@ static int64_t literals_block(const uint8_t *in, size_t n, uint8_t *out, size_t 
 }
 
 /* Decodes frame in[0..n) into out[0..size) (see above); 1 on success, 0 if the frame is not
- * one of these or is malformed. A first pass checks every block header without decoding. */
-static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size, dtable_t *dt) {
+ * one of these or is malformed. A first pass checks every block header without decoding;
+ * with `decode` 0 only that pass runs (out is not touched). */
+static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size, dtable_t *dt, int decode) {
     if (n < 6 || get_le(in, 4) != 0xFD2FB528u) return 0;
     int fhd = in[4], fcs = fhd >> 6, single = fhd >> 5 & 1;
     if (fhd & 0x0F) return 0; /* reserved bit, checksum, or dictionary id */
@@ -1452,7 +1453,7 @@ static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size
         if (declared != size) return 0;
     }
     at += (size_t)fcs_bytes;
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass <= decode; pass++) {
         size_t p = at, done = 0;
         dt->valid = 0;
         for (;;) {
@@ -1497,7 +1498,7 @@ static PyObject *native_literals_decode(PyObject *self, PyObject *args) {
     } else {
         int ok;
         Py_BEGIN_ALLOW_THREADS;
-        ok = literals_frame(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, dt);
+        ok = literals_frame(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, dt, 1);
         Py_END_ALLOW_THREADS;
         result = PyBool_FromLong(ok);
     }
@@ -1643,6 +1644,96 @@ static void unpack_rows(const uint8_t *in, size_t m, const int *bits, int k, uin
     }
 }
 
+/* ---------------------------------------------------------------- whole frames */
+
+/* The bitstreams decode_frame() handles itself (ckptz.codecs ids). */
+enum { CODEC_RAW = 0, CODEC_CONST = 1, CODEC_ZSTD = 2, CODEC_BITPACK = 6 };
+
+/* decode_frame(chunks, out, room, word, rotate) -> True if every plane of a frame
+ * (`chunks`: (codec id, size, payload) per plane, lowest first) was decoded here and the
+ * words merged into `out`, with `room` (at least out's size) as the planes' scratch;
+ * False if any plane needs the Python codecs: another bitstream, a zstd frame libzstd
+ * must decode, or anything malformed, which they then report. The decoding runs without
+ * the GIL from the first plane to the merge. */
+static PyObject *native_decode_frame(PyObject *self, PyObject *args) {
+    PyObject *seq;
+    Py_buffer dst, room, views[8];
+    int word, rotate, held = 0, ok = 0;
+    if (!PyArg_ParseTuple(args, "Ow*w*ip", &seq, &dst, &room, &word, &rotate)) return NULL;
+    PyObject *result = NULL, *fast = NULL;
+    int codec[8];
+    plane_t planes[8];
+    dtable_t *dt = NULL;
+    if (check_word(word) < 0) goto done;
+    fast = PySequence_Fast(seq, "chunks must be a sequence");
+    if (!fast) goto done;
+    size_t n = (size_t)dst.len / (size_t)word;
+    int usable = PySequence_Fast_GET_SIZE(fast) == word && dst.len % word == 0 && (size_t)room.len >= n * word;
+    for (int k = 0; usable && k < word; k++) {
+        Py_ssize_t size;
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, k);
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iny*", &codec[k], &size, &views[held])) goto done;
+        const uint8_t *bytes = views[held].buf;
+        size_t len = (size_t)views[held++].len;
+        planes[k].bytes = (uint8_t *)room.buf + (size_t)k * n; /* decoded there */
+        planes[k].value = 0;
+        int bits[8];
+        if ((size_t)size != n) {
+            usable = 0;
+        } else if (codec[k] == CODEC_RAW) {
+            usable = len == n;
+            planes[k].bytes = bytes;
+        } else if (codec[k] == CODEC_CONST) {
+            usable = len == 1;
+            planes[k].bytes = NULL;
+            planes[k].value = len ? bytes[0] : 0;
+        } else if (codec[k] == CODEC_BITPACK) {
+            usable = len >= 2 && !(bytes[1] & ~bytes[0]) &&
+                     len - 2 == (size_t)varying_list(bytes[0], bits) * ((n + 7) / 8);
+        } else {
+            usable = codec[k] == CODEC_ZSTD;
+        }
+        if (usable && codec[k] == CODEC_ZSTD && !dt && !(dt = malloc(sizeof(dtable_t)))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    if (usable) {
+        Py_BEGIN_ALLOW_THREADS;
+        /* a frame libzstd must decode is found by its block headers before any work */
+        for (int k = 0; usable && k < word; k++)
+            if (codec[k] == CODEC_ZSTD) usable = literals_frame(views[k].buf, (size_t)views[k].len, NULL, n, dt, 0);
+        for (int k = 0; usable && k < word; k++) {
+            uint8_t *plane = (uint8_t *)room.buf + (size_t)k * n;
+            const uint8_t *in = views[k].buf;
+            if (codec[k] == CODEC_ZSTD) {
+                usable = literals_frame(in, (size_t)views[k].len, plane, n, dt, 1);
+            } else if (codec[k] == CODEC_BITPACK) {
+                int bits[8], count = varying_list(in[0], bits);
+                unpack_rows(in + 2, (n + 7) / 8, bits, count, in[1], plane, n);
+            }
+        }
+        if (usable) {
+            if (word == 2)
+                merge2(planes, dst.buf, n, rotate);
+            else if (word == 4)
+                merge4(planes, dst.buf, n, rotate);
+            else
+                merge8(planes, dst.buf, n, rotate);
+        }
+        Py_END_ALLOW_THREADS;
+        ok = usable;
+    }
+    result = PyBool_FromLong(ok);
+done:
+    for (int k = 0; k < held; k++) PyBuffer_Release(&views[k]);
+    free(dt);
+    Py_XDECREF(fast);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&room);
+    return result;
+}
+
 /* bitpack_decode(rows, fixed, value, out): the bytes of a bitpack payload's rows. */
 static PyObject *native_bitpack_decode(PyObject *self, PyObject *args) {
     Py_buffer rows, dst;
@@ -1690,6 +1781,9 @@ static PyMethodDef methods[] = {
      "literals_decode(frame, out): decode a zstd frame of literal-only blocks into out; False if not one."},
     {"bitpack_decode", native_bitpack_decode, METH_VARARGS,
      "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
+    {"decode_frame", native_decode_frame, METH_VARARGS,
+     "decode_frame(chunks, out, room, word, rotate): decode and merge a frame's planes into out; False\n"
+     "if a plane needs the Python codecs."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptz.codecs import bitpack, planes
-from ckptz.codecs.cpu import HuffmanZstd, ZstdCodec
+from ckptz.codecs.bitpack import BitpackCodec
+from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
 from ckptz.codecs.deflate import DeflateCodec
+from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame
 from ckptz.codecs.native import native
 from ckptz.dtypes import DTYPES
 from ckptz.errors import CodecError
@@ -251,3 +253,102 @@ def test_bitpack_matches_numpy(size: int, mask: int, monkeypatch: pytest.MonkeyP
         assert np.array_equal(codec.decode(fast, size), data)
     assert fast == slow
     assert np.array_equal(codec.decode(slow, size), data)
+
+
+def _frame_values(kind: str, n: int, rng: np.random.Generator = RNG) -> tuple[np.ndarray, str]:
+    """n words of a frame kind the coder meets, as bytes, and the dtype name."""
+    values = (rng.standard_normal(n) * np.exp(rng.uniform(-8, 0, n))).astype(np.float32)
+    if kind == "fp32":
+        return values.view(np.uint8), "float32"
+    if kind == "fp32 holding bf16":
+        return (values.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.uint8), "float32"
+    if kind == "bf16":
+        return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8), "bfloat16"
+    if kind == "fp64 holding fp32":
+        return values.astype(np.float64).view(np.uint8), "float64"
+    return rng.integers(0, 1000, n).astype(np.int64).view(np.uint8), "int64"
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["fp32", "fp32 holding bf16", "bf16", "fp64 holding fp32", "int64"])
+@pytest.mark.parametrize("n", [1, 7, 4099, 65536])
+def test_frame_decoder_decodes_coded_frames(kind: str, n: int) -> None:
+    """Frames as the coder writes them (raw, const, bitpack and literal-only zstd planes)
+    decode in one native call, exactly as plane by plane."""
+    assert native is not None
+    raw, name = _frame_values(kind, n)
+    dtype = DTYPES[name]
+    chunks = [(c.codec, c.raw_size, c.payload) for c in encode_frame(raw, dtype, EncodeOptions())]
+    guarded = np.full(raw.size + 64, 0xA5, np.uint8)
+    room = np.empty(raw.size, np.uint8)
+    assert native.decode_frame(chunks, guarded[32:-32], room, dtype.word, dtype.is_float) is True
+    assert np.array_equal(guarded[32:-32], raw)
+    assert (guarded[:32] == 0xA5).all() and (guarded[-32:] == 0xA5).all()
+
+
+@needs_native
+def test_frame_decoder_covers_every_bitstream_it_claims() -> None:
+    """The cases above reach each bitstream the native frame decoder handles."""
+    seen = set()
+    for kind in ("fp32", "fp32 holding bf16", "bf16", "fp64 holding fp32", "int64"):
+        raw, name = _frame_values(kind, 65536)
+        seen |= {c.codec for c in encode_frame(raw, DTYPES[name], EncodeOptions())}
+    assert {RawCodec.id, ConstCodec.id, ZstdCodec.id, BitpackCodec.id} <= seen
+
+
+@needs_native
+def test_frame_decoder_leaves_other_frames_to_the_codecs() -> None:
+    """A plane libzstd must decode (matches), another bitstream, or a malformed header:
+    False, and the Python path decodes the frame or raises CodecError."""
+    assert native is not None
+    dtype = DTYPES["float32"]
+    raw, _ = _frame_values("fp32 holding bf16", 4096)
+    good = [(c.codec, c.raw_size, c.payload) for c in encode_frame(raw, dtype, EncodeOptions())]
+    size = raw.size // 4
+    planes_ = [p.copy() for p in planes.split(raw, dtype)]
+    matches = zstandard.ZstdCompressor(level=3).compress(planes_[1].tobytes())
+    deflated = DeflateCodec().encode(planes_[3])
+    out, room = np.empty(raw.size, np.uint8), np.empty(raw.size, np.uint8)
+    for swap in [(1, (ZstdCodec.id, size, matches)), (3, (DeflateCodec.id, size, deflated))]:
+        frame = list(good)
+        frame[swap[0]] = swap[1]
+        assert native.decode_frame(frame, out, room, 4, True) is False
+        assert np.array_equal(decode_frame(frame, dtype), raw)
+    bad_bitpack = next(i for i, c in enumerate(good) if c[0] == BitpackCodec.id)
+    broken = [
+        (1, (ConstCodec.id, size, b"\0\0")),
+        (0, (RawCodec.id, size, bytes(size - 1))),
+        (bad_bitpack, (BitpackCodec.id, size, good[bad_bitpack][2][:-1])),
+        (bad_bitpack, (BitpackCodec.id, size, bytes([0x0F, 0xF0]) + bytes(size // 8 * 4))),
+        (2, (RawCodec.id, size + 1, bytes(size + 1))),
+    ]
+    for at, chunk in broken:
+        frame = list(good)
+        frame[at] = chunk
+        assert native.decode_frame(frame, out, room, 4, True) is False
+        with pytest.raises(CodecError):
+            decode_frame(frame, dtype, np.empty(raw.size, np.uint8))
+    assert native.decode_frame(good[:3], out, room, 4, True) is False
+    assert native.decode_frame(good, out, room[:-1], 4, True) is False
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["fp32", "fp32 holding bf16", "bf16"]), st.data())
+def test_frame_decoder_stays_in_bounds_on_damaged_planes(kind: str, data: st.DataObject) -> None:
+    assert native is not None
+    raw, name = _frame_values(kind, 20_000, np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))))
+    dtype = DTYPES[name]
+    chunks = [(c.codec, c.raw_size, bytearray(c.payload)) for c in encode_frame(raw, dtype, EncodeOptions())]
+    k = data.draw(st.integers(0, len(chunks) - 1))
+    payload = chunks[k][2]
+    for _ in range(data.draw(st.integers(1, 4))):
+        if payload:
+            payload[data.draw(st.integers(0, len(payload) - 1))] ^= data.draw(st.integers(1, 255))
+    frame = [(c, s, bytes(p)) for c, s, p in chunks]
+    out = np.full(raw.size + 64, 0xA5, np.uint8)
+    room = np.full(raw.size + 64, 0x5A, np.uint8)
+    result = native.decode_frame(frame, out[32:-32], room[32:-32], dtype.word, dtype.is_float)
+    assert isinstance(result, bool)
+    assert (out[:32] == 0xA5).all() and (out[-32:] == 0xA5).all()
+    assert (room[:32] == 0x5A).all() and (room[-32:] == 0x5A).all()

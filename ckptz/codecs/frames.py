@@ -275,10 +275,20 @@ def decode_frame(
         raise ValueError(f"output of {out.size} bytes for a frame of {chunks[0][1] * len(chunks)}")
     if out is None and dtype.word > 1:
         out = np.empty(chunks[0][1] * len(chunks), np.uint8)
-    planes: list[np.ndarray | int] = []
     # Planes decode into this thread's scratch where their codec can: merge() copies them
     # out, and fresh plane-sized arrays would fault in new pages on every frame.
     room = scratch("decoded", chunks[0][1] * len(chunks)) if out is not None else None
+    # The usual frame (raw, const, bitpack and literal-only zstd planes) in one call that
+    # holds no GIL: Python per plane cost as much as a bitpack plane's decoding.
+    if (
+        native is not None
+        and out is not None
+        and room is not None
+        and dtype.word in (2, 4, 8)
+        and native.decode_frame(chunks, out, room, dtype.word, dtype.is_float)
+    ):
+        return out
+    planes: list[np.ndarray | int] = []
     for k, (codec, size, payload) in enumerate(chunks):
         if codec == _CONST.id and size and out is not None:
             if len(payload) != 1:
