@@ -1640,7 +1640,10 @@ static void unpack_rows(const uint8_t *in, size_t m, const int *bits, int k, uin
     for (; j < m; j++) {
         uint64_t word = fill;
         for (int i = 0; i < k; i++) word |= spread[in[(size_t)i * m + j]] << bits[i];
-        memcpy(out + 8 * j, &word, 8 * j + 8 <= n ? 8 : n - 8 * j);
+        if (8 * j + 8 <= n)
+            memcpy(out + 8 * j, &word, 8); /* a constant size: one store, not a call */
+        else
+            memcpy(out + 8 * j, &word, n - 8 * j);
     }
 }
 
