@@ -5,6 +5,8 @@ those frames (and libzstd's literal-only ones) exactly and stays in bounds on da
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -253,6 +255,39 @@ def test_bitpack_matches_numpy(size: int, mask: int, monkeypatch: pytest.MonkeyP
         assert np.array_equal(codec.decode(fast, size), data)
     assert fast == slow
     assert np.array_equal(codec.decode(slow, size), data)
+
+
+_SSE2_CHECK = """
+import numpy as np
+from ckptz.codecs import bitpack
+from ckptz.codecs.native import native
+assert native is not None and native.avx2 == 0
+rng = np.random.default_rng(3)
+codec = bitpack.BitpackCodec()
+for size in (0, 9, 255, 256, 4096, 100_003):
+    for mask in (0x01, 0x7F, 0xFE, 0x81):
+        data = rng.integers(0, 256, size, dtype=np.uint8) & mask | 0x40 & ~mask
+        fast = codec.encode(data)
+        assert np.array_equal(codec.decode(fast, size), data)
+        bitpack.native = None
+        assert codec.encode(data) == fast
+        bitpack.native = native
+print("ok")
+"""
+
+
+@needs_native
+@pytest.mark.skipif(
+    native is None or not native.avx2, reason="no AVX2 here: the SSE2 loops are the ones tested"
+)
+def test_bitpack_sse2_loops_match_numpy() -> None:
+    """With CKPTZ_NO_AVX2=1 the extension keeps its SSE2 bit loops, as on CPUs without AVX2."""
+    env = {**os.environ, "CKPTZ_NO_AVX2": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SSE2_CHECK], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
 
 
 def _frame_values(kind: str, n: int, rng: np.random.Generator = RNG) -> tuple[np.ndarray, str]:
