@@ -41,8 +41,10 @@ app = typer.Typer(
 )
 
 # Piped output has no terminal width to fit; 120 columns keep every table readable in logs.
-stdout = Console(width=None if sys.stdout.isatty() else 120)
-stderr = Console(stderr=True)
+# No console markup: paths and messages print as they are ("m[gpu].pt" keeps its brackets);
+# styles come from Text objects.
+stdout = Console(width=None if sys.stdout.isatty() else 120, markup=False)
+stderr = Console(stderr=True, markup=False)
 
 Src = Annotated[Path, typer.Argument(help="A checkpoint file or folder.", show_default=False)]
 Output = Annotated[
@@ -79,7 +81,7 @@ def _errors(fn: F) -> F:
                 raise
             code = exc.exit_code if isinstance(exc, CkptzError) else 1
             text = str(exc) if isinstance(exc, CkptzError) else f"{exc.filename or ''}: {exc.strerror or exc}"
-            stderr.print(f"ckptz: error: {text}", markup=False, highlight=False, soft_wrap=True)
+            stderr.print(f"ckptz: error: {text}", highlight=False, soft_wrap=True)
             raise typer.Exit(code) from None
         except KeyboardInterrupt:
             stderr.print("ckptz: interrupted; inputs are untouched, rerun to finish", highlight=False)
@@ -93,12 +95,12 @@ class _Bar:
 
     def __init__(self) -> None:
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.description}", style="bold", markup=False),
             BarColumn(),
             DownloadColumn(binary_units=False),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[file]}", style="dim"),
+            TextColumn("{task.fields[file]}", style="dim", markup=False),
             console=stderr,
             transient=True,
             disable=not stderr.is_terminal,

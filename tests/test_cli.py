@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,18 @@ def test_help_and_module_entry_point() -> None:
         [sys.executable, "-m", "ckptz", "compress", "--help"], capture_output=True, text=True, check=True
     )
     assert "--codec" in out.stdout and "ans" in out.stdout and "--device" in out.stdout
+
+
+def test_brackets_in_paths_and_notices_print_as_they_are(small_checkpoint: Path, tmp_path: Path) -> None:
+    """Rich markup is off: '[gpu]' in a file name or in a notice is not taken for a tag."""
+    src = tmp_path / "run[gpu]"
+    shutil.copytree(small_checkpoint, src)
+    (src / "model.safetensors").rename(src / "model[gpu].safetensors")
+    packed = tmp_path / "packed"
+    result = runner.invoke(app, ["compress", str(src), "-o", str(packed), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "run[gpu]" in result.stdout
+    if "nvCOMP is not installed" in result.stderr:
+        assert "pip install 'ckptz[gpu]'" in result.stderr
+    inspected = runner.invoke(app, ["inspect", str(packed)])
+    assert inspected.exit_code == 0 and "model[gpu].safetensors" in inspected.stdout
