@@ -291,6 +291,16 @@ done:
     return result;
 }
 
+/* n words of `word` (2, 4 or 8) bytes from their planes. */
+static void merge_words(const plane_t *planes, uint8_t *dst, size_t n, int word, int rotate) {
+    if (word == 2)
+        merge2(planes, dst, n, rotate);
+    else if (word == 4)
+        merge4(planes, dst, n, rotate);
+    else
+        merge8(planes, dst, n, rotate);
+}
+
 static PyObject *native_merge(PyObject *self, PyObject *args) {
     PyObject *seq;
     Py_buffer dst;
@@ -334,12 +344,7 @@ static PyObject *native_merge(PyObject *self, PyObject *args) {
         planes[k].value = 0;
     }
     Py_BEGIN_ALLOW_THREADS;
-    if (word == 2)
-        merge2(planes, dst.buf, n, rotate);
-    else if (word == 4)
-        merge4(planes, dst.buf, n, rotate);
-    else
-        merge8(planes, dst.buf, n, rotate);
+    merge_words(planes, dst.buf, n, word, rotate);
     Py_END_ALLOW_THREADS;
     result = Py_NewRef(Py_None);
 done:
@@ -1791,14 +1796,7 @@ static PyObject *native_decode_frame(PyObject *self, PyObject *args) {
                 unpack_rows(in + 2, (n + 7) / 8, bits, count, in[1], plane, n);
             }
         }
-        if (usable) {
-            if (word == 2)
-                merge2(planes, dst.buf, n, rotate);
-            else if (word == 4)
-                merge4(planes, dst.buf, n, rotate);
-            else
-                merge8(planes, dst.buf, n, rotate);
-        }
+        if (usable) merge_words(planes, dst.buf, n, word, rotate);
         Py_END_ALLOW_THREADS;
         ok = usable;
     }
