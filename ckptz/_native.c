@@ -699,8 +699,6 @@ typedef struct {
         (st).nbits &= 7;                                                \
     } while (0)
 
-/* Codes src[count-1] down to src[0] (the decoder reads backwards, so it sees them first
- * to last). */
 /* Four codes src[i-1] .. src[i-4] joined (first in the lowest bits), so the writer's state
  * advances once per four; `len` gets their total length. */
 static inline __attribute__((always_inline)) uint64_t join4(const uint8_t *src, size_t i, const uint32_t *ce,
@@ -712,21 +710,16 @@ static inline __attribute__((always_inline)) uint64_t join4(const uint8_t *src, 
            (uint64_t)(e3 & 0xFFFF) << l012;
 }
 
-#define PUT4(st, src, i)                                                \
-    do {                                                                \
-        unsigned n_;                                                    \
-        uint64_t v_ = join4((src), (i), ce, &n_);                       \
-        (st).acc |= v_ << (st).nbits;                                   \
-        (st).nbits += n_;                                               \
-    } while (0)
-
 /* Codes src[count-1] down to src[0] (the decoder reads backwards, so it sees them first
  * to last). */
 static inline __attribute__((always_inline)) void encode_run(stream_t *st, const uint8_t *src, size_t count,
                                                              const uint32_t *ce) {
     size_t i = count;
     for (; i >= 4; i -= 4) {
-        PUT4(*st, src, i);
+        unsigned len;
+        uint64_t codes = join4(src, i, ce, &len);
+        st->acc |= codes << st->nbits;
+        st->nbits += len;
         FLUSH(*st);
     }
     while (i > 0) PUT(*st, src[--i]);
@@ -749,7 +742,6 @@ SHIFTS static void write_streams(const uint8_t *src, size_t n, const uint32_t *c
     }
 }
 
-#undef PUT4
 #undef PUT
 #undef FLUSH
 
@@ -1755,7 +1747,11 @@ static PyObject *native_decode_frame(PyObject *self, PyObject *args) {
     for (int k = 0; usable && k < word; k++) {
         Py_ssize_t size;
         PyObject *item = PySequence_Fast_GET_ITEM(fast, k);
-        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iny*", &codec[k], &size, &views[held])) goto done;
+        if (!PyTuple_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "each chunk must be a (codec id, size, payload) tuple");
+            goto done;
+        }
+        if (!PyArg_ParseTuple(item, "iny*", &codec[k], &size, &views[held])) goto done;
         const uint8_t *bytes = views[held].buf;
         size_t len = (size_t)views[held++].len;
         planes[k].bytes = (uint8_t *)room.buf + (size_t)k * n; /* decoded there */

@@ -366,6 +366,8 @@ def test_frame_decoder_leaves_other_frames_to_the_codecs() -> None:
             decode_frame(frame, dtype, np.empty(raw.size, np.uint8))
     assert native.decode_frame(good[:3], out, room, 4, True) is False
     assert native.decode_frame(good, out, room[:-1], 4, True) is False
+    with pytest.raises(TypeError):
+        native.decode_frame([list(c) for c in good], out, room, 4, True)
 
 
 @needs_native
