@@ -6,10 +6,10 @@ OUTDIR first if missing), on the same tensor bytes:
 * ``ckptz``: :func:`ckptz.codecs.frames.encode_frame` over frames of ``--frame`` bytes
   of each stream the pipeline would plan (float tensors grouped by value class, so fp32
   tensors holding bf16 values apart from true fp32 ones; every peer gets the same bytes
-  in the same order), with the options the CPU engine uses for the component (deflate exponents for weights,
-  literal zstd elsewhere), decoded into one preallocated output, counting payloads, their
-  16-byte alignment and the container's per-frame (24 B) and per-chunk (34 B) index
-  records, so the ratio is what a container would really cost;
+  in the same order), with the options the CPU engine uses for the component (deflate
+  exponents for weights, literal zstd elsewhere), decoded into one preallocated output,
+  counting payloads, their 16-byte alignment and the container's per-frame (24 B) and
+  per-chunk (34 B) index records, so the ratio is what a container would really cost;
 * ``zipnn``: ZipNN 0.5.4 (byte input with the component's dtype; it reorders its input in
   place, so it always gets a private copy);
 * ``zstd-3`` / ``zstd-19``: one zstd frame of the whole stream (single-threaded);
@@ -48,7 +48,7 @@ from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encod
 from ckptz.codecs.planes import split
 from ckptz.dtypes import DTYPES, DType
 from ckptz.engine import DENSE_COMPONENTS
-from ckptz.pipeline import sample_spans, value_class
+from ckptz.pipeline import sampled_class
 
 _ZIPNN_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -56,7 +56,7 @@ _ZIPNN_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float1
 def stream_bytes(tensors: list[torch.Tensor]) -> tuple[np.ndarray, DType, list[int]]:
     """The component's streams, as the pipeline plans them, concatenated.
 
-    Tensors (one dtype) are grouped by :func:`ckptz.pipeline.value_class` of the same
+    Tensors (one dtype) are grouped by :func:`ckptz.pipeline.sampled_class` of the same
     sample the pipeline reads, groups in order of first appearance. Returns the bytes, the
     dtype and where each stream starts (plus the end).
     """
@@ -64,10 +64,7 @@ def stream_bytes(tensors: list[torch.Tensor]) -> tuple[np.ndarray, DType, list[i
     groups: dict[int, list[np.ndarray]] = {}
     for t in tensors:
         data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        cls = 0
-        if dtype.is_float and dtype.word > 1:
-            sample = [data[at : at + n] for at, n in sample_spans(data.size, dtype.word)]
-            cls = value_class(np.concatenate(sample), dtype.word)
+        cls = sampled_class(lambda at, n, d=data: d[at : at + n].tobytes(), data.size, dtype)
         groups.setdefault(cls, []).append(data)
     parts = [np.concatenate(g) for g in groups.values()]
     return np.concatenate(parts), dtype, [0, *np.cumsum([p.size for p in parts]).tolist()]

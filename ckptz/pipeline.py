@@ -33,7 +33,7 @@ from ckptz.container import (
     read_index,
     stream_frame_lists,
 )
-from ckptz.dtypes import lookup
+from ckptz.dtypes import DType, lookup
 from ckptz.engine import EncodedFrame, Engine, StoredChunk
 from ckptz.errors import CodecError, CorruptionError, FormatError, MismatchError
 from ckptz.formats import read_layout
@@ -97,8 +97,9 @@ def _stream_key(seg: Segment, source: BinaryIO | None) -> tuple[str, str, int, b
     if seg.length % dt.word:
         dt = lookup("uint8")
     cls = 0
-    if source is not None and dt.is_float and dt.word > 1:
-        cls = value_class(_sample_words(source, seg, dt.word), dt.word)
+    if source is not None:
+        fd = source.fileno()
+        cls = sampled_class(lambda at, n: os.pread(fd, n, seg.offset + at), seg.length, dt)
     return (seg.component, dt.name, dt.word, dt.is_float, cls)
 
 
@@ -124,7 +125,7 @@ _PIECES = 4
 _PIECE = 512
 
 
-def sample_spans(length: int, word: int) -> list[tuple[int, int]]:
+def _sample_spans(length: int, word: int) -> list[tuple[int, int]]:
     """(offset, size) of the pieces of a ``length``-byte tensor that :func:`value_class` judges."""
     if length <= _PIECES * _PIECE:
         return [(0, length)]
@@ -132,14 +133,16 @@ def sample_spans(length: int, word: int) -> list[tuple[int, int]]:
     return [(i * step // word * word, _PIECE) for i in range(_PIECES)]
 
 
-def _sample_words(f: BinaryIO, seg: Segment, word: int) -> np.ndarray:
-    """The :func:`sample_spans` of ``seg``, read from the source file, as whole words."""
-    fd = f.fileno()
-    parts = [os.pread(fd, n, seg.offset + at) for at, n in sample_spans(seg.length, word)]
+def sampled_class(read: Callable[[int, int], bytes], length: int, dt: DType) -> int:
+    """The :func:`value_class` of a ``length``-byte tensor of ``dt`` (0 unless it is a
+    float of 2+ bytes), judged on a few pieces that ``read(offset, size)`` returns."""
+    if not dt.is_float or dt.word == 1:
+        return 0
+    parts = [read(at, n) for at, n in _sample_spans(length, dt.word)]
     # A short read (the file shrank since its layout was read) samples less: the
     # sequential read that follows reports it.
-    data = b"".join(p[: len(p) // word * word] for p in parts)
-    return np.frombuffer(data, np.uint8)
+    data = b"".join(p[: len(p) // dt.word * dt.word] for p in parts)
+    return value_class(np.frombuffer(data, np.uint8), dt.word)
 
 
 @dataclass(frozen=True, slots=True)

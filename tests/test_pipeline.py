@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from ckptz import api
 from ckptz.codecs import codec_name
-from ckptz.container import read_index
+from ckptz.container import frame_chunk_starts, read_index
 from ckptz.formats import read_layout
 from ckptz.pipeline import plan_streams, value_class
 
@@ -87,7 +87,7 @@ def test_split_streams_restore_exactly_and_keep_constant_planes(tmp_path: Path) 
     # Only the bf16-exact stream's second-lowest plane is zero throughout: one constant
     # chunk per frame.
     frames, chunks = index.frames, index.chunks
-    first = np.concatenate([[0], np.cumsum(frames["chunks"].astype(np.int64))])
+    first = frame_chunk_starts(frames)
     plane1 = [
         {codec_name(int(chunks["codec"][first[k] + 1])) for k in np.flatnonzero(frames["stream"] == sid)}
         for sid in fp32
