@@ -1,6 +1,6 @@
 """Does ``ckptz bench`` predict what ``compress`` achieves? Per component, on one checkpoint.
 
-Runs :func:`ckptz.benchmark.bench` with one configuration over whole components (no
+Runs :func:`ckptz.bench.benchmark.bench` with one configuration over whole components (no
 sampling), then compresses the checkpoint with the same engine and prints both ratios per
 component with their difference. ``metadata`` differs by design: ``inspect`` charges the
 container's own header, index and footer to it, bench counts payloads only.
@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from ckptz import api
-from ckptz.benchmark import bench
+from ckptz.bench.benchmark import bench
 
 
 def main() -> None:

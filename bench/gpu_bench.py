@@ -123,7 +123,7 @@ def _median_time(fn: Any, reps: int = 5) -> float:
 
 def _const_values(batch: Any) -> np.ndarray:
     """Each chunk's byte if it is ``const`` (its one-byte payload in the block), else 0."""
-    from ckptz.gpu.coder import CONST_ID
+    from ckptz.engines.gpu.coder import CONST_ID
 
     const = batch.codec == CONST_ID
     values = np.zeros(batch.codec.size, dtype=np.int64)
@@ -135,8 +135,8 @@ def _const_values(batch: Any) -> np.ndarray:
 def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) -> dict[str, float]:
     """ckptz's GPU coder on device-resident bytes: transform, const check, batched nvCOMP, and
     the gather into the container's data layout (what the engine copies back)."""
-    from ckptz.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
-    from ckptz.gpu.nvcomp_codecs import NvcompCodecs
+    from ckptz.engines.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
+    from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
 
     stream = torch.cuda.current_stream()
     codecs = NvcompCodecs(torch.cuda.current_device(), stream)
@@ -181,8 +181,8 @@ def bench_ckptz_workers(
     overlaps another's GPU work. Bytes already on the GPU; median of 3 after a warm-up."""
     import threading
 
-    from ckptz.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
-    from ckptz.gpu.nvcomp_codecs import NvcompCodecs
+    from ckptz.engines.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
+    from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
 
     cid = ANS_ID if codec == "ans" else ZSTD_ID
     n = data.numel()

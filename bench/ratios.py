@@ -47,7 +47,7 @@ from make_checkpoints import generate, load_components
 from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encode_frame
 from ckptz.codecs.planes import split
 from ckptz.dtypes import DTYPES, DType
-from ckptz.engine import DENSE_COMPONENTS
+from ckptz.engines.cpu import DENSE_COMPONENTS
 from ckptz.pipeline import sampled_class
 
 _ZIPNN_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}

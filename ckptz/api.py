@@ -27,8 +27,8 @@ from ckptz.accounting import (
     total_components,
 )
 from ckptz.container import SUFFIX, read_index
-from ckptz.device import open_engine
-from ckptz.engine import Engine
+from ckptz.engines import open_engine
+from ckptz.engines.base import Engine
 from ckptz.errors import (
     CkptzError,
     CorruptionError,

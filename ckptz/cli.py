@@ -301,9 +301,9 @@ def bench(
     as_json: Json = False,
 ) -> None:
     """Measure every codec on your checkpoint and storage; recommend one and project the savings."""
-    from ckptz.benchmark import bench as run_bench
+    from ckptz.bench.benchmark import bench as run_bench
+    from ckptz.bench.savings import CostModel
     from ckptz.report import bench_json, bench_view
-    from ckptz.savings import CostModel
 
     bar = _Bar()
     try:

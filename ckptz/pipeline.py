@@ -34,7 +34,7 @@ from ckptz.container import (
     stream_frame_lists,
 )
 from ckptz.dtypes import DType, lookup
-from ckptz.engine import EncodedFrame, Engine, StoredChunk
+from ckptz.engines.base import EncodedFrame, Engine, StoredChunk
 from ckptz.errors import CodecError, CorruptionError, FormatError, MismatchError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout, Segment

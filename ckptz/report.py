@@ -17,7 +17,7 @@ from ckptz.accounting import ComponentStats, FileStats
 from ckptz.api import Summary, VerifyResult
 
 if TYPE_CHECKING:
-    from ckptz.benchmark import BenchResult
+    from ckptz.bench.benchmark import BenchResult
 
 BAR_WIDTH = 20
 

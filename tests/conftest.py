@@ -12,7 +12,7 @@ import pytest
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not any(item.get_closest_marker("gpu") for item in items):
         return
-    from ckptz.device import gpu_unavailable_reason
+    from ckptz.engines import gpu_unavailable_reason
 
     reason = gpu_unavailable_reason()
     if reason is None:

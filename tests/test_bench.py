@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptz import api
-from ckptz.benchmark import bench
+from ckptz.bench.benchmark import bench
+from ckptz.bench.sampling import Frame, entropy_bound, sample_components
+from ckptz.bench.savings import CodecTotals, CostModel, StorageSpeed, plan_codec, recommend
+from ckptz.bench.storage import measure_storage
 from ckptz.cli import app
 from ckptz.errors import UsageError
-from ckptz.sampling import Frame, entropy_bound, sample_components
-from ckptz.savings import CodecTotals, CostModel, StorageSpeed, plan_codec, recommend
-from ckptz.storage import measure_storage
 
 GB = 10**9
 

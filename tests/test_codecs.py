@@ -20,7 +20,7 @@ from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encod
 from ckptz.codecs.planes import merge, split
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DTYPES, DType
-from ckptz.engine import CpuEngine
+from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CodecError
 
 RNG = np.random.default_rng(20261122)

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptz.engine import CpuEngine
+from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CkptzError
 from ckptz.pipeline import compress_file, restore
 

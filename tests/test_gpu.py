@@ -22,12 +22,13 @@ from ckptz.codecs.frames import EncodedChunk
 from ckptz.codecs.planes import split
 from ckptz.container import StreamInfo, checksum, read_index
 from ckptz.dtypes import DType, lookup
-from ckptz.engine import CpuEngine, EncodedFrame
+from ckptz.engines.base import EncodedFrame
+from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CodecUnavailableError
 
 torch = pytest.importorskip("torch")
 
-from ckptz.gpu.coder import (  # noqa: E402
+from ckptz.engines.gpu.coder import (  # noqa: E402
     ANS_ID,
     CONST_ID,
     RAW_ID,
@@ -37,7 +38,7 @@ from ckptz.gpu.coder import (  # noqa: E402
     encode_batch,
     plan_batch,
 )
-from ckptz.gpu.transform import merge_from, split_into  # noqa: E402
+from ckptz.engines.gpu.transform import merge_from, split_into  # noqa: E402
 
 DTYPES = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "uint8"]
 
@@ -162,7 +163,7 @@ def _dtype_of(shape: FrameShape) -> DType:
 
 
 def test_noise_rows_follow_the_cpu_coders_test() -> None:
-    from ckptz.gpu.coder import _noise_rows
+    from ckptz.engines.gpu.coder import _noise_rows
 
     rng = np.random.default_rng(0)
     noise = np.bincount(rng.integers(0, 256, 1 << 15), minlength=256)
@@ -201,7 +202,7 @@ def test_ans_container_without_gpu_is_a_clear_error(small_checkpoint: Path, tmp_
         index = read_index(f, str(out))
     assert ANS_ID in set(index.chunks["codec"].tolist())
     assert index.header["nvcomp"]["version"] == "6.0.0"
-    from ckptz.device import gpu_unavailable_reason
+    from ckptz.engines import gpu_unavailable_reason
 
     # Where a GPU is present, "auto" would try (and rightly fail) to decode the stub payload.
     for device in ("cpu", "auto") if gpu_unavailable_reason() else ("cpu",):
@@ -219,7 +220,7 @@ def test_gpu_package_imports_light() -> None:
     import subprocess
     import sys
 
-    probe = "import sys, ckptz.gpu; print(sorted(m for m in ('torch', 'nvidia.nvcomp') if m in sys.modules))"
+    probe = "import sys, ckptz.engines.gpu; print(sorted(m for m in ('torch', 'nvidia.nvcomp') if m in sys.modules))"
     assert (
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
     )
@@ -264,8 +265,8 @@ def test_gpu_transform_matches_cpu_bytes() -> None:
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_kernels_match_cpu_transform(dtype: str) -> None:
-    from ckptz.gpu import kernels
-    from ckptz.gpu.transform import DECODED, STATS, STORED
+    from ckptz.engines.gpu import kernels
+    from ckptz.engines.gpu.transform import DECODED, STATS, STORED
 
     dt = lookup(dtype)
     raw = _trained_bytes(dtype, 1 << 16)
@@ -299,7 +300,7 @@ def test_triton_kernels_match_cpu_transform(dtype: str) -> None:
 
 @gpu
 def test_gather_kernel_pads_with_zeros() -> None:
-    from ckptz.gpu import kernels
+    from ckptz.engines.gpu import kernels
 
     src = torch.arange(256, dtype=torch.int64, device="cuda").to(torch.uint8).repeat(1024)
     sizes = [1, 15, 16, 17, 40000, 0, 65536]
@@ -329,7 +330,7 @@ def test_gather_kernel_pads_with_zeros() -> None:
 @gpu
 @pytest.mark.parametrize("algorithm", ["zstd", "ans"])
 def test_raw_codec_round_trip(algorithm: str) -> None:
-    from ckptz.gpu import raw_codec
+    from ckptz.engines.gpu import raw_codec
 
     data = _trained_bytes("float32", 1 << 18)
     coder = raw_codec(algorithm, "cuda:0")
@@ -369,7 +370,7 @@ def test_zstd_cross_decodes_both_ways_on_real_planes(small_checkpoint: Path, tmp
 
 @gpu
 def test_nvcomp_zstd_chunks_are_standard_frames(small_checkpoint: Path) -> None:
-    from ckptz.gpu.nvcomp_codecs import NvcompCodecs
+    from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
 
     stream = torch.cuda.Stream()
     codecs = NvcompCodecs(torch.cuda.current_device(), stream)
@@ -444,7 +445,7 @@ def test_file_four_times_the_memory_budget(tmp_path: Path) -> None:
 
 @gpu
 def test_restore_to_device(small_checkpoint: Path, tmp_path: Path) -> None:
-    from ckptz.gpu import restore_to_device
+    from ckptz.engines.gpu import restore_to_device
 
     src = small_checkpoint / "model.safetensors"
     api.compress(src, tmp_path / "m.ckptz", device="cuda", codec="ans")
@@ -466,7 +467,7 @@ def test_two_devices_by_index(small_checkpoint: Path, tmp_path: Path) -> None:
 
 @gpu
 def test_engine_futures_and_checksums() -> None:
-    from ckptz.gpu.engine import GpuEngine
+    from ckptz.engines.gpu.engine import GpuEngine
 
     stream = StreamInfo(0, "weights", "float32", 4, True, 1 << 20, 3 << 20, 1)
     frames = [_trained_bytes("float32", 1 << 18, seed=s) for s in range(3)]
@@ -478,7 +479,7 @@ def test_engine_futures_and_checksums() -> None:
 
 @gpu
 def test_bench_runs_every_configuration_on_the_gpu(small_checkpoint: Path) -> None:
-    from ckptz.benchmark import CONFIGS, bench
+    from ckptz.bench.benchmark import CONFIGS, bench
 
     result = bench(small_checkpoint, device="cuda:0", storage_gbps=5.0, sample_bytes=4 << 20)
     assert not result.skipped, result.skipped

@@ -14,8 +14,8 @@ from ckptz.errors import DeviceError, UsageError
 if TYPE_CHECKING:
     import torch
 
-    from ckptz.gpu.engine import GpuEngine
-    from ckptz.gpu.nvcomp_codecs import RawNvcomp
+    from ckptz.engines.gpu.engine import GpuEngine
+    from ckptz.engines.gpu.nvcomp_codecs import RawNvcomp
 
 GPU_CODECS = ("zstd", "ans")
 
@@ -53,7 +53,7 @@ def open_gpu_engine(
             )
     else:
         candidates = list(range(count))
-    from ckptz.gpu.engine import GpuEngine
+    from ckptz.engines.gpu.engine import GpuEngine
 
     failures = []
     for index in candidates:
@@ -68,8 +68,8 @@ def open_gpu_engine(
 
 def raw_codec(algorithm: str, device: str = "cuda") -> RawNvcomp:
     """nvCOMP ``zstd`` or ``ans`` straight on raw bytes, host in and out (``ckptz bench``'s
-    reference rows for the blog's recipe; see :class:`ckptz.gpu.nvcomp_codecs.RawNvcomp`)."""
-    from ckptz.gpu.nvcomp_codecs import RawNvcomp
+    reference rows for the blog's recipe; see :class:`ckptz.engines.gpu.nvcomp_codecs.RawNvcomp`)."""
+    from ckptz.engines.gpu.nvcomp_codecs import RawNvcomp
 
     return RawNvcomp(algorithm, device)
 
@@ -77,8 +77,8 @@ def raw_codec(algorithm: str, device: str = "cuda") -> RawNvcomp:
 def restore_to_device(
     container: str | Path, device: str = "cuda", *, memory: int | None = None
 ) -> torch.Tensor:
-    """Decode a ``.ckptz`` container straight into GPU memory (see :mod:`ckptz.gpu.restore`)."""
-    from ckptz.gpu.restore import restore_to_device as run
+    """Decode a ``.ckptz`` container straight into GPU memory (see :mod:`ckptz.engines.gpu.restore`)."""
+    from ckptz.engines.gpu.restore import restore_to_device as run
 
     return run(container, device, memory=memory)
 

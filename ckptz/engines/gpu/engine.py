@@ -4,7 +4,7 @@
 default, each with its own CUDA stream and nvCOMP codecs) take whatever jobs are queued,
 up to a batch of :attr:`GpuEngine.batch_bytes`, and run them as one batch: pack into the
 worker's pinned staging buffer (hashing on the way), one host→device copy, the coder
-(:mod:`ckptz.gpu.coder`: split kernel, batched nvCOMP, gather into the container's layout),
+(:mod:`ckptz.engines.gpu.coder`: split kernel, batched nvCOMP, gather into the container's layout),
 one device→host copy of that block, then resolve the futures. While one worker waits on its
 GPU work the other packs or copies, so copies and compute overlap across streams. Payloads
 handed back are views of a private host copy of the block, so the staging buffers can be
@@ -31,9 +31,9 @@ import torch
 
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo, checksum
-from ckptz.engine import EncodedFrame, StoredChunk, decode_chunks
-from ckptz.errors import CkptzError, CorruptionError
-from ckptz.gpu.coder import (
+from ckptz.engines.base import EncodedFrame, StoredChunk
+from ckptz.engines.cpu import decode_chunks
+from ckptz.engines.gpu.coder import (
     ANS_ID,
     CONST_ID,
     GPU_CODECS,
@@ -46,7 +46,8 @@ from ckptz.gpu.coder import (
     padded_sizes,
     plan_batch,
 )
-from ckptz.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
+from ckptz.engines.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
+from ckptz.errors import CkptzError, CorruptionError
 from ckptz.pipeline import FRAME_SIZE
 
 DEFAULT_MEMORY = 2 << 30
@@ -84,7 +85,7 @@ _Job = _EncodeJob | _DecodeJob
 
 
 class GpuEngine:
-    """Frame coding on one GPU with nvCOMP; implements :class:`ckptz.engine.Engine`.
+    """Frame coding on one GPU with nvCOMP; implements :class:`ckptz.engines.cpu.Engine`.
 
     Args:
         device_index: the CUDA device.

@@ -19,7 +19,7 @@ import numpy as np
 
 from ckptz.codecs.planes import split
 from ckptz.container import StreamInfo
-from ckptz.engine import stream_dtype
+from ckptz.engines.base import stream_dtype
 from ckptz.formats import read_layout
 from ckptz.pipeline import plan_streams
 

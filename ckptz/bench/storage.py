@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ckptz.bench.savings import StorageSpeed
 from ckptz.errors import UsageError
-from ckptz.savings import StorageSpeed
 
 #: Bytes written by default: large enough to pass small write-back caches, small enough to be quick.
 PROBE_BYTES = 256 << 20

@@ -17,8 +17,8 @@ from typing import Any
 import nvidia.nvcomp as nvc
 import torch
 
+from ckptz.engines.gpu.coder import ANS_ID, ZSTD_ID
 from ckptz.errors import CodecError
-from ckptz.gpu.coder import ANS_ID, ZSTD_ID
 
 NAMES = {ZSTD_ID: "zstd", ANS_ID: "ans"}
 _ALGORITHM = {ZSTD_ID: "Zstd", ANS_ID: "ANS"}

@@ -78,7 +78,7 @@ def merge_from(planes: torch.Tensor, raw: torch.Tensor, word: int, rotate: bool)
 
 
 # -- the coder's three primitives, in torch (CPU tensors; CUDA without Triton) ------------
-# :mod:`ckptz.gpu.kernels` has the same functions, each in one Triton kernel.
+# :mod:`ckptz.engines.gpu.kernels` has the same functions, each in one Triton kernel.
 
 
 def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, word: int, rotate: bool) -> None:

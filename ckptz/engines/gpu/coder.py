@@ -10,7 +10,7 @@ the container stores it. :func:`decode_batch` is its inverse: nvCOMP decodes the
 chunks, and one merge per frame shape reads each plane from wherever it lies. Both work on
 device memory only: the engine moves bytes between host and device, and a caller that wants
 decoded bytes on the GPU keeps them there. The kernels are Triton's
-(:mod:`ckptz.gpu.kernels`) on CUDA, torch's (:mod:`ckptz.gpu.transform`) elsewhere.
+(:mod:`ckptz.engines.gpu.kernels`) on CUDA, torch's (:mod:`ckptz.engines.gpu.transform`) elsewhere.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ckptz.codecs.frames import NOISE_BITS, NOISE_ZERO_SHARE
-from ckptz.gpu.transform import ALIGN, DECODED, STATS, STORED, aligned
+from ckptz.engines.gpu.transform import ALIGN, DECODED, STATS, STORED, aligned
 
 RAW_ID = 0
 CONST_ID = 1
@@ -36,7 +36,7 @@ GPU_CODECS = frozenset({RAW_ID, CONST_ID, ZSTD_ID, ANS_ID})
 
 
 class BatchCodecs(Protocol):
-    """Batched chunk codecs on one device (:class:`ckptz.gpu.nvcomp_codecs.NvcompCodecs`)."""
+    """Batched chunk codecs on one device (:class:`ckptz.engines.gpu.nvcomp_codecs.NvcompCodecs`)."""
 
     def max_compressed_size(self, codec_id: int, size: int) -> int: ...
 
@@ -176,12 +176,12 @@ def _ops(device: torch.device) -> ModuleType:
     """The Triton kernels for CUDA tensors where Triton imports, else the torch versions."""
     if device.type == "cuda":
         try:
-            from ckptz.gpu import kernels
+            from ckptz.engines.gpu import kernels
         except ImportError:  # pragma: no cover - CUDA builds of torch ship Triton
             pass
         else:
             return kernels
-    from ckptz.gpu import transform
+    from ckptz.engines.gpu import transform
 
     return transform
 

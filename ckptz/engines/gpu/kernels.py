@@ -1,6 +1,6 @@
 """Triton kernels for the GPU coder: split, merge and chunk gathering, one pass each.
 
-The torch transform (:mod:`ckptz.gpu.transform`) takes six passes over the data to split a
+The torch transform (:mod:`ckptz.engines.gpu.transform`) takes six passes over the data to split a
 batch (four for the rotation, one permuting copy, two for the constant check) and a launch
 per chunk to gather payloads; these kernels do each job in one pass:
 
@@ -15,7 +15,7 @@ per chunk to gather payloads; these kernels do each job in one pass:
   whole batch, in one launch.
 
 Every kernel produces exactly the bytes of the CPU transform (:mod:`ckptz.codecs.planes`);
-the GPU tests compare them. Only :mod:`ckptz.gpu.coder` imports this module, and only for
+the GPU tests compare them. Only :mod:`ckptz.engines.gpu.coder` imports this module, and only for
 CUDA tensors when Triton is importable; elsewhere the torch operations stand in.
 """
 
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ckptz.gpu.transform import DECODED, STATS, STORED
+from ckptz.engines.gpu.transform import DECODED, STATS, STORED
 
 #: Words per program: 4096 fp32 words is 16 KiB in, four 4 KiB plane rows out.
 _BLOCK = 4096
@@ -189,7 +189,7 @@ def merge_rows(
         offsets: int64 CUDA tensor ``[k * word]``: where row ``f * word + p`` starts in its
             buffer, in units of 16 bytes.
         sources: int64 CUDA tensor ``[k * word]``: ``STORED``, ``DECODED`` (from
-            :mod:`ckptz.gpu.transform`) or the
+            :mod:`ckptz.engines.gpu.transform`) or the
             row's byte (>= 0) when it is constant.
         raw: flat uint8 CUDA tensor of ``k * n`` bytes (16-byte aligned) to write.
         word: bytes per word.

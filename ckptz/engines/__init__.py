@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from ckptz.engine import CpuEngine, Engine
+from ckptz.engines.base import Engine
+from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import DeviceError, UsageError
 
 CODECS_CPU = ("auto", "zstd")
@@ -28,7 +29,7 @@ def gpu_unavailable_reason() -> str | None:
     """Why no GPU engine can run here, or None if one can."""
     if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.nvcomp") is None:
         return "nvCOMP is not installed (pip install 'ckptz[gpu]')"
-    if importlib.util.find_spec("ckptz.gpu") is None:
+    if importlib.util.find_spec("ckptz.engines.gpu") is None:
         return "this ckptz build has no GPU engine"
     try:
         import torch
@@ -67,7 +68,7 @@ def open_engine(
     reason = gpu_unavailable_reason()
     if reason is not None:
         raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu")
-    from ckptz.gpu import open_gpu_engine
+    from ckptz.engines.gpu import open_gpu_engine
 
     try:
         engine: Engine = open_gpu_engine(want, threads=threads, level=level, codec=codec, memory=memory)

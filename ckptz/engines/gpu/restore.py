@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from ckptz.container import frame_chunk_starts, read_index, stream_frame_lists
-from ckptz.engine import StoredChunk
+from ckptz.engines.base import StoredChunk
+from ckptz.engines.gpu.engine import GpuEngine
 from ckptz.errors import CorruptionError
-from ckptz.gpu.engine import GpuEngine
 from ckptz.pipeline import look_ahead
 
 

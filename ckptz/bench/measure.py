@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from ckptz.bench.sampling import ComponentSample
 from ckptz.codecs import PORTABLE
-from ckptz.device import open_engine
-from ckptz.engine import Engine, StoredChunk
+from ckptz.engines import open_engine
+from ckptz.engines.base import Engine, StoredChunk
 from ckptz.errors import MismatchError
-from ckptz.sampling import ComponentSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class Runner:
     """Runs one configuration over samples, keeping its engine (if any) open between them.
 
     Args:
-        name: a configuration of :data:`ckptz.benchmark.CONFIGS`.
+        name: a configuration of :data:`ckptz.bench.benchmark.CONFIGS`.
         gpu: the GPU device for GPU configurations.
         threads: CPU threads.
         repeats: timed passes per measurement.
@@ -135,19 +135,19 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def raw_nvcomp_available() -> bool:
     try:
-        import ckptz.gpu as gpu_module  # type: ignore[import-not-found,unused-ignore]
+        import ckptz.engines.gpu as gpu_module  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return False
     return hasattr(gpu_module, "raw_codec")
 
 
 def _raw_nvcomp_run(name: str, gpu: str, sample: ComponentSample, repeats: int) -> Measurement:
-    """The blog's recipe through ``ckptz.gpu.raw_codec(algorithm, device)``.
+    """The blog's recipe through ``ckptz.engines.gpu.raw_codec(algorithm, device)``.
 
     That helper is expected to return an object with ``encode(np.ndarray) -> bytes`` and
     ``decode(bytes, size) -> np.ndarray`` that include the host↔device copies.
     """
-    import ckptz.gpu as gpu_module  # type: ignore[import-not-found,unused-ignore]
+    import ckptz.engines.gpu as gpu_module  # type: ignore[import-not-found,unused-ignore]
 
     algorithm = name.removeprefix("nvcomp-").removesuffix("-raw")
     coder = getattr(gpu_module, "raw_codec")(algorithm, gpu)  # noqa: B009 (not in every build)

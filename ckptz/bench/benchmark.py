@@ -3,7 +3,7 @@
 Each configuration codes each component's sample once to measure the ratio and check that
 the round trip is byte-exact (this pass is also the warm-up), then ``repeats`` more times
 to time compression and decompression (the median is reported). Speeds are of original
-bytes held in host memory: storage is measured apart and combined in :mod:`ckptz.savings`.
+bytes held in host memory: storage is measured apart and combined in :mod:`ckptz.bench.savings`.
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptz.api import Reporter, SilentReporter
-from ckptz.container import SUFFIX
-from ckptz.device import gpu_unavailable_reason, requested_device
-from ckptz.errors import InputNotFoundError, UsageError
-from ckptz.formats import is_checkpoint
-from ckptz.measure import Runner, raw_nvcomp_available
-from ckptz.safeio import is_temp
-from ckptz.sampling import ComponentSample, entropy_bound, sample_components
-from ckptz.savings import (
+from ckptz.bench.measure import Runner, raw_nvcomp_available
+from ckptz.bench.sampling import ComponentSample, entropy_bound, sample_components
+from ckptz.bench.savings import (
     CodecPlan,
     CodecTotals,
     CostModel,
@@ -30,6 +25,11 @@ from ckptz.savings import (
     plan_codec,
     recommend,
 )
+from ckptz.container import SUFFIX
+from ckptz.engines import gpu_unavailable_reason, requested_device
+from ckptz.errors import InputNotFoundError, UsageError
+from ckptz.formats import is_checkpoint
+from ckptz.safeio import is_temp
 
 #: Sample per component by default: large enough to cover many tensors, quick on a CPU.
 DEFAULT_SAMPLE = 256 << 20
@@ -166,7 +166,7 @@ def _choose(
         if kind == "cuda" and gpu is None:
             skipped.append((name, f"no GPU: {reason}"))
         elif name.startswith("nvcomp-") and not raw_nvcomp_available():
-            skipped.append((name, "ckptz.gpu exposes no raw nvCOMP helper (raw_codec) yet"))
+            skipped.append((name, "ckptz.engines.gpu exposes no raw nvCOMP helper (raw_codec) yet"))
         else:
             run.append(name)
     return run, skipped, gpu
@@ -204,7 +204,7 @@ def bench(
         DeviceError: a GPU was asked for and cannot be used.
         MismatchError: a round trip was not byte-exact (a bug: please report it).
     """
-    from ckptz.storage import measure_storage
+    from ckptz.bench.storage import measure_storage
 
     start = time.perf_counter()
     if (storage_dir is None) == (storage_gbps is None):

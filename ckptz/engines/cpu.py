@@ -1,64 +1,18 @@
-"""Engines run the frame coder on a device: per-frame futures, so the pipeline overlaps I/O.
-
-The CPU engine runs frames on a thread pool (zstandard, xxhash and numpy release the GIL).
-A GPU engine (:mod:`ckptz.gpu`) batches the same jobs into nvCOMP calls behind the same
-interface.
-"""
+"""The CPU engine: frames coded on a pool of threads (the C extension, zstandard, xxhash and
+numpy release the GIL)."""
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
 import numpy as np
 
-from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encode_frame
+from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame
 from ckptz.container import StreamInfo, checksum
-from ckptz.dtypes import DType, lookup
-from ckptz.errors import CkptzError, CodecError, CorruptionError
-
-
-@dataclass(frozen=True, slots=True)
-class EncodedFrame:
-    """A coded frame: the checksum of its original bytes and one chunk per plane."""
-
-    checksum: int
-    chunks: list[EncodedChunk]
-
-
-@dataclass(frozen=True, slots=True)
-class StoredChunk:
-    """Where one chunk of a frame lies in a container, as the decoder needs it."""
-
-    index: int
-    codec: int
-    raw_size: int
-    payload: bytes | memoryview
-    checksum: int
-
-
-class Engine(Protocol):
-    """Runs frame coding somewhere; every method returns at once with a future."""
-
-    device: str
-    threads: int
-
-    def encode(self, stream: StreamInfo, data: np.ndarray) -> Future[EncodedFrame]: ...
-
-    def decode(
-        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
-    ) -> Future[np.ndarray]: ...
-
-    def codec_config(self) -> dict[str, dict[str, object]]: ...
-
-    def close(self) -> None: ...
-
-
-def stream_dtype(stream: StreamInfo) -> DType:
-    """The transform a stream was written with (its own record wins over the dtype table)."""
-    return replace(lookup(stream.dtype), word=stream.word, is_float=stream.rotate)
+from ckptz.engines.base import EncodedFrame, StoredChunk, stream_dtype
+from ckptz.errors import CodecError, CorruptionError
 
 
 def decode_chunks(
@@ -129,12 +83,4 @@ class CpuEngine:
         self.close()
 
 
-__all__ = [
-    "CkptzError",
-    "CpuEngine",
-    "EncodedFrame",
-    "Engine",
-    "StoredChunk",
-    "decode_chunks",
-    "stream_dtype",
-]
+__all__ = ["DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]
