@@ -38,10 +38,9 @@ from ckptz.errors import (
     UsageError,
 )
 from ckptz.formats import is_checkpoint, read_layout
-from ckptz.pipeline import Comparer, compress_file, restore
+from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, restore
 from ckptz.safeio import (
     atomic_output,
-    background_writes,
     copy_file,
     is_temp,
     os_error,
@@ -245,6 +244,7 @@ def compress(
     verify: bool | None = None,
     force: bool = False,
     reporter: Reporter | None = None,
+    discard: bool = False,
 ) -> Summary:
     """Compress a checkpoint file or folder.
 
@@ -265,6 +265,8 @@ def compress(
         verify: decode and compare each container before finishing (default: only in place).
         force: overwrite existing outputs.
         reporter: receives progress.
+        discard: code everything but write nothing (measures the pipeline without storage;
+            ``dst`` and ``in_place`` are ignored).
 
     Raises:
         CkptzError: bad arguments, unreadable input, or a failed write (nothing is lost).
@@ -272,6 +274,7 @@ def compress(
     reporter = reporter or SilentReporter()
     src, start = Path(src), time.perf_counter()
     entries = _walk(src)
+    in_place = in_place and not discard
     root = _output_root(src, Path(dst) if dst else None, in_place, suffix_add=True)
     single_dst = Path(dst) if dst and not src.is_dir() else None
     # In place, the original is removed only after its container decoded back to it.
@@ -292,14 +295,17 @@ def compress(
             remove_temp(e.path)
         elif not in_place and e.kind in ("other", "container", "symlink"):
             copies.append((e, _target(src, root, e, e.path.name, single_dst)))
-    _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
+    if discard:
+        copies, interrupted = [], []
+    else:
+        _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
     with _engine(device, threads, level, codec, memory, reporter) as (engine, notices):
         _finish_interrupted(interrupted, engine)
         reporter.start(sum(e.path.stat().st_size for e, _ in jobs), "compress")
 
         def one(e: _Entry, target: Path) -> FileStats:
             reporter.file(e.rel)
-            return _compress_one(e, target, engine, verify, in_place, reporter)
+            return _compress_one(e, target, engine, verify, in_place, reporter, discard)
 
         files = _each_file(one, jobs)
         for e, target in copies:
@@ -357,15 +363,17 @@ def _summary(
 
 
 def _compress_one(
-    e: _Entry, target: Path, engine: Engine, verify: bool, in_place: bool, reporter: Reporter
+    e: _Entry, target: Path, engine: Engine, verify: bool, in_place: bool, reporter: Reporter, discard: bool
 ) -> FileStats:
     for stale in stale_temps(target):
         remove_temp(stale)
-    with atomic_output(target) as (f, tmp):
-        written = compress_file(e.path, e.rel, f, engine, progress=reporter.advance)
-        if verify:
-            f.flush()
-            _compare(tmp, e.path, e.rel, engine)
+    if discard:
+        written = compress_file(e.path, e.rel, None, engine, progress=reporter.advance, verify=verify)
+        return index_stats(e.rel, written.index, written.size)
+    with atomic_output(target) as (f, _tmp):
+        # ``verify`` decodes every frame back from the payloads written and reads the file
+        # back before it is renamed (see ckptz.pipeline.compress and RELIABILITY.md).
+        written = compress_file(e.path, e.rel, f, engine, progress=reporter.advance, verify=verify)
     if in_place:
         _remove_original(e.path)
     return index_stats(e.rel, written.index, written.size)
@@ -462,8 +470,10 @@ def decompress(
     memory: int | None = None,
     force: bool = False,
     reporter: Reporter | None = None,
+    discard: bool = False,
 ) -> Summary:
-    """Restore every container under ``src`` to its original bytes.
+    """Restore every container under ``src`` to its original bytes (``discard``: decode and
+    check everything, write nothing).
 
     Each restored file is written to a temporary name, checked against the original's
     digest, and only then renamed; in place, the container is removed after that.
@@ -474,6 +484,7 @@ def decompress(
     reporter = reporter or SilentReporter()
     src, start = Path(src), time.perf_counter()
     entries = _walk(src)
+    in_place = in_place and not discard
     root = _output_root(src, Path(dst) if dst else None, in_place, suffix_add=False)
     single_dst = Path(dst) if dst and not src.is_dir() else None
     jobs: list[tuple[_Entry, Path]] = []
@@ -492,18 +503,24 @@ def decompress(
             remove_temp(e.path)
         elif not in_place and e.kind != "temp":
             copies.append((e, _target(src, root, e, e.path.name, single_dst)))
-    _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
+    if discard:
+        copies, interrupted = [], []
+    else:
+        _refuse_existing(entries, [t for _, t in jobs + copies], force and not in_place)
     with _engine(device, threads, 3, "auto", memory, reporter) as (engine, notices):
         _finish_interrupted(interrupted, engine)
         reporter.start(sum(_source_size(e.path) for e, _ in jobs), "decompress")
 
         def one(e: _Entry, target: Path) -> FileStats:
             reporter.file(e.rel)
+            if discard:
+                with open(e.path, "rb") as c:
+                    index = restore(c, e.rel, engine, DiscardSink(), progress=reporter.advance)
+                return index_stats(e.rel.removesuffix(SUFFIX), index, e.path.stat().st_size)
             for stale in stale_temps(target):
                 remove_temp(stale)
             with open(e.path, "rb") as c, atomic_output(target) as (f, tmp):
-                with background_writes(f) as out:
-                    index = restore(c, e.rel, engine, out.write, progress=reporter.advance)
+                index = restore(c, e.rel, engine, FileSink(f), progress=reporter.advance)
                 if in_place:
                     # The container goes away next: read back what reached the file first.
                     f.flush()

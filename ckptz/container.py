@@ -168,8 +168,7 @@ class ContainerWriter:
     def __init__(self, f: Writable) -> None:
         self._f = f
         self._pos = 0
-        self._write(HEADER.pack(MAGIC, MAJOR, MINOR, 0))
-        self._pad()
+        self._write(PREFIX)
 
     def _write(self, data: bytes | memoryview) -> None:
         self._f.write(data)
@@ -189,28 +188,36 @@ class ContainerWriter:
 
     def finish(self, index: Index) -> int:
         """Write the index and footer; return the container's total size."""
-        header = dict(index.header)
-        header["counts"] = {
-            "segments": len(index.segments),
-            "frames": len(index.frames),
-            "chunks": len(index.chunks),
-        }
-        header["streams"] = [s.to_json() for s in index.streams]
-        text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
-        raw = b"".join(
-            (
-                _JSON_SIZE.pack(len(text)),
-                text,
-                np.ascontiguousarray(index.segments, SEGMENT_DTYPE).tobytes(),
-                np.ascontiguousarray(index.frames, FRAME_DTYPE).tobytes(),
-                np.ascontiguousarray(index.chunks, CHUNK_DTYPE).tobytes(),
-            )
-        )
-        blob = zstandard.ZstdCompressor(level=9).compress(raw)
-        offset = self._pos
-        self._write(blob)
-        self._write(FOOTER.pack(offset, len(blob), len(raw), checksum(blob), MAJOR, MINOR, 0, END_MAGIC))
+        self._write(index_bytes(index, self._pos))
         return self._pos
+
+
+#: The container's first bytes, padded to the first payload's offset.
+PREFIX = HEADER.pack(MAGIC, MAJOR, MINOR, 0)
+assert len(PREFIX) == ALIGN
+
+
+def index_bytes(index: Index, offset: int) -> bytes:
+    """The index and footer of a container whose data area ends at ``offset``."""
+    header = dict(index.header)
+    header["counts"] = {
+        "segments": len(index.segments),
+        "frames": len(index.frames),
+        "chunks": len(index.chunks),
+    }
+    header["streams"] = [s.to_json() for s in index.streams]
+    text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    raw = b"".join(
+        (
+            _JSON_SIZE.pack(len(text)),
+            text,
+            np.ascontiguousarray(index.segments, SEGMENT_DTYPE).tobytes(),
+            np.ascontiguousarray(index.frames, FRAME_DTYPE).tobytes(),
+            np.ascontiguousarray(index.chunks, CHUNK_DTYPE).tobytes(),
+        )
+    )
+    blob = zstandard.ZstdCompressor(level=9).compress(raw)
+    return blob + FOOTER.pack(offset, len(blob), len(raw), checksum(blob), MAJOR, MINOR, 0, END_MAGIC)
 
 
 def read_index(f: BinaryIO, path: str) -> Index:

@@ -16,7 +16,7 @@ import re
 import secrets
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
@@ -221,3 +221,20 @@ def remove(path: Path) -> None:
 def _unlink_quietly(path: Path) -> None:
     with suppress(OSError):
         os.unlink(path)
+
+
+def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> None:
+    """Write ``parts`` back to back at ``offset`` of ``fd``, retrying short writes.
+
+    Every output byte the pipeline writes goes through here (from many threads at once, at
+    offsets known in advance); tests replace it to inject write faults.
+    """
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        n = os.pwritev(fd, views, offset)
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]

@@ -1,7 +1,8 @@
 """A full disk or a refused write mid-run: clean error, originals intact, nothing partial, rerun completes.
 
-Faults are injected at ``ckptz.safeio._open_temp`` (every output is written through it): a
-file that raises ENOSPC after a byte budget, or an open that raises EACCES. A real small
+Faults are injected at ``ckptz.safeio._open_temp`` and ``ckptz.safeio.pwrite_all`` (every
+output is written through them): writes that raise ENOSPC after a byte budget, or an open
+that raises EACCES. A real small
 filesystem (a tmpfs in a private user+mount namespace, made by ``unshare``) is used too
 where the kernel allows it; the test skips itself where it does not.
 """
@@ -13,6 +14,7 @@ import io
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
@@ -39,11 +41,22 @@ class _FullDisk(io.FileIO):
 
 def _full_disk_after(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     _FullDisk.budget[0] = budget
+    real = safeio.pwrite_all
+    lock = threading.Lock()
 
     def open_temp(tmp: Path) -> BinaryIO:
         return io.BufferedWriter(_FullDisk(tmp, "xb"))
 
+    def pwrite_all(fd: int, parts: Any, offset: int) -> None:
+        n = sum(len(memoryview(p).cast("B")) for p in parts)
+        with lock:
+            if n > _FullDisk.budget[0]:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            _FullDisk.budget[0] -= n
+        real(fd, parts, offset)
+
     monkeypatch.setattr(safeio, "_open_temp", open_temp)
+    monkeypatch.setattr(safeio, "pwrite_all", pwrite_all)
 
 
 @pytest.fixture

@@ -181,8 +181,8 @@ def test_noise_rows_follow_the_cpu_coders_test() -> None:
 class _AnsStubEngine(CpuEngine):
     """Writes the top plane of every frame as an 'ans' chunk: what a GPU machine would write."""
 
-    def _encode(self, stream: StreamInfo, data: np.ndarray) -> EncodedFrame:
-        frame = super()._encode(stream, data)
+    def _encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> EncodedFrame:
+        frame = super()._encode(stream, data, checksum)
         top = frame.chunks[-1]
         frame.chunks[-1] = EncodedChunk(ANS_ID, top.raw_size, b"\x00" * 16)
         return frame

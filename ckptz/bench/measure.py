@@ -81,7 +81,7 @@ def _engine_run(engine: Engine, sample: ComponentSample, repeats: int) -> Measur
     frames = sample.frames
 
     def encode() -> list[list[StoredChunk]]:
-        futures = [engine.encode(f.stream, f.data) for f in frames]
+        futures = [engine.encode(f.stream, f.data, xxhash.xxh3_64_intdigest(f.data.data)) for f in frames]
         coded = [fut.result() for fut in futures]
         return [
             [
@@ -93,7 +93,7 @@ def _engine_run(engine: Engine, sample: ComponentSample, repeats: int) -> Measur
 
     def decode(stored: list[list[StoredChunk]]) -> list[np.ndarray]:
         futures = [
-            engine.decode(f.stream, chunks, f.data.size, xxhash.xxh3_64_intdigest(f.data.data), f"frame {i}")
+            engine.decode(f.stream, chunks, f.data.size, f"frame {i}")
             for i, (f, chunks) in enumerate(zip(frames, stored, strict=True))
         ]
         return [fut.result() for fut in futures]

@@ -37,19 +37,57 @@ class StoredChunk:
     checksum: int
 
 
+#: Bytes of original data per frame unless an engine prefers another size (the container
+#: records each stream's, so any reader decodes any size). Frames are the unit of
+#: parallelism and of checksums.
+FRAME_SIZE = 1 << 20
+
+
 class Engine(Protocol):
-    """Runs frame coding somewhere; every method returns at once with a future."""
+    """The frame coder on one device; every coding method returns at once with a future.
+
+    The pipeline does everything else: it reads, takes and checks every checksum, and
+    writes. ``decode`` is given payloads whose checksums have been checked; it raises
+    :class:`~ckptz.errors.CorruptionError` for a payload that does not decode and
+    :class:`~ckptz.errors.CodecUnavailableError` for a bitstream it cannot decode.
+
+    Attributes:
+        device: where it runs (``cpu``, ``cuda:N``).
+        threads: CPU threads it uses.
+        frame_size: bytes of original data per frame it codes best.
+        look_ahead: frames a file should keep in flight to keep it busy.
+    """
 
     device: str
     threads: int
+    frame_size: int
+    look_ahead: int
 
-    def encode(self, stream: StreamInfo, data: np.ndarray) -> Future[EncodedFrame]: ...
+    def host_buffer(self, size: int) -> np.ndarray:
+        """A uint8 buffer for frames that this engine reads fastest (pinned on a GPU)."""
+        ...
+
+    def free_buffer(self, buf: np.ndarray) -> None:
+        """Take back a buffer from :meth:`host_buffer` for later reuse."""
+        ...
+
+    def encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> Future[EncodedFrame]:
+        """Code one frame (``checksum`` is its xxh3_64, carried into the result)."""
+        ...
 
     def decode(
-        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
-    ) -> Future[np.ndarray]: ...
+        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, where: str
+    ) -> Future[np.ndarray]:
+        """Decode one frame of ``length`` bytes from its checked payloads."""
+        ...
 
-    def codec_config(self) -> dict[str, dict[str, object]]: ...
+    def codec_config(self) -> dict[str, dict[str, object]]:
+        """What each bitstream is written with (recorded in the container)."""
+        ...
+
+    def container_extras(self) -> dict[str, object]:
+        """Fields this engine adds to a container's JSON header."""
+        ...
 
     def close(self) -> None: ...
 
@@ -59,4 +97,4 @@ def stream_dtype(stream: StreamInfo) -> DType:
     return replace(lookup(stream.dtype), word=stream.word, is_float=stream.rotate)
 
 
-__all__ = ["EncodedFrame", "Engine", "StoredChunk", "stream_dtype"]
+__all__ = ["FRAME_SIZE", "EncodedFrame", "Engine", "StoredChunk", "stream_dtype"]

@@ -19,6 +19,7 @@ host memory) comes on top, per file in flight.
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import time
@@ -30,8 +31,8 @@ import numpy as np
 import torch
 
 from ckptz.codecs.frames import EncodedChunk
-from ckptz.container import StreamInfo, checksum
-from ckptz.engines.base import EncodedFrame, StoredChunk
+from ckptz.container import StreamInfo
+from ckptz.engines.base import FRAME_SIZE, EncodedFrame, StoredChunk
 from ckptz.engines.cpu import decode_chunks
 from ckptz.engines.gpu.coder import (
     ANS_ID,
@@ -48,7 +49,6 @@ from ckptz.engines.gpu.coder import (
 )
 from ckptz.engines.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
 from ckptz.errors import CkptzError, CorruptionError
-from ckptz.pipeline import FRAME_SIZE
 
 DEFAULT_MEMORY = 2 << 30
 ANS_FRAME_SIZE = 4 << 20
@@ -67,6 +67,7 @@ def _shape(stream: StreamInfo, length: int) -> FrameShape:
 class _EncodeJob:
     stream: StreamInfo
     data: np.ndarray
+    checksum: int
     future: Future[EncodedFrame] = field(default_factory=Future)
 
 
@@ -75,10 +76,8 @@ class _DecodeJob:
     stream: StreamInfo
     chunks: list[StoredChunk]
     length: int
-    checksum: int
     where: str
-    on_device: bool
-    future: Future[np.ndarray] | Future[torch.Tensor] = field(default_factory=Future)
+    future: Future[np.ndarray] = field(default_factory=Future)
 
 
 _Job = _EncodeJob | _DecodeJob
@@ -123,6 +122,7 @@ class GpuEngine:
         self._cv = threading.Condition()
         self._closed = False
         self._cpu = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-gpu-cpu")
+        self._pinned = _PinnedPool()
         self._ready = threading.Barrier(workers + 1)
         self._errors: list[BaseException] = []
         self._workers = [
@@ -137,39 +137,30 @@ class GpuEngine:
 
     # -- Engine protocol ------------------------------------------------------------------
 
-    def encode(self, stream: StreamInfo, data: np.ndarray) -> Future[EncodedFrame]:
+    def encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> Future[EncodedFrame]:
         """Queue one frame for coding."""
-        job = _EncodeJob(stream, data)
+        job = _EncodeJob(stream, data, checksum)
         self._put(job)
         return job.future
 
     def decode(
-        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
+        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, where: str
     ) -> Future[np.ndarray]:
-        """Queue one frame for decoding into host memory (checked like :func:`decode_chunks`)."""
+        """Queue one frame for decoding into host memory."""
         if any(c.codec not in GPU_CODECS for c in chunks):
             # A bitstream this engine has no GPU coder for (e.g. a newer CPU codec).
-            return self._cpu.submit(decode_chunks, stream, chunks, length, frame_checksum, where)
-        job = _DecodeJob(stream, chunks, length, frame_checksum, where, on_device=False)
+            return self._cpu.submit(decode_chunks, stream, chunks, length, where)
+        job = _DecodeJob(stream, chunks, length, where)
         self._put(job)
-        return job.future  # type: ignore[return-value]
+        return job.future
 
-    def decode_to_device(
-        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, frame_checksum: int, where: str
-    ) -> Future[torch.Tensor]:
-        """Queue one frame for decoding into GPU memory; the future gives a uint8 CUDA tensor.
+    def host_buffer(self, size: int) -> np.ndarray:
+        """A pinned host buffer: readers fill it and a worker copies it to the device as it is."""
+        return self._pinned.take(size)
 
-        Payload checksums are verified before decoding; the frame checksum (of the original
-        bytes) is verified on a host copy, so corruption never goes unnoticed.
-        """
-        job = _DecodeJob(stream, chunks, length, frame_checksum, where, on_device=True)
-        if any(c.codec not in GPU_CODECS for c in chunks):
-            fut: Future[torch.Tensor] = Future()
-            host = self._cpu.submit(decode_chunks, stream, chunks, length, frame_checksum, where)
-            host.add_done_callback(lambda h: _to_device(h, fut, self.device))
-            return fut
-        self._put(job)
-        return job.future  # type: ignore[return-value]
+    def free_buffer(self, buf: np.ndarray) -> None:
+        """Keep a buffer from :meth:`host_buffer` for the next file (pinning memory is slow)."""
+        self._pinned.give(buf)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         """What each bitstream was written with (recorded in the container)."""
@@ -268,13 +259,15 @@ class GpuEngine:
         self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_EncodeJob]
     ) -> None:
         layout = plan_batch([_shape(j.stream, j.data.size) for j in jobs])
-        pinned = staging.get("in", layout.data_bytes)
-        host = pinned.numpy()
-        sums = []
+        data = torch.empty(max(layout.data_bytes, 1), dtype=torch.uint8, device=self.device)
+        packed = None
         for j, off in zip(jobs, layout.data_offsets, strict=True):
-            host[off : off + j.data.size] = j.data
-            sums.append(checksum(j.data))
-        data = pinned[: layout.data_bytes].to(self.device, non_blocking=True)
+            src = self._pinned.tensor(j.data)
+            if src is None:  # not one of this engine's buffers: stage it through pinned memory
+                packed = packed if packed is not None else staging.get("in", layout.data_bytes)
+                packed[off : off + j.data.size].numpy()[:] = j.data
+                src = packed[off : off + j.data.size]
+            data[off : off + j.data.size].copy_(src, non_blocking=True)
         batch = encode_batch(codecs, self.codec_id, data, layout)
         # One copy back: the batch's payloads, already laid out as the container stores them.
         n = batch.block.numel()
@@ -286,24 +279,18 @@ class GpuEngine:
         view = memoryview(block[:n].numpy().copy())  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
         raw = batch.table.raw_size.tolist()
-        for j, s, shape, first in zip(jobs, sums, layout.shapes, batch.table.starts.tolist(), strict=True):
+        for j, shape, first in zip(jobs, layout.shapes, batch.table.starts.tolist(), strict=True):
             out = [
                 EncodedChunk(codec[c], raw[c], view[offset[c] : offset[c] + size[c]])  # type: ignore[arg-type]
                 for c in range(first, first + shape.word)
             ]
-            j.future.set_result(EncodedFrame(s, out))
+            j.future.set_result(EncodedFrame(j.checksum, out))
 
     def _decode(
         self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_DecodeJob]
     ) -> None:
         good: list[_DecodeJob] = []
         for j in jobs:
-            bad = next((c for c in j.chunks if checksum(c.payload) != c.checksum), None)
-            if bad is not None:
-                j.future.set_exception(
-                    CorruptionError(f"stored bytes of {j.where} fail their checksum", chunk=bad.index)
-                )
-                continue
             try:
                 _check_chunks(j)
             except CorruptionError as exc:
@@ -338,17 +325,49 @@ class GpuEngine:
         del payloads
         view = out.numpy().copy()  # the frames outlive this batch (see _encode)
         for j, off in zip(good, layout.data_offsets, strict=True):
-            frame = view[off : off + j.length]
-            if checksum(frame) != j.checksum:
-                j.future.set_exception(
-                    CorruptionError(
-                        f"decoded bytes of {j.where} fail their checksum", chunk=j.chunks[0].index
-                    )
-                )
-            elif j.on_device:
-                j.future.set_result(data[off : off + j.length])  # type: ignore[arg-type]
-            else:
-                j.future.set_result(frame)  # type: ignore[arg-type]
+            j.future.set_result(view[off : off + j.length])
+
+
+class _PinnedPool:
+    """Pinned host buffers for the pipeline's frames, kept for reuse across files, and the
+    pinned tensor behind any view of one (so a worker copies a frame to the device straight
+    from where a reader put it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._starts: list[int] = []
+        self._tensors: list[torch.Tensor] = []
+
+    def take(self, size: int) -> np.ndarray:
+        with self._lock:
+            spare = self._free.get(size)
+            if spare:
+                return spare.pop().numpy()
+            t = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            at = bisect.bisect(self._starts, t.data_ptr())
+            self._starts.insert(at, t.data_ptr())
+            self._tensors.insert(at, t)
+        return t.numpy()
+
+    def give(self, buf: np.ndarray) -> None:
+        t = self.tensor(buf)
+        if t is not None and t.data_ptr() == buf.ctypes.data and t.numel() == buf.size:
+            with self._lock:
+                self._free.setdefault(t.numel(), []).append(t)
+
+    def tensor(self, arr: np.ndarray) -> torch.Tensor | None:
+        """The pinned tensor holding ``arr`` (a contiguous uint8 view), or None."""
+        ptr = arr.ctypes.data
+        with self._lock:
+            at = bisect.bisect(self._starts, ptr) - 1
+            if at < 0 or not arr.flags.c_contiguous:
+                return None
+            base = self._tensors[at]
+        offset = ptr - self._starts[at]
+        if offset + arr.nbytes > base.numel():
+            return None
+        return base[offset : offset + arr.nbytes]
 
 
 class _Staging:
@@ -382,14 +401,6 @@ def _check_chunks(j: _DecodeJob) -> None:
 
 def _job_bytes(job: _Job) -> int:
     return int(job.data.size) if isinstance(job, _EncodeJob) else job.length
-
-
-def _to_device(host: Future[np.ndarray], fut: Future[torch.Tensor], device: str) -> None:
-    exc = host.exception()
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(torch.from_numpy(host.result()).to(device))
 
 
 __all__ = ["DEFAULT_MEMORY", "BatchLayout", "GpuEngine"]

@@ -1,0 +1,380 @@
+"""Compressing one file: read → code → write, every stage in parallel.
+
+Frames (:func:`ckptz.pipeline.plan.frame_map`) flow through three stages that run at once:
+
+- **read**: a reader thread takes a free frame buffer, ``pread``\\ s the frame's pieces into
+  it, takes its checksum while the bytes are in cache, and hands it to the engine;
+- **code**: the engine (CPU threads or GPU batches) codes the frame;
+- **write**: this thread gives each coded frame its place in the container, in frame order,
+  and a writer thread ``pwritev``\\ s its payloads there.
+
+Beside them one thread hashes the file in order (the container's whole-file digest) from
+the frame buffers as they fill. A buffer goes back to the pool once it is hashed and coded,
+so memory stays at :func:`~ckptz.pipeline.workers.slots_needed` frames per file, plus the
+coded frames waiting for a writer (at most :data:`WRITE_DEPTH` per writer).
+
+With ``verify``, every coded frame is also decoded again from the very payloads that are
+written, and must give back the frame's checksum; the written container is then read back
+and its index and every payload compared with what was written (RELIABILITY.md says why this
+proves what decoding the file again would).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+import ckptz
+from ckptz import safeio
+from ckptz.container import (
+    ALIGN,
+    PREFIX,
+    Index,
+    checksum,
+    index_bytes,
+    make_tables,
+    padded_size,
+    read_index,
+)
+from ckptz.engines.base import EncodedFrame, Engine, StoredChunk
+from ckptz.errors import CorruptionError, FormatError
+from ckptz.formats import read_layout
+from ckptz.formats.layout import FileLayout
+from ckptz.pipeline.plan import Frame, StreamPlan, frame_map, plan_streams
+from ckptz.pipeline.workers import FrameSlots, Stopped, Workers, file_digest, slots_needed
+
+Progress = Callable[[int], None]
+#: Coded frames queued per writer thread before the pipeline waits for the storage.
+WRITE_DEPTH = 8
+_ZEROS = bytes(ALIGN)
+
+
+def _no_progress(_: int) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenContainer:
+    """What compressing one file produced."""
+
+    layout: FileLayout
+    index: Index
+    size: int
+
+
+def compress_file(
+    src: Path,
+    relpath: str,
+    out: BinaryIO | None,
+    engine: Engine,
+    *,
+    workers: Workers | None = None,
+    progress: Progress = _no_progress,
+    verify: bool = False,
+) -> WrittenContainer:
+    """Compress ``src`` into the open, empty file ``out`` (``None``: code everything and
+    write nothing, to measure the pipeline without storage).
+
+    Args:
+        workers: the run's reader and writer threads (default: a set for this file only).
+        verify: decode every coded frame back before returning, and read the written
+            container back (see the module docstring).
+
+    Raises:
+        FormatError: the source changed while being read.
+        CorruptionError: ``verify`` found a frame or payload that does not match.
+        OSError: reading or writing failed.
+    """
+    layout = read_layout(src, relpath)
+    plan = plan_streams(layout, engine.frame_size, src)
+    own = workers is None
+    pools = workers or Workers()
+    try:
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            return _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify).run()
+        finally:
+            os.close(fd)
+    finally:
+        if own:
+            pools.close()
+
+
+class _Compression:
+    """One file's run through the stages (see the module docstring)."""
+
+    def __init__(
+        self,
+        fd: int,
+        relpath: str,
+        layout: FileLayout,
+        plan: StreamPlan,
+        out: BinaryIO | None,
+        engine: Engine,
+        workers: Workers,
+        progress: Progress,
+        verify: bool,
+    ) -> None:
+        self.fd, self.relpath, self.layout, self.plan = fd, relpath, layout, plan
+        self.out = out.fileno() if out is not None else None
+        self.out_path = getattr(out, "name", None)
+        self.engine, self.workers, self.progress, self.verify = engine, workers, progress, verify
+        segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
+        self.segments = segments
+        self.frames = frame_map(segments, [s.frame_size for s in plan.streams])
+        self.read: list[Future[np.ndarray]] = [Future() for _ in self.frames]
+        self.coded: list[Future[EncodedFrame] | None] = [None] * len(self.frames)
+        self.sums = [0] * len(self.frames)
+        self.buffers: list[np.ndarray | None] = [None] * len(self.frames)
+        self.users = [3] * len(self.frames)  # digest, writer stage, verification
+        self.lock = threading.Lock()
+        size = max((f.length for f in self.frames), default=1)
+        count = slots_needed(self.frames, len(plan.streams), engine.look_ahead)
+        self.slots = FrameSlots(count, size, engine.host_buffer, engine.free_buffer)
+        self.write_room = threading.Semaphore(WRITE_DEPTH * workers.writers)
+        self.failed: list[BaseException] = []
+
+    # -- stages ---------------------------------------------------------------------------
+
+    def run(self) -> WrittenContainer:
+        feeder = threading.Thread(target=self._guard, args=(self._feed,), name="ckptz-feed", daemon=True)
+        digest: Future[str] = Future()
+        hasher = threading.Thread(target=self._hash, args=(digest,), name="ckptz-digest", daemon=True)
+        feeder.start()
+        hasher.start()
+        try:
+            frames, chunks, writes, checks, end = self._place()
+            source_digest = digest.result()
+            for w in writes:
+                w.result()
+            for c in checks:
+                c.result()
+        except BaseException as exc:
+            self._fail(exc)
+            raise self._first_error() from None
+        finally:
+            feeder.join()
+            hasher.join()
+            self.slots.close()
+        if os.pread(self.fd, 1, self.layout.size):
+            raise FormatError("file grew while being read", path=self.relpath)
+        index = Index(
+            self._header(source_digest, chunks),
+            self.plan.streams,
+            *make_tables(self.segments, frames, chunks),
+        )
+        tail = index_bytes(index, end)
+        if self.out is not None:
+            safeio.pwrite_all(self.out, [PREFIX], 0)
+            safeio.pwrite_all(self.out, [tail], end)
+            if self.verify:
+                self._read_back(index, tail, end)
+        return WrittenContainer(self.layout, index, end + len(tail))
+
+    def _guard(self, stage: Callable[[], None]) -> None:
+        try:
+            stage()
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Stop every stage: waiting threads wake and leave, unread frames fail."""
+        with self.lock:
+            self.failed.append(exc)
+        self.slots.stop()
+        for f in self.read:
+            if not f.done():
+                with contextlib.suppress(InvalidStateError):
+                    f.set_exception(Stopped())
+
+    def _first_error(self) -> BaseException:
+        """The error that stopped the run (others only saw the stop)."""
+        with self.lock:
+            return next(
+                (e for e in self.failed if not isinstance(e, Stopped | InvalidStateError)), self.failed[0]
+            )
+
+    def _feed(self) -> None:
+        """Take a buffer for each frame in order, and queue its read."""
+        for i in range(len(self.frames)):
+            buf = self.slots.take()
+            self.buffers[i] = buf
+            self.workers.read.submit(self._read, i, buf)
+
+    def _read(self, i: int, buf: np.ndarray) -> None:
+        frame = self.frames[i]
+        try:
+            view = buf[: frame.length]
+            for at, within, n in frame.pieces:
+                if os.preadv(self.fd, [view.data[within : within + n]], at) != n:
+                    raise FormatError("file changed or was truncated while being read", path=self.relpath)
+            self.sums[i] = checksum(view)
+            self.coded[i] = self.engine.encode(self.plan.streams[frame.stream], view, self.sums[i])
+            self.read[i].set_result(view)
+            self.progress(frame.length)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _hash(self, digest: Future[str]) -> None:
+        try:
+            digest.set_result(file_digest(self.frames, self.read, self._release))
+        except BaseException as exc:
+            digest.set_exception(exc)
+
+    def _release(self, i: int) -> None:
+        """One user of frame ``i``'s buffer is done; the last gives it back."""
+        with self.lock:
+            self.users[i] -= 1
+            free = self.users[i] == 0
+        if free:
+            buf, self.buffers[i] = self.buffers[i], None
+            if buf is not None:
+                self.slots.give(buf)
+
+    def _place(
+        self,
+    ) -> tuple[
+        list[tuple[int, int, int, int]],
+        list[tuple[int, int, int, int, int, int]],
+        list[Future[None]],
+        list[Future[None]],
+        int,
+    ]:
+        """Give each coded frame, in order, its place in the container and queue its write."""
+        frames: list[tuple[int, int, int, int]] = []
+        chunks: list[tuple[int, int, int, int, int, int]] = []
+        writes: list[Future[None]] = []
+        checks: list[Future[None]] = []
+        pos = len(PREFIX)
+        for i, frame in enumerate(self.frames):
+            self.read[i].result()
+            fut = self.coded[i]
+            assert fut is not None  # set before the read resolves
+            coded = fut.result()
+            start, parts = pos, list[bytes | memoryview]()
+            for plane, ch in enumerate(coded.chunks):
+                n = len(ch.payload)
+                chunks.append((pos, n, ch.raw_size, checksum(ch.payload), ch.codec, plane))
+                parts.append(ch.payload)
+                if -n % ALIGN:
+                    parts.append(_ZEROS[: -n % ALIGN])
+                pos += padded_size(n)
+            frames.append((frame.stream, len(coded.chunks), frame.length, self.sums[i]))
+            self._release(i)
+            if self.verify:
+                checks.append(self._check(i, frame, coded, len(chunks) - len(coded.chunks)))
+            else:
+                self._release(i)
+            if self.out is not None:
+                self.write_room.acquire()
+                w = self.workers.write.submit(safeio.pwrite_all, self.out, parts, start)
+                w.add_done_callback(lambda _: self.write_room.release())
+                writes.append(w)
+        return frames, chunks, writes, checks, pos
+
+    def _check(self, i: int, frame: Frame, coded: EncodedFrame, first: int) -> Future[None]:
+        """Decode frame ``i`` again from its payloads; its checksum must come back."""
+        stored = [
+            StoredChunk(first + p, c.codec, c.raw_size, c.payload, checksum(c.payload))
+            for p, c in enumerate(coded.chunks)
+        ]
+        where = f"frame {i} of {self.relpath}"
+        decoded = self.engine.decode(self.plan.streams[frame.stream], stored, frame.length, where)
+        done: Future[None] = Future()
+
+        def compare(fut: Future[np.ndarray]) -> None:
+            try:
+                data = fut.result()
+                if data.size != frame.length or checksum(data) != self.sums[i]:
+                    raise CorruptionError(f"{where} does not decode back to its original", path=self.relpath)
+            except BaseException as exc:
+                self._release(i)
+                done.set_exception(exc)
+            else:
+                self._release(i)
+                done.set_result(None)
+
+        decoded.add_done_callback(compare)
+        return done
+
+    def _read_back(self, index: Index, tail: bytes, end: int) -> None:
+        """The written file must hold exactly the index and payloads that were checked."""
+        if not isinstance(self.out_path, str | bytes | os.PathLike):
+            raise TypeError("verify needs an output file opened by name, to read it back")
+        with open(self.out_path, "rb") as f:
+            again = read_index(f, self.relpath)
+            out = os.dup(f.fileno())
+        try:
+            self._check_payloads(out, again, index, tail, end)
+        finally:
+            os.close(out)
+
+    def _check_payloads(self, out: int, again: Index, index: Index, tail: bytes, end: int) -> None:
+        if os.pread(out, len(tail), end) != tail or not np.array_equal(again.chunks, index.chunks):
+            raise CorruptionError("the written index differs from the one made", path=self.relpath)
+        ranges = _frame_ranges(index)
+
+        def check(lo: int, hi: int) -> None:
+            data = memoryview(os.pread(out, hi - lo, lo))
+            for c in index.chunks[(index.chunks["offset"] >= lo) & (index.chunks["offset"] < hi)]:
+                at = int(c["offset"]) - lo
+                if checksum(data[at : at + int(c["size"])]) != int(c["checksum"]):
+                    raise CorruptionError("a written payload differs from the one checked", path=self.relpath)
+
+        for task in [self.workers.read.submit(check, lo, hi) for lo, hi in ranges]:
+            task.result()
+
+    def _header(self, digest: str, chunks: list[tuple[int, int, int, int, int, int]]) -> dict[str, object]:
+        from ckptz.codecs import codec_name
+
+        used = sorted({c[4] for c in chunks})
+        config = self.engine.codec_config()
+        header: dict[str, object] = {
+            "source": {
+                "name": Path(self.relpath).name,
+                "size": self.layout.size,
+                "xxh3_128": digest,
+                "format": self.layout.format,
+                "notes": list(self.layout.notes),
+            },
+            "created_by": f"ckptz {ckptz.__version__}",
+            "device": self.engine.device,
+            "codecs": {str(c): config.get(codec_name(c), {"name": codec_name(c)}) for c in used},
+            "tensor_keys": [list(seg.keys) for seg in self.layout.segments],
+        }
+        header.update(self.engine.container_extras())
+        return header
+
+
+#: Bytes of container one read-back task checks.
+_READ_BACK = 64 << 20
+
+
+def _frame_ranges(index: Index) -> list[tuple[int, int]]:
+    """The data area cut into pieces of about :data:`_READ_BACK` bytes at payload starts."""
+    offsets = np.sort(index.chunks["offset"]).tolist()
+    if not offsets:
+        return []
+    end = int(index.chunks["offset"].max()) + padded_size(
+        int(index.chunks["size"][np.argmax(index.chunks["offset"])])
+    )
+    ranges, lo = [], offsets[0]
+    for off in offsets:
+        if off - lo >= _READ_BACK:
+            ranges.append((lo, off))
+            lo = off
+    ranges.append((lo, end))
+    return ranges
+
+
+__all__ = ["WrittenContainer", "compress_file"]

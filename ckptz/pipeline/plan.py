@@ -1,0 +1,163 @@
+"""Planning a file's streams and frames: which bytes of the file each frame holds.
+
+Compression groups a file's segments into streams (:func:`plan_streams`) and cuts each
+stream into frames; restoring reads the same grouping from a container's index. Either way,
+:func:`frame_map` says where every frame's bytes lie in the original file, so readers,
+coders and writers can work on frames in any order and in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from ckptz.container import StreamInfo
+from ckptz.dtypes import DType, lookup
+from ckptz.engines.base import FRAME_SIZE
+from ckptz.formats.layout import FileLayout, Segment
+
+#: Meta bytes (pickles, zip headers) are few and compress well together: bigger frames.
+META_FRAME_SIZE = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    streams: tuple[StreamInfo, ...]
+    segment_streams: tuple[int, ...]
+
+
+def plan_streams(layout: FileLayout, frame_size: int = FRAME_SIZE, source: Path | None = None) -> StreamPlan:
+    """Group segments into streams of one (component, dtype), numbered by first appearance.
+
+    Tensor streams are cut into ``frame_size`` frames (an engine may prefer larger ones:
+    the container records each stream's, so any reader decodes any size). Given the
+    ``source`` file, float tensors are also sorted by :func:`value_class` of a small
+    sample, so that fp32 tensors holding bf16 values do not share frames with true fp32
+    ones: a few KB of full mantissas in a frame cost its low planes their constant and
+    bit-packed codes.
+    """
+    ids: dict[tuple[str, str, int, bool, int], int] = {}
+    keys: list[tuple[str, str, int, bool, int]] = []
+    lengths: list[int] = []
+    tensors: list[int] = []
+    seg_streams: list[int] = []
+    with open(source, "rb", buffering=0) if source is not None else nullcontext() as f:
+        for seg in layout.segments:
+            key = _stream_key(seg, f)
+            sid = ids.setdefault(key, len(keys))
+            if sid == len(keys):
+                keys.append(key)
+                lengths.append(0)
+                tensors.append(0)
+            lengths[sid] += seg.length
+            tensors[sid] += seg.kind == "tensor"
+            seg_streams.append(sid)
+    streams = []
+    for sid, (component, dtype, word, rotate, _) in enumerate(keys):
+        frame = META_FRAME_SIZE if word == 1 and component in ("metadata", "other") else frame_size
+        streams.append(StreamInfo(sid, component, dtype, word, rotate, frame, lengths[sid], tensors[sid]))
+    return StreamPlan(tuple(streams), tuple(seg_streams))
+
+
+def _stream_key(seg: Segment, source: BinaryIO | None) -> tuple[str, str, int, bool, int]:
+    dt = lookup(seg.dtype) if seg.kind == "tensor" else lookup("uint8")
+    if seg.length % dt.word:
+        dt = lookup("uint8")
+    cls = 0
+    if source is not None:
+        fd = source.fileno()
+        cls = sampled_class(lambda at, n: os.pread(fd, n, seg.offset + at), seg.length, dt)
+    return (seg.component, dt.name, dt.word, dt.is_float, cls)
+
+
+def value_class(data: np.ndarray, word: int) -> int:
+    """How many low-order bytes are zero in every ``word``-byte little-endian word of
+    ``data`` (a 1-D uint8 array of whole words), at most ``word - 1``.
+
+    2 for fp32 tensors holding bf16 values, 3 for fp64 holding fp32 ones, 0 for trained
+    fp32 (a full mantissa leaves its lowest byte zero once in 256 words).
+    """
+    seen = np.bitwise_or.reduce(data.reshape(-1, word), axis=0) if data.size else np.zeros(word, np.uint8)
+    zero = 0
+    while zero < word - 1 and not seen[zero]:
+        zero += 1
+    return zero
+
+
+#: A float tensor's value class is judged on this many pieces of ``_PIECE`` bytes spread
+#: over it (the whole tensor if smaller): a padding row of zeros at its start cannot pass
+#: for low-precision values, and a 70B model's checkpoint (~3 K float tensors) needs ~12 K
+#: small reads.
+_PIECES = 4
+_PIECE = 512
+
+
+def _sample_spans(length: int, word: int) -> list[tuple[int, int]]:
+    """(offset, size) of the pieces of a ``length``-byte tensor that :func:`value_class` judges."""
+    if length <= _PIECES * _PIECE:
+        return [(0, length)]
+    step = (length - _PIECE) // (_PIECES - 1)
+    return [(i * step // word * word, _PIECE) for i in range(_PIECES)]
+
+
+def sampled_class(read: Callable[[int, int], bytes], length: int, dt: DType) -> int:
+    """The :func:`value_class` of a ``length``-byte tensor of ``dt`` (0 unless it is a
+    float of 2+ bytes), judged on a few pieces that ``read(offset, size)`` returns."""
+    if not dt.is_float or dt.word == 1:
+        return 0
+    parts = [read(at, n) for at, n in _sample_spans(length, dt.word)]
+    # A short read (the file shrank since its layout was read) samples less: the
+    # sequential read that follows reports it.
+    data = b"".join(p[: len(p) // dt.word * dt.word] for p in parts)
+    return value_class(np.frombuffer(data, np.uint8), dt.word)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame and where its bytes lie in the original file.
+
+    Attributes:
+        stream: the stream's id.
+        number: the frame's place in its stream (0, 1, ...).
+        length: bytes of original data.
+        pieces: ``(file offset, offset in the frame, bytes)`` for each run of the frame's
+            bytes, in file order; they tile the frame.
+    """
+
+    stream: int
+    number: int
+    length: int
+    pieces: tuple[tuple[int, int, int], ...]
+
+    @property
+    def start(self) -> int:
+        """File offset of the frame's first byte."""
+        return self.pieces[0][0]
+
+
+def frame_map(segments: Sequence[tuple[int, int]], frame_sizes: Sequence[int]) -> list[Frame]:
+    """Every frame of a file, ordered by the file offset of its first byte.
+
+    ``segments`` are ``(stream, length)`` in file order and ``frame_sizes`` each stream's
+    frame size. This is the order a reader of the file in order first needs each frame, and
+    within every stream it is the frames' own order.
+    """
+    stream_pos = [0] * len(frame_sizes)
+    pieces: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # in order of first byte
+    file_pos = 0
+    for sid, length in segments:
+        size = frame_sizes[sid]
+        while length:
+            k, within = divmod(stream_pos[sid], size)
+            take = min(length, size - within)
+            pieces.setdefault((sid, k), []).append((file_pos, within, take))
+            stream_pos[sid] += take
+            file_pos += take
+            length -= take
+    return [Frame(sid, k, sum(p[2] for p in runs), tuple(runs)) for (sid, k), runs in pieces.items()]

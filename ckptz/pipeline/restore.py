@@ -1,0 +1,360 @@
+"""Restoring one container: read → check → decode → check → place, every stage in parallel.
+
+This is ckptz's one restore loop: decompressing to a file, comparing with an original,
+verifying, streaming to stdout and decoding into GPU memory all run it, on either engine,
+and differ only in their :class:`Sink`. Every check FORMAT.md promises runs on every path:
+
+- a reader thread ``pread``\\ s a frame's payloads with their padding, checks that the
+  padding is zero and every payload's checksum, and hands the frame to the engine;
+- the engine decodes it;
+- a writer thread checks the decoded frame's length and checksum and gives it to the sink,
+  which puts its pieces where they belong (``pwrite`` at file offsets, compare, copy);
+- one thread hashes the restored bytes in file order and compares the whole-file digest.
+
+Memory stays at :func:`~ckptz.pipeline.workers.slots_needed` decoded frames.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from typing import BinaryIO, Protocol, cast
+
+import numpy as np
+
+from ckptz import safeio
+from ckptz.container import Index, checksum, frame_chunk_starts, padded_size, read_index, stream_frame_lists
+from ckptz.engines.base import Engine, StoredChunk
+from ckptz.errors import CodecError, CorruptionError, MismatchError
+from ckptz.pipeline.plan import Frame, frame_map
+from ckptz.pipeline.workers import Stopped, Workers, file_digest, slots_needed
+
+Progress = Callable[[int], None]
+
+
+def _no_progress(_: int) -> None:
+    pass
+
+
+class Sink(Protocol):
+    """Where restored frames go. :meth:`put` is called from many threads at once, once per
+    frame, with the frame's checked bytes; :meth:`finish` once at the end."""
+
+    def put(self, frame: Frame, data: np.ndarray) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class FileSink:
+    """Writes each frame's pieces at their offsets in an open file."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._fd = f.fileno()
+
+    def put(self, frame: Frame, data: np.ndarray) -> None:
+        for at, within, n in frame.pieces:
+            safeio.pwrite_all(self._fd, [data.data[within : within + n]], at)
+
+    def finish(self) -> None:
+        pass
+
+
+class DiscardSink:
+    """Keeps nothing (verification, and measuring the pipeline without storage)."""
+
+    def put(self, frame: Frame, data: np.ndarray) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class Comparer:
+    """Compares each restored frame with the same bytes of the original file, in place.
+
+    Raises:
+        MismatchError: names the first differing byte found, or a size difference.
+    """
+
+    def __init__(self, original: BinaryIO, path: str) -> None:
+        self._fd = original.fileno()
+        self._path = path
+        self.size = 0
+
+    def put(self, frame: Frame, data: np.ndarray) -> None:
+        for at, within, n in frame.pieces:
+            theirs = os.pread(self._fd, n, at)
+            ours = data.data[within : within + n]
+            if theirs != ours:
+                diff = np.flatnonzero(
+                    np.frombuffer(theirs, np.uint8) != np.frombuffer(ours, np.uint8)[: len(theirs)]
+                )
+                first = at + (int(diff[0]) if diff.size else len(theirs))
+                raise MismatchError(f"differs from the original at byte {first}", path=self._path)
+
+    def expect_size(self, size: int) -> None:
+        """Record the restored size, checked against the original's by :meth:`finish`."""
+        self.size = size
+
+    def finish(self) -> None:
+        original = os.fstat(self._fd).st_size
+        if original != self.size:
+            raise MismatchError(
+                f"original is {original} bytes, the restored file {self.size}", path=self._path
+            )
+
+
+class _Ordered:
+    """A sink that takes the restored bytes in file order, one piece at a time (stdout)."""
+
+    def __init__(self, write: Callable[[memoryview], object]) -> None:
+        self.write = write
+
+    def put(self, frame: Frame, data: np.ndarray) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def restore(
+    container: BinaryIO,
+    path: str,
+    engine: Engine,
+    sink: Sink | Callable[[memoryview], object],
+    *,
+    index: Index | None = None,
+    workers: Workers | None = None,
+    progress: Progress = _no_progress,
+) -> Index:
+    """Decode a container and give the original file's bytes to ``sink``.
+
+    ``sink`` is a :class:`Sink` (frames in any order, from many threads) or a callable that
+    receives the bytes in file order. Every payload, every frame and the whole file are
+    checked against their checksums.
+
+    Raises:
+        ContainerError: the container is unreadable.
+        CorruptionError: some bytes fail their checksum (names the chunk and tensor).
+        CodecUnavailableError: a chunk's bitstream cannot be decoded here.
+        MismatchError: a :class:`Comparer` sink found a difference.
+    """
+    index = index or read_index(container, path)
+    target = cast(Sink, sink) if hasattr(sink, "put") else _Ordered(sink)
+    if isinstance(target, Comparer):
+        target.expect_size(index.source_size)
+    own = workers is None
+    pools = workers or Workers()
+    try:
+        _Restore(container.fileno(), path, index, engine, target, pools, progress).run()
+    finally:
+        if own:
+            pools.close()
+    return index
+
+
+class _Restore:
+    def __init__(
+        self,
+        fd: int,
+        path: str,
+        index: Index,
+        engine: Engine,
+        sink: Sink,
+        workers: Workers,
+        progress: Progress,
+    ) -> None:
+        self.fd, self.path, self.index, self.engine, self.sink = fd, path, index, engine, sink
+        self.workers, self.progress = workers, progress
+        segments = list(
+            zip(index.segments["stream"].tolist(), index.segments["length"].tolist(), strict=True)
+        )
+        self.frames = frame_map(segments, [s.frame_size for s in index.streams])
+        self.rows = stream_frame_lists(index)
+        self.starts = frame_chunk_starts(index.frames)
+        self.tensor_at = _frame_tensors(index, segments)
+        self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
+        self.users = [2] * len(self.frames)  # digest, sink
+        self.lock = threading.Lock()
+        self.room = threading.Semaphore(slots_needed(self.frames, len(index.streams), engine.look_ahead))
+        self.failed: list[BaseException] = []
+        self.stopped = False
+
+    def run(self) -> None:
+        feeder = threading.Thread(target=self._feed, name="ckptz-feed", daemon=True)
+        feeder.start()
+        ordered = self.sink.write if isinstance(self.sink, _Ordered) else None
+        try:
+            digest = file_digest(self.frames, self.data, self._release, ordered)
+        except BaseException as exc:
+            self._fail(exc)
+            raise self._first_error() from None
+        finally:
+            feeder.join()
+        if self.failed:
+            raise self._first_error()
+        if digest != self.index.source_digest:
+            raise CorruptionError("restored file does not match the original's digest", path=self.path)
+        self.sink.finish()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self.lock:
+            self.failed.append(exc)
+            self.stopped = True
+        self.room.release()  # wake the feeder, which then sees ``stopped``
+        for f in self.data:
+            if not f.done():
+                with contextlib.suppress(InvalidStateError):
+                    f.set_exception(Stopped())
+
+    def _first_error(self) -> BaseException:
+        with self.lock:
+            return next(
+                (e for e in self.failed if not isinstance(e, Stopped | InvalidStateError)), self.failed[0]
+            )
+
+    def _release(self, i: int) -> None:
+        with self.lock:
+            self.users[i] -= 1
+            free = self.users[i] == 0
+        if free:
+            self.room.release()
+
+    def _feed(self) -> None:
+        for i in range(len(self.frames)):
+            self.room.acquire()
+            if self.stopped:
+                return
+            self.workers.read.submit(self._read, i)
+
+    def _read(self, i: int) -> None:
+        """Read and check frame ``i``'s payloads, and queue its decoding."""
+        try:
+            frame = self.frames[i]
+            rows = self.rows[frame.stream]
+            if frame.number >= len(rows):
+                raise CorruptionError("a stream has fewer frames than its segments need", path=self.path)
+            row = int(rows[frame.number])
+            first = int(self.starts[row])
+            count = int(self.index.frames[row]["chunks"])
+            chunks = self.index.chunks[first : first + count]
+            tensor = self.tensor_at(frame.stream, frame.number)
+            stored = [
+                StoredChunk(first + j, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"]))
+                for j, (c, payload) in enumerate(
+                    zip(chunks, self._payloads(chunks, first, tensor), strict=True)
+                )
+            ]
+            for c in stored:
+                if checksum(c.payload) != c.checksum:
+                    raise CorruptionError(
+                        f"stored bytes of frame {row} of stream {frame.stream} fail their checksum",
+                        path=self.path,
+                        chunk=c.index,
+                        tensor=tensor,
+                    )
+            where = f"frame {row} of stream {frame.stream} ({self.index.streams[frame.stream].component})"
+            decoded = self.engine.decode(self.index.streams[frame.stream], stored, frame.length, where)
+            expected = int(self.index.frames[row]["checksum"])
+            decoded.add_done_callback(lambda fut: self._queue_put(i, fut, expected, first, tensor, where))
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _payloads(self, chunks: np.ndarray, first: int, tensor: str | None) -> list[memoryview]:
+        """Each chunk's payload; the pad after each is read with it and must be zero, so no
+        byte of the data area is left unchecked. Adjacent chunks are read in one call."""
+        offsets = chunks["offset"].tolist()
+        sizes = chunks["size"].tolist()
+        out: list[memoryview] = []
+        j = 0
+        while j < len(offsets):
+            k = j + 1
+            while k < len(offsets) and offsets[k] == offsets[k - 1] + padded_size(sizes[k - 1]):
+                k += 1
+            span = offsets[k - 1] + padded_size(sizes[k - 1]) - offsets[j]
+            block = memoryview(os.pread(self.fd, span, offsets[j]))
+            if len(block) != span:
+                raise CorruptionError(
+                    "container ends inside a chunk (truncated?)", path=self.path, chunk=first + j
+                )
+            for m in range(j, k):
+                at = offsets[m] - offsets[j]
+                end = at + padded_size(sizes[m])
+                if block[at + sizes[m] : end].tobytes().count(0) != end - at - sizes[m]:
+                    raise CorruptionError(
+                        "padding after a chunk is not zero", path=self.path, chunk=first + m, tensor=tensor
+                    )
+                out.append(block[at : at + sizes[m]])
+            j = k
+        return out
+
+    def _queue_put(
+        self, i: int, fut: Future[np.ndarray], expected: int, first: int, tensor: str | None, where: str
+    ) -> None:
+        try:
+            self.workers.write.submit(self._put, i, fut, expected, first, tensor, where)
+        except RuntimeError as exc:  # the pools were shut down: the run already failed
+            self._fail(exc)
+
+    def _put(
+        self, i: int, fut: Future[np.ndarray], expected: int, first: int, tensor: str | None, where: str
+    ) -> None:
+        """Check decoded frame ``i`` and hand it to the sink and the digest."""
+        frame = self.frames[i]
+        try:
+            try:
+                data = fut.result()
+            except CorruptionError as exc:
+                chunk = first if exc.chunk is None else exc.chunk
+                raise CorruptionError(
+                    exc.reason, path=self.path, chunk=chunk, tensor=exc.tensor or tensor
+                ) from None
+            except CodecError as exc:
+                if exc.path is not None:
+                    raise
+                raise type(exc)(
+                    exc.message.removeprefix(f"codec {exc.codec}: "),
+                    codec=exc.codec,
+                    path=self.path,
+                    hint=exc.hint,
+                ) from None
+            if data.size != frame.length or checksum(data) != expected:
+                raise CorruptionError(
+                    f"decoded bytes of {where} fail their checksum",
+                    path=self.path,
+                    chunk=first,
+                    tensor=tensor,
+                )
+            self.data[i].set_result(data)
+            self.sink.put(frame, data)
+            self.progress(frame.length)
+            self._release(i)
+        except BaseException as exc:
+            self._fail(exc)
+
+
+def _frame_tensors(index: Index, segments: list[tuple[int, int]]) -> Callable[[int, int], str | None]:
+    """A function naming the first tensor in frame ``k`` of stream ``sid`` (None for metadata)."""
+    keys = index.header.get("tensor_keys", [])
+    keys = keys if isinstance(keys, list) else []
+    starts: list[list[int]] = [[] for _ in index.streams]
+    names: list[list[str | None]] = [[] for _ in index.streams]
+    pos = [0] * len(index.streams)
+    for i, (sid, length) in enumerate(segments):
+        seg_keys = keys[i] if i < len(keys) else None
+        starts[sid].append(pos[sid])
+        names[sid].append(str(seg_keys[0]) if isinstance(seg_keys, list) and seg_keys else None)
+        pos[sid] += length
+
+    def tensor(sid: int, k: int) -> str | None:
+        at = bisect.bisect_right(starts[sid], k * index.streams[sid].frame_size) - 1
+        return names[sid][at] if at >= 0 else None
+
+    return tensor
+
+
+__all__ = ["Comparer", "DiscardSink", "FileSink", "Sink", "restore"]
