@@ -275,7 +275,7 @@ def compress(
     src, start = Path(src), time.perf_counter()
     entries = _walk(src)
     in_place = in_place and not discard
-    root = _output_root(src, Path(dst) if dst else None, in_place, suffix_add=True)
+    root = src if discard else _output_root(src, Path(dst) if dst else None, in_place, suffix_add=True)
     single_dst = Path(dst) if dst and not src.is_dir() else None
     # In place, the original is removed only after its container decoded back to it.
     verify = True if in_place else bool(verify)
@@ -485,7 +485,7 @@ def decompress(
     src, start = Path(src), time.perf_counter()
     entries = _walk(src)
     in_place = in_place and not discard
-    root = _output_root(src, Path(dst) if dst else None, in_place, suffix_add=False)
+    root = src if discard else _output_root(src, Path(dst) if dst else None, in_place, suffix_add=False)
     single_dst = Path(dst) if dst and not src.is_dir() else None
     jobs: list[tuple[_Entry, Path]] = []
     copies: list[tuple[_Entry, Path]] = []

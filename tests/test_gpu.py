@@ -22,7 +22,7 @@ from ckptz.codecs.frames import EncodedChunk
 from ckptz.codecs.planes import split
 from ckptz.container import StreamInfo, checksum, read_index
 from ckptz.dtypes import DType, lookup
-from ckptz.engines.base import EncodedFrame
+from ckptz.engines.base import EncodedFrame, StoredChunk
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CodecUnavailableError
 
@@ -472,9 +472,18 @@ def test_engine_futures_and_checksums() -> None:
     stream = StreamInfo(0, "weights", "float32", 4, True, 1 << 20, 3 << 20, 1)
     frames = [_trained_bytes("float32", 1 << 18, seed=s) for s in range(3)]
     with GpuEngine(0, codec="ans", memory=64 << 20) as engine:
-        futs: list[Future[EncodedFrame]] = [engine.encode(stream, f) for f in frames]
-        for f, fut in zip(frames, futs, strict=True):
-            assert fut.result().checksum == checksum(f)
+        # Pinned buffers from the engine are copied to the device as they are; others are staged.
+        pinned = engine.host_buffer(frames[0].size)
+        pinned[:] = frames[0]
+        inputs = [pinned, *frames[1:]]
+        futs: list[Future[EncodedFrame]] = [engine.encode(stream, f, checksum(f)) for f in inputs]
+        for i, (f, fut) in enumerate(zip(frames, futs, strict=True)):
+            coded = fut.result()
+            assert coded.checksum == checksum(f)
+            stored = [StoredChunk(p, c.codec, c.raw_size, c.payload, 0) for p, c in enumerate(coded.chunks)]
+            back = engine.decode(stream, stored, f.size, f"frame {i}").result()
+            assert back.tobytes() == f.tobytes()
+        engine.free_buffer(pinned)
 
 
 @gpu

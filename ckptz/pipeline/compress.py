@@ -154,7 +154,7 @@ class _Compression:
             frames, chunks, writes, checks, end = self._place()
             source_digest = digest.result()
             for w in writes:
-                w.result()
+                w.result()  # also fills in the chunk rows' checksums
             for c in checks:
                 c.result()
         except BaseException as exc:
@@ -166,10 +166,9 @@ class _Compression:
             self.slots.close()
         if os.pread(self.fd, 1, self.layout.size):
             raise FormatError("file grew while being read", path=self.relpath)
+        rows = [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in chunks]  # checksums are in now
         index = Index(
-            self._header(source_digest, chunks),
-            self.plan.streams,
-            *make_tables(self.segments, frames, chunks),
+            self._header(source_digest, rows), self.plan.streams, *make_tables(self.segments, frames, rows)
         )
         tail = index_bytes(index, end)
         if self.out is not None:
@@ -245,14 +244,14 @@ class _Compression:
         self,
     ) -> tuple[
         list[tuple[int, int, int, int]],
-        list[tuple[int, int, int, int, int, int]],
+        list[list[int]],
         list[Future[None]],
         list[Future[None]],
         int,
     ]:
         """Give each coded frame, in order, its place in the container and queue its write."""
         frames: list[tuple[int, int, int, int]] = []
-        chunks: list[tuple[int, int, int, int, int, int]] = []
+        chunks: list[list[int]] = []
         writes: list[Future[None]] = []
         checks: list[Future[None]] = []
         pos = len(PREFIX)
@@ -261,32 +260,49 @@ class _Compression:
             fut = self.coded[i]
             assert fut is not None  # set before the read resolves
             coded = fut.result()
-            start, parts = pos, list[bytes | memoryview]()
+            start, parts, rows = pos, list[bytes | memoryview](), []
             for plane, ch in enumerate(coded.chunks):
                 n = len(ch.payload)
-                chunks.append((pos, n, ch.raw_size, checksum(ch.payload), ch.codec, plane))
+                rows.append([pos, n, ch.raw_size, 0, ch.codec, plane])
                 parts.append(ch.payload)
                 if -n % ALIGN:
                     parts.append(_ZEROS[: -n % ALIGN])
                 pos += padded_size(n)
+            chunks.extend(rows)
             frames.append((frame.stream, len(coded.chunks), frame.length, self.sums[i]))
             self._release(i)
             if self.verify:
-                checks.append(self._check(i, frame, coded, len(chunks) - len(coded.chunks)))
+                checks.append(self._check(i, frame, coded, len(chunks) - len(rows)))
             else:
                 self._release(i)
-            if self.out is not None:
-                self.write_room.acquire()
-                w = self.workers.write.submit(safeio.pwrite_all, self.out, parts, start)
-                w.add_done_callback(lambda _: self.write_room.release())
-                writes.append(w)
+            # Payload checksums and the write run on a writer thread: this one only places.
+            self.write_room.acquire()
+            w = self.workers.write.submit(
+                self._store, rows, [ch.payload for ch in coded.chunks], parts, start
+            )
+            w.add_done_callback(lambda _: self.write_room.release())
+            writes.append(w)
         return frames, chunks, writes, checks, pos
+
+    def _store(
+        self,
+        rows: list[list[int]],
+        payloads: list[bytes | memoryview],
+        parts: list[bytes | memoryview],
+        at: int,
+    ) -> None:
+        """Take each payload's checksum into its chunk row, and write the frame's payloads."""
+        for row, payload in zip(rows, payloads, strict=True):
+            row[3] = checksum(payload)
+        if self.out is not None:
+            safeio.pwrite_all(self.out, parts, at)
 
     def _check(self, i: int, frame: Frame, coded: EncodedFrame, first: int) -> Future[None]:
         """Decode frame ``i`` again from its payloads; its checksum must come back."""
+        # These payloads are the ones in memory, not yet stored: there is no stored checksum
+        # to check (engines decode what they are given; the read-back checks the file).
         stored = [
-            StoredChunk(first + p, c.codec, c.raw_size, c.payload, checksum(c.payload))
-            for p, c in enumerate(coded.chunks)
+            StoredChunk(first + p, c.codec, c.raw_size, c.payload, 0) for p, c in enumerate(coded.chunks)
         ]
         where = f"frame {i} of {self.relpath}"
         decoded = self.engine.decode(self.plan.streams[frame.stream], stored, frame.length, where)
