@@ -17,8 +17,8 @@ from ckptz.codecs.table import BUILTIN, CHOOSABLE, TABLE, Bitstream, by_id, by_n
 from ckptz.errors import CodecUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The C extension's sources (setup.py builds them as one unit).
-C_SOURCES = [ROOT / "ckptz" / "_native.c"]
+#: The C extension's sources (module.c includes the others: setup.py builds one unit).
+C_SOURCES = sorted((ROOT / "ckptz" / "native_src").glob("*.[ch]"))
 
 _C_ENUM = re.compile(r"enum\s*\{([^}]*)\}")
 _C_MEMBER = re.compile(r"\bCODEC_([A-Z0-9_]+)\s*=\s*(\d+)")
