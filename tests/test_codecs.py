@@ -1,8 +1,9 @@
-"""Conformance of every registered CPU codec and of the CPU frame coder.
+"""Conformance of every CPU codec of the table of bitstreams and of the CPU frame coder.
 
 One helper, :func:`check_codec`, runs a codec through the same cases (empty, one byte, odd
-sizes, constant, random, realistic float planes); :func:`check_frame` does the same for
-whole frames of every dtype in the table. Corrupt payloads must raise ``CodecError``,
+sizes, constant, random, realistic float planes): every row of
+:data:`ckptz.codecs.table.TABLE` with a CPU implementation goes through it.
+:func:`check_frame` does the same for whole frames of every dtype in the table. Corrupt payloads must raise ``CodecError``,
 never crash, hang or allocate without bound.
 """
 
@@ -13,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptz.codecs import _CPU, cpu_codec
+from ckptz.codecs import cpu_codec
 from ckptz.codecs.base import Codec
 from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
 from ckptz.codecs.planes import merge, split
+from ckptz.codecs.table import CONST, RAW, TABLE, ZSTD, Bitstream
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DTYPES, DType
 from ckptz.engines.cpu import CpuEngine
@@ -83,9 +85,14 @@ def check_codec(codec: Codec) -> None:
                 codec.decode(bytes(payload)[: len(payload) // 2], data.size)
 
 
-@pytest.mark.parametrize("codec_id", sorted(_CPU))
-def test_codec_conformance(codec_id: int, coder_path: str) -> None:
-    check_codec(cpu_codec(codec_id))
+#: Rows of the table with a CPU implementation: every one must pass :func:`check_codec`.
+CPU_ROWS = [b for b in TABLE if b.cpu is not None]
+
+
+@pytest.mark.parametrize("row", CPU_ROWS, ids=lambda b: b.name)
+def test_codec_conformance(row: Bitstream, coder_path: str) -> None:
+    assert row.cpu is not None
+    check_codec(row.cpu())
 
 
 def test_literal_zstd_conformance() -> None:
@@ -93,7 +100,7 @@ def test_literal_zstd_conformance() -> None:
     check_codec(ZstdCodec(literal=True))
     plane = _exponent_plane(_floats(1 << 16))
     payload = ZstdCodec(literal=True).encode(plane)
-    assert np.array_equal(cpu_codec(2).decode(payload, plane.size), plane)
+    assert np.array_equal(cpu_codec(ZSTD.id).decode(payload, plane.size), plane)
 
 
 def frame_cases(dtype: DType) -> dict[str, np.ndarray]:
@@ -144,7 +151,7 @@ def test_many_frames_bf16_exact_fp32() -> None:
     dtype = DTYPES["float32"]
     frame = 1 << 16
     coded = [encode_frame(raw[s : s + frame], dtype, EncodeOptions()) for s in range(0, raw.size, frame)]
-    assert all(f[1].codec == 1 for f in coded)
+    assert all(f[1].codec == CONST.id for f in coded)
     out = np.concatenate([decode_frame([(c.codec, c.raw_size, c.payload) for c in f], dtype) for f in coded])
     assert np.array_equal(out, raw)
 
@@ -194,26 +201,27 @@ def test_policy(coder_path: str) -> None:
     dense_fp32 = 2 if coder_path == "native" else 5
     assert looks_like_noise(RNG.integers(0, 256, 1 << 18, dtype=np.uint8))
     assert not looks_like_noise(RNG.integers(0, 128, 1 << 18, dtype=np.uint8))
-    assert encode_plane(RNG.integers(0, 256, 1 << 16, dtype=np.uint8), EncodeOptions()).codec == 0
+    assert encode_plane(RNG.integers(0, 256, 1 << 16, dtype=np.uint8), EncodeOptions()).codec == RAW.id
     states = _optimizer_like(1 << 16)
     states[: 1 << 14] = 0  # a quarter untouched: zstd's runs are tried, a zstd frame wins
-    assert encode_plane(_exponent_plane(states), EncodeOptions(), exponent=True).codec == 2
+    assert encode_plane(_exponent_plane(states), EncodeOptions(), exponent=True).codec == ZSTD.id
     weights = _floats(1 << 16)
     assert encode_plane(_exponent_plane(weights), EncodeOptions(), exponent=True).codec == dense_fp32
     bf16 = split(_bf16_bytes(weights), DTYPES["bfloat16"])[-1]
-    assert encode_plane(bf16, EncodeOptions(), exponent=True, literal=True).codec == 2
+    assert encode_plane(bf16, EncodeOptions(), exponent=True, literal=True).codec == ZSTD.id
     fp32 = weights.view(np.uint8)
     assert encode_frame(fp32, DTYPES["float32"], EncodeOptions())[-1].codec == dense_fp32
-    assert encode_frame(fp32, DTYPES["float32"], EncodeOptions(fast_exponents=True))[-1].codec == 2
-    assert encode_frame(_bf16_bytes(weights), DTYPES["bfloat16"], EncodeOptions())[-1].codec == 2
+    assert encode_frame(fp32, DTYPES["float32"], EncodeOptions(fast_exponents=True))[-1].codec == ZSTD.id
+    assert encode_frame(_bf16_bytes(weights), DTYPES["bfloat16"], EncodeOptions())[-1].codec == ZSTD.id
 
 
 def test_frame_rejects_wrong_plane_count() -> None:
     with pytest.raises(CodecError):
-        decode_frame([(0, 4, b"abcd")], DTYPES["float32"])
+        decode_frame([(RAW.id, 4, b"abcd")], DTYPES["float32"])
 
 
-_MUTABLE = sorted(i for i in _CPU if i >= 2)
+#: Bitstreams whose payloads have structure to damage (not raw or const bytes).
+_MUTABLE = [b.id for b in CPU_ROWS if b not in (RAW, CONST)]
 
 
 @st.composite
@@ -249,7 +257,7 @@ def test_mutated_payloads_fail_cleanly(case: tuple[int, bytes, int, int]) -> Non
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.binary(max_size=64), st.integers(0, 1 << 22), st.sampled_from(sorted(_CPU)))
+@given(st.binary(max_size=64), st.integers(0, 1 << 22), st.sampled_from([b.id for b in CPU_ROWS]))
 def test_garbage_payloads_fail_cleanly(payload: bytes, size: int, codec_id: int) -> None:
     """Arbitrary bytes decode to the asked size or raise CodecError.
 

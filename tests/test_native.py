@@ -1,12 +1,14 @@
-"""The C extension (ckptz/_native.c): the same bytes as the numpy transform, zstd frames
+"""The C extension (ckptz/native_src/): the same bytes as the numpy transform, zstd frames
 that libzstd decodes exactly whatever the input, and a literal-block decoder that reads
 those frames (and libzstd's literal-only ones) exactly and stays in bounds on damaged ones."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +34,13 @@ def test_extension_is_built() -> None:
     if os.environ.get("CKPTZ_NO_NATIVE", "") not in ("", "0"):
         pytest.skip("CKPTZ_NO_NATIVE is set")
     assert native is not None, "ckptz._native did not build: is a C compiler installed?"
+
+
+def test_module_includes_every_source() -> None:
+    """setup.py compiles native_src/module.c alone: every other C file must be included there."""
+    source = Path(__file__).resolve().parent.parent / "ckptz" / "native_src"
+    included = re.findall(r'^#include "([^"]+)"', (source / "module.c").read_text(), re.MULTILINE)
+    assert sorted(included) == sorted(p.name for p in source.glob("*.[ch]") if p.name != "module.c")
 
 
 def _numpy_split(raw: np.ndarray, name: str, monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:

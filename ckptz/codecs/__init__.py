@@ -1,32 +1,26 @@
-"""Codec registry, keyed by bitstream id.
+"""Codec registry, keyed by bitstream id: lookups over :data:`ckptz.codecs.table.TABLE`.
 
-CPU implementations register here at import; GPU ones (nvCOMP) register from
-:mod:`ckptz.codecs.nvcomp` when that module is imported, so nothing here imports nvCOMP.
+The GPU implementations (nvCOMP) are named by the same table and live in
+:mod:`ckptz.engines.gpu.nvcomp_codecs`, so nothing here imports torch or nvCOMP.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from ckptz.codecs.base import Codec
-from ckptz.codecs.bitpack import BitpackCodec
-from ckptz.codecs.cpu import ConstCodec, RawCodec, ZstdCodec
-from ckptz.codecs.ctx import CtxCodec
-from ckptz.codecs.deflate import DeflateCodec
+from ckptz.codecs.table import TABLE, Bitstream, by_id
 from ckptz.errors import CodecUnavailableError
 
 #: Names of every bitstream ckptz has ever written, so a container can name codecs
-#: this machine cannot run. Never reuse an id.
-BITSTREAMS: dict[int, str] = {0: "raw", 1: "const", 2: "zstd", 3: "ans", 4: "ctx", 5: "deflate", 6: "bitpack"}
+#: this machine cannot run.
+BITSTREAMS: Mapping[int, str] = MappingProxyType({b.id: b.name for b in TABLE})
 
 #: Bitstreams that a CPU-only machine can decode.
-PORTABLE: frozenset[int] = frozenset({0, 1, 2, 4, 5, 6})
+PORTABLE: frozenset[int] = frozenset(b.id for b in TABLE if b.portable)
 
-_CPU: dict[int, Codec] = {c.id: c for c in (RawCodec(), ConstCodec(), ZstdCodec())}
-
-
-def register_cpu(codec: Codec) -> None:
-    """Add a CPU implementation (used by codec modules that extend the set)."""
-    _CPU[codec.id] = codec
-    BITSTREAMS.setdefault(codec.id, codec.name)
+_CPU: dict[int, Codec] = {b.id: b.cpu() for b in TABLE if b.cpu is not None}
 
 
 def cpu_codec(codec_id: int) -> Codec:
@@ -37,10 +31,9 @@ def cpu_codec(codec_id: int) -> Codec:
     """
     codec = _CPU.get(codec_id)
     if codec is None:
-        name = BITSTREAMS.get(codec_id, f"#{codec_id}")
         raise CodecUnavailableError(
             "this bitstream has no CPU decoder",
-            codec=name,
+            codec=codec_name(codec_id),
             hint="decode on a GPU machine with `pip install ckptz[gpu]` and `--device cuda`",
         )
     return codec
@@ -48,11 +41,8 @@ def cpu_codec(codec_id: int) -> Codec:
 
 def codec_name(codec_id: int) -> str:
     """Human name of a bitstream id, also for ids this build does not implement."""
-    return BITSTREAMS.get(codec_id, f"#{codec_id}")
+    row = by_id(codec_id)
+    return f"#{codec_id}" if row is None else row.name
 
 
-register_cpu(CtxCodec())
-register_cpu(DeflateCodec())
-register_cpu(BitpackCodec())
-
-__all__ = ["BITSTREAMS", "PORTABLE", "Codec", "codec_name", "cpu_codec", "register_cpu"]
+__all__ = ["BITSTREAMS", "PORTABLE", "TABLE", "Bitstream", "Codec", "codec_name", "cpu_codec"]

@@ -3,6 +3,7 @@
 A codec turns one chunk of bytes into a self-contained payload and back. Its ``id`` names
 a *bitstream*, not an implementation: two classes may share an id only if each decodes
 the other's output (the CPU ``zstd`` and nvCOMP's Zstd with ``bitstream_kind=RAW`` do).
+Ids and names are written once, in :mod:`ckptz.codecs.table`, which sets them on each class.
 """
 
 from __future__ import annotations
@@ -14,19 +15,16 @@ import numpy as np
 
 
 class Codec(ABC):
-    """One bitstream's encoder/decoder on one kind of device.
+    """One bitstream's encoder/decoder on the CPU.
 
     Attributes:
-        id: the bitstream id stored in each chunk record (0-255).
-        name: the name users pass to ``--codec`` and see in reports.
-        portable: True if a CPU-only machine can decode this bitstream.
-        device: ``cpu`` or ``cuda`` (where this implementation runs).
+        id: the bitstream id stored in each chunk record (0-255), from the class's row of
+            :data:`ckptz.codecs.table.TABLE`.
+        name: the bitstream's name in reports and errors, from the same row.
     """
 
     id: ClassVar[int]
     name: ClassVar[str]
-    portable: ClassVar[bool] = True
-    device: ClassVar[str] = "cpu"
 
     @abstractmethod
     def encode(self, data: np.ndarray) -> bytes:

@@ -70,9 +70,6 @@ def packed_size(size: int, fixed: int) -> int:
 class BitpackCodec(Codec):
     """Stores each varying bit position as a packed bit plane (see module docs)."""
 
-    id = 6
-    name = "bitpack"
-
     def encode(self, data: np.ndarray, varying: tuple[int, int] | None = None) -> bytes:
         """Pack ``data``; ``varying`` is its :func:`varying_bits` if already known."""
         if data.size == 0:

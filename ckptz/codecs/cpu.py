@@ -15,9 +15,6 @@ from ckptz.errors import CodecError
 class RawCodec(Codec):
     """Bytes stored as they are: what a chunk gets when no coding makes it smaller."""
 
-    id = 0
-    name = "raw"
-
     def encode(self, data: np.ndarray) -> bytes:
         return data.tobytes()
 
@@ -29,9 +26,6 @@ class RawCodec(Codec):
 
 class ConstCodec(Codec):
     """A chunk whose bytes are all one value (zero rows, frozen parameters): one byte."""
-
-    id = 1
-    name = "const"
 
     def encode(self, data: np.ndarray) -> bytes:
         if data.size == 0:
@@ -76,9 +70,6 @@ class ZstdCodec(Codec):
     :mod:`ckptz.codecs.native`'s multi-symbol Huffman decoder; any other frame, and any it
     finds malformed, by libzstd.
     """
-
-    id = 2
-    name = "zstd"
 
     def __init__(self, level: int = 3, *, literal: bool = False) -> None:
         self.level = level

@@ -73,9 +73,6 @@ def _pass_sizes(n: int) -> tuple[int, int, int]:
 class CtxCodec(Codec):
     """Three-pass, context-grouped zstd coding of an exponent plane (see module docs)."""
 
-    id = 4
-    name = "ctx"
-
     def __init__(self, level: int = 3) -> None:
         self.level = level
         self._local = threading.local()

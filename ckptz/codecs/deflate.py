@@ -58,9 +58,6 @@ _INFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error, _inflate.error)
 class DeflateCodec(Codec):
     """Huffman-only raw deflate (see module docs)."""
 
-    id = 5
-    name = "deflate"
-
     def encode(self, data: np.ndarray) -> bytes:
         obj = _deflate.compressobj(1, _deflate.DEFLATED, _WBITS, _MEM_LEVEL, _deflate.Z_HUFFMAN_ONLY)
         return obj.compress(np.ascontiguousarray(data).data) + obj.flush()

@@ -1,4 +1,4 @@
-"""The CPU coder's optional C extension, ``ckptz._native`` (source: ``ckptz/_native.c``).
+"""The CPU coder's optional C extension, ``ckptz._native`` (source: ``ckptz/native_src/``).
 
 It is built at install time where a C compiler is found. It makes the transform one pass
 over the words (:func:`ckptz.codecs.planes.split` and ``merge``) and writes the Huffman

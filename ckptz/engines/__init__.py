@@ -9,12 +9,15 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from ckptz.codecs.table import CHOOSABLE
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import DeviceError, UsageError
 
-CODECS_CPU = ("auto", "zstd")
-GPU_ONLY_CODECS = ("ans",)
+#: ``--codec`` values the CPU engine accepts: its coder writes these bitstreams itself.
+CODECS_CPU: tuple[str, ...] = ("auto", *(b.name for b in CHOOSABLE if b.cpu is not None))
+#: ``--codec`` values only a GPU can write (and decode).
+GPU_ONLY_CODECS: tuple[str, ...] = tuple(b.name for b in CHOOSABLE if b.cpu is None)
 
 
 def requested_device(device: str | None) -> str:

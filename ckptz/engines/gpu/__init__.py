@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptz.codecs.table import CHOOSABLE
 from ckptz.errors import DeviceError, UsageError
 
 if TYPE_CHECKING:
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
     from ckptz.engines.gpu.engine import GpuEngine
     from ckptz.engines.gpu.nvcomp_codecs import RawNvcomp
 
-GPU_CODECS = ("zstd", "ans")
+#: ``--codec`` values the GPU engine accepts besides ``auto``.
+GPU_CODECS: tuple[str, ...] = tuple(b.name for b in CHOOSABLE)
 
 
 def _codec_name(codec: str, level: int) -> str:

@@ -24,15 +24,17 @@ import numpy as np
 import torch
 
 from ckptz.codecs.frames import NOISE_BITS, NOISE_ZERO_SHARE
+from ckptz.codecs.table import ANS, CONST, RAW, TABLE, ZSTD
 from ckptz.engines.gpu.transform import ALIGN, DECODED, STATS, STORED, aligned
 
-RAW_ID = 0
-CONST_ID = 1
-ZSTD_ID = 2
-ANS_ID = 3
+RAW_ID = RAW.id
+CONST_ID = CONST.id
+ZSTD_ID = ZSTD.id
+ANS_ID = ANS.id
 #: nvCOMP ANS refuses chunks above 16 MiB; larger planes go through Zstd (up to 2 GiB).
 ANS_MAX_CHUNK = 16 << 20
-GPU_CODECS = frozenset({RAW_ID, CONST_ID, ZSTD_ID, ANS_ID})
+#: Bitstreams this coder decodes: stored and constant planes itself, the rest with nvCOMP.
+GPU_CODECS = frozenset(b.id for b in TABLE if b.gpu is not None)
 
 
 class BatchCodecs(Protocol):

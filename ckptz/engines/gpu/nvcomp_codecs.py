@@ -17,11 +17,13 @@ from typing import Any
 import nvidia.nvcomp as nvc
 import torch
 
-from ckptz.engines.gpu.coder import ANS_ID, ZSTD_ID
+from ckptz.codecs.table import TABLE
 from ckptz.errors import CodecError
 
-NAMES = {ZSTD_ID: "zstd", ANS_ID: "ans"}
-_ALGORITHM = {ZSTD_ID: "Zstd", ANS_ID: "ANS"}
+#: nvCOMP's algorithm for each bitstream it codes, by id.
+_ALGORITHM: dict[int, str] = {b.id: alg for b in TABLE if (alg := b.nvcomp) is not None}
+#: Name of each of those bitstreams, by id.
+NAMES: dict[int, str] = {b.id: b.name for b in TABLE if b.id in _ALGORITHM}
 
 
 def nvcomp_version() -> str:
@@ -118,7 +120,7 @@ class NvcompCodecs:
         One nvCOMP call per power-of-two size class of the chunks (usually one or two).
 
         Args:
-            codec_id: ``ZSTD_ID`` or ``ANS_ID``.
+            codec_id: a bitstream with an nvCOMP algorithm (``zstd`` or ``ans``).
             src: flat uint8 device buffer holding the chunks.
             offsets: byte offset of each chunk in ``src`` (16-byte aligned).
             sizes: byte size of each chunk (> 0).
@@ -221,7 +223,7 @@ class RawNvcomp:
             "cuda", dev.index if dev.index is not None else torch.cuda.current_device()
         )
         self._stream = torch.cuda.current_stream(self.device)
-        name = {"zstd": "Zstd", "ans": "ANS"}[algorithm]
+        name = {NAMES[i]: a for i, a in _ALGORITHM.items()}[algorithm]
         self._codec = nvc.Codec(
             algorithm=name, device_id=self.device.index, cuda_stream=self._stream.cuda_stream
         )

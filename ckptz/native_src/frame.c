@@ -1,0 +1,57 @@
+/*
+ * Whole frames (decode_frame): every plane of a frame decoded here and the words merged in
+ * one call, without the GIL, or nothing, so the Python codecs decode (or reject) the frame.
+ */
+#include "native.h"
+
+/* The bitstreams frame_decode() handles itself. The ids are ckptz/codecs/table.py's;
+ * tests/test_table.py holds this enum against that table. */
+enum { CODEC_RAW = 0, CODEC_CONST = 1, CODEC_ZSTD = 2, CODEC_BITPACK = 6 };
+
+/* Checks what is cheap to check about a chunk of `size` bytes, n expected: a raw or const
+ * payload's size, a bitpack payload's header and size, that a zstd chunk is zstd (its
+ * blocks are frame_decode's to check). Sets where merge will read the plane: the payload
+ * (raw), a constant byte (const), or `room`, where frame_decode puts it. */
+static int frame_chunk_usable(const chunk_t *chunk, size_t size, size_t n, uint8_t *room, plane_t *plane) {
+    const uint8_t *bytes = chunk->bytes;
+    size_t len = chunk->len;
+    int bits[8];
+    plane->bytes = room;
+    plane->value = 0;
+    if (size != n) return 0;
+    if (chunk->codec == CODEC_RAW) {
+        plane->bytes = bytes;
+        return len == n;
+    }
+    if (chunk->codec == CODEC_CONST) {
+        plane->bytes = NULL;
+        plane->value = len ? bytes[0] : 0;
+        return len == 1;
+    }
+    if (chunk->codec == CODEC_BITPACK)
+        return len >= 2 && !(bytes[1] & ~bytes[0]) && len - 2 == (size_t)varying_list(bytes[0], bits) * ((n + 7) / 8);
+    return chunk->codec == CODEC_ZSTD;
+}
+
+/* Decodes the planes of `word` chunks that frame_chunk_usable accepted (plane k into
+ * room + k * n) and merges the words into dst. A zstd frame libzstd must decode is found
+ * by its block headers before any work; 0 then, or if a frame is malformed, and dst is
+ * untouched. `dt` is scratch for zstd chunks (unused without them). */
+static int frame_decode(const chunk_t *chunks, const plane_t *planes, int word, size_t n, uint8_t *room,
+                        uint8_t *dst, int rotate, dtable_t *dt) {
+    int usable = 1;
+    for (int k = 0; usable && k < word; k++)
+        if (chunks[k].codec == CODEC_ZSTD) usable = literals_frame(chunks[k].bytes, chunks[k].len, NULL, n, dt, 0);
+    for (int k = 0; usable && k < word; k++) {
+        uint8_t *plane = room + (size_t)k * n;
+        const uint8_t *in = chunks[k].bytes;
+        if (chunks[k].codec == CODEC_ZSTD) {
+            usable = literals_frame(in, chunks[k].len, plane, n, dt, 1);
+        } else if (chunks[k].codec == CODEC_BITPACK) {
+            int bits[8], count = varying_list(in[0], bits);
+            unpack_rows(in + 2, (n + 7) / 8, bits, count, in[1], plane, n);
+        }
+    }
+    if (usable) merge_words(planes, dst, n, word, rotate);
+    return usable;
+}

@@ -1,0 +1,327 @@
+/*
+ * The zstd frame of Huffman-coded literal blocks (see module.c): the four streams of a
+ * block, the cheapest kind of each block, where blocks end, and the whole frame.
+ */
+#include "native.h"
+
+/* A Huffman stream's bit writer. (Four written in lockstep measured no faster than one
+ * after another: four writers' state does not fit the registers.) */
+typedef struct {
+    uint64_t acc;
+    unsigned nbits;
+    uint8_t *op;
+} stream_t;
+
+/* code | length << 16 per byte value: one load per symbol */
+#define PUT(st, s)                                                      \
+    do {                                                                \
+        uint32_t e_ = ce[s];                                            \
+        (st).acc |= (uint64_t)(e_ & 0xFFFF) << (st).nbits;              \
+        (st).nbits += e_ >> 16;                                         \
+    } while (0)
+/* after at most 4 codes of <= 11 bits on <= 7 pending bits: whole bytes out, 8 stored */
+#define FLUSH(st)                                                       \
+    do {                                                                \
+        memcpy((st).op, &(st).acc, 8);                                  \
+        (st).op += (st).nbits >> 3;                                     \
+        (st).acc >>= (st).nbits & ~7u;                                  \
+        (st).nbits &= 7;                                                \
+    } while (0)
+
+/* Four codes src[i-1] .. src[i-4] joined (first in the lowest bits), so the writer's state
+ * advances once per four; `len` gets their total length. */
+static inline __attribute__((always_inline)) uint64_t join4(const uint8_t *src, size_t i, const uint32_t *ce,
+                                                            unsigned *len) {
+    uint32_t e0 = ce[src[i - 1]], e1 = ce[src[i - 2]], e2 = ce[src[i - 3]], e3 = ce[src[i - 4]];
+    unsigned l0 = e0 >> 16, l01 = l0 + (e1 >> 16), l012 = l01 + (e2 >> 16);
+    *len = l012 + (e3 >> 16);
+    return (uint64_t)(e0 & 0xFFFF) | (uint64_t)(e1 & 0xFFFF) << l0 | (uint64_t)(e2 & 0xFFFF) << l01 |
+           (uint64_t)(e3 & 0xFFFF) << l012;
+}
+
+/* Codes src[count-1] down to src[0] (the decoder reads backwards, so it sees them first
+ * to last). */
+static inline __attribute__((always_inline)) void encode_run(stream_t *st, const uint8_t *src, size_t count,
+                                                             const uint32_t *ce) {
+    size_t i = count;
+    for (; i >= 4; i -= 4) {
+        unsigned len;
+        uint64_t codes = join4(src, i, ce, &len);
+        st->acc |= codes << st->nbits;
+        st->nbits += len;
+        FLUSH(*st);
+    }
+    while (i > 0) PUT(*st, src[--i]);
+    FLUSH(*st);
+}
+
+/* The four streams of a block of n >= MIN_HUFFMAN bytes (RFC 8878 4.2.2: streams 1-3 hold
+ * ceil(n / 4) symbols each, stream 4 the rest), each into its own `region`-byte part of
+ * `scratch`; sizes[] gets their sizes. BMI2's shifts by a register help the bit writer. */
+SHIFTS static void write_streams(const uint8_t *src, size_t n, const uint32_t *ce, uint8_t *scratch, size_t region,
+                                 size_t *sizes) {
+    size_t seg = (n + 3) / 4;
+    for (int k = 0; k < 4; k++) {
+        stream_t st = {0, 0, scratch + (size_t)k * region};
+        encode_run(&st, src + (size_t)k * seg, k < 3 ? seg : n - 3 * seg, ce);
+        st.acc |= (uint64_t)1 << st.nbits; /* the end mark */
+        st.nbits++;
+        memcpy(st.op, &st.acc, 8);
+        sizes[k] = (size_t)(st.op - (scratch + (size_t)k * region)) + ((st.nbits + 7) >> 3);
+    }
+}
+
+#undef PUT
+#undef FLUSH
+
+/* Bytes a stream region needs: 11 bits per symbol of a quarter block, and 8 of slack. */
+#define REGION ((BLOCK_MAX / 4 + 1) * MAX_BITS / 8 + 16)
+
+static void put_le(uint8_t *op, uint64_t v, int bytes) {
+    for (int k = 0; k < bytes; k++) op[k] = (uint8_t)(v >> (8 * k));
+}
+
+/* Byte counts of src, on four tables: runs of one value would otherwise wait on each
+ * increment. */
+static void histogram(const uint8_t *src, size_t n, uint32_t *hist) {
+    uint32_t h[4][256];
+    memset(h, 0, sizeof(h));
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h[0][src[i]]++;
+        h[1][src[i + 1]]++;
+        h[2][src[i + 2]]++;
+        h[3][src[i + 3]]++;
+    }
+    for (; i < n; i++) h[0][src[i]]++;
+    for (int s = 0; s < 256; s++) hist[s] = h[0][s] + h[1][s] + h[2][s] + h[3][s];
+}
+
+/* Writes one block of n input bytes with byte counts `hist`; returns the end, or NULL if
+ * its table cannot be described. `prev` is the table a treeless block may reuse. */
+static uint8_t *write_block(uint8_t *op, const uint8_t *src, size_t n, const uint32_t *hist, int last,
+                            table_t *prev, uint8_t *scratch) {
+    int distinct = 0;
+    for (int s = 0; s < 256; s++) distinct += hist[s] != 0;
+    if (distinct == 1) { /* RLE block: Block_Size is the regenerated size */
+        put_le(op, (uint64_t)last | (1u << 1) | ((uint64_t)n << 3), 3);
+        op[3] = src[0];
+        return op + 4;
+    }
+    size_t best = n; /* a raw block's payload */
+    int mode = 0;    /* 0 raw, 1 new table, 2 treeless (the previous table) */
+    table_t fresh;
+    uint8_t desc[160];
+    size_t desc_size = 0, lit_header = n <= 16383 ? 4 : 5;
+    /* literals header, four streams (each rounded up to bytes after its end bit), the
+     * jump table, and the sequences section (one byte: no sequences) */
+#define COMPRESSED(bits) (lit_header + (size_t)((bits) + 4 * 8) / 8 + 6 + 1)
+    if (n >= MIN_HUFFMAN) {
+        build_table(hist, &fresh);
+        desc_size = describe_table(desc, &fresh);
+        size_t size = COMPRESSED(coded_bits(hist, &fresh));
+        if (desc_size && size + desc_size < best) {
+            best = size + desc_size;
+            mode = 1;
+        }
+        int64_t reused = prev->valid ? coded_bits(hist, prev) : -1;
+        if (reused >= 0 && COMPRESSED(reused) < best) {
+            best = COMPRESSED(reused);
+            mode = 2;
+        }
+        if (!desc_size && mode == 0 && size + 64 < n) return NULL;
+    }
+#undef COMPRESSED
+    if (mode == 0) {
+        put_le(op, (uint64_t)last | ((uint64_t)n << 3), 3);
+        memcpy(op + 3, src, n);
+        return op + 3 + n;
+    }
+    const table_t *t = mode == 1 ? &fresh : prev;
+    uint32_t ce[256];
+    for (int s = 0; s < 256; s++) ce[s] = s <= t->max_symbol ? (uint32_t)t->code[s] | ((uint32_t)t->len[s] << 16) : 0;
+    uint8_t *block = op + 3, *lit = block + lit_header, *body = lit;
+    if (mode == 1) {
+        memcpy(body, desc, desc_size);
+        body += desc_size;
+    }
+    size_t sizes[4];
+    write_streams(src, n, ce, scratch, REGION, sizes);
+    uint8_t *sp = body + 6;
+    for (int k = 0; k < 4; k++) {
+        if (k < 3) put_le(body + 2 * k, sizes[k], 2); /* the jump table */
+        memcpy(sp, scratch + (size_t)k * REGION, sizes[k]);
+        sp += sizes[k];
+    }
+    size_t compressed = (size_t)(sp - lit);
+    uint64_t type = mode == 1 ? 2 : 3, header;
+    if (lit_header == 4)
+        header = type | (2u << 2) | ((uint64_t)n << 4) | ((uint64_t)compressed << 18);
+    else
+        header = type | (3u << 2) | ((uint64_t)n << 4) | ((uint64_t)compressed << 22);
+    put_le(block, header, (int)lit_header);
+    *sp++ = 0; /* Number_of_Sequences = 0 */
+    put_le(op, (uint64_t)last | (2u << 1) | ((uint64_t)(sp - block) << 3), 3);
+    if (mode == 1) *prev = fresh;
+    return sp;
+}
+
+/* ---- Where blocks end. A block pays ~14 bytes of headers and its table's description; a
+ * plane's statistics drift (tensors of different scales, rows, a fine-tune's untouched
+ * rows), and a table per block follows them. Block ends are chosen on SUB-byte steps by
+ * dynamic programming over an estimate of each candidate's cost: its order-0 entropy plus
+ * BLOCK_COST bytes plus DESC_COST per distinct byte value. */
+
+#define SUB 8192
+#define MAX_SUBS (BLOCK_MAX / SUB)
+/* A block's fixed cost: ~30 bytes of headers, jump table and a weight table's fixed part,
+ * and its decoding: a new table is a 2048-entry lookup table to build, as long as decoding
+ * a few KB of literals. Counted as 128 bytes in all, against 48 the exponent planes of
+ * bench/ratios.py decode 1.02-1.18x faster for 0.06-0.3% more bytes (fewer tables). */
+#define BLOCK_COST 128.0f
+#define DESC_COST 0.6f   /* a weight table's cost per distinct byte value (bytes) */
+
+/* c * log2(c), within 0.0013 * c: exponent bits plus a cubic for the mantissa's log. */
+static inline float xlog2x(float c) {
+    union {
+        float f;
+        uint32_t i;
+    } u = {c};
+    float e = (float)((int)(u.i >> 23) - 127);
+    u.i = (u.i & 0x7FFFFF) | 0x3F800000; /* the mantissa, in [1, 2) */
+    float m = u.f;
+    return c * (e + ((0.15824871f * m - 1.05187502f) * m + 3.04788415f) * m - 2.15419310f);
+}
+
+/* The blocks of n > 0 input bytes: ends[k] and byte counts hist[k] of each; returns their
+ * number, or 0 if out of memory. ends and hist need n / SUB + 1 entries. */
+static size_t plan_blocks(const uint8_t *src, size_t n, size_t *ends, uint32_t (*hist)[256]) {
+    size_t subs = (n + SUB - 1) / SUB;
+    uint32_t(*sub)[256] = malloc(subs * sizeof(*sub));
+    uint8_t(*sym)[256] = malloc(subs * sizeof(*sym)); /* each sub-block's byte values present */
+    uint16_t *used = malloc(subs * sizeof(uint16_t));
+    float *best = malloc((subs + 1) * sizeof(float));
+    size_t *from = malloc((subs + 1) * sizeof(size_t));
+    size_t count = 0;
+    if (!sub || !sym || !used || !best || !from) goto done;
+    for (size_t k = 0; k < subs; k++) {
+        size_t end = (k + 1) * SUB < n ? (k + 1) * SUB : n;
+        histogram(src + k * SUB, end - k * SUB, sub[k]);
+        int m = 0;
+        for (int s = 0; s < 256; s++)
+            if (sub[k][s]) sym[k][m++] = (uint8_t)s;
+        used[k] = (uint16_t)m;
+    }
+    best[0] = 0;
+    for (size_t j = 1; j <= subs; j++) best[j] = 3e38f;
+    uint32_t acc[256];
+    uint8_t present[256];
+    for (size_t i = 0; i < subs; i++) {
+        memset(acc, 0, sizeof(acc));
+        float sum_xlogx = 0;
+        uint32_t total = 0, distinct = 0;
+        for (size_t j = i + 1; j <= subs && j - i <= MAX_SUBS; j++) {
+            const uint8_t *s = sym[j - 1];
+            const uint32_t *c = sub[j - 1];
+            for (int k = 0; k < used[j - 1]; k++) {
+                uint32_t was = acc[s[k]], now = was + c[s[k]];
+                acc[s[k]] = now;
+                sum_xlogx += xlog2x((float)now) - (was ? xlog2x((float)was) : 0);
+                if (!was) present[distinct++] = s[k];
+                total += c[s[k]];
+            }
+            /* Codes are at most MAX_BITS long: byte values rarer than 2^-MAX_BITS take
+             * 2^-MAX_BITS of the code space each, more than their share, and the other
+             * codes lengthen to make room. A block that gathers many rare values pays
+             * that on all its bytes. */
+            uint32_t rare = 0, rare_count = 0;
+            for (uint32_t k = 0; k < distinct; k++)
+                if ((acc[present[k]] << MAX_BITS) < total) rare++, rare_count += acc[present[k]];
+            float limit = 0;
+            if (rare) {
+                float space = 1.0f - (float)rare / (1 << MAX_BITS), share = 1.0f - (float)rare_count / (float)total;
+                limit = (float)(total - rare_count) * log2f(share / space) / 8;
+            }
+            float cost = (xlog2x((float)total) - sum_xlogx) / 8 + limit + BLOCK_COST + DESC_COST * (float)distinct;
+            if (best[i] + cost < best[j]) {
+                best[j] = best[i] + cost;
+                from[j] = i;
+            }
+        }
+    }
+    for (size_t j = subs; j > 0; j = from[j]) count++;
+    size_t k = count;
+    for (size_t j = subs; j > 0; j = from[j]) {
+        k--;
+        ends[k] = j * SUB < n ? j * SUB : n;
+        memset(hist[k], 0, sizeof(hist[k]));
+        for (size_t q = from[j]; q < j; q++)
+            for (int s = 0; s < used[q]; s++) hist[k][sym[q][s]] += sub[q][sym[q][s]];
+    }
+done:
+    free(sub);
+    free(sym);
+    free(used);
+    free(best);
+    free(from);
+    return count;
+}
+
+/* The whole frame into `out` (capacity from frame_capacity): blocks of `block` bytes, or
+ * planned ones for block 0. Returns its size; 0 if a block's table cannot be described
+ * (or memory ran out). */
+static size_t write_frame(uint8_t *out, const uint8_t *src, size_t n, size_t block) {
+    uint8_t *op = out;
+    put_le(op, 0xFD2FB528u, 4);
+    op += 4;
+    /* Single_Segment_flag set (no window descriptor; the window is the content), content size
+     * in 1, 2 (+256), 4 or 8 bytes. */
+    if (n < 256) {
+        *op++ = 0x20;
+        *op++ = (uint8_t)n;
+    } else if (n < 65536 + 256) {
+        *op++ = 0x60;
+        put_le(op, n - 256, 2);
+        op += 2;
+    } else if (n <= 0xFFFFFFFFu) {
+        *op++ = 0xA0;
+        put_le(op, n, 4);
+        op += 4;
+    } else {
+        *op++ = 0xE0;
+        put_le(op, n, 8);
+        op += 8;
+    }
+    if (n == 0) { /* one empty raw block */
+        put_le(op, 1, 3);
+        return (size_t)(op + 3 - out);
+    }
+    size_t blocks = block ? (n + block - 1) / block : n / SUB + 1;
+    size_t *ends = malloc(blocks * sizeof(size_t));
+    uint32_t(*hist)[256] = malloc(blocks * sizeof(*hist));
+    uint8_t *scratch = malloc(4 * REGION);
+    table_t prev;
+    prev.valid = 0;
+    if (!ends || !hist || !scratch) {
+        op = NULL;
+    } else if (block) {
+        for (size_t k = 0; k < blocks; k++) {
+            ends[k] = (k + 1) * block < n ? (k + 1) * block : n;
+            histogram(src + k * block, ends[k] - k * block, hist[k]);
+        }
+    } else {
+        blocks = plan_blocks(src, n, ends, hist);
+        if (!blocks) op = NULL;
+    }
+    for (size_t k = 0, at = 0; op && k < blocks; at = ends[k++])
+        op = write_block(op, src + at, ends[k] - at, hist[k], k + 1 == blocks, &prev, scratch);
+    free(ends);
+    free(hist);
+    free(scratch);
+    return op ? (size_t)(op - out) : 0;
+}
+
+static size_t frame_capacity(size_t n, size_t block) {
+    /* header 14, per block at most a raw block (3 + bytes) */
+    return 14 + n + 3 * (n / (block ? block : SUB) + 1) + 64;
+}

@@ -1,0 +1,395 @@
+/*
+ * ckptz._native: the CPU coder's inner loops in C (an optional speed-up; ckptz.codecs.native
+ * falls back to numpy and the zstd/deflate bindings where this module is not built).
+ *
+ *   split(src, dst, word, rotate, sample)  words -> byte planes, one pass (ckptz.codecs.planes),
+ *                                       with each plane's statistics (ckptz.codecs.frames)
+ *   plane_stats(plane, sample)          the same statistics of one plane
+ *   merge(planes, dst, word, rotate)    byte planes (or constant bytes) -> words, one pass
+ *   huffman_zstd(src, block)            one standard zstd frame (RFC 8878) of Huffman-coded
+ *                                       literal blocks with no sequences, or None
+ *   literals_decode(frame, out)         such a frame (or any zstd frame of raw, RLE and
+ *                                       literal-only blocks) into out; False to leave it to libzstd
+ *   bitpack_encode(src, fixed, value)   a ckptz.codecs.bitpack payload (8x8 bit transposes)
+ *   bitpack_decode(rows, fixed, value, out)
+ *
+ * Every function checks its arguments, raises ValueError on bad ones, and releases the GIL
+ * while it works.
+ *
+ * The zstd frame: libzstd cannot be told to skip LZ matching, and on float exponent planes
+ * its few short matches cost more than they save; ZipNN calls zstd's Huffman coder
+ * directly, which the zstandard binding does not expose. So this writes the frame itself:
+ * a single-segment header with the content size, then blocks (planned from the plane's
+ * statistics, or `block` bytes each), each the cheapest (exact sizes, computed before
+ * writing) of
+ *
+ *   - an RLE block (one byte value),
+ *   - a compressed block whose literals are Huffman-coded in four streams with a new
+ *     table (its weights FSE-compressed or direct, whichever is smaller) or with the
+ *     previous block's table (a treeless literals block) and whose sequence section is
+ *     empty,
+ *   - a raw block.
+ *
+ * Codes are limited to 11 bits and assigned canonically as RFC 8878 section 4.2.1.3
+ * prescribes, so any zstd decoder (libzstd, nvCOMP's Zstd) reads the frame. A block whose
+ * table cannot be described (more than 128 weights that FSE cannot fit in 127 bytes) and
+ * that cannot reuse the previous table makes the function return None: the caller codes
+ * the plane another way.
+ *
+ * Reading those frames back, libzstd runs about 1-1.5 GB/s on exponent planes; the
+ * decoder here (literals_decode) looks up 11 bits at a time and takes every whole code in
+ * them, up to four symbols per lookup, on four streams in lockstep: 1.1-1.6x libzstd's
+ * speed (bench/exponents.py).
+ *
+ * Files, one per concern, built as one compilation unit (this file includes the others,
+ * as python-zstandard's c-ext does), so setup.py compiles this file alone:
+ *
+ *   native.h            what more than one file needs: target attributes, constants, types,
+ *                       and each file's entry points
+ *   planes.c            split and merge, and a plane's statistics
+ *   huffman.c           Huffman codes for zstd literals and their descriptions
+ *   literals_encode.c   the zstd frame of Huffman-coded literal blocks
+ *   literals_decode.c   such frames, decoded
+ *   bitpack.c           bit packing by 8x8 bit transposes (SSE2, AVX2)
+ *   frame.c             a whole frame's planes decoded and merged
+ *   module.c            the Python functions above (argument checks, the GIL) and the module
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "native.h"
+
+#include "planes.c"
+#include "huffman.c"
+#include "literals_encode.c"
+#include "literals_decode.c"
+#include "bitpack.c"
+#include "frame.c"
+
+/* ---------------------------------------------------------------- split and merge */
+
+static int check_word(int word) {
+    if (word != 2 && word != 4 && word != 8) {
+        PyErr_Format(PyExc_ValueError, "word size %d: expected 2, 4 or 8", word);
+        return -1;
+    }
+    return 0;
+}
+
+/* (bits, zero share, AND of the bytes, OR of the bytes) */
+static PyObject *stats_tuple(const uint8_t *plane, size_t n, size_t sample, int and_byte, int or_byte) {
+    double bits, zeros;
+    sample_stats(plane, n, sample, &bits, &zeros);
+    return Py_BuildValue("(ddii)", bits, zeros, and_byte, or_byte);
+}
+
+static PyObject *native_split(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int word, rotate;
+    Py_ssize_t sample = 0;
+    if (!PyArg_ParseTuple(args, "y*w*ip|n", &src, &dst, &word, &rotate, &sample)) return NULL;
+    PyObject *result = NULL;
+    if (check_word(word) < 0) goto done;
+    if (src.len != dst.len || src.len % word) {
+        PyErr_Format(PyExc_ValueError, "split of %zd bytes into %zd: sizes must match and hold whole %d-byte words",
+                     src.len, dst.len, word);
+        goto done;
+    }
+    size_t n = (size_t)src.len / (size_t)word;
+    uint64_t and_word = 0, or_word = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    split_words(src.buf, dst.buf, n, word, rotate, &and_word, &or_word);
+    Py_END_ALLOW_THREADS;
+    if (sample <= 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyTuple_New(word);
+    for (int k = 0; result && k < word; k++) {
+        PyObject *item = stats_tuple((const uint8_t *)dst.buf + (size_t)k * n, n, (size_t)sample,
+                                     (int)(and_word >> (8 * k) & 255), (int)(or_word >> (8 * k) & 255));
+        if (!item) Py_CLEAR(result);
+        else PyTuple_SET_ITEM(result, k, item);
+    }
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+static PyObject *native_plane_stats(PyObject *self, PyObject *args) {
+    Py_buffer plane;
+    Py_ssize_t sample;
+    if (!PyArg_ParseTuple(args, "y*n", &plane, &sample)) return NULL;
+    PyObject *result = NULL;
+    if (sample <= 0) {
+        PyErr_Format(PyExc_ValueError, "sample of %zd bytes", sample);
+        goto done;
+    }
+    uint8_t a, o;
+    double bits, zeros;
+    Py_BEGIN_ALLOW_THREADS;
+    plane_stats(plane.buf, (size_t)plane.len, (size_t)sample, &a, &o, &bits, &zeros);
+    Py_END_ALLOW_THREADS;
+    result = Py_BuildValue("(ddii)", bits, zeros, a, o);
+done:
+    PyBuffer_Release(&plane);
+    return result;
+}
+
+static PyObject *native_merge(PyObject *self, PyObject *args) {
+    PyObject *seq;
+    Py_buffer dst;
+    int word, rotate;
+    if (!PyArg_ParseTuple(args, "Ow*ip", &seq, &dst, &word, &rotate)) return NULL;
+    Py_buffer views[8];
+    plane_t planes[8];
+    int held = 0;
+    PyObject *result = NULL, *fast = NULL;
+    if (check_word(word) < 0) goto done;
+    fast = PySequence_Fast(seq, "planes must be a sequence");
+    if (!fast) goto done;
+    if (PySequence_Fast_GET_SIZE(fast) != word) {
+        PyErr_Format(PyExc_ValueError, "%zd planes for %d-byte words", PySequence_Fast_GET_SIZE(fast), word);
+        goto done;
+    }
+    if (dst.len % word) {
+        PyErr_Format(PyExc_ValueError, "output of %zd bytes is not whole %d-byte words", dst.len, word);
+        goto done;
+    }
+    size_t n = (size_t)dst.len / (size_t)word;
+    for (int k = 0; k < word; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, k);
+        if (PyLong_Check(item)) {
+            long value = PyLong_AsLong(item);
+            if (value < 0 || value > 255) {
+                if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "constant plane byte %ld", value);
+                goto done;
+            }
+            planes[k].bytes = NULL;
+            planes[k].value = (uint8_t)value;
+            continue;
+        }
+        if (PyObject_GetBuffer(item, &views[held], PyBUF_SIMPLE) < 0) goto done;
+        held++;
+        if ((size_t)views[held - 1].len != n) {
+            PyErr_Format(PyExc_ValueError, "plane %d holds %zd bytes, expected %zu", k, views[held - 1].len, n);
+            goto done;
+        }
+        planes[k].bytes = views[held - 1].buf;
+        planes[k].value = 0;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    merge_words(planes, dst.buf, n, word, rotate);
+    Py_END_ALLOW_THREADS;
+    result = Py_NewRef(Py_None);
+done:
+    for (int k = 0; k < held; k++) PyBuffer_Release(&views[k]);
+    Py_XDECREF(fast);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* ---------------------------------------------------------------- zstd literal frames */
+
+static PyObject *native_huffman_zstd(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t block = 0;
+    if (!PyArg_ParseTuple(args, "y*|n", &src, &block)) return NULL;
+    PyObject *result = NULL;
+    if (block && (block < MIN_HUFFMAN || block > BLOCK_MAX)) {
+        PyErr_Format(PyExc_ValueError, "block of %zd bytes: expected 0 (adaptive) or %d to %d", block, MIN_HUFFMAN,
+                     BLOCK_MAX);
+        goto done;
+    }
+    size_t n = (size_t)src.len, cap = frame_capacity(n, (size_t)block);
+    uint8_t *buf = malloc(cap);
+    if (!buf) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t size;
+    Py_BEGIN_ALLOW_THREADS;
+    size = write_frame(buf, src.buf, n, (size_t)block);
+    Py_END_ALLOW_THREADS;
+    result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
+    free(buf);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* literals_decode(frame, out) -> True if `frame` was decoded into `out` (its exact size),
+ * False if libzstd should decode it. */
+static PyObject *native_literals_decode(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    PyObject *result = NULL;
+    dtable_t *dt = malloc(sizeof(dtable_t));
+    if (!dt) {
+        PyErr_NoMemory();
+    } else {
+        int ok;
+        Py_BEGIN_ALLOW_THREADS;
+        ok = literals_frame(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, dt, 1);
+        Py_END_ALLOW_THREADS;
+        result = PyBool_FromLong(ok);
+    }
+    free(dt);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* ---------------------------------------------------------------- bit packing */
+
+/* bitpack_encode(src, fixed, value) -> ckptz.codecs.bitpack's payload: the two header
+ * bytes, then the rows of the varying bits. */
+static PyObject *native_bitpack_encode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    int fixed, value;
+    if (!PyArg_ParseTuple(args, "y*ii", &src, &fixed, &value)) return NULL;
+    PyObject *result = NULL;
+    if (fixed < 0 || fixed > 255 || value < 0 || value > 255 || (value & ~fixed)) {
+        PyErr_Format(PyExc_ValueError, "fixed-bit mask %d with values %d", fixed, value);
+        goto done;
+    }
+    int bits[8], k = varying_list(fixed, bits);
+    size_t n = (size_t)src.len, m = (n + 7) / 8;
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(2 + k * m));
+    if (!result) goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    const uint8_t *in = src.buf;
+    out[0] = (uint8_t)fixed;
+    out[1] = (uint8_t)value;
+    out += 2;
+    Py_BEGIN_ALLOW_THREADS;
+    pack_rows(in, n, bits, k, out, m);
+    Py_END_ALLOW_THREADS;
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* bitpack_decode(rows, fixed, value, out): the bytes of a bitpack payload's rows. */
+static PyObject *native_bitpack_decode(PyObject *self, PyObject *args) {
+    Py_buffer rows, dst;
+    int fixed, value;
+    if (!PyArg_ParseTuple(args, "y*iiw*", &rows, &fixed, &value, &dst)) return NULL;
+    PyObject *result = NULL;
+    int bits[8], k = varying_list(fixed & 255, bits);
+    size_t n = (size_t)dst.len, m = (n + 7) / 8;
+    if (fixed < 0 || fixed > 255 || value < 0 || value > 255 || (value & ~fixed)) {
+        PyErr_Format(PyExc_ValueError, "fixed-bit mask %d with values %d", fixed, value);
+        goto done;
+    }
+    if ((size_t)rows.len != (size_t)k * m) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes of rows for %d varying bits of %zu bytes", rows.len, k, n);
+        goto done;
+    }
+    const uint8_t *in = rows.buf;
+    uint8_t *out = dst.buf;
+    Py_BEGIN_ALLOW_THREADS;
+    unpack_rows(in, m, bits, k, (uint8_t)value, out, n);
+    Py_END_ALLOW_THREADS;
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* ---------------------------------------------------------------- whole frames */
+
+/* decode_frame(chunks, out, room, word, rotate) -> True if every plane of a frame
+ * (`chunks`: (codec id, size, payload) per plane, lowest first) was decoded here and the
+ * words merged into `out`, with `room` (at least out's size) as the planes' scratch;
+ * False if any plane needs the Python codecs: another bitstream, a zstd frame libzstd
+ * must decode, or anything malformed, which they then report. The decoding runs without
+ * the GIL from the first plane to the merge. */
+static PyObject *native_decode_frame(PyObject *self, PyObject *args) {
+    PyObject *seq;
+    Py_buffer dst, room, views[8];
+    int word, rotate, held = 0, ok = 0;
+    if (!PyArg_ParseTuple(args, "Ow*w*ip", &seq, &dst, &room, &word, &rotate)) return NULL;
+    PyObject *result = NULL, *fast = NULL;
+    chunk_t chunks[8];
+    plane_t planes[8];
+    dtable_t *dt = NULL;
+    if (check_word(word) < 0) goto done;
+    fast = PySequence_Fast(seq, "chunks must be a sequence");
+    if (!fast) goto done;
+    size_t n = (size_t)dst.len / (size_t)word;
+    int usable = PySequence_Fast_GET_SIZE(fast) == word && dst.len % word == 0 && (size_t)room.len >= n * word;
+    for (int k = 0; usable && k < word; k++) {
+        Py_ssize_t size;
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, k);
+        if (!PyTuple_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "each chunk must be a (codec id, size, payload) tuple");
+            goto done;
+        }
+        if (!PyArg_ParseTuple(item, "iny*", &chunks[k].codec, &size, &views[held])) goto done;
+        chunks[k].bytes = views[held].buf;
+        chunks[k].len = (size_t)views[held++].len;
+        usable = frame_chunk_usable(&chunks[k], (size_t)size, n, (uint8_t *)room.buf + (size_t)k * n, &planes[k]);
+        if (usable && chunks[k].codec == CODEC_ZSTD && !dt && !(dt = malloc(sizeof(dtable_t)))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    if (usable) {
+        Py_BEGIN_ALLOW_THREADS;
+        ok = frame_decode(chunks, planes, word, n, room.buf, dst.buf, rotate, dt);
+        Py_END_ALLOW_THREADS;
+    }
+    result = PyBool_FromLong(ok);
+done:
+    for (int k = 0; k < held; k++) PyBuffer_Release(&views[k]);
+    free(dt);
+    Py_XDECREF(fast);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&room);
+    return result;
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef methods[] = {
+    {"split", native_split, METH_VARARGS,
+     "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"
+     "k * n); with sample > 0, each plane's plane_stats as a tuple."},
+    {"plane_stats", native_plane_stats, METH_VARARGS,
+     "plane_stats(plane, sample): (entropy bits per byte and zero share of a strided sample of about\n"
+     "`sample` bytes, AND of all bytes, OR of all bytes)."},
+    {"merge", native_merge, METH_VARARGS,
+     "merge(planes, dst, word, rotate): words from byte planes (buffers, or ints for constant planes)."},
+    {"huffman_zstd", native_huffman_zstd, METH_VARARGS,
+     "huffman_zstd(src, block=0): a zstd frame of Huffman-coded literal blocks (adaptive sizes, or `block` bytes each), or None."},
+    {"bitpack_encode", native_bitpack_encode, METH_VARARGS,
+     "bitpack_encode(src, fixed, value): a ckptz.codecs.bitpack payload of src."},
+    {"literals_decode", native_literals_decode, METH_VARARGS,
+     "literals_decode(frame, out): decode a zstd frame of literal-only blocks into out; False if not one."},
+    {"bitpack_decode", native_bitpack_decode, METH_VARARGS,
+     "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
+    {"decode_frame", native_decode_frame, METH_VARARGS,
+     "decode_frame(chunks, out, room, word, rotate): decode and merge a frame's planes into out; False\n"
+     "if a plane needs the Python codecs."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ckptz._native", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    init_spread();
+#if AVX2_PATHS
+    /* CKPTZ_NO_AVX2=1 keeps the SSE2 loops (tests run both) */
+    const char *off = getenv("CKPTZ_NO_AVX2");
+    __builtin_cpu_init();
+    have_avx2 = __builtin_cpu_supports("avx2") && !(off && *off && strcmp(off, "0"));
+#else
+    const int have_avx2 = 0;
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "avx2", have_avx2) < 0) Py_CLEAR(m);
+    return m;
+}
