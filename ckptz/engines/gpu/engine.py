@@ -270,13 +270,7 @@ class GpuEngine:
             data[off : off + j.data.size].copy_(src, non_blocking=True)
         batch = encode_batch(codecs, self.codec_id, data, layout)
         # One copy back: the batch's payloads, already laid out as the container stores them.
-        n = batch.block.numel()
-        block = staging.get("out", n)
-        block[:n].copy_(batch.block, non_blocking=True)
-        stream.synchronize()
-        # The pipeline writes payloads later, while this worker reuses its pinned buffers:
-        # hand it its own copy (numpy copies without the GIL).
-        view = memoryview(block[:n].numpy().copy())  # type: ignore[arg-type]
+        view = memoryview(_to_host(batch.block, stream))  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
         raw = batch.table.raw_size.tolist()
         for j, shape, first in zip(jobs, layout.shapes, batch.table.starts.tolist(), strict=True):
@@ -319,11 +313,8 @@ class GpuEngine:
             data = decode_batch(codecs, payloads, layout, codec, offset, size, const_value)
         except CkptzError as exc:
             raise CorruptionError(f"{good[0].where} does not decode ({exc.message})") from None
-        out = staging.get("out", data.numel())[: data.numel()]
-        out.copy_(data, non_blocking=True)
-        stream.synchronize()
+        view = _to_host(data, stream)
         del payloads
-        view = out.numpy().copy()  # the frames outlive this batch (see _encode)
         for j, off in zip(good, layout.data_offsets, strict=True):
             j.future.set_result(view[off : off + j.length])
 
@@ -384,6 +375,19 @@ class _Staging:
             # Grow with headroom: batch sizes vary a little from one batch to the next.
             self._buffers[name] = buf = torch.empty(size + size // 4, dtype=torch.uint8, pin_memory=True)
         return buf
+
+
+def _to_host(data: torch.Tensor, stream: torch.cuda.Stream) -> np.ndarray:
+    """Copy a batch's device bytes into new pinned host memory and wait for it.
+
+    The frames handed out are views of it and outlive the batch (the pipeline writes them
+    later): torch's caching host allocator takes the memory back once the last view is gone,
+    so there is no second copy and no pinning per batch after the first few.
+    """
+    host = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True)
+    host.copy_(data, non_blocking=True)
+    stream.synchronize()
+    return host.numpy()
 
 
 def _check_chunks(j: _DecodeJob) -> None:
