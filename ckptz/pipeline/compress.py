@@ -257,7 +257,7 @@ class _Compression:
         pos = len(PREFIX)
         for i, frame in enumerate(self.frames):
             self.read[i].result()
-            fut = self.coded[i]
+            fut, self.coded[i] = self.coded[i], None  # a coded frame lives until it is written
             assert fut is not None  # set before the read resolves
             coded = fut.result()
             start, parts, rows = pos, list[bytes | memoryview](), []

@@ -222,6 +222,7 @@ class _Restore:
             self.users[i] -= 1
             free = self.users[i] == 0
         if free:
+            self.data[i] = _SPENT  # drop the decoded frame: memory stays at the frames in flight
             self.room.release()
 
     def _feed(self) -> None:
@@ -335,6 +336,10 @@ class _Restore:
             self._release(i)
         except BaseException as exc:
             self._fail(exc)
+
+
+_SPENT: Future[np.ndarray] = Future()
+_SPENT.set_result(np.zeros(0, np.uint8))
 
 
 def _frame_tensors(index: Index, segments: list[tuple[int, int]]) -> Callable[[int, int], str | None]:
