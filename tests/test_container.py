@@ -16,6 +16,7 @@ from ckptz.container import (
     ContainerWriter,
     Index,
     StreamInfo,
+    amend_source,
     checksum,
     make_tables,
     read_index,
@@ -68,10 +69,10 @@ def test_header_and_footer_layout(tmp_path: Path) -> None:
     _write(path)
     data = path.read_bytes()
     assert data[:8] == MAGIC == b"CKPTZ\x00\r\n"
-    assert struct.unpack("<HH", data[8:12]) == (1, 0)
+    assert struct.unpack("<HH", data[8:12]) == (1, 1)
     assert data[-8:] == b"CKPTZEND"
     off, size, _raw, isum, major, minor, _flags, _end = FOOTER.unpack(data[-FOOTER.size :])
-    assert off + size == len(data) - FOOTER.size and (major, minor) == (1, 0)
+    assert off + size == len(data) - FOOTER.size and (major, minor) == (1, 1)
     assert checksum(data[off : off + size]) == isum
 
 
@@ -105,7 +106,7 @@ def test_rejects_other_major_version(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[: HEADER.size] = HEADER.pack(MAGIC, 2, 0, 0)
     footer = list(FOOTER.unpack(bytes(data[-FOOTER.size :])))
-    footer[4] = 2  # a newer writer puts its major version in both places
+    footer[4], footer[5] = 2, 0  # a newer writer puts its version in both places
     data[-FOOTER.size :] = FOOTER.pack(*footer)
     with pytest.raises(UnsupportedVersionError, match="upgrade ckptz"):
         _read(bytes(data), tmp_path)
@@ -127,3 +128,21 @@ def test_checksum_is_xxh3_64() -> None:
 
     data = np.arange(1000, dtype=np.uint8)
     assert checksum(data) == xxhash.xxh3_64_intdigest(data.tobytes())
+
+
+def test_amend_source_rewrites_only_the_index(tmp_path: Path) -> None:
+    """Format 1.1 records the source's metadata: added after the data, which does not move."""
+    path = tmp_path / "a.ckptz"
+    index = _write(path)
+    before = path.read_bytes()
+    with open(path, "r+b") as f:
+        f.seek(0, 2)
+        amended, size = amend_source(f, index, {"mode": 0o600, "mtime_ns": 123, "uid": 0, "gid": 0})
+    data = path.read_bytes()
+    assert size == len(data)
+    off = FOOTER.unpack(before[-FOOTER.size :])[0]
+    assert data[:off] == before[:off]  # header and payloads untouched
+    with open(path, "rb") as f:
+        again = read_index(f, str(path))
+    assert again.header["source"]["mode"] == 0o600 and again.header["source"]["mtime_ns"] == 123
+    assert again.source_digest == index.source_digest and amended.header["source"]["uid"] == 0

@@ -40,7 +40,7 @@ class _FullDisk(io.FileIO):
 def _full_disk_after(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     _FullDisk.budget[0] = budget
 
-    def open_temp(tmp: Path) -> BinaryIO:
+    def open_temp(tmp: Path, mode: int = 0o666) -> BinaryIO:
         return io.BufferedWriter(_FullDisk(tmp, "xb"))
 
     monkeypatch.setattr(safeio, "_open_temp", open_temp)
@@ -108,7 +108,7 @@ def test_enospc_to_output_folder(folder: Path, tmp_path: Path, monkeypatch: pyte
 def test_eacces_on_destination(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     want = tree_digests(folder)
 
-    def refuse(tmp: Path) -> BinaryIO:
+    def refuse(tmp: Path, mode: int = 0o666) -> BinaryIO:
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp))
 
     monkeypatch.setattr(safeio, "_open_temp", refuse)
