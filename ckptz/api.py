@@ -185,6 +185,25 @@ def _engine(
         engine.close()
 
 
+@contextmanager
+def _engine_for(
+    p: Plan,
+    device: str | None,
+    threads: int | None,
+    level: int,
+    codec: str,
+    memory: int | None,
+    reporter: Reporter,
+    announce: bool,
+) -> Iterator[tuple[Engine | None, list[str]]]:
+    """The engine for a plan, or None if it converts nothing (copying files needs none)."""
+    if not (p.converts or p.finishes):
+        yield None, []
+        return
+    with _engine(device, threads, level, codec, memory, reporter, announce) as opened:
+        yield opened
+
+
 def _check_codec(codec: str) -> str:
     valid = tuple(dict.fromkeys((*CODECS_CPU, *GPU_ONLY_CODECS)))
     codec = codec.lower()
@@ -251,19 +270,26 @@ def compress(
     if dry_run:
         from ckptz.estimate import estimate
 
-        with _engine(device, threads, level, codec, memory, reporter) as (engine, notices):
-            files = estimate([(j.entry.path, j.label) for j in p.converts + p.finishes], engine, sample_bytes)
-        return _summary("compress", root, files, p, engine, start, notices, dry_run=True, compress=True)
+        with _engine(device, threads, level, codec, memory, reporter) as (sampler, notices):
+            files = estimate(
+                [(j.entry.path, j.label) for j in p.converts + p.finishes], sampler, sample_bytes
+            )
+        return _summary("compress", root, files, p, sampler, start, notices, dry_run=True, compress=True)
     # In place, the original is removed only after its container decoded back to it.
     verify = True if in_place else bool(verify)
     stop = Stop()
-    with _locked(p), _engine(device, threads, level, codec, memory, reporter) as (engine, notices):
-        done: list[str] = []
+    done: list[str] = []
+    with (
+        _stopping(p, done),
+        _locked(p),
+        _engine_for(p, device, threads, level, codec, memory, reporter, True) as (engine, notices),
+    ):
         _prepare(p, stop, done)
         _finish_interrupted(p.finishes, engine, stop, done, compress=True)
         reporter.start(sum(j.entry.size for j in p.converts), "compress")
 
         def one(job: Job) -> FileStats:
+            assert engine is not None
             reporter.file(job.label)
             stats = _compress_one(job, engine, verify, in_place, reporter, stop)
             reporter.file_done(job.label)
@@ -276,6 +302,16 @@ def compress(
 
 def _label(job: Job) -> str:
     return job.label
+
+
+@contextmanager
+def _stopping(p: Plan, done: list[str]) -> Iterator[None]:
+    """Turn a stop anywhere in a run (Ctrl-C, SIGTERM) into :class:`StoppedError` naming ``done``."""
+    try:
+        yield
+    except (KeyboardInterrupt, StoppedError):
+        total = len(p.finishes) + len(p.converts) + len(p.links) + len(p.carries)
+        raise StoppedError(tuple(done), max(total - len(done), 0)) from None
 
 
 @contextmanager
@@ -342,7 +378,7 @@ def _ignore(_: int) -> None:
 
 
 def _finish_interrupted(
-    jobs: list[Job], engine: Engine, stop: Stop, done: list[str], *, compress: bool
+    jobs: list[Job], engine: Engine | None, stop: Stop, done: list[str], *, compress: bool
 ) -> None:
     """Finish in-place work a killed run left with both forms present.
 
@@ -351,6 +387,7 @@ def _finish_interrupted(
     both files kept and says which one is stale and how to go on.
     """
     for j in jobs:
+        assert engine is not None
         stop.check()
         original, container = (j.entry.path, j.target) if compress else (j.target, j.entry.path)
         try:
@@ -466,17 +503,19 @@ def decompress(
         files = [_container_stats(j.entry.path, j.label) for j in p.converts + p.finishes]
         return _summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
     stop = Stop()
+    done: list[str] = []
     with ExitStack() as stack:
+        stack.enter_context(_stopping(p, done))
         stack.enter_context(_locked(p))
         engine, notices = stack.enter_context(
-            _engine(device, threads, 3, "auto", memory, reporter, announce=False)
+            _engine_for(p, device, threads, 3, "auto", memory, reporter, False)
         )
-        done: list[str] = []
         _prepare(p, stop, done)
         _finish_interrupted(p.finishes, engine, stop, done, compress=False)
         reporter.start(sum(_source_size(j.entry.path) for j in p.converts), "decompress")
 
         def one(job: Job) -> FileStats:
+            assert engine is not None
             reporter.file(job.label)
             stats = _restore_one(job, engine, in_place, reporter, stop)
             reporter.file_done(job.label)

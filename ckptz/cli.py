@@ -14,17 +14,15 @@ import functools
 import json
 import math
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from ckptz import __version__
+from ckptz import __version__, _signals
 from ckptz.errors import CkptzError, StoppedError, UsageError
 from ckptz.progress import Progress
 
@@ -101,9 +99,6 @@ Exclude = Annotated[
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The signal that stopped the run (SIGTERM exits 143, Ctrl-C 130, as shells report them).
-_stopped_by: list[int] = []
-
 
 def _errors(fn: F) -> F:
     """Turn ckptz's own errors (and OS errors on user paths) into one stderr line and an exit code."""
@@ -111,19 +106,23 @@ def _errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            _signals.arm()
             return fn(*args, **kwargs)
         except (CkptzError, OSError) as exc:
             if os.environ.get("CKPTZ_DEBUG"):
                 raise
             code = exc.exit_code if isinstance(exc, CkptzError) else 1
-            if isinstance(exc, StoppedError) and _stopped_by == [signal.SIGTERM]:
-                code = 128 + signal.SIGTERM
+            if isinstance(exc, StoppedError):
+                code = _signals.exit_code()
             text = str(exc) if isinstance(exc, CkptzError) else f"{exc.filename or ''}: {exc.strerror or exc}"
+            if isinstance(exc, StoppedError):
+                _signals.announced.append(True)
             stderr.print(f"ckptz: {'error: ' * (not isinstance(exc, StoppedError))}{text}", soft_wrap=True)
             raise typer.Exit(code) from None
         except KeyboardInterrupt:
-            stderr.print("ckptz: stopped before any file was finished; inputs are untouched")
-            raise typer.Exit(128 + (_stopped_by or [signal.SIGINT])[0]) from None
+            _signals.announced.append(True)
+            stderr.print("ckptz: stopped (run the same command again to finish anything left)")
+            raise typer.Exit(_signals.exit_code()) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -502,21 +501,8 @@ def _root(
     """Lossless, byte-exact compression of PyTorch checkpoints."""
 
 
-def _on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    """SIGTERM stops a run as Ctrl-C does: cleanly, within a block's time (see ckptz.jobs)."""
-    if not _stopped_by:
-        _stopped_by.append(signum)
-        raise KeyboardInterrupt
-
-
-def _on_sigint(signum: int, frame: FrameType | None) -> None:
-    if not _stopped_by:
-        _stopped_by.append(signum)
-    signal.default_int_handler(signum, frame)
-
-
 def main() -> None:
-    """Console-script entry point."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    signal.signal(signal.SIGINT, _on_sigint)
-    app(prog_name="ckptz")
+    """Entry point for callers that import the CLI directly (the console script uses ``ckptz.__main__``)."""
+    from ckptz.__main__ import main as entry
+
+    entry()

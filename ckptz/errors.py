@@ -127,8 +127,11 @@ class BusyError(CkptzError, BlockingIOError):
     """Another ckptz run holds a lock on the same files or folder."""
 
 
-class StoppedError(CkptzError, InterruptedError):
+class StoppedError(CkptzError, RuntimeError):
     """The run was stopped by Ctrl-C or SIGTERM; finished files are complete, the others untouched.
+
+    Not an ``InterruptedError``: that is an ``OSError``, which write paths turn into
+    :class:`WriteError`.
 
     Attributes:
         finished: the files completed before the stop (relative paths).
@@ -143,6 +146,6 @@ class StoppedError(CkptzError, InterruptedError):
         names = ", ".join(finished[:5]) + (f" and {len(finished) - 5} more" if len(finished) > 5 else "")
         done = f"{len(finished)} file{'s' * (len(finished) != 1)} finished" + (f" ({names})" if names else "")
         super().__init__(
-            f"stopped: {done}; {remaining} not started or rolled back, inputs untouched",
+            f"stopped: {done}; {remaining} left as they were",
             hint="run the same command again to finish",
         )

@@ -10,6 +10,7 @@ temp file and leaves its input as it was. The caller learns which jobs finished.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -18,6 +19,7 @@ from typing import TypeVar
 from ckptz.errors import StoppedError
 
 T = TypeVar("T")
+_batches = itertools.count()
 R = TypeVar("R")
 
 #: Files compressed or restored at once. One file's reads, hashing and writes run on one
@@ -73,20 +75,22 @@ def run_jobs(
     done = done if done is not None else []
     if not jobs:
         return []
-    pool = ThreadPoolExecutor(min(width, len(jobs)), thread_name_prefix="ckptz-file")
+    prefix = f"ckptz-file-{next(_batches)}"
+    pool = ThreadPoolExecutor(min(width, len(jobs)), thread_name_prefix=prefix)
     futures: list[Future[R]] = []
     try:
         futures = [pool.submit(fn, job) for job in jobs]
         wait(futures, return_when=FIRST_EXCEPTION)
     except KeyboardInterrupt:
         stop.set()
-        _settle(futures, pool)
+        _settle(futures, pool, prefix)
         finished = [name(j) for j, f in zip(jobs, futures, strict=False) if _succeeded(f)]
-        raise StoppedError(tuple(done + finished), len(jobs) - len(finished)) from None
+        done.extend(finished)
+        raise StoppedError(tuple(done), len(jobs) - len(finished)) from None
     finally:
         for f in futures:
             f.cancel()  # only those not started
-        _settle(futures, pool)
+        _settle(futures, pool, prefix)
     for f in futures:
         if not f.cancelled() and (error := f.exception()) is not None:
             if isinstance(error, StoppedError):
@@ -94,7 +98,8 @@ def run_jobs(
             raise error
     if stop.is_set or any(f.cancelled() for f in futures):
         finished = [name(j) for j, f in zip(jobs, futures, strict=True) if _succeeded(f)]
-        raise StoppedError(tuple(done + finished), len(jobs) - len(finished))
+        done.extend(finished)
+        raise StoppedError(tuple(done), len(jobs) - len(finished))
     results = [f.result() for f in futures]
     done.extend(name(j) for j in jobs)
     return results
@@ -104,14 +109,22 @@ def _succeeded(f: Future[R]) -> bool:
     return f.done() and not f.cancelled() and f.exception() is None
 
 
-def _settle(futures: list[Future[R]], pool: ThreadPoolExecutor) -> None:
-    """Wait for running jobs to end, whatever further Ctrl-C presses arrive meanwhile."""
+def _settle(futures: list[Future[R]], pool: ThreadPoolExecutor, prefix: str) -> None:
+    """Wait for running jobs to end, whatever further Ctrl-C presses arrive meanwhile.
+
+    Threads are joined by name as well: a ``KeyboardInterrupt`` inside ``submit`` can land
+    between a worker's start and its registration in the pool, and ``shutdown`` would not
+    wait for that one (it would be killed at exit, leaving its temp file).
+    """
     for f in futures:
         f.cancel()
     while True:
         try:
             wait(futures)
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=True, cancel_futures=True)
+            for t in threading.enumerate():
+                if t.name.startswith(prefix + "_") and t is not threading.current_thread():
+                    t.join()
             return
         except KeyboardInterrupt:
             continue  # a second Ctrl-C: the jobs are already stopping; let them clean up

@@ -152,8 +152,14 @@ def plan(
         raise NothingToDoError(f"--include {unmatched[0]!r} matches no file", hint="check the pattern")
     several = len(trees) > 1
     done_already = 0
+    wanted: Kind = "checkpoint" if compress else "container"
     for t in trees:
-        root = _out_root(t, out, compress)
+        try:
+            root = _out_root(t, out, compress)
+        except UsageError:
+            if any(selection.converts(e, wanted) for e in t.entries):
+                raise
+            continue  # nothing to convert here: say that rather than ask for -o
         prefix = t.root.name + "/" if several and t.is_dir else ""
         beside = out.in_place or (out.path is None and not t.is_dir)
         (p.writes if beside else p.reads).append(t.root)
@@ -257,9 +263,9 @@ def _place(
     if out.in_place:
         if already and compress:
             p.skipped.append(Action("skip", str(e.path), note="already compressed"))
-        return int(already)
+        return int(already and compress)
     p.carries.append(Job("copy", e, _target(t, e, root, out, e.path.name), label))
-    return int(already)
+    return int(already and compress)
 
 
 def _pair_hard_links(p: Plan, out: Output) -> None:

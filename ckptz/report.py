@@ -199,6 +199,17 @@ def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
 
 def summary_view(summary: Summary) -> RenderableType:
     """Everything a command shows for a summary."""
+    if not summary.files:
+        what = (
+            "no checkpoint files or containers"
+            if summary.operation == "inspect"
+            else "nothing to " + summary.operation
+        )
+        if summary.copied:
+            what += f"; {len(summary.copied)} other files " + (
+                "copied unchanged" if summary.operation != "inspect" else ""
+            )
+        return Text(f"{what.rstrip()} ({summary.root})", style="dim")
     parts: list[RenderableType] = [Fit(components_table(summary), components_table(summary, narrow=True))]
     if len(summary.files) > 1 or summary.operation == "inspect":
         parts.append(Fit(files_table(summary.files), files_table(summary.files, narrow=True)))
@@ -359,38 +370,11 @@ def _gbps(x: float) -> str:
 
 
 def bench_view(result: BenchResult) -> RenderableType:
-    """The tables of ``ckptz bench``: codecs per component, storage plans, recommendation."""
-    table = Table(title=f"bench: {result.root}", box=box.SIMPLE_HEAVY, title_justify="left")
-    for name, justify in (
-        ("component", "left"),
-        ("codec", "left"),
-        ("device", "left"),
-        ("ratio", "right"),
-        ("compress", "right"),
-        ("decompress", "right"),
-        ("decodes", "left"),
-        ("limit", "right"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=name in ("component", "codec"))  # type: ignore[arg-type]
-    samples = {s.component: s for s in result.samples}
-    for i, comp in enumerate(dict.fromkeys(r.component for r in result.rows)):
-        if i:
-            table.add_section()
-        s = samples[comp]
-        sampled = "whole" if s.sampled_frames == s.frames else f"{decimal(s.sample_bytes)} sampled"
-        for j, r in enumerate(r for r in result.rows if r.component == comp):
-            first = j == 0
-            table.add_row(
-                Text(comp, style="bold") if first else "",
-                r.codec,
-                r.device,
-                _ratio(r.ratio),
-                _gbps(r.compress_gbps),
-                _gbps(r.decompress_gbps),
-                "CPU+GPU" if r.portable else "GPU only",
-                f"{_gbps(r.bound_ratio)} / {_gbps(r.chunk_bound_ratio)}" if first else "",
-            )
-        table.add_row(Text(f"  {decimal(s.bytes)}, {sampled}", style="dim"), *[""] * 7)
+    """The tables of ``ckptz bench``: codecs per component, storage plans, recommendation.
+
+    Below :data:`NARROW` columns, each component becomes a heading line over its codecs,
+    and the plans split into a time table and a money table, so nothing is cut.
+    """
     notes = [
         Text(
             "speeds in GB/s of original bytes; limit: order-0 entropy bound (as a ratio) of the byte planes, "
@@ -401,58 +385,93 @@ def bench_view(result: BenchResult) -> RenderableType:
         )
     ]
     notes += [Text(f"skipped {name}: {why}", style="dim") for name, why in result.skipped]
-    return Group(table, *notes, _plans_table(result), _recommendation(result))
+    return Group(
+        Fit(_codecs_table(result), _codecs_table(result, narrow=True)),
+        *notes,
+        Fit(_plans_table(result), Group(_plans_table(result, "time"), _plans_table(result, "money"))),
+        _recommendation(result),
+    )
 
 
-def _plans_table(result: BenchResult) -> Table:
+def _codecs_table(result: BenchResult, narrow: bool = False) -> Table:
+    table = Table(title=f"bench: {result.root}", box=box.SIMPLE_HEAVY, title_justify="left")
+    columns = [("codec", "left"), ("device", "left"), ("ratio", "right"), ("compress", "right")]
+    columns += [("decompress", "right"), ("decodes", "left")]
+    if not narrow:
+        columns = [("component", "left"), *columns, ("limit", "right")]
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    samples = {s.component: s for s in result.samples}
+    for i, comp in enumerate(dict.fromkeys(r.component for r in result.rows)):
+        if i:
+            table.add_section()
+        s = samples[comp]
+        sampled = "whole" if s.sampled_frames == s.frames else f"{decimal(s.sample_bytes)} sampled"
+        rows = [r for r in result.rows if r.component == comp]
+        limit = f"{_gbps(rows[0].bound_ratio)} / {_gbps(rows[0].chunk_bound_ratio)}"
+        if narrow:
+            table.add_row(
+                Text(comp, style="bold"), Text(f"{decimal(s.bytes)}, {sampled}; limit {limit}", style="dim")
+            )
+        for j, r in enumerate(rows):
+            cells: list[RenderableType] = [
+                r.codec,
+                r.device,
+                _ratio(r.ratio),
+                _gbps(r.compress_gbps),
+                _gbps(r.decompress_gbps),
+                "CPU+GPU" if r.portable else "GPU only",
+            ]
+            if not narrow:
+                cells = [Text(comp, style="bold") if j == 0 else "", *cells, limit if j == 0 else ""]
+            table.add_row(*cells)
+        if not narrow:
+            table.add_row(Text(f"  {decimal(s.bytes)}, {sampled}", style="dim"), *[""] * 7)
+    return table
+
+
+def _plans_table(result: BenchResult, part: str = "all") -> Table:
+    """The plans: ``all`` columns, or (narrow) the ``time`` or the ``money`` ones."""
     st, cost = result.storage, result.cost
     title = (
         f"checkpoint of {decimal(result.bytes)} on storage writing {st.write_gbps:.3g} GB/s, "
         f"reading {st.read_gbps:.3g} GB/s ({st.method})"
     )
-    table = Table(title=title, box=box.SIMPLE, title_justify="left")
-    for name in (
-        "codec",
-        "device",
-        "ratio",
-        "write s",
-        "restore s",
-        "saved s",
-        "GPU-h/mo",
-        "$ GPUs/mo",
-        "$ storage/mo",
-    ):
-        table.add_column(name, justify="left" if name in ("codec", "device") else "right")
+    times = ("device", "ratio", "write s", "restore s", "saved s")
+    money = ("GPU-h/mo", "$ GPUs/mo", "$ storage/mo")
+    names = ("codec", *(times if part != "money" else ()), *(money if part != "time" else ()))
+    table = Table(title=title if part != "money" else None, box=box.SIMPLE, title_justify="left")
+    for name in names:
+        table.add_column(name, justify="left" if name in ("codec", "device") else "right", no_wrap=True)
     rec = result.recommendation
-    table.add_row(
-        "uncompressed",
-        "-",
-        "1.000×",
-        f"{rec.baseline_write_seconds:.3g}",
-        f"{rec.baseline_restore_seconds:.3g}",
-        "-",
-        "-",
-        "-",
-        "-",
-    )
+    base = {
+        "codec": "uncompressed",
+        "device": "-",
+        "ratio": "1.000×",
+        "write s": f"{rec.baseline_write_seconds:.3g}",
+        "restore s": f"{rec.baseline_restore_seconds:.3g}",
+    }
+    table.add_row(*[base.get(n, "-") for n in names])
     for p in result.plans:
         t = p.totals
-        table.add_row(
-            Text(t.codec, style="bold green" if t.codec == rec.codec else ""),
-            t.device,
-            _ratio(t.ratio),
-            f"{p.write_seconds:.3g}",
-            f"{p.restore_seconds:.3g}",
-            f"{p.stall_saved_seconds:+.3g}",
-            f"{p.idle_gpu_hours_month:+.3g}",
-            f"{p.idle_usd_month:+,.2f}",
-            f"{p.storage_usd_month:+,.2f}",
+        cells: dict[str, RenderableType] = {
+            "codec": Text(t.codec, style="bold green" if t.codec == rec.codec else ""),
+            "device": t.device,
+            "ratio": _ratio(t.ratio),
+            "write s": f"{p.write_seconds:.3g}",
+            "restore s": f"{p.restore_seconds:.3g}",
+            "saved s": f"{p.stall_saved_seconds:+.3g}",
+            "GPU-h/mo": f"{p.idle_gpu_hours_month:+.3g}",
+            "$ GPUs/mo": f"{p.idle_usd_month:+,.2f}",
+            "$ storage/mo": f"{p.storage_usd_month:+,.2f}",
+        }
+        table.add_row(*[cells[n] for n in names])
+    if part != "time":
+        table.caption = (
+            f"projection: {cost.gpus} GPUs idle during each save at ${cost.gpu_hour_usd:g}/GPU-hour, "
+            f"a checkpoint every {cost.every_min:g} min (30-day month), {cost.keep} kept at ${cost.storage_usd_tb_month:g}/TB-month"
         )
-    table.caption = (
-        f"projection: {cost.gpus} GPUs idle during each save at ${cost.gpu_hour_usd:g}/GPU-hour, "
-        f"a checkpoint every {cost.every_min:g} min (30-day month), {cost.keep} kept at ${cost.storage_usd_tb_month:g}/TB-month"
-    )
-    table.caption_justify = "left"
+        table.caption_justify = "left"
     return table
 
 

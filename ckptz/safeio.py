@@ -284,9 +284,11 @@ def link_file(existing: Path, final: Path) -> None:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.link(existing, tmp)
         os.replace(tmp, final)
-    except OSError as exc:
+    except BaseException as exc:
         _unlink_quietly(tmp)
-        raise os_error(exc, final) from None
+        if isinstance(exc, OSError):
+            raise os_error(exc, final) from None
+        raise
     fsync_dir(final.parent)
 
 
@@ -297,9 +299,11 @@ def make_symlink(text: str, final: Path) -> None:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(text, tmp)
         os.replace(tmp, final)
-    except OSError as exc:
+    except BaseException as exc:
         _unlink_quietly(tmp)
-        raise os_error(exc, final) from None
+        if isinstance(exc, OSError):
+            raise os_error(exc, final) from None
+        raise
 
 
 def remove(path: Path) -> None:

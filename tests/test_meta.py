@@ -58,8 +58,14 @@ def test_round_trip_with_output_folders(tree: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     # Hard links: compressed once, the second name linked to the first container.
-    assert sorted(f["path"] for f in data["files"]) == ["model.safetensors", "optimizer.pt", "rng_state.copy.pth"]
-    assert (packed / "rng_state.pth.ckptz").stat().st_ino == (packed / "rng_state.copy.pth.ckptz").stat().st_ino
+    assert sorted(f["path"] for f in data["files"]) == [
+        "model.safetensors",
+        "optimizer.pt",
+        "rng_state.copy.pth",
+    ]
+    assert (packed / "rng_state.pth.ckptz").stat().st_ino == (
+        packed / "rng_state.copy.pth.ckptz"
+    ).stat().st_ino
     # Containers: no more readable than their sources, and their mtimes.
     assert _mode(packed / "optimizer.pt.ckptz") == 0o600
     assert _mode(packed / "trainer_state.json") == 0o640
