@@ -296,7 +296,7 @@ def compress(
             return stats
 
         files = run_jobs(one, p.converts, stop, name=_label, done=done)
-        _carry(p, stop, done, in_place)
+        _carry(p, stop, done, in_place, reporter)
     return _summary("compress", root, files, p, engine, start, notices, compress=True)
 
 
@@ -413,7 +413,7 @@ def _remove_original(path: Path) -> None:
         raise os_error(exc, path) from None
 
 
-def _carry(p: Plan, stop: Stop, done: list[str], in_place: bool) -> None:
+def _carry(p: Plan, stop: Stop, done: list[str], in_place: bool, reporter: Reporter) -> None:
     """Hard links to outputs, copies, symlinks; then the folders' own metadata."""
     for j in p.links:
         stop.check()
@@ -422,17 +422,12 @@ def _carry(p: Plan, stop: Stop, done: list[str], in_place: bool) -> None:
         if in_place:
             _remove_original(j.entry.path)
         done.append(j.label)
+        reporter.file_done(j.label)
 
     def carry(j: Job) -> None:
-        if j.kind == "symlink":
-            # Recreated verbatim, never followed: a link that points outside the folder is the
-            # user's data, and nothing is ever read or written through it.
-            make_symlink(os.readlink(j.entry.path), j.target)
-            apply_link(j.target, FileMeta.of(j.entry.path.lstat()))
-        else:
-            for stale in stale_temps(j.target):
-                remove_temp(stale)
-            copy_file(j.entry.path, j.target, stop.ticker(_ignore))
+        reporter.file(j.label)
+        _carry_one(j, stop)
+        reporter.file_done(j.label)
 
     run_jobs(carry, p.carries, stop, name=_label, done=done)
     for src_dir, out_dir in reversed(p.dirs):
@@ -440,6 +435,18 @@ def _carry(p: Plan, stop: Stop, done: list[str], in_place: bool) -> None:
             apply_path(out_dir, FileMeta.of(src_dir.stat()))
         except OSError as exc:
             raise os_error(exc, out_dir) from None
+
+
+def _carry_one(j: Job, stop: Stop) -> None:
+    if j.kind == "symlink":
+        # Recreated verbatim, never followed: a link that points outside the folder is the
+        # user's data, and nothing is ever read or written through it.
+        make_symlink(os.readlink(j.entry.path), j.target)
+        apply_link(j.target, FileMeta.of(j.entry.path.lstat()))
+    else:
+        for stale in stale_temps(j.target):
+            remove_temp(stale)
+        copy_file(j.entry.path, j.target, stop.ticker(_ignore))
 
 
 def _summary(
@@ -522,7 +529,7 @@ def decompress(
             return stats
 
         files = run_jobs(one, p.converts, stop, name=_label, done=done)
-        _carry(p, stop, done, in_place)
+        _carry(p, stop, done, in_place, reporter)
     return _summary("decompress", root, files, p, engine, start, notices, compress=False)
 
 

@@ -48,6 +48,7 @@ Sources = Annotated[
     typer.Argument(
         help="Checkpoint files or folders; shell patterns work (runs/checkpoint-*). '-' reads stdin.",
         show_default=False,
+        metavar="SOURCE",
     ),
 ]
 Output = Annotated[
@@ -57,12 +58,16 @@ Output = Annotated[
         "--output",
         help="Output file or folder; a trailing / makes it a folder; '-' writes to stdout.",
         show_default=False,
+        metavar="PATH",
     ),
 ]
 Stdout = Annotated[bool, typer.Option("-c", "--stdout", help="Write to stdout (one file), as zstd -c.")]
 InPlace = Annotated[bool, typer.Option("--in-place", help="Replace each file by its converted form, safely.")]
 Threads = Annotated[
-    int | None, typer.Option("-T", "--threads", help="CPU threads [default: all cores].", min=1)
+    int | None,
+    typer.Option(
+        "-T", "--threads", help="CPU threads [default: all cores].", min=1, metavar="N", show_default=False
+    ),
 ]
 Device = Annotated[
     str | None,
@@ -70,6 +75,8 @@ Device = Annotated[
         "--device",
         help="auto, cpu, cuda or cuda:N [default: $CKPTZ_DEVICE or auto: the first GPU with nvCOMP, else the CPU].",
         show_default=False,
+        metavar="DEVICE",
+        autocompletion=lambda: ["auto", "cpu", "cuda", "cuda:0"],
     ),
 ]
 Force = Annotated[bool, typer.Option("-f", "--force", help="Overwrite existing outputs.")]
@@ -86,6 +93,7 @@ Include = Annotated[
         "--include",
         help="Convert only files matching this pattern (path or name; repeatable), whatever their content.",
         show_default=False,
+        metavar="PATTERN",
     ),
 ]
 Exclude = Annotated[
@@ -94,6 +102,7 @@ Exclude = Annotated[
         "--exclude",
         help="Never convert files matching this pattern (repeatable); with -o they are copied unchanged.",
         show_default=False,
+        metavar="PATTERN",
     ),
 ]
 
@@ -207,7 +216,7 @@ def compress(
     include: Include = None,
     exclude: Exclude = None,
     level: Annotated[
-        int, typer.Option("--level", help="zstd level for coded planes (1-22).", min=1, max=22)
+        int, typer.Option("--level", help="zstd level for coded planes (1-22).", min=1, max=22, metavar="N")
     ] = 3,
     threads: Threads = None,
     device: Device = None,
@@ -216,13 +225,15 @@ def compress(
         typer.Option(
             "--codec",
             help="auto (portable zstd; decodes anywhere), zstd, or ans (nvCOMP ANS: fastest, decodes on GPUs only).",
+            metavar="CODEC",
+            autocompletion=lambda: ["auto", "zstd", "ans"],
         ),
     ] = "auto",
     fast: Annotated[
         bool, typer.Option("--fast", help="Prefer speed over portability: --codec ans on a GPU.")
     ] = False,
     memory: Annotated[
-        str | None, typer.Option("--memory", help="GPU pipeline buffer budget, e.g. 4GiB.")
+        str | None, typer.Option("--memory", help="GPU pipeline buffer budget, e.g. 4GiB.", metavar="SIZE")
     ] = None,
     verify: Annotated[
         bool | None,
@@ -356,6 +367,7 @@ def verify(
             help="The original file or folder: restoring PATH must give exactly it "
             "(missing, extra and changed files fail).",
             show_default=False,
+            metavar="SRC",
         ),
     ] = None,
     threads: Threads = None,

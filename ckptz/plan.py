@@ -174,9 +174,13 @@ def plan(
     _pair_hard_links(p, out)
     _refuse(p, trees, out, force, compress)
     if not (p.converts or p.finishes or p.links):
+        where = ", ".join(str(t.root) for t in trees)
         if done_already:
             return p
-        where = ", ".join(str(t.root) for t in trees)
+        if out.in_place and not compress and all(t.is_dir for t in trees):
+            # A rerun after everything was restored (a kill just before the exit) is done.
+            p.skipped.append(Action("skip", where, note="no .ckptz containers: nothing to decompress"))
+            return p
         if compress:
             raise NothingToDoError(
                 "no checkpoint files here (recognised by content: torch zip, pickle, safetensors)",

@@ -122,7 +122,9 @@ class Progress:
 
     def _refresh_files(self) -> None:
         if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, files=self.in_flight())
+            # Drawn at once: files start and end less often than the bar's refresh, and a
+            # short run would otherwise never show them.
+            self._bar.update(self._task, files=self.in_flight(), refresh=True)
 
     def _maybe_line(self) -> None:
         if not self.show or self._bar is not None:

@@ -386,48 +386,63 @@ def bench_view(result: BenchResult) -> RenderableType:
     ]
     notes += [Text(f"skipped {name}: {why}", style="dim") for name, why in result.skipped]
     return Group(
-        Fit(_codecs_table(result), _codecs_table(result, narrow=True)),
+        Fit(_codecs_table(result), _codecs_tables_narrow(result)),
         *notes,
         Fit(_plans_table(result), Group(_plans_table(result, "time"), _plans_table(result, "money"))),
         _recommendation(result),
     )
 
 
-def _codecs_table(result: BenchResult, narrow: bool = False) -> Table:
+def _codecs_table(result: BenchResult) -> Table:
     table = Table(title=f"bench: {result.root}", box=box.SIMPLE_HEAVY, title_justify="left")
-    columns = [("codec", "left"), ("device", "left"), ("ratio", "right"), ("compress", "right")]
-    columns += [("decompress", "right"), ("decodes", "left")]
-    if not narrow:
-        columns = [("component", "left"), *columns, ("limit", "right")]
+    columns = [("component", "left"), ("codec", "left"), ("device", "left"), ("ratio", "right")]
+    columns += [("compress", "right"), ("decompress", "right"), ("decodes", "left"), ("limit", "right")]
     for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    samples = {s.component: s for s in result.samples}
-    for i, comp in enumerate(dict.fromkeys(r.component for r in result.rows)):
+        table.add_column(name, justify=justify, no_wrap=name in ("component", "codec"))  # type: ignore[arg-type]
+    for i, (comp, heading, rows) in enumerate(_by_component(result)):
         if i:
             table.add_section()
+        for j, r in enumerate(rows):
+            limit = f"{_gbps(r.bound_ratio)} / {_gbps(r.chunk_bound_ratio)}" if j == 0 else ""
+            table.add_row(Text(comp, style="bold") if j == 0 else "", *_codec_cells(r), limit)
+        table.add_row(Text(f"  {heading}", style="dim"), *[""] * 7)
+    return table
+
+
+def _codecs_tables_narrow(result: BenchResult) -> Group:
+    """One small table per component, its name and sample in the title (80 columns)."""
+    tables: list[RenderableType] = [Text(f"bench: {result.root}", style="italic")]
+    for comp, heading, rows in _by_component(result):
+        limit = f"limit {_gbps(rows[0].bound_ratio)} / {_gbps(rows[0].chunk_bound_ratio)}"
+        table = Table(title=f"{comp}: {heading}; {limit}", box=box.SIMPLE, title_justify="left")
+        for name in ("codec", "device", "ratio", "compress", "decompress", "decodes"):
+            right = name in ("ratio", "compress", "decompress")
+            table.add_column(name, justify="right" if right else "left", no_wrap=True)
+        for r in rows:
+            table.add_row(*_codec_cells(r))
+        tables.append(table)
+    return Group(*tables)
+
+
+def _by_component(result: BenchResult) -> list[tuple[str, str, list[Any]]]:
+    samples = {s.component: s for s in result.samples}
+    out = []
+    for comp in dict.fromkeys(r.component for r in result.rows):
         s = samples[comp]
         sampled = "whole" if s.sampled_frames == s.frames else f"{decimal(s.sample_bytes)} sampled"
-        rows = [r for r in result.rows if r.component == comp]
-        limit = f"{_gbps(rows[0].bound_ratio)} / {_gbps(rows[0].chunk_bound_ratio)}"
-        if narrow:
-            table.add_row(
-                Text(comp, style="bold"), Text(f"{decimal(s.bytes)}, {sampled}; limit {limit}", style="dim")
-            )
-        for j, r in enumerate(rows):
-            cells: list[RenderableType] = [
-                r.codec,
-                r.device,
-                _ratio(r.ratio),
-                _gbps(r.compress_gbps),
-                _gbps(r.decompress_gbps),
-                "CPU+GPU" if r.portable else "GPU only",
-            ]
-            if not narrow:
-                cells = [Text(comp, style="bold") if j == 0 else "", *cells, limit if j == 0 else ""]
-            table.add_row(*cells)
-        if not narrow:
-            table.add_row(Text(f"  {decimal(s.bytes)}, {sampled}", style="dim"), *[""] * 7)
-    return table
+        out.append((comp, f"{decimal(s.bytes)}, {sampled}", [r for r in result.rows if r.component == comp]))
+    return out
+
+
+def _codec_cells(r: Any) -> list[RenderableType]:
+    return [
+        r.codec,
+        r.device,
+        _ratio(r.ratio),
+        _gbps(r.compress_gbps),
+        _gbps(r.decompress_gbps),
+        "CPU+GPU" if r.portable else "GPU only",
+    ]
 
 
 def _plans_table(result: BenchResult, part: str = "all") -> Table:
