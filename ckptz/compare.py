@@ -36,7 +36,7 @@ from ckptz.pipeline import Comparer, restore
 from ckptz.tree import Entry, Tree
 
 if TYPE_CHECKING:
-    from ckptz.api import Reporter
+    from ckptz.results import Reporter
 
 CheckStatus = Literal["ok", "unchecked", "changed", "missing", "extra", "damaged", "undecodable"]
 #: Verdicts that make ``verify`` fail.
