@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
@@ -124,7 +125,20 @@ def _settle(futures: list[Future[R]], pool: ThreadPoolExecutor, prefix: str) -> 
             pool.shutdown(wait=True, cancel_futures=True)
             for t in threading.enumerate():
                 if t.name.startswith(prefix + "_") and t is not threading.current_thread():
-                    t.join()
+                    _join(t)
             return
         except KeyboardInterrupt:
             continue  # a second Ctrl-C: the jobs are already stopping; let them clean up
+
+
+def _join(t: threading.Thread, patience: float = 1.0) -> None:
+    """Join ``t``, also when an interrupted ``start`` left it registered but not yet started."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            t.join()
+            return
+        except RuntimeError:  # "cannot join thread before it is started": it is about to be
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
