@@ -121,9 +121,15 @@ def _errors(fn: F) -> F:
             if os.environ.get("CKPTZ_DEBUG"):
                 raise
             code = exc.exit_code if isinstance(exc, CkptzError) else 1
+            if isinstance(exc, BrokenPipeError):
+                # The reader of stdout went away (`| head`): say so once, and keep Python
+                # from failing again when it flushes stdout at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                exc = OSError(exc.errno, "stdout was closed before everything was written")
             if isinstance(exc, StoppedError):
                 code = _signals.exit_code()
-            text = str(exc) if isinstance(exc, CkptzError) else f"{exc.filename or ''}: {exc.strerror or exc}"
+            where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
+            text = str(exc) if isinstance(exc, CkptzError) else f"{where}{exc.strerror or exc}"
             if isinstance(exc, StoppedError):
                 _signals.announced.append(True)
             stderr.print(f"ckptz: {'error: ' * (not isinstance(exc, StoppedError))}{text}", soft_wrap=True)

@@ -245,3 +245,14 @@ def test_readme_quickstart_runs_twice(tmp_path: Path) -> None:
         assert done.returncode == 0, (run, done.stderr[-2000:])
         assert done.stdout.rstrip().endswith("byte-identical"), run
     assert (tmp_path / "demo" / "runs" / "finetune").is_dir()
+
+
+def test_bench_measures_the_checkpoint_storage(work: Path) -> None:
+    """No storage option: bench measures where the checkpoint lives (and leaves nothing there)."""
+    before = sorted(p.name for p in work.iterdir())
+    done = ckptz("bench", str(work), "--codecs", "zstd-raw", "--sample", "64KiB", "--json")
+    assert done.returncode == 0, done.stderr
+    storage = json.loads(done.stdout)["storage"]
+    assert storage["path"] == str(work) and storage["write_gbps"] > 0 and "wrote" in storage["method"]
+    assert sorted(p.name for p in work.iterdir()) == before
+    assert "the folder the checkpoint is in" in " ".join(ckptz("bench", "--help").stdout.split())
