@@ -80,7 +80,8 @@ def components_table(summary: Summary, narrow: bool = False) -> Table:
     if summary.operation != "inspect":
         title = f"{summary.operation}: {summary.root}"
     if summary.dry_run:
-        title = f"{summary.operation} --dry-run: {summary.root} (compressed sizes estimated from a sample)"
+        how = " (compressed sizes estimated from a sample)" if summary.operation == "compress" else ""
+        title = f"{summary.operation} --dry-run: {summary.root}{how}"
     table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
     # Component names are the table's key: never truncate them on narrow terminals.
     table.add_column(
