@@ -2,8 +2,8 @@
 
 Runs :func:`ckptz.bench.benchmark.bench` with one configuration over whole components (no
 sampling), then compresses the checkpoint with the same engine and prints both ratios per
-component with their difference. ``metadata`` differs by design: ``inspect`` charges the
-container's own header, index and footer to it, bench counts payloads only.
+component with their difference. Both count payloads only: the container's own header,
+index and footer are reported apart, as overhead.
 
 Usage::
 

@@ -1,15 +1,18 @@
 """The ``ckptz`` command line: parse flags, call one :mod:`ckptz.api` function, render the result.
 
 Results go to stdout (Rich tables, or JSON with ``--json``); progress, notices and errors go
-to stderr. A :class:`~ckptz.errors.CkptzError` becomes one line on stderr and exit code 1
-(usage errors 2); set ``CKPTZ_DEBUG=1`` to see its traceback. Other exceptions are bugs and
-stay loud.
+to stderr. A :class:`~ckptz.errors.CkptzError` becomes one line on stderr and its exit code
+(usage errors 2, a stop by Ctrl-C 130, by SIGTERM 143); set ``CKPTZ_DEBUG=1`` to see its
+traceback. Other exceptions are bugs and stay loud. Short options mean what they mean to
+``zstd`` (``-o``, ``-c``, ``-f``, ``-T``, ``-q``, ``-v``, ``-h``, ``-V``); options zstd has no
+letter for are long only.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -18,53 +21,90 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
-from ckptz import __version__
-from ckptz.errors import CkptzError
+from ckptz import __version__, _signals
+from ckptz.errors import CkptzError, StoppedError, UsageError
+from ckptz.progress import Progress
 
 app = typer.Typer(
     name="ckptz",
     help="Lossless, byte-exact compression of PyTorch checkpoints (GPU with nvCOMP, or CPU).",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# Piped output has no terminal width to fit; 120 columns keep every table readable in logs.
-# No console markup: paths and messages print as they are ("m[gpu].pt" keeps its brackets);
-# styles come from Text objects.
-stdout = Console(width=None if sys.stdout.isatty() else 120, markup=False)
-stderr = Console(stderr=True, markup=False)
+# Piped output has no terminal width to fit; 120 columns keep every table readable in logs
+# ($COLUMNS still wins). No console markup: paths and messages print as they are
+# ("m[gpu].pt" keeps its brackets); styles come from Text objects.
+stdout = Console(
+    width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120, markup=False, highlight=False
+)
+stderr = Console(stderr=True, markup=False, highlight=False)
 
-Src = Annotated[Path, typer.Argument(help="A checkpoint file or folder.", show_default=False)]
-Output = Annotated[
-    Path | None, typer.Option("-o", "--output", help="Output file or folder.", show_default=False)
+Sources = Annotated[
+    list[str],
+    typer.Argument(
+        help="Checkpoint files or folders; shell patterns work (runs/checkpoint-*). '-' reads stdin.",
+        show_default=False,
+        metavar="SOURCE",
+    ),
 ]
+Output = Annotated[
+    str | None,
+    typer.Option(
+        "-o",
+        "--output",
+        help="Output file or folder; a trailing / makes it a folder; '-' writes to stdout.",
+        show_default=False,
+        metavar="PATH",
+    ),
+]
+Stdout = Annotated[bool, typer.Option("-c", "--stdout", help="Write to stdout (one file), as zstd -c.")]
 InPlace = Annotated[bool, typer.Option("--in-place", help="Replace each file by its converted form, safely.")]
 Threads = Annotated[
-    int | None, typer.Option("--threads", "-t", help="CPU threads [default: all cores].", min=1)
+    int | None,
+    typer.Option(
+        "-T", "--threads", help="CPU threads [default: all cores].", min=1, metavar="N", show_default=False
+    ),
 ]
 Device = Annotated[
     str | None,
     typer.Option(
         "--device",
-        "-d",
         help="auto, cpu, cuda or cuda:N [default: $CKPTZ_DEVICE or auto: the first GPU with nvCOMP, else the CPU].",
         show_default=False,
+        metavar="DEVICE",
+        autocompletion=lambda: ["auto", "cpu", "cuda", "cuda:0"],
     ),
 ]
-Force = Annotated[bool, typer.Option("--force", help="Overwrite existing outputs.")]
+Force = Annotated[bool, typer.Option("-f", "--force", help="Overwrite existing outputs.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")]
+Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="Print only errors (and --json output).")]
+Verbose = Annotated[bool, typer.Option("-v", "--verbose", help="List every file as it is done.")]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar or progress lines.")]
+DryRun = Annotated[
+    bool, typer.Option("--dry-run", help="Show what would be done (and saved, from a sample); write nothing.")
+]
+Include = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--include",
+        help="Convert only files matching this pattern (path or name; repeatable), whatever their content.",
+        show_default=False,
+        metavar="PATTERN",
+    ),
+]
+Exclude = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--exclude",
+        help="Never convert files matching this pattern (repeatable); with -o they are copied unchanged.",
+        show_default=False,
+        metavar="PATTERN",
+    ),
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,72 +115,114 @@ def _errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            _signals.arm()
             return fn(*args, **kwargs)
         except (CkptzError, OSError) as exc:
             if os.environ.get("CKPTZ_DEBUG"):
                 raise
             code = exc.exit_code if isinstance(exc, CkptzError) else 1
-            text = str(exc) if isinstance(exc, CkptzError) else f"{exc.filename or ''}: {exc.strerror or exc}"
-            stderr.print(f"ckptz: error: {text}", highlight=False, soft_wrap=True)
+            if isinstance(exc, BrokenPipeError):
+                # The reader of stdout went away (`| head`): say so once, and keep Python
+                # from failing again when it flushes stdout at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                exc = OSError(exc.errno, "stdout was closed before everything was written")
+            if isinstance(exc, StoppedError):
+                code = _signals.exit_code()
+            where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
+            text = str(exc) if isinstance(exc, CkptzError) else f"{where}{exc.strerror or exc}"
+            if isinstance(exc, StoppedError):
+                _signals.announced.append(True)
+            stderr.print(f"ckptz: {'error: ' * (not isinstance(exc, StoppedError))}{text}", soft_wrap=True)
             raise typer.Exit(code) from None
         except KeyboardInterrupt:
-            stderr.print("ckptz: interrupted; inputs are untouched, rerun to finish", highlight=False)
-            raise typer.Exit(130) from None
+            _signals.announced.append(True)
+            stderr.print("ckptz: stopped (run the same command again to finish anything left)")
+            raise typer.Exit(_signals.exit_code()) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-class _Bar:
-    """A Rich progress bar on stderr, drawn only on a terminal."""
-
-    def __init__(self) -> None:
-        self.progress = Progress(
-            TextColumn("{task.description}", style="bold", markup=False),
-            BarColumn(),
-            DownloadColumn(binary_units=False),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[file]}", style="dim", markup=False),
-            console=stderr,
-            transient=True,
-            disable=not stderr.is_terminal,
-        )
-        self.task: TaskID | None = None
-
-    def start(self, total: int, description: str) -> None:
-        self.progress.start()
-        self.task = self.progress.add_task(description, total=total, file="")
-
-    def advance(self, nbytes: int) -> None:
-        if self.task is not None:
-            self.progress.advance(self.task, nbytes)
-
-    def file(self, relpath: str) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, file=relpath)
-
-    def notice(self, text: str) -> None:
-        stderr.print(f"ckptz: {text}", highlight=False)
-
-    def close(self) -> None:
-        self.progress.stop()
-
-
-def _emit(data: dict[str, Any] | None, view: Any, as_json: bool) -> None:
+def _emit(data: dict[str, Any] | None, view: Any, as_json: bool, quiet: bool = False) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-    else:
+        sys.stdout.write(json.dumps(_strict(data), indent=2, default=str, allow_nan=False) + "\n")
+    elif not quiet:
         stdout.print(view)
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None: strict parsers reject NaN/Infinity."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
+
+
+def _progress(quiet: bool, no_progress: bool, verbose: bool) -> Progress:
+    return Progress(stderr, show=not (quiet or no_progress), quiet=quiet, verbose=verbose)
+
+
+def _stream_out(output: str | None, to_stdout: bool) -> bool:
+    if to_stdout and output not in (None, "-"):
+        raise UsageError("-c/--stdout and -o FILE exclude each other")
+    return to_stdout or output == "-"
+
+
+def _binary_stdout() -> Any:
+    if sys.stdout.isatty():
+        raise UsageError("refusing to write binary data to a terminal", hint="redirect stdout or use -o FILE")
+    return sys.stdout.buffer
+
+
+def _binary_stdin() -> Any:
+    if sys.stdin.isatty():
+        raise UsageError("refusing to read binary data from a terminal", hint="redirect stdin or name a file")
+    return sys.stdin.buffer
+
+
+def _stream(
+    command: str,
+    sources: list[str],
+    output: str | None,
+    to_stdout: bool,
+    as_json: bool,
+    ui: Progress,
+    **kw: Any,
+) -> None:
+    """``-`` as the source or the output: one file through a pipe, like ``zstd -c``/``zstd -d``."""
+    from ckptz import api
+
+    if len(sources) != 1:
+        raise UsageError("a stream carries one file", hint="give one source with -c or '-'")
+    out_is_stdout = to_stdout or output in (None, "-")
+    if out_is_stdout and as_json:
+        raise UsageError("--json cannot share stdout with the data", hint="write the data with -o FILE")
+    src: Any = _binary_stdin() if sources[0] == "-" else sources[0]
+    out: Any = _binary_stdout() if out_is_stdout else output
+    fn = api.compress_stream if command == "compress" else api.decompress_stream
+    with ui:
+        summary = fn(src, out, reporter=ui, **kw)
+    from ckptz.report import notes, summary_json
+
+    for line in notes(summary.actions, ui.verbose):
+        ui.notice(line)
+    if as_json:
+        _emit(summary_json(summary), None, True)
 
 
 @app.command()
 @_errors
 def compress(
-    src: Src,
+    sources: Sources,
     output: Output = None,
+    to_stdout: Stdout = False,
     in_place: InPlace = False,
+    include: Include = None,
+    exclude: Exclude = None,
     level: Annotated[
-        int, typer.Option("--level", "-l", help="zstd level for coded planes (1-22).", min=1, max=22)
+        int, typer.Option("--level", help="zstd level for coded planes (1-22).", min=1, max=22, metavar="N")
     ] = 3,
     threads: Threads = None,
     device: Device = None,
@@ -148,15 +230,16 @@ def compress(
         str,
         typer.Option(
             "--codec",
-            "-c",
             help="auto (portable zstd; decodes anywhere), zstd, or ans (nvCOMP ANS: fastest, decodes on GPUs only).",
+            metavar="CODEC",
+            autocompletion=lambda: ["auto", "zstd", "ans"],
         ),
     ] = "auto",
     fast: Annotated[
         bool, typer.Option("--fast", help="Prefer speed over portability: --codec ans on a GPU.")
     ] = False,
     memory: Annotated[
-        str | None, typer.Option("--memory", help="GPU pipeline buffer budget, e.g. 4GiB.")
+        str | None, typer.Option("--memory", help="GPU pipeline buffer budget, e.g. 4GiB.", metavar="SIZE")
     ] = None,
     verify: Annotated[
         bool | None,
@@ -165,89 +248,153 @@ def compress(
         ),
     ] = None,
     force: Force = False,
+    dry_run: DryRun = False,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+    no_progress: NoProgress = False,
     as_json: Json = False,
 ) -> None:
-    """Compress a checkpoint file or folder: each checkpoint X becomes X.ckptz."""
-    from ckptz import api
-    from ckptz.report import summary_json, summary_view
+    """Compress checkpoint files and folders: each checkpoint X becomes X.ckptz.
 
-    bar = _Bar()
-    try:
+    Checkpoints are recognised by content (torch zip, pickle, safetensors) or suffix; other
+    files are copied unchanged with -o and left alone in place. Permission bits, mtimes,
+    empty folders, symlinks and hard links are kept.
+    """
+    from ckptz import api
+    from ckptz.report import actions_table, notes, summary_json, summary_view
+
+    ui = _progress(quiet, no_progress, verbose)
+    chosen = "ans" if fast and codec == "auto" else codec
+    if sources == ["-"] or _stream_out(output, to_stdout):
+        if in_place or dry_run:
+            raise UsageError("--in-place and --dry-run do not apply to streams")
+        opts = dict(
+            level=level, threads=threads, device=device, codec=chosen, memory=_size(memory), force=force
+        )
+        _stream("compress", sources, output, to_stdout, as_json, ui, **opts)
+        return
+    with ui:
         summary = api.compress(
-            src,
+            sources,
             output,
             in_place=in_place,
             level=level,
             threads=threads,
             device=device,
-            codec="ans" if fast and codec == "auto" else codec,
+            codec=chosen,
             memory=_size(memory),
             verify=verify,
             force=force,
-            reporter=bar,
+            include=include or (),
+            exclude=exclude or (),
+            dry_run=dry_run,
+            reporter=ui,
         )
-    finally:
-        bar.close()
-    _emit(summary_json(summary) if as_json else None, None if as_json else summary_view(summary), as_json)
+    for line in notes(summary.actions, verbose):
+        ui.notice(line)
+    _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json, quiet)
+    if verbose and dry_run and not as_json:
+        stdout.print(actions_table(summary.actions))
 
 
 @app.command()
 @_errors
 def decompress(
-    src: Src,
+    sources: Sources,
     output: Output = None,
+    to_stdout: Stdout = False,
     in_place: InPlace = False,
+    include: Include = None,
+    exclude: Exclude = None,
     threads: Threads = None,
     device: Device = None,
     force: Force = False,
+    dry_run: DryRun = False,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+    no_progress: NoProgress = False,
     as_json: Json = False,
 ) -> None:
-    """Restore .ckptz containers to byte-identical originals."""
-    from ckptz import api
-    from ckptz.report import summary_json, summary_view
+    """Restore .ckptz containers to byte-identical originals, with their metadata.
 
-    bar = _Bar()
-    try:
-        summary = api.decompress(
-            src, output, in_place=in_place, threads=threads, device=device, force=force, reporter=bar
+    Naming a file that is not a container is an error; other files in a folder are copied
+    unchanged with -o and left alone in place.
+    """
+    from ckptz import api
+    from ckptz.report import actions_table, notes, summary_json, summary_view
+
+    ui = _progress(quiet, no_progress, verbose)
+    if sources == ["-"] or _stream_out(output, to_stdout):
+        if in_place or dry_run:
+            raise UsageError("--in-place and --dry-run do not apply to streams")
+        _stream(
+            "decompress", sources, output, to_stdout, as_json, ui, threads=threads, device=device, force=force
         )
-    finally:
-        bar.close()
-    _emit(summary_json(summary) if as_json else None, None if as_json else summary_view(summary), as_json)
+        return
+    with ui:
+        summary = api.decompress(
+            sources,
+            output,
+            in_place=in_place,
+            threads=threads,
+            device=device,
+            force=force,
+            include=include or (),
+            exclude=exclude or (),
+            dry_run=dry_run,
+            reporter=ui,
+        )
+    for line in notes(summary.actions, verbose):
+        ui.notice(line)
+    _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json, quiet)
+    if verbose and dry_run and not as_json:
+        stdout.print(actions_table(summary.actions))
 
 
 @app.command()
 @_errors
-def inspect(path: Src, as_json: Json = False) -> None:
+def inspect(paths: Sources, as_json: Json = False) -> None:
     """Show what each component costs (raw checkpoint) or saves (compressed one)."""
     from ckptz import api
     from ckptz.report import summary_json, summary_view
 
-    summary = api.inspect(path)
-    _emit(summary_json(summary) if as_json else None, None if as_json else summary_view(summary), as_json)
+    summary = api.inspect(paths)
+    _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json)
 
 
 @app.command()
 @_errors
 def verify(
-    path: Src,
+    paths: Sources,
     against: Annotated[
-        Path | None, typer.Option("--against", help="Original file or folder to compare byte for byte.")
+        str | None,
+        typer.Option(
+            "--against",
+            help="The original file or folder: restoring PATH must give exactly it "
+            "(missing, extra and changed files fail).",
+            show_default=False,
+            metavar="SRC",
+        ),
     ] = None,
     threads: Threads = None,
     device: Device = None,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="List only the files that failed.")] = False,
+    no_progress: NoProgress = False,
     as_json: Json = False,
 ) -> None:
-    """Decode every container and check every checksum; exit 0 only if all match."""
+    """Check that containers restore exactly: exit 0 only if every file matches.
+
+    With --against, the two trees are compared file by file (containers decoded in a
+    stream, nothing written); without it, every container is decoded and its checksums
+    checked, and the files it could not check are listed.
+    """
     from ckptz import api
     from ckptz.report import verify_json, verify_view
 
-    bar = _Bar()
-    try:
-        result = api.verify(path, against, threads=threads, device=device, reporter=bar)
-    finally:
-        bar.close()
-    _emit(verify_json(result) if as_json else None, None if as_json else verify_view(result), as_json)
+    ui = _progress(quiet, no_progress, False)
+    with ui:
+        result = api.verify(paths, against, threads=threads, device=device, reporter=ui)
+    _emit(verify_json(result) if as_json else None, verify_view(result, problems_only=quiet), as_json)
     if not result.ok:
         raise typer.Exit(1)
 
@@ -255,7 +402,7 @@ def verify(
 @app.command()
 @_errors
 def bench(
-    path: Src,
+    path: Annotated[Path, typer.Argument(help="A checkpoint file or folder.", show_default=False)],
     device: Device = None,
     codecs: Annotated[
         str | None,
@@ -273,14 +420,14 @@ def bench(
         Path | None,
         typer.Option(
             "--storage",
-            help="A folder on the checkpoint storage: its bandwidth is measured.",
+            help="A folder on the checkpoint storage to measure [default: the folder the checkpoint is in].",
             show_default=False,
         ),
     ] = None,
     storage_gbps: Annotated[
         float | None,
         typer.Option(
-            "--storage-gbps", help="Storage bandwidth in GB/s, instead of --storage.", show_default=False
+            "--storage-gbps", help="Storage bandwidth in GB/s, instead of measuring it.", show_default=False
         ),
     ] = None,
     threads: Threads = None,
@@ -298,15 +445,23 @@ def bench(
         float, typer.Option("--storage-usd-tb-month", help="Price of a TB-month of storage (USD).", min=0)
     ] = 20.0,
     keep: Annotated[int, typer.Option("--keep", help="Checkpoints kept at any time.", min=1)] = 5,
+    quiet: Quiet = False,
+    no_progress: NoProgress = False,
     as_json: Json = False,
 ) -> None:
-    """Measure every codec on your checkpoint and storage; recommend one and project the savings."""
+    """Measure every codec on your checkpoint and its storage; recommend one and project the savings.
+
+    The storage measured is where the checkpoint lives, unless --storage or --storage-gbps
+    says otherwise.
+    """
     from ckptz.bench.benchmark import bench as run_bench
     from ckptz.bench.savings import CostModel
     from ckptz.report import bench_json, bench_view
 
-    bar = _Bar()
-    try:
+    if storage is None and storage_gbps is None:
+        storage = path if path.is_dir() else path.parent
+    ui = _progress(quiet, no_progress, False)
+    with ui:
         result = run_bench(
             path,
             device=device,
@@ -317,18 +472,14 @@ def bench(
             threads=threads,
             repeats=repeats,
             cost=CostModel(gpus, gpu_hour_usd, every_min, storage_usd_tb_month, keep),
-            reporter=bar,
+            reporter=ui,
         )
-    finally:
-        bar.close()
-    _emit(bench_json(result) if as_json else None, None if as_json else bench_view(result), as_json)
+    _emit(bench_json(result) if as_json else None, bench_view(result), as_json, quiet)
 
 
 def _size(text: str | None) -> int | None:
     if text is None:
         return None
-    from ckptz.errors import UsageError
-
     units = {
         "": 1,
         "k": 1e3,
@@ -361,12 +512,15 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool,
+        typer.Option("-V", "--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
     """Lossless, byte-exact compression of PyTorch checkpoints."""
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Entry point for callers that import the CLI directly (the console script uses ``ckptz.__main__``)."""
+    from ckptz.__main__ import main as entry
+
+    entry()

@@ -5,7 +5,7 @@ Byte layout (all integers little-endian)::
     offset        size  field
     0             8     magic            b"CKPTZ\\x00\\r\\n"
     8             2     major version    (1) readers reject another major
-    10            2     minor version    (0) readers accept any minor of their major
+    10            2     minor version    (1) readers accept any minor of their major
     12            4     flags            reserved, 0
     16            ...   chunk payloads   packed in offset order, each at the first multiple
                                      of 16 after the one before; the 0-15 pad bytes are zero
@@ -36,7 +36,9 @@ with the three tables packed arrays of these records (sizes in bytes)::
 * A frame's chunks follow it in the chunk table: one per byte plane of the stream's
   transform (``word`` planes, sign rotated to the bottom when ``rotate``), in plane order.
   A chunk's ``xxh3_64`` is of its stored payload, so damage is found before decoding.
-* The JSON header holds: ``source`` (name, size, ``xxh3_128`` digest, format, notes),
+* The JSON header holds: ``source`` (name, size, ``xxh3_128`` digest, format, notes, and
+  since 1.1 the source file's ``mode``, ``mtime_ns``, ``uid`` and ``gid``, absent from a
+  container written to a pipe),
   ``streams`` (id, component, dtype, word, rotate, frame_size, length, tensors), the
   ``codecs`` that were used with their configs, ``tensor_keys`` (per segment, in order, the key paths of
   the tensors it holds; empty for meta segments), ``created_by``, ``device`` and ``nvcomp`` (version, when nvCOMP wrote
@@ -70,7 +72,7 @@ from ckptz.errors import ContainerError, CorruptionError, UnsupportedVersionErro
 
 MAGIC = b"CKPTZ\x00\r\n"
 END_MAGIC = b"CKPTZEND"
-MAJOR, MINOR = 1, 0
+MAJOR, MINOR = 1, 1
 SUFFIX = ".ckptz"
 ALIGN = 16
 
@@ -206,7 +208,7 @@ def index_bytes(index: Index, offset: int) -> bytes:
         "chunks": len(index.chunks),
     }
     header["streams"] = [s.to_json() for s in index.streams]
-    text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    text = json.dumps(header, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
     raw = b"".join(
         (
             _JSON_SIZE.pack(len(text)),
@@ -217,7 +219,8 @@ def index_bytes(index: Index, offset: int) -> bytes:
         )
     )
     blob = zstandard.ZstdCompressor(level=9).compress(raw)
-    return blob + FOOTER.pack(offset, len(blob), len(raw), checksum(blob), MAJOR, MINOR, 0, END_MAGIC)
+    footer = FOOTER.pack(offset, len(blob), len(raw), checksum(blob), MAJOR, MINOR, 0, END_MAGIC)
+    return blob + footer
 
 
 def read_index(f: BinaryIO, path: str) -> Index:

@@ -117,3 +117,35 @@ class OutOfSpaceError(CkptzError, OSError):
 
 class WriteError(CkptzError, OSError):
     """Writing failed for another OS reason (permissions, read-only filesystem)."""
+
+
+class NothingToDoError(CkptzError, FileNotFoundError):
+    """The sources hold nothing the command could work on (no checkpoint, no container, no match)."""
+
+
+class BusyError(CkptzError, BlockingIOError):
+    """Another ckptz run holds a lock on the same files or folder."""
+
+
+class StoppedError(CkptzError, RuntimeError):
+    """The run was stopped by Ctrl-C or SIGTERM; finished files are complete, the others untouched.
+
+    Not an ``InterruptedError``: that is an ``OSError``, which write paths turn into
+    :class:`WriteError`.
+
+    Attributes:
+        finished: the files completed before the stop (relative paths).
+        remaining: how many files were not finished.
+    """
+
+    exit_code = 130
+
+    def __init__(self, finished: tuple[str, ...] = (), remaining: int = 0) -> None:
+        self.finished = finished
+        self.remaining = remaining
+        names = ", ".join(finished[:5]) + (f" and {len(finished) - 5} more" if len(finished) > 5 else "")
+        done = f"{len(finished)} file{'s' * (len(finished) != 1)} finished" + (f" ({names})" if names else "")
+        super().__init__(
+            f"stopped: {done}; {remaining} left as they were",
+            hint="run the same command again to finish",
+        )

@@ -5,27 +5,46 @@ Renderables are data in, layout out; nothing here computes a statistic.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.filesize import decimal
 from rich.table import Table
 from rich.text import Text
 
 from ckptz.accounting import ComponentStats, FileStats
-from ckptz.api import Summary, VerifyResult
+from ckptz.api import Action, Summary, VerifyResult
 
 if TYPE_CHECKING:
     from ckptz.bench.benchmark import BenchResult
 
 BAR_WIDTH = 20
+#: Below this many columns, tables switch to their narrow layout.
+NARROW = 100
+
+
+class Fit:
+    """Renders ``wide`` where it fits and ``narrow`` on a narrower console (an 80-column terminal)."""
+
+    def __init__(self, wide: RenderableType, narrow: RenderableType, min_width: int = NARROW) -> None:
+        self.wide, self.narrow, self.min_width = wide, narrow, min_width
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.wide if options.max_width >= self.min_width else self.narrow
 
 
 def _ratio(r: float | None) -> str:
     if r is None:
         return "-"
     return "∞" if r == float("inf") else f"{r:.3f}×"
+
+
+def finite(x: float | None) -> float | None:
+    """JSON has no NaN or infinity: a ratio or speed that is not a finite number becomes null."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _saved(original: int, packed: int | None) -> str:
@@ -49,31 +68,51 @@ def _dtypes(dtypes: dict[str, int]) -> str:
     return ", ".join(name for name, _ in sorted(dtypes.items(), key=lambda kv: -kv[1]))
 
 
-def components_table(summary: Summary) -> Table:
-    """Per-component table: the audit view of a raw checkpoint, or ratios of a compressed one."""
+def components_table(summary: Summary, narrow: bool = False) -> Table:
+    """Per-component table: the audit view of a raw checkpoint, or ratios of a compressed one.
+
+    The narrow form (for 80 columns) drops the tensor count and the share bar, and puts
+    codecs and dtypes on a line of their own under each row.
+    """
     compressed = summary.compressed_bytes is not None
     total = summary.bytes or 1
     title = "compressed checkpoint" if compressed else "checkpoint"
     if summary.operation != "inspect":
         title = f"{summary.operation}: {summary.root}"
+    if summary.dry_run:
+        how = " (compressed sizes estimated from a sample)" if summary.operation == "compress" else ""
+        title = f"{summary.operation} --dry-run: {summary.root}{how}"
     table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
     # Component names are the table's key: never truncate them on narrow terminals.
     table.add_column(
         "component", no_wrap=True, min_width=max((len(c.name) for c in summary.components), default=5)
     )
-    table.add_column("tensors", justify="right", no_wrap=True)
+    if not narrow:
+        table.add_column("tensors", justify="right", no_wrap=True)
     table.add_column("original", justify="right", no_wrap=True)
     if compressed:
         table.add_column("compressed", justify="right", no_wrap=True)
         table.add_column("ratio", justify="right", no_wrap=True)
         table.add_column("saved", justify="right", no_wrap=True)
-        table.add_column("codecs")
+        if not narrow:
+            table.add_column("codecs")
     else:
         table.add_column("share", justify="right", no_wrap=True)
-        table.add_column("", no_wrap=True)
-        table.add_column("dtypes")
+        if not narrow:
+            table.add_column("", no_wrap=True)
+            table.add_column("dtypes")
     for c in summary.components:
-        table.add_row(*_component_cells(c, compressed, total))
+        cells = _component_cells(c, compressed, total)
+        if narrow:
+            detail = cells.pop()
+            if not compressed:
+                cells.pop()  # the bar
+            del cells[1]  # tensors
+            table.add_row(*cells)
+            if detail:
+                table.add_row(Text(f"  {detail}", style="dim"), *[""] * (len(cells) - 1))
+            continue
+        table.add_row(*cells)
         if not compressed and len(c.dtypes) > 1:
             # The audit's question is which bytes dominate: split mixed components by dtype.
             for dtype, nbytes in sorted(c.dtypes.items(), key=lambda kv: -kv[1]):
@@ -86,21 +125,26 @@ def components_table(summary: Summary) -> Table:
                     _bar(share),
                     "",
                 )
+    if compressed and summary.overhead_bytes:
+        # The containers' own index is not any component's: a line of its own.
+        row: list[RenderableType] = [Text("container index", style="dim")]
+        row += [""] * (not narrow) + ["", decimal(summary.overhead_bytes), "", ""]
+        row += [] if narrow else [Text("header, tables, footer", style="dim")]
+        table.add_row(*row)
     table.add_section()
-    totals: list[RenderableType] = [
-        Text("total", style="bold"),
-        str(sum(c.tensors for c in summary.components)),
-        decimal(summary.bytes),
-    ]
+    totals: list[RenderableType] = [Text("total", style="bold")]
+    if not narrow:
+        totals.append(str(sum(c.tensors for c in summary.components)))
+    totals.append(decimal(summary.bytes))
     if compressed:
         totals += [
             decimal(summary.compressed_bytes or 0),
             _ratio(summary.ratio),
             _saved(summary.bytes, summary.compressed_bytes),
-            _codecs(summary.codecs),
         ]
+        totals += [] if narrow else [_codecs(summary.codecs)]
     else:
-        totals += ["100%", "", ""]
+        totals += ["100%"] + ([] if narrow else ["", ""])
     table.add_row(*totals)
     return table
 
@@ -120,66 +164,140 @@ def _component_cells(c: ComponentStats, compressed: bool, total: int) -> list[Re
     return cells
 
 
-def files_table(files: tuple[FileStats, ...]) -> Table:
-    """Per-file table; a raw checkpoint's files show no compressed columns."""
+def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
+    """Per-file table; a raw checkpoint's files show no compressed columns.
+
+    The narrow form leaves out where each container was written and whether it decodes
+    without a GPU unless some file does not (then ``decodes`` stays).
+    """
     packed = any(f.compressed_bytes is not None for f in files)
     table = Table(box=box.SIMPLE, title="files", title_justify="left")
     # The path is the row's key: it takes the room it needs, up to half a wide terminal.
     longest = max((len(f.path) for f in files), default=4)
-    table.add_column("file", overflow="fold", min_width=min(longest, 40))
+    table.add_column("file", overflow="fold", min_width=min(longest, 24 if narrow else 40))
     table.add_column("format", no_wrap=True)
     table.add_column("original", justify="right", no_wrap=True)
+    gpu_only = any(not f.portable for f in files)
     if packed:
         table.add_column("compressed", justify="right", no_wrap=True)
         table.add_column("ratio", justify="right", no_wrap=True)
-        table.add_column("device", no_wrap=True)
-        table.add_column("decodes", no_wrap=True)
+        if not narrow:
+            table.add_column("device", no_wrap=True)
+        if not narrow or gpu_only:
+            table.add_column("decodes", no_wrap=True)
     for f in files:
         row = [f.path, f.format, decimal(f.bytes)]
         if packed:
             known = f.compressed_bytes is not None
-            row += [
-                decimal(f.compressed_bytes or 0) if known else "-",
-                _ratio(f.ratio),
-                f.device or "-",
-                ("CPU+GPU" if f.portable else "GPU only") if known else "-",
-            ]
+            row += [decimal(f.compressed_bytes or 0) if known else "-", _ratio(f.ratio)]
+            if not narrow:
+                row.append(f.device or "-")
+            if not narrow or gpu_only:
+                row.append(("CPU+GPU" if f.portable else "GPU only") if known else "-")
         table.add_row(*row)
     return table
 
 
 def summary_view(summary: Summary) -> RenderableType:
     """Everything a command shows for a summary."""
-    parts: list[RenderableType] = [components_table(summary)]
+    if not summary.files:
+        what = (
+            "no checkpoint files or containers"
+            if summary.operation == "inspect"
+            else "nothing to " + summary.operation
+        )
+        if summary.copied:
+            what += f"; {len(summary.copied)} other files " + (
+                "copied unchanged" if summary.operation != "inspect" else ""
+            )
+        return Text(f"{what.rstrip()} ({summary.root})", style="dim")
+    parts: list[RenderableType] = [Fit(components_table(summary), components_table(summary, narrow=True))]
     if len(summary.files) > 1 or summary.operation == "inspect":
-        parts.append(files_table(summary.files))
-    if summary.operation != "inspect":
+        parts.append(Fit(files_table(summary.files), files_table(summary.files, narrow=True)))
+    if summary.dry_run:
+        parts.append(Text(_plan_line(summary.actions), style="dim"))
+    elif summary.operation != "inspect":
         speed = summary.bytes / summary.seconds / 1e9 if summary.seconds else 0.0
-        line = f"{len(summary.files)} files on {summary.device} ({summary.threads} threads) in {summary.seconds:.2f} s"
+        n = len(summary.files)
+        line = f"{n} file{'s' * (n != 1)} on {summary.device} ({summary.threads} threads) in {summary.seconds:.2f} s"
         line += f", {speed:.2f} GB/s"
         if summary.copied:
             line += f"; {len(summary.copied)} other files copied unchanged"
         parts.append(Text(line, style="dim"))
+    elif summary.copied:
+        parts.append(Text(f"{len(summary.copied)} other files (not checkpoints)", style="dim"))
     return Group(*parts)
 
 
-def verify_view(result: VerifyResult) -> RenderableType:
-    """Per-file verdicts of verify."""
-    table = Table(box=box.SIMPLE, title=f"verify: {result.root}", title_justify="left")
-    table.add_column("file")
-    table.add_column("bytes", justify="right")
-    table.add_column("result")
-    for f in result.files:
-        verdict = Text("ok", style="green") if f.ok else Text(f.error or "failed", style="red")
-        table.add_row(f.path, decimal(f.bytes) if f.ok else "-", verdict)
-    what = "byte-identical to " + result.against if result.against else "all checksums and digests match"
-    footer = Text(
-        f"{what}"
-        if result.ok
-        else f"{sum(not f.ok for f in result.files)} of {len(result.files)} files failed",
-        style="bold green" if result.ok else "bold red",
+def _plan_line(actions: tuple[Action, ...]) -> str:
+    counts = Counter(a.kind for a in actions)
+    parts = [f"{n} to {kind}" if kind != "skip" else f"{n} to skip" for kind, n in counts.items()]
+    return (
+        "would do: "
+        + (", ".join(parts) if parts else "nothing")
+        + " (nothing was written; -v lists each file)"
     )
-    return Group(table, footer)
+
+
+def actions_table(actions: tuple[Action, ...]) -> Table:
+    """Every planned or performed action, one per line (``-v``)."""
+    table = Table(box=box.SIMPLE, title="files", title_justify="left")
+    table.add_column("action", no_wrap=True)
+    table.add_column("file", overflow="fold")
+    table.add_column("output or note", overflow="fold")
+    for a in actions:
+        table.add_row(a.kind, a.path, a.note if a.target is None else a.target)
+    return table
+
+
+def notes(actions: tuple[Action, ...], verbose: bool) -> list[str]:
+    """One line per skipped file with ``verbose``; else one line per kind of skip."""
+    skips = [a for a in actions if a.kind == "skip" or (a.note and a.kind == "copy")]
+    if verbose:
+        return [f"{a.path}: {a.note}" for a in skips]
+    by_note = Counter(a.note for a in skips)
+    out = []
+    for note, n in by_note.items():
+        first = next(a.path for a in skips if a.note == note)
+        out.append(f"{first}: {note}" if n == 1 else f"{n} files: {note} (e.g. {first}; -v lists them)")
+    return out
+
+
+_STATUS_STYLE = {"ok": "green", "unchecked": "yellow"}
+
+
+def verify_view(result: VerifyResult, problems_only: bool = False) -> RenderableType:
+    """Per-name verdicts of verify (only the failing ones with ``problems_only``), and a footer."""
+    table = Table(box=box.SIMPLE, title=f"verify: {result.root}", title_justify="left")
+    table.add_column("file", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    shown = [f for f in result.files if not (problems_only and f.ok)]
+    for f in shown:
+        style = _STATUS_STYLE.get(f.status, "red")
+        detail = f.error or (decimal(f.bytes) if f.bytes else "")
+        table.add_row(f.path, Text(f.status, style=style), detail)
+    return Group(table, Text(verify_footer(result), style="bold green" if result.ok else "bold red"))
+
+
+def verify_footer(result: VerifyResult) -> str:
+    counts = result.counts
+    unchecked = counts.get("unchecked", 0)
+    if result.ok:
+        if result.against:
+            what = f"all {len(result.files)} files match {result.against}: byte-identical"
+        else:
+            ok = counts.get("ok", 0)
+            what = f"{ok} container{'s' * (ok != 1)} decode and match their checksums"
+        if unchecked:
+            what += f"; {unchecked} not checked (" + (
+                "no --against to compare them)" if not result.against else "not regular files)"
+            )
+        return what
+    bad = {k: v for k, v in counts.items() if k not in ("ok", "unchecked")}
+    return f"{sum(bad.values())} of {len(result.files)} failed: " + ", ".join(
+        f"{v} {k}" for k, v in sorted(bad.items())
+    )
 
 
 def component_json(c: ComponentStats, total: int) -> dict[str, Any]:
@@ -188,7 +306,7 @@ def component_json(c: ComponentStats, total: int) -> dict[str, Any]:
         "tensors": c.tensors,
         "bytes": c.bytes,
         "compressed_bytes": c.compressed_bytes,
-        "ratio": c.ratio,
+        "ratio": finite(c.ratio),
         "share": c.bytes / total if total else 0.0,
         "dtypes": c.dtypes,
         "codecs": c.codecs,
@@ -196,13 +314,15 @@ def component_json(c: ComponentStats, total: int) -> dict[str, Any]:
 
 
 def summary_json(summary: Summary) -> dict[str, Any]:
-    """The ``--json`` form of a summary."""
+    """The ``--json`` form of a summary (strict JSON: no NaN or infinity)."""
     return {
         "operation": summary.operation,
         "root": summary.root,
+        "dry_run": summary.dry_run,
         "bytes": summary.bytes,
         "compressed_bytes": summary.compressed_bytes,
-        "ratio": summary.ratio,
+        "overhead_bytes": summary.overhead_bytes,
+        "ratio": finite(summary.ratio),
         "device": summary.device,
         "threads": summary.threads,
         "seconds": summary.seconds,
@@ -214,7 +334,8 @@ def summary_json(summary: Summary) -> dict[str, Any]:
                 "format": f.format,
                 "bytes": f.bytes,
                 "compressed_bytes": f.compressed_bytes,
-                "ratio": f.ratio,
+                "overhead_bytes": f.overhead_bytes,
+                "ratio": finite(f.ratio),
                 "device": f.device,
                 "portable": f.portable,
                 "codecs": f.codecs,
@@ -223,18 +344,25 @@ def summary_json(summary: Summary) -> dict[str, Any]:
             for f in summary.files
         ],
         "copied": list(summary.copied),
+        "actions": [
+            {"action": a.kind, "path": a.path, "target": a.target, "note": a.note} for a in summary.actions
+        ],
     }
 
 
 def verify_json(result: VerifyResult) -> dict[str, Any]:
-    """The ``--json`` form of a verify result."""
+    """The ``--json`` form of a verify result: every name with its status."""
     return {
         "ok": result.ok,
         "root": result.root,
         "against": result.against,
         "device": result.device,
         "seconds": result.seconds,
-        "files": [{"path": f.path, "ok": f.ok, "bytes": f.bytes, "error": f.error} for f in result.files],
+        "counts": result.counts,
+        "files": [
+            {"path": f.path, "status": f.status, "ok": f.ok, "bytes": f.bytes, "error": f.error}
+            for f in result.files
+        ],
     }
 
 
@@ -242,44 +370,12 @@ def _gbps(x: float) -> str:
     return "∞" if x == float("inf") else f"{x:.3g}"
 
 
-def _finite(x: float) -> float | None:
-    """JSON has no infinity: a ratio or speed too large to measure becomes null."""
-    return None if x in (float("inf"), float("-inf")) else x
-
-
 def bench_view(result: BenchResult) -> RenderableType:
-    """The tables of ``ckptz bench``: codecs per component, storage plans, recommendation."""
-    table = Table(title=f"bench: {result.root}", box=box.SIMPLE_HEAVY, title_justify="left")
-    for name, justify in (
-        ("component", "left"),
-        ("codec", "left"),
-        ("device", "left"),
-        ("ratio", "right"),
-        ("compress", "right"),
-        ("decompress", "right"),
-        ("decodes", "left"),
-        ("limit", "right"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=name in ("component", "codec"))  # type: ignore[arg-type]
-    samples = {s.component: s for s in result.samples}
-    for i, comp in enumerate(dict.fromkeys(r.component for r in result.rows)):
-        if i:
-            table.add_section()
-        s = samples[comp]
-        sampled = "whole" if s.sampled_frames == s.frames else f"{decimal(s.sample_bytes)} sampled"
-        for j, r in enumerate(r for r in result.rows if r.component == comp):
-            first = j == 0
-            table.add_row(
-                Text(comp, style="bold") if first else "",
-                r.codec,
-                r.device,
-                _ratio(r.ratio),
-                _gbps(r.compress_gbps),
-                _gbps(r.decompress_gbps),
-                "CPU+GPU" if r.portable else "GPU only",
-                f"{_gbps(r.bound_ratio)} / {_gbps(r.chunk_bound_ratio)}" if first else "",
-            )
-        table.add_row(Text(f"  {decimal(s.bytes)}, {sampled}", style="dim"), *[""] * 7)
+    """The tables of ``ckptz bench``: codecs per component, storage plans, recommendation.
+
+    Below :data:`NARROW` columns, each component becomes a heading line over its codecs,
+    and the plans split into a time table and a money table, so nothing is cut.
+    """
     notes = [
         Text(
             "speeds in GB/s of original bytes; limit: order-0 entropy bound (as a ratio) of the byte planes, "
@@ -290,58 +386,108 @@ def bench_view(result: BenchResult) -> RenderableType:
         )
     ]
     notes += [Text(f"skipped {name}: {why}", style="dim") for name, why in result.skipped]
-    return Group(table, *notes, _plans_table(result), _recommendation(result))
+    return Group(
+        Fit(_codecs_table(result), _codecs_tables_narrow(result)),
+        *notes,
+        Fit(_plans_table(result), Group(_plans_table(result, "time"), _plans_table(result, "money"))),
+        _recommendation(result),
+    )
 
 
-def _plans_table(result: BenchResult) -> Table:
+def _codecs_table(result: BenchResult) -> Table:
+    table = Table(title=f"bench: {result.root}", box=box.SIMPLE_HEAVY, title_justify="left")
+    columns = [("component", "left"), ("codec", "left"), ("device", "left"), ("ratio", "right")]
+    columns += [("compress", "right"), ("decompress", "right"), ("decodes", "left"), ("limit", "right")]
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=name in ("component", "codec"))  # type: ignore[arg-type]
+    for i, (comp, heading, rows) in enumerate(_by_component(result)):
+        if i:
+            table.add_section()
+        for j, r in enumerate(rows):
+            limit = f"{_gbps(r.bound_ratio)} / {_gbps(r.chunk_bound_ratio)}" if j == 0 else ""
+            table.add_row(Text(comp, style="bold") if j == 0 else "", *_codec_cells(r), limit)
+        table.add_row(Text(f"  {heading}", style="dim"), *[""] * 7)
+    return table
+
+
+def _codecs_tables_narrow(result: BenchResult) -> Group:
+    """One small table per component, its name and sample in the title (80 columns)."""
+    tables: list[RenderableType] = [Text(f"bench: {result.root}", style="italic")]
+    for comp, heading, rows in _by_component(result):
+        limit = f"limit {_gbps(rows[0].bound_ratio)} / {_gbps(rows[0].chunk_bound_ratio)}"
+        table = Table(title=f"{comp}: {heading}; {limit}", box=box.SIMPLE, title_justify="left")
+        for name in ("codec", "device", "ratio", "compress", "decompress", "decodes"):
+            right = name in ("ratio", "compress", "decompress")
+            table.add_column(name, justify="right" if right else "left", no_wrap=True)
+        for r in rows:
+            table.add_row(*_codec_cells(r))
+        tables.append(table)
+    return Group(*tables)
+
+
+def _by_component(result: BenchResult) -> list[tuple[str, str, list[Any]]]:
+    samples = {s.component: s for s in result.samples}
+    out = []
+    for comp in dict.fromkeys(r.component for r in result.rows):
+        s = samples[comp]
+        sampled = "whole" if s.sampled_frames == s.frames else f"{decimal(s.sample_bytes)} sampled"
+        out.append((comp, f"{decimal(s.bytes)}, {sampled}", [r for r in result.rows if r.component == comp]))
+    return out
+
+
+def _codec_cells(r: Any) -> list[RenderableType]:
+    return [
+        r.codec,
+        r.device,
+        _ratio(r.ratio),
+        _gbps(r.compress_gbps),
+        _gbps(r.decompress_gbps),
+        "CPU+GPU" if r.portable else "GPU only",
+    ]
+
+
+def _plans_table(result: BenchResult, part: str = "all") -> Table:
+    """The plans: ``all`` columns, or (narrow) the ``time`` or the ``money`` ones."""
     st, cost = result.storage, result.cost
     title = (
         f"checkpoint of {decimal(result.bytes)} on storage writing {st.write_gbps:.3g} GB/s, "
         f"reading {st.read_gbps:.3g} GB/s ({st.method})"
     )
-    table = Table(title=title, box=box.SIMPLE, title_justify="left")
-    for name in (
-        "codec",
-        "device",
-        "ratio",
-        "write s",
-        "restore s",
-        "saved s",
-        "GPU-h/mo",
-        "$ GPUs/mo",
-        "$ storage/mo",
-    ):
-        table.add_column(name, justify="left" if name in ("codec", "device") else "right")
+    times = ("device", "ratio", "write s", "restore s", "saved s")
+    money = ("GPU-h/mo", "$ GPUs/mo", "$ storage/mo")
+    names = ("codec", *(times if part != "money" else ()), *(money if part != "time" else ()))
+    table = Table(title=title if part != "money" else None, box=box.SIMPLE, title_justify="left")
+    for name in names:
+        table.add_column(name, justify="left" if name in ("codec", "device") else "right", no_wrap=True)
     rec = result.recommendation
-    table.add_row(
-        "uncompressed",
-        "-",
-        "1.000×",
-        f"{rec.baseline_write_seconds:.3g}",
-        f"{rec.baseline_restore_seconds:.3g}",
-        "-",
-        "-",
-        "-",
-        "-",
-    )
+    base = {
+        "codec": "uncompressed",
+        "device": "-",
+        "ratio": "1.000×",
+        "write s": f"{rec.baseline_write_seconds:.3g}",
+        "restore s": f"{rec.baseline_restore_seconds:.3g}",
+    }
+    table.add_row(*[base.get(n, "-") for n in names])
     for p in result.plans:
         t = p.totals
-        table.add_row(
-            Text(t.codec, style="bold green" if t.codec == rec.codec else ""),
-            t.device,
-            _ratio(t.ratio),
-            f"{p.write_seconds:.3g}",
-            f"{p.restore_seconds:.3g}",
-            f"{p.stall_saved_seconds:+.3g}",
-            f"{p.idle_gpu_hours_month:+.3g}",
-            f"{p.idle_usd_month:+,.2f}",
-            f"{p.storage_usd_month:+,.2f}",
+        cells: dict[str, RenderableType] = {
+            "codec": Text(t.codec, style="bold green" if t.codec == rec.codec else ""),
+            "device": t.device,
+            "ratio": _ratio(t.ratio),
+            "write s": f"{p.write_seconds:.3g}",
+            "restore s": f"{p.restore_seconds:.3g}",
+            "saved s": f"{p.stall_saved_seconds:+.3g}",
+            "GPU-h/mo": f"{p.idle_gpu_hours_month:+.3g}",
+            "$ GPUs/mo": f"{p.idle_usd_month:+,.2f}",
+            "$ storage/mo": f"{p.storage_usd_month:+,.2f}",
+        }
+        table.add_row(*[cells[n] for n in names])
+    if part != "time":
+        table.caption = (
+            f"projection: {cost.gpus} GPUs idle during each save at ${cost.gpu_hour_usd:g}/GPU-hour, "
+            f"a checkpoint every {cost.every_min:g} min (30-day month), {cost.keep} kept at ${cost.storage_usd_tb_month:g}/TB-month"
         )
-    table.caption = (
-        f"projection: {cost.gpus} GPUs idle during each save at ${cost.gpu_hour_usd:g}/GPU-hour, "
-        f"a checkpoint every {cost.every_min:g} min (30-day month), {cost.keep} kept at ${cost.storage_usd_tb_month:g}/TB-month"
-    )
-    table.caption_justify = "left"
+        table.caption_justify = "left"
     return table
 
 
@@ -378,12 +524,12 @@ def bench_json(result: BenchResult) -> dict[str, Any]:
                 "component": r.component,
                 "codec": r.codec,
                 "device": r.device,
-                "ratio": _finite(r.ratio),
-                "compress_gbps": _finite(r.compress_gbps),
-                "decompress_gbps": _finite(r.decompress_gbps),
+                "ratio": finite(r.ratio),
+                "compress_gbps": finite(r.compress_gbps),
+                "decompress_gbps": finite(r.decompress_gbps),
                 "portable": r.portable,
-                "bound_ratio": _finite(r.bound_ratio),
-                "chunk_bound_ratio": _finite(r.chunk_bound_ratio),
+                "bound_ratio": finite(r.bound_ratio),
+                "chunk_bound_ratio": finite(r.chunk_bound_ratio),
                 "bytes": r.bytes,
                 "compressed_bytes": r.compressed_bytes,
             }
@@ -402,7 +548,7 @@ def bench_json(result: BenchResult) -> dict[str, Any]:
                 "device": p.totals.device,
                 "ckptz": p.totals.ckptz,
                 "portable": p.totals.portable,
-                "ratio": _finite(p.totals.ratio),
+                "ratio": finite(p.totals.ratio),
                 "compressed_bytes": p.totals.compressed_bytes,
                 "write_seconds": p.write_seconds,
                 "restore_seconds": p.restore_seconds,

@@ -4,24 +4,33 @@ Every output is written to a temporary file in the destination folder, flushed a
 checked, then atomically renamed; the folder is fsynced after each rename. Temporary files
 are named ``.<final name>.ckptz-tmp-<pid>-<8 hex digits>``: hidden, tied to the name they
 will take, and matched exactly by :func:`is_temp`, so a rerun recognises and removes them and
-never takes user data for one.
+never takes user data for one. A writer holds an exclusive ``flock`` on its temp file while it
+writes, so a run that finds a temp file another live run is writing stops with
+:class:`~ckptz.errors.BusyError` instead of deleting it.
+
+Outputs are created with their final permission bits (plus owner read/write while writing)
+and get their final metadata before the rename (:mod:`ckptz.meta`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import queue
 import re
 import secrets
-import shutil
-import threading
-from collections.abc import Iterator, Sequence
+import stat
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from ckptz.errors import OutOfSpaceError, WriteError
+from ckptz.errors import BusyError, OutOfSpaceError, WriteError
+from ckptz.meta import FileMeta, apply_fd, create_mode
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no advisory locks
+    fcntl = None  # type: ignore[assignment]
 
 TMP_MARK = ".ckptz-tmp-"
 _TEMP_NAME = re.compile(r"\.(?P<final>.+)" + re.escape(TMP_MARK) + r"[0-9]+-[0-9a-f]{8}")
@@ -52,9 +61,45 @@ def stale_temps(final: Path) -> list[Path]:
 
 
 def remove_temp(path: Path) -> None:
-    """Remove a leftover temporary file; only names :func:`is_temp` accepts are ever touched."""
-    if is_temp(path):
+    """Remove a leftover temporary file; only names :func:`is_temp` accepts are ever touched.
+
+    Raises:
+        BusyError: a live ckptz run is writing it (it holds the file's lock).
+    """
+    if not is_temp(path):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        _unlink_quietly(path)  # a symlink or an unreadable file of ckptz's name: still ours
+        return
+    try:
+        if not try_lock(fd, exclusive=True):
+            raise BusyError(
+                "another ckptz run is writing here",
+                path=str(path.parent / _TEMP_NAME.fullmatch(path.name)["final"]),  # type: ignore[index]
+                hint="wait for it to finish, or stop it",
+            )
         _unlink_quietly(path)
+    finally:
+        os.close(fd)
+
+
+def try_lock(fd: int, *, exclusive: bool) -> bool:
+    """Take an advisory ``flock`` on ``fd`` without waiting; False only if someone else holds it.
+
+    Filesystems without ``flock`` (some network mounts) count as unlocked: the lock is a
+    courtesy between ckptz runs, never what keeps data safe.
+    """
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def fsync_dir(folder: Path) -> None:
@@ -81,22 +126,27 @@ def os_error(exc: OSError, path: Path) -> OutOfSpaceError | WriteError:
 
 
 @contextmanager
-def atomic_output(final: Path) -> Iterator[tuple[BinaryIO, Path]]:
+def atomic_output(final: Path, meta: FileMeta | None = None) -> Iterator[tuple[BinaryIO, Path]]:
     """Yield ``(file, temp path)``; on success fsync and rename to ``final``, else remove the temp.
 
-    The caller may check the temp file's content before the block ends; the rename happens
-    only if the block returns normally.
+    The temp file is created with ``meta``'s permission bits (plus owner read/write) and gets
+    ``meta`` (bits, mtime, owner as root) before the rename. The caller may check the temp
+    file's content before the block ends; the rename happens only if the block returns normally.
     """
     tmp = temp_path(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        f = _open_temp(tmp)
+        f = _open_temp(tmp, create_mode(meta))
     except OSError as exc:
         raise os_error(exc, final) from None
     try:
         try:
+            with suppress(AttributeError, OSError, ValueError):
+                try_lock(f.fileno(), exclusive=True)  # released when the file closes
             yield f, tmp
             f.flush()
+            if meta is not None:
+                apply_fd(f.fileno(), meta)
             os.fsync(f.fileno())
         finally:
             f.close()
@@ -112,104 +162,78 @@ def atomic_output(final: Path) -> Iterator[tuple[BinaryIO, Path]]:
         raise
 
 
-#: Bytes between the writer's requests that the kernel start writing a file back to disk.
-WRITEBACK_EVERY = 64 << 20
+#: Writes at least this large ask the kernel to start writing them back at once.
+WRITEBACK_MIN = 256 << 10
 
 
-def _start_writeback(f: BinaryIO, offset: int, length: int) -> None:
+def _start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start writing ``length`` bytes at ``offset`` to disk, without waiting.
 
     Every output is fsynced before its rename; without this, the whole file's writeback
     happens inside that fsync, after the work. ``POSIX_FADV_DONTNEED`` starts asynchronous
-    writeback of the range's dirty pages on Linux (and drops its clean ones: nothing here
-    reads them again soon); elsewhere this does nothing.
+    writeback of the range's dirty pages on Linux (and drops its clean ones); elsewhere
+    this does nothing.
     """
     advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return
-    try:
-        fd = f.fileno()
-    except (AttributeError, OSError, ValueError):
-        return  # not a real file (a test double): nothing to write back
-    f.flush()
-    advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    if advise is not None and length >= WRITEBACK_MIN:
+        advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-class BackgroundWriter:
-    """Writes to a file on a thread of its own, so the caller's reads and hashing overlap them.
+def _open_temp(tmp: Path, mode: int = 0o666) -> BinaryIO:
+    """Create the temporary file (exclusive) with ``mode``; tests replace this to inject write faults."""
+    # Readable too: compressing in place reads the container back before it is renamed.
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
+    return os.fdopen(fd, "wb")
 
-    :meth:`write` queues a buffer, which the caller must not change afterwards; :meth:`close`
-    waits until everything queued is written. The first write error stops all later writes
-    and is raised by the next :meth:`write` or by :meth:`close`. Every
-    :data:`WRITEBACK_EVERY` bytes it asks the kernel to start writing them to disk, so the
-    final fsync finds little left to do.
 
-    Args:
-        f: the open file.
-        depth: buffers queued at most (the caller blocks beyond that).
+COPY_BLOCK = 8 << 20
+
+
+def copy_file(src: Path, final: Path, tick: Callable[[int], object] | None = None) -> None:
+    """Copy a non-checkpoint file unchanged, with its permission bits, mtime (and owner as root).
+
+    ``tick`` is called with each block's size (progress, and a chance to stop between blocks).
     """
-
-    def __init__(self, f: BinaryIO, depth: int = 64) -> None:
-        self._f = f
-        self._queue: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ckptz-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        written = started = 0
-        while (data := self._queue.get()) is not None:
-            if self._error is None:
-                try:
-                    self._f.write(data)
-                    written += len(data)
-                    if written - started >= WRITEBACK_EVERY:
-                        _start_writeback(self._f, started, written - started)
-                        started = written
-                except BaseException as exc:
-                    self._error = exc
-
-    def write(self, data: bytes | memoryview) -> int:
-        """Queue ``data``; raise the error of an earlier write, if any."""
-        if self._error is not None:
-            raise self._error
-        self._queue.put(data)
-        return len(data)
-
-    def close(self) -> None:
-        """Wait for every queued write; raise the first write error."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
+    with open(src, "rb") as s:
+        st = os.fstat(s.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise WriteError(
+                "not a regular file", path=str(src), hint="ckptz copies only files, folders and links"
+            )
+        with atomic_output(final, FileMeta.of(st)) as (f, _tmp):
+            while block := s.read(COPY_BLOCK):
+                f.write(block)
+                if tick is not None:
+                    tick(len(block))
 
 
-@contextmanager
-def background_writes(f: BinaryIO, depth: int = 64) -> Iterator[BackgroundWriter]:
-    """A :class:`BackgroundWriter` on ``f``, closed (all written) when the block ends."""
-    writer = BackgroundWriter(f, depth)
+def link_file(existing: Path, final: Path) -> None:
+    """Make ``final`` a hard link to ``existing``, atomically (a link under a temp name, renamed)."""
+    tmp = temp_path(final)
     try:
-        yield writer
-    except BaseException:
-        with suppress(BaseException):
-            writer.close()  # the block's own error is the one to report
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.link(existing, tmp)
+        os.replace(tmp, final)
+    except BaseException as exc:
+        _unlink_quietly(tmp)
+        if isinstance(exc, OSError):
+            raise os_error(exc, final) from None
         raise
-    writer.close()
+    fsync_dir(final.parent)
 
 
-def _open_temp(tmp: Path) -> BinaryIO:
-    """Create the temporary file (exclusive); tests replace this to inject write faults."""
-    return open(tmp, "xb")
-
-
-def copy_file(src: Path, final: Path) -> None:
-    """Copy a non-checkpoint file unchanged (metadata included), atomically."""
-    with atomic_output(final) as (f, tmp):
-        with open(src, "rb") as s:
-            shutil.copyfileobj(s, f, 8 << 20)
-        f.flush()
-        shutil.copystat(src, tmp)
+def make_symlink(text: str, final: Path) -> None:
+    """Make ``final`` a symlink whose target is ``text`` (never resolved), atomically."""
+    tmp = temp_path(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(text, tmp)
+        os.replace(tmp, final)
+    except BaseException as exc:
+        _unlink_quietly(tmp)
+        if isinstance(exc, OSError):
+            raise os_error(exc, final) from None
+        raise
 
 
 def remove(path: Path) -> None:
@@ -230,6 +254,7 @@ def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> Non
     offsets known in advance); tests replace it to inject write faults.
     """
     views = [memoryview(p).cast("B") for p in parts]
+    start = offset
     while views:
         n = os.pwritev(fd, views, offset)
         offset += n
@@ -238,3 +263,4 @@ def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> Non
             views.pop(0)
         if views and n:
             views[0] = views[0][n:]
+    _start_writeback(fd, start, offset - start)

@@ -3,10 +3,36 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: The environment of CLI subprocesses: the tree under test, on the CPU, progress lines at once.
+CLI_ENV = {
+    **os.environ,
+    "PYTHONPATH": str(REPO),
+    "CKPTZ_DEVICE": "cpu",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "COLUMNS": "80",
+}
+
+
+def ckptz(
+    *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ckptz ARGS`` as a user would, in a subprocess; text output."""
+    return subprocess.run(
+        [sys.executable, "-m", "ckptz", *args],
+        capture_output=True,
+        text=True,
+        env={**CLI_ENV, **(env or {})},
+        timeout=timeout,
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,7 +55,11 @@ def sha256(path: Path) -> str:
 
 def tree_digests(root: Path) -> dict[str, str]:
     """sha256 of every regular file under ``root``, by relative path."""
-    return {p.relative_to(root).as_posix(): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): sha256(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 @pytest.fixture(scope="session")

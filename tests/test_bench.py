@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import CLI_ENV
 from typer.testing import CliRunner
 
 from ckptz import api
@@ -206,6 +209,25 @@ def test_cli_table(small_checkpoint: Path) -> None:
     assert "optimizer.exp_avg_sq" in out.stdout and "recommended" in out.stdout and "whole" in out.stdout
 
 
-def test_cli_needs_a_storage_figure(small_checkpoint: Path) -> None:
-    out = CliRunner().invoke(app, ["bench", str(small_checkpoint)])
-    assert out.exit_code == 2
+def test_cli_measures_where_the_checkpoint_lives(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No storage option: the storage measured is the checkpoint's own folder, and --help says so."""
+    import ckptz.bench.storage
+
+    measured: list[Path] = []
+
+    def fake(folder: Path) -> StorageSpeed:
+        measured.append(Path(folder))
+        return StorageSpeed(3.0, 4.0, "measured (test double)", str(folder))
+
+    monkeypatch.setattr(ckptz.bench.storage, "measure_storage", fake)
+    args = ["bench", str(small_checkpoint), "--device", "cpu", "--codecs", "ckptz-auto", "--json"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert measured == [small_checkpoint]
+    assert json.loads(out.stdout)["storage"]["path"] == str(small_checkpoint)
+    helped = subprocess.run(
+        [sys.executable, "-m", "ckptz", "bench", "--help"], capture_output=True, text=True, env=CLI_ENV
+    )
+    assert "the folder the checkpoint is in" in " ".join(helped.stdout.split())

@@ -68,10 +68,10 @@ def test_header_and_footer_layout(tmp_path: Path) -> None:
     _write(path)
     data = path.read_bytes()
     assert data[:8] == MAGIC == b"CKPTZ\x00\r\n"
-    assert struct.unpack("<HH", data[8:12]) == (1, 0)
+    assert struct.unpack("<HH", data[8:12]) == (1, 1)
     assert data[-8:] == b"CKPTZEND"
     off, size, _raw, isum, major, minor, _flags, _end = FOOTER.unpack(data[-FOOTER.size :])
-    assert off + size == len(data) - FOOTER.size and (major, minor) == (1, 0)
+    assert off + size == len(data) - FOOTER.size and (major, minor) == (1, 1)
     assert checksum(data[off : off + size]) == isum
 
 
@@ -105,7 +105,7 @@ def test_rejects_other_major_version(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[: HEADER.size] = HEADER.pack(MAGIC, 2, 0, 0)
     footer = list(FOOTER.unpack(bytes(data[-FOOTER.size :])))
-    footer[4] = 2  # a newer writer puts its major version in both places
+    footer[4], footer[5] = 2, 0  # a newer writer puts its version in both places
     data[-FOOTER.size :] = FOOTER.pack(*footer)
     with pytest.raises(UnsupportedVersionError, match="upgrade ckptz"):
         _read(bytes(data), tmp_path)

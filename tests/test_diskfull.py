@@ -44,7 +44,7 @@ def _full_disk_after(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     real = safeio.pwrite_all
     lock = threading.Lock()
 
-    def open_temp(tmp: Path) -> BinaryIO:
+    def open_temp(tmp: Path, mode: int = 0o666) -> BinaryIO:
         return io.BufferedWriter(_FullDisk(tmp, "xb"))
 
     def pwrite_all(fd: int, parts: Any, offset: int) -> None:
@@ -121,7 +121,7 @@ def test_enospc_to_output_folder(folder: Path, tmp_path: Path, monkeypatch: pyte
 def test_eacces_on_destination(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     want = tree_digests(folder)
 
-    def refuse(tmp: Path) -> BinaryIO:
+    def refuse(tmp: Path, mode: int = 0o666) -> BinaryIO:
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp))
 
     monkeypatch.setattr(safeio, "_open_temp", refuse)
@@ -204,23 +204,3 @@ def test_small_filesystem(folder: Path, tmp_path: Path) -> None:
     during = [line for line in lines if line.startswith("during=")]
     # Every original was still present (or replaced by a verified container) after the failure.
     assert during
-
-
-def test_background_writer_keeps_order_and_stops_at_the_first_error(tmp_path: Path) -> None:
-    _FullDisk.budget[0] = 10
-    with open(tmp_path / "ok", "wb") as f, safeio.background_writes(f, depth=2) as out:
-        for i in range(100):
-            out.write(bytes([i]) * 3)
-    assert (tmp_path / "ok").read_bytes() == b"".join(bytes([i]) * 3 for i in range(100))
-
-    with _FullDisk(tmp_path / "full", "wb") as f:
-        writer = safeio.BackgroundWriter(f, depth=2)  # type: ignore[arg-type]
-        writer.write(b"abcd")
-        writer.write(b"abcd")
-        writer.write(b"abcd")  # fails on the writer's thread: reported by a later call
-        with pytest.raises(OSError) as info:
-            writer.close()
-        assert info.value.errno == errno.ENOSPC
-        with pytest.raises(OSError):
-            writer.write(b"more")
-    assert (tmp_path / "full").read_bytes() == b"abcd" * 2  # nothing after the failed write

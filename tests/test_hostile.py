@@ -29,7 +29,7 @@ import pytest
 import zstandard
 
 from ckptz import api
-from ckptz.container import FOOTER, MAX_INDEX_BYTES, checksum, read_index
+from ckptz.container import FOOTER, MAJOR, MAX_INDEX_BYTES, MINOR, checksum, read_index
 from ckptz.errors import CkptzError, ContainerError, UnsafePathError
 
 MEMORY_CAP = 3 << 30
@@ -230,7 +230,7 @@ def _join(data: bytes, header: dict[str, Any] | bytes, tables: bytes, raw_size: 
     text = header if isinstance(header, bytes) else json.dumps(header).encode()
     raw = struct.pack("<I", len(text)) + text + tables
     blob = zstandard.ZstdCompressor().compress(raw)
-    footer = FOOTER.pack(off, len(blob), raw_size or len(raw), checksum(blob), 1, 0, 0, b"CKPTZEND")
+    footer = FOOTER.pack(off, len(blob), raw_size or len(raw), checksum(blob), MAJOR, MINOR, 0, b"CKPTZEND")
     return data[:off] + blob + footer
 
 
@@ -269,7 +269,7 @@ def _huge_index_frame(data: bytes) -> bytes:
     """An index frame that inflates to 256 MiB while the footer claims a few hundred bytes."""
     off = _split(data)[2]
     blob = zstandard.ZstdCompressor().compress(b"\x00" * (256 << 20))
-    return data[:off] + blob + FOOTER.pack(off, len(blob), 300, checksum(blob), 1, 0, 0, b"CKPTZEND")
+    return data[:off] + blob + FOOTER.pack(off, len(blob), 300, checksum(blob), MAJOR, MINOR, 0, b"CKPTZEND")
 
 
 def _deep_json(data: bytes) -> bytes:

@@ -112,3 +112,15 @@ def test_a_failing_file_stops_a_folder_cleanly(
     assert not (out / "optimizer.pt.ckptz").exists()
     for container in out.rglob("*.ckptz"):
         assert api.verify(container, small_checkpoint / container.name.removesuffix(".ckptz")).ok
+
+
+def test_corpus_tree_round_trips_and_verifies(corpus: dict[str, Path], tmp_path: Path) -> None:
+    """The whole edge-case corpus as one tree: compress, verify against it, restore."""
+    name, path = next(iter(corpus.items()))
+    root = Path(str(path).removesuffix(name).rstrip("/"))
+    before = tree_digests(root)
+    api.compress(root, tmp_path / "all.ckptz", device="cpu")
+    result = api.verify(tmp_path / "all.ckptz", root, device="cpu")
+    assert result.ok, [f for f in result.files if not f.ok]
+    api.decompress(tmp_path / "all.ckptz", tmp_path / "back", device="cpu")
+    assert tree_digests(tmp_path / "back") == before

@@ -3,12 +3,15 @@
 :func:`read_layout` detects the format from the file's first bytes (never from its name) and
 dispatches to the torch zip, legacy torch or safetensors reader. Anything unrecognised, or that a
 reader rejects, becomes one opaque meta segment: still compressed and restored byte-exact, only
-without per-tensor treatment. :func:`is_checkpoint` decides, by name, which files of a folder are
-worth reading at all (the others are copied unchanged).
+without per-tensor treatment. :func:`is_checkpoint` decides which files of a folder are worth
+compressing (the others are copied unchanged): a known suffix, or content that starts like a
+torch zip, a legacy torch file, a safetensors file or a pickle, so suffix-less blobs (the
+Hugging Face hub cache) are recognised too.
 """
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +33,71 @@ CHECKPOINT_SUFFIXES: tuple[str, ...] = (
 )
 """File name endings that :func:`is_checkpoint` accepts (``.pth.tar`` is a common torch.save name)."""
 
+#: Bytes :func:`sniff` looks at: a zip local header with a member name of up to 34 bytes.
+SNIFF_BYTES = 64
+_PICKLE_PROTOCOLS = (2, 3, 4, 5)
+
 _MAX_DCP_METADATA = 64 << 20
 
-__all__ = ["CHECKPOINT_SUFFIXES", "FileLayout", "Segment", "is_checkpoint", "opaque", "read_layout"]
+__all__ = [
+    "CHECKPOINT_SUFFIXES",
+    "SNIFF_BYTES",
+    "FileLayout",
+    "Segment",
+    "is_checkpoint",
+    "opaque",
+    "read_layout",
+    "sniff",
+]
 
 
-def is_checkpoint(path: Path) -> bool:
-    """Whether a folder walker should compress ``path`` rather than copy it unchanged."""
-    return path.name.lower().endswith(CHECKPOINT_SUFFIXES)
+def sniff(head: bytes, size: int) -> str | None:
+    """The checkpoint format that ``head`` (a file's first :data:`SNIFF_BYTES`) starts like, or None.
+
+    A zip counts only if its first member sits in a folder and is named like torch.save's
+    (``<archive>/data.pkl``, ``<archive>/.format_version``, ...): other zips are not checkpoints.
+    A bare pickle (protocol 2-5) counts: ``torch.save`` with pickle_module, or a plain state dict.
+    """
+    if head.startswith(ZIP_MAGIC) and len(head) >= 30:
+        n = int.from_bytes(head[26:28], "little")
+        name = head[30 : 30 + n]
+        if b"/" in name and name.rsplit(b"/", 1)[1] in (
+            b"data.pkl",
+            b".format_version",
+            b"version",
+            b"byteorder",
+        ):
+            return "torch-zip"
+        return None
+    if legacy.sniff(head[:16]):
+        return "torch-legacy"
+    if safetensors.sniff(head[:16], size):
+        return "safetensors"
+    if len(head) >= 3 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS:
+        return "pickle"
+    return None
+
+
+def is_checkpoint(path: Path, head: bytes | None = None) -> bool:
+    """Whether a folder walker should compress ``path`` rather than copy it unchanged.
+
+    True for a known suffix (:data:`CHECKPOINT_SUFFIXES`) or for content :func:`sniff` knows;
+    ``head`` is the file's first bytes if the caller already read them. An unreadable file is
+    not a checkpoint (copying it reports the error).
+    """
+    if path.name.lower().endswith(CHECKPOINT_SUFFIXES):
+        return True
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return False  # opening a FIFO or a device to sniff it could block or have effects
+        size = st.st_size
+        if head is None:
+            with path.open("rb") as f:
+                head = f.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    return sniff(head, size) is not None
 
 
 def opaque(size: int, reason: str) -> FileLayout:

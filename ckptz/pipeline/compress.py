@@ -22,9 +22,11 @@ proves what decoding the file again would).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,14 +81,19 @@ def compress_file(
     workers: Workers | None = None,
     progress: Progress = _no_progress,
     verify: bool = False,
+    source_fields: Mapping[str, object] | None = None,
 ) -> WrittenContainer:
     """Compress ``src`` into the open, empty file ``out`` (``None``: code everything and
     write nothing, to measure the pipeline without storage).
 
+    A regular file is written at known offsets by many threads; anything else (a pipe) is
+    written in order by one.
+
     Args:
         workers: the run's reader and writer threads (default: a set for this file only).
         verify: decode every coded frame back before returning, and read the written
-            container back (see the module docstring).
+            container back (see the module docstring); needs a regular file.
+        source_fields: more fields for the header's ``source`` object (e.g. metadata).
 
     Raises:
         FormatError: the source changed while being read.
@@ -100,7 +107,8 @@ def compress_file(
     try:
         fd = os.open(src, os.O_RDONLY)
         try:
-            return _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify).run()
+            run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify)
+            return run.run(source_fields or {})
         finally:
             os.close(fd)
     finally:
@@ -124,8 +132,11 @@ class _Compression:
         verify: bool,
     ) -> None:
         self.fd, self.relpath, self.layout, self.plan = fd, relpath, layout, plan
-        self.out = out.fileno() if out is not None else None
+        self.stream = out if out is not None and not _regular(out) else None
+        self.out = out.fileno() if out is not None and self.stream is None else None
         self.out_path = getattr(out, "name", None)
+        if self.stream is not None:
+            self.stream.write(PREFIX)
         self.engine, self.workers, self.progress, self.verify = engine, workers, progress, verify
         segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
         self.segments = segments
@@ -144,7 +155,7 @@ class _Compression:
 
     # -- stages ---------------------------------------------------------------------------
 
-    def run(self) -> WrittenContainer:
+    def run(self, source_fields: Mapping[str, object]) -> WrittenContainer:
         feeder = threading.Thread(target=self._guard, args=(self._feed,), name="ckptz-feed", daemon=True)
         digest: Future[str] = Future()
         hasher = threading.Thread(target=self._hash, args=(digest,), name="ckptz-digest", daemon=True)
@@ -167,10 +178,12 @@ class _Compression:
         if os.pread(self.fd, 1, self.layout.size):
             raise FormatError("file grew while being read", path=self.relpath)
         rows = [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in chunks]  # checksums are in now
-        index = Index(
-            self._header(source_digest, rows), self.plan.streams, *make_tables(self.segments, frames, rows)
-        )
+        header = self._header(source_digest, rows)
+        header["source"] = {**header["source"], **source_fields}  # type: ignore[dict-item]
+        index = Index(header, self.plan.streams, *make_tables(self.segments, frames, rows))
         tail = index_bytes(index, end)
+        if self.stream is not None:
+            self.stream.write(tail)
         if self.out is not None:
             safeio.pwrite_all(self.out, [PREFIX], 0)
             safeio.pwrite_all(self.out, [tail], end)
@@ -275,6 +288,11 @@ class _Compression:
                 checks.append(self._check(i, frame, coded, len(chunks) - len(rows)))
             else:
                 self._release(i)
+            if self.stream is not None:  # a pipe takes its bytes in order, from this thread
+                self._store(rows, [ch.payload for ch in coded.chunks], [], start)
+                for part in parts:
+                    self.stream.write(part)
+                continue
             # Payload checksums and the write run on a writer thread: this one only places.
             self.write_room.acquire()
             w = self.workers.write.submit(
@@ -325,12 +343,17 @@ class _Compression:
 
     def _read_back(self, index: Index, tail: bytes, end: int) -> None:
         """The written file must hold exactly the index and payloads that were checked."""
-        if not isinstance(self.out_path, str | bytes | os.PathLike):
-            raise TypeError("verify needs an output file opened by name, to read it back")
-        with open(self.out_path, "rb") as f:
-            again = read_index(f, self.relpath)
-            out = os.dup(f.fileno())
+        assert self.out is not None
+        flags = fcntl.fcntl(self.out, fcntl.F_GETFL) & os.O_ACCMODE
+        if flags == os.O_RDWR:
+            out = os.dup(self.out)
+        elif isinstance(self.out_path, str | bytes | os.PathLike):
+            out = os.open(self.out_path, os.O_RDONLY)
+        else:
+            raise TypeError("verify needs an output file that can be read back")
         try:
+            with open(out, "rb", closefd=False) as f:
+                again = read_index(f, self.relpath)
             self._check_payloads(out, again, index, tail, end)
         finally:
             os.close(out)
@@ -370,6 +393,14 @@ class _Compression:
         }
         header.update(self.engine.container_extras())
         return header
+
+
+def _regular(out: BinaryIO) -> bool:
+    """Whether ``out`` is a regular file, which can be written at any offset."""
+    try:
+        return stat.S_ISREG(os.fstat(out.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 #: Bytes of container one read-back task checks.

@@ -70,7 +70,10 @@ class FrameSlots:
     def __init__(
         self, count: int, size: int, alloc: Callable[[int], np.ndarray], free: Callable[[np.ndarray], None]
     ) -> None:
-        self._free = [alloc(size) for _ in range(count)]
+        self._free: list[np.ndarray] = []
+        self._left = count  # buffers not yet allocated: made only when none is free
+        self._size = size
+        self._alloc = alloc
         self._release = free
         self._cv = threading.Condition()
         self._stopped = False
@@ -82,11 +85,14 @@ class FrameSlots:
             Stopped: :meth:`stop` was called.
         """
         with self._cv:
-            while not self._free and not self._stopped:
+            while not self._free and not self._left and not self._stopped:
                 self._cv.wait()
             if self._stopped:
                 raise Stopped
-            return self._free.pop()
+            if self._free:
+                return self._free.pop()
+            self._left -= 1
+        return self._alloc(self._size)
 
     def give(self, buf: np.ndarray) -> None:
         """Return a buffer taken with :meth:`take`."""

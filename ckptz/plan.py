@@ -1,0 +1,352 @@
+"""Deciding what ``compress`` and ``decompress`` do with each file, before touching any.
+
+A plan maps every entry of every source (:mod:`ckptz.tree`) to one job: convert it, carry it
+over (copy a file, recreate a symlink, hard-link a second name of an inode), finish what a
+killed in-place run left, or skip it with a note. All refusals (an output that exists, is an
+input, or is claimed twice; a stale container in the way) happen here, so a run either
+starts with a consistent plan or does nothing.
+
+Where outputs go (``-o``): one folder source, ``-o D`` names the mirror of the folder; one
+file source, ``-o F`` names the output file, unless ``F`` ends in ``/`` or is a folder. With
+several sources, or a trailing ``/``, ``-o D/`` is a folder that receives one output per
+source. Without ``-o``, a folder ``P`` maps to ``P.ckptz`` (and back) beside it, and a file's
+output goes beside it. ``--in-place`` writes beside each file and removes the input after
+checking the output.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ckptz.container import SUFFIX
+from ckptz.errors import ContainerError, NothingToDoError, UnsafePathError, UsageError
+from ckptz.tree import Entry, Kind, Selection, Tree
+
+JobKind = Literal["convert", "finish", "link", "copy", "symlink", "temp"]
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One thing a command did, or with ``dry_run`` would do.
+
+    Attributes:
+        kind: ``compress``, ``decompress``, ``copy``, ``symlink``, ``link`` (a hard link to an
+            output already made), ``finish`` (an interrupted in-place file), ``remove-temp``
+            or ``skip``.
+        path: the input.
+        target: the output, if any.
+        note: why, for skips and finishes.
+    """
+
+    kind: str
+    path: str
+    target: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One unit of work.
+
+    Attributes:
+        kind: what to do (see :data:`JobKind`).
+        entry: the input.
+        target: the output path.
+        label: the input's name in reports (relative path; prefixed by its source's name
+            when there are several sources).
+        primary: for ``link``, the output (or, in place, the input) it links to.
+    """
+
+    kind: JobKind
+    entry: Entry
+    target: Path
+    label: str
+    primary: Path | None = None
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything a run will do, in the order it does it."""
+
+    finishes: list[Job] = field(default_factory=list)
+    converts: list[Job] = field(default_factory=list)
+    links: list[Job] = field(default_factory=list)
+    carries: list[Job] = field(default_factory=list)
+    temps: list[Job] = field(default_factory=list)
+    #: (source folder, output folder) pairs to mirror, parents first
+    dirs: list[tuple[Path, Path]] = field(default_factory=list)
+    skipped: list[Action] = field(default_factory=list)
+    #: folders (or files) the run writes in, and sources it only reads
+    writes: list[Path] = field(default_factory=list)
+    reads: list[Path] = field(default_factory=list)
+
+    def actions(self, compress: bool) -> tuple[Action, ...]:
+        verb = "compress" if compress else "decompress"
+        names = {"convert": verb, "finish": "finish", "link": "link", "copy": "copy", "symlink": "symlink"}
+        out = [
+            Action(names[j.kind], str(j.entry.path), str(j.target), _why(j, compress))
+            for j in self.finishes + self.converts + self.links + self.carries
+        ]
+        out += [Action("remove-temp", str(j.entry.path)) for j in self.temps]
+        return tuple(out + self.skipped)
+
+
+def _why(job: Job, compress: bool) -> str | None:
+    if job.kind == "copy" and compress and job.entry.kind == "container":
+        return "already compressed: copied as it is"
+    if job.kind == "finish":
+        return "both forms present after an interrupted run: compare, then remove the redundant one"
+    if job.kind == "link":
+        return "another name of a file already " + ("compressed" if compress else "restored")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """Where a command writes (see the module docstring).
+
+    Attributes:
+        path: ``-o``, if given.
+        folder: ``-o`` names a folder receiving one output per source.
+        in_place: ``--in-place``.
+    """
+
+    path: Path | None = None
+    folder: bool = False
+    in_place: bool = False
+
+    @classmethod
+    def parse(cls, dst: str | Path | None, in_place: bool, sources: int, first_is_dir: bool) -> Output:
+        if in_place and dst is not None:
+            raise UsageError("--in-place and -o/--output exclude each other")
+        if dst is None:
+            return cls(in_place=in_place)
+        text = str(dst)
+        path = Path(text)
+        folder = sources > 1 or text.endswith(("/", os.sep)) or (path.is_dir() and not first_is_dir)
+        return cls(path, folder and not (sources == 1 and first_is_dir), in_place)
+
+
+def plan(
+    trees: list[Tree],
+    out: Output,
+    *,
+    compress: bool,
+    selection: Selection,
+    force: bool,
+) -> Plan:
+    """The jobs for ``trees``; see the module docstring for where outputs go.
+
+    Raises:
+        UsageError: outputs that exist (without ``force``), overwrite an input, or collide.
+        NothingToDoError: nothing to convert, or an ``--include`` pattern matched nothing.
+        ContainerError: ``decompress`` of a file that is not a container.
+        UnsafePathError: a symlink in an output path.
+    """
+    p = Plan()
+    unmatched = selection.unmatched(trees)
+    if unmatched:
+        raise NothingToDoError(f"--include {unmatched[0]!r} matches no file", hint="check the pattern")
+    several = len(trees) > 1
+    done_already = 0
+    wanted: Kind = "checkpoint" if compress else "container"
+    for t in trees:
+        try:
+            root = _out_root(t, out, compress)
+        except UsageError:
+            if any(selection.converts(e, wanted) for e in t.entries):
+                raise
+            continue  # nothing to convert here: say that rather than ask for -o
+        prefix = t.root.name + "/" if several and t.is_dir else ""
+        beside = out.in_place or (out.path is None and not t.is_dir)
+        (p.writes if beside else p.reads).append(t.root)
+        if root is not None:
+            p.writes.append(root)
+            if t.is_dir:
+                _check_not_inside(t.root, root)
+                p.dirs.append((t.root, root))
+                p.dirs.extend((t.root / d, root / d) for d in t.dirs)
+        for e in t.entries:
+            done_already += _place(p, t, e, root, out, compress, selection, prefix, force)
+    _pair_hard_links(p, out)
+    _refuse(p, trees, out, force, compress)
+    if not (p.converts or p.finishes or p.links):
+        where = ", ".join(str(t.root) for t in trees)
+        if done_already:
+            return p
+        if out.in_place and not compress and all(t.is_dir for t in trees):
+            # A rerun after everything was restored (a kill just before the exit) is done.
+            p.skipped.append(Action("skip", where, note="no .ckptz containers: nothing to decompress"))
+            return p
+        if compress:
+            raise NothingToDoError(
+                "no checkpoint files here (recognised by content: torch zip, pickle, safetensors)",
+                path=where,
+                hint="choose files with --include PATTERN",
+            )
+        raise NothingToDoError("no .ckptz containers here", path=where, hint="nothing to decompress")
+    return p
+
+
+def _out_root(t: Tree, out: Output, compress: bool) -> Path | None:
+    """The folder mirroring a folder source; None for a file source or in place."""
+    if out.in_place or not t.is_dir:
+        return None
+    if out.path is None:
+        name = t.root.name + SUFFIX if compress else t.root.name.removesuffix(SUFFIX)
+        if name == t.root.name or not t.root.name:
+            raise UsageError("cannot choose an output name", path=str(t.root), hint="give -o DST")
+        return t.root.with_name(name)
+    if out.folder:
+        return out.path / (t.root.name if compress else t.root.name.removesuffix(SUFFIX))
+    return out.path
+
+
+def _target(t: Tree, e: Entry, root: Path | None, out: Output, name: str) -> Path:
+    if out.in_place:
+        return e.path.with_name(name)
+    if root is not None:
+        return root / Path(e.rel).parent / name
+    if out.path is None:
+        return e.path.with_name(name)
+    if out.folder:
+        return out.path / name
+    return out.path
+
+
+def _place(
+    p: Plan,
+    t: Tree,
+    e: Entry,
+    root: Path | None,
+    out: Output,
+    compress: bool,
+    selection: Selection,
+    prefix: str,
+    force: bool,
+) -> int:
+    """Add ``e``'s job to the plan; return 1 if it is already in the converted form."""
+    label = prefix + e.rel
+    explicit = not t.is_dir
+    wanted: Kind = "checkpoint" if compress else "container"
+    if e.kind == "special":
+        p.skipped.append(Action("skip", str(e.path), note="not a regular file, folder or symlink"))
+        return 0
+    if e.kind == "temp":
+        if out.in_place:
+            p.temps.append(Job("temp", e, e.path, label))
+        return 0
+    if e.kind == "symlink":
+        if explicit:
+            p.skipped.append(Action("skip", str(e.path), note="a symlink; name its target to convert it"))
+        elif not out.in_place:
+            p.carries.append(Job("symlink", e, _target(t, e, root, out, e.path.name), label))
+        return 0
+    converts = selection.converts(e, wanted) or (explicit and compress and e.kind == "other")
+    if converts:
+        name = e.path.name + SUFFIX if compress else e.path.name.removesuffix(SUFFIX)
+        if not compress and name == e.path.name and out.path is None:
+            raise UsageError("cannot choose an output name", path=str(e.path), hint="give -o FILE")
+        target = _target(t, e, root, out, name)
+        _check_target(target, root or target.parent)
+        # In place, both forms present means a run was interrupted: finish it (or, with
+        # --force, convert again over the stale output).
+        present = out.in_place and not force and (target.exists() or target.is_symlink())
+        kind: JobKind = "finish" if present else "convert"
+        (p.finishes if kind == "finish" else p.converts).append(Job(kind, e, target, label))
+        return 0
+    if explicit and not compress:
+        raise ContainerError("not a ckptz container; nothing to decompress", path=str(e.path))
+    already = (e.kind == "container") == compress
+    if explicit and compress and e.kind == "container":
+        p.skipped.append(Action("skip", str(e.path), note="already a ckptz container"))
+        return 1
+    if out.in_place:
+        if already and compress:
+            p.skipped.append(Action("skip", str(e.path), note="already compressed"))
+        return int(already and compress)
+    p.carries.append(Job("copy", e, _target(t, e, root, out, e.path.name), label))
+    return int(already and compress)
+
+
+def _pair_hard_links(p: Plan, out: Output) -> None:
+    """Second and later names of one inode become links to the first one's output."""
+    first: dict[tuple[int, int], Job] = {}
+    for group in (p.converts, p.carries):
+        kept = []
+        for j in group:
+            if j.kind in ("convert", "copy") and j.entry.links > 1:
+                head = first.get(j.entry.inode)
+                if head is not None and head.kind == j.kind:
+                    p.links.append(Job("link", j.entry, j.target, j.label, head.target))
+                    continue
+                first[j.entry.inode] = j
+            kept.append(j)
+        group[:] = kept
+
+
+def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool) -> None:
+    """Refuse outputs that collide, that are inputs, or (without ``force``) that exist."""
+    inputs = {e.inode for t in trees for e in t.entries}
+    claimed: dict[Path, Job] = {}
+    jobs = p.converts + p.links + p.carries
+    for j in jobs + p.finishes:
+        other = claimed.get(j.target)
+        if other is not None:
+            a, b = sorted((other, j), key=lambda x: x.entry.kind == "container")
+            stale = b if compress else a
+            raise UsageError(
+                f"{a.label} and {b.label} would both become {j.target}",
+                path=str(stale.entry.path),
+                hint="a stale copy from an earlier run? remove it, or --exclude it",
+            )
+        claimed[j.target] = j
+    if out.in_place:
+        return
+    for j in jobs:
+        ident = _identity(j.target)
+        if ident is not None and ident in inputs:
+            raise UsageError("output would overwrite an input", path=str(j.target), hint="choose another -o")
+        if not force and (j.target.exists() or j.target.is_symlink()):
+            raise UsageError("output already exists", path=str(j.target), hint="remove it or pass --force")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _check_not_inside(src: Path, root: Path) -> None:
+    try:
+        root.resolve().relative_to(src.resolve())
+    except ValueError:
+        return
+    raise UsageError("the output folder must not be inside the source folder", path=str(root))
+
+
+def _check_target(target: Path, root: Path) -> None:
+    """Refuse an output whose folder (below ``root``) or own name is a symlink.
+
+    Writing through such a link could put bytes outside the destination, or, in place, make
+    ckptz remove an original whose container lives somewhere else.
+    """
+    try:
+        rel = target.relative_to(root)
+    except ValueError:
+        rel = Path(target.name)
+        root = target.parent
+    here = root
+    for part in rel.parts:
+        here = here / part
+        if here.is_symlink():
+            raise UnsafePathError(
+                "a symlink in the output path could redirect the write",
+                path=str(here),
+                hint="remove the link",
+            )

@@ -1,0 +1,200 @@
+"""The machinery of a ``compress`` or ``decompress`` run around the per-file work.
+
+:mod:`ckptz.api` plans a run (:mod:`ckptz.plan`) and converts each file; this module opens
+the engine (only if something is converted), creates and locks the output folders, turns a
+stop into :class:`~ckptz.errors.StoppedError` naming the finished files, carries over what is
+not converted (copies, symlinks, hard links) and gives folders their metadata last.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from ckptz.accounting import FileStats, total_components
+from ckptz.engines import CODECS_CPU, GPU_ONLY_CODECS, open_engine
+from ckptz.engines.base import Engine
+from ckptz.errors import StoppedError, UsageError
+from ckptz.jobs import Stop, run_jobs
+from ckptz.lock import hold
+from ckptz.meta import FileMeta, apply_link, apply_path
+from ckptz.plan import Job, Plan
+from ckptz.results import Reporter, Summary
+from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps
+from ckptz.tree import Tree, expand, scan
+
+
+def scan_sources(sources: str | Path | Sequence[str | Path]) -> list[Tree]:
+    items = [sources] if isinstance(sources, str | Path) else list(sources)
+    return [scan(p) for p in expand([str(s) for s in items])]
+
+
+@contextmanager
+def engine_session(
+    device: str | None,
+    threads: int | None,
+    level: int,
+    codec: str,
+    memory: int | None,
+    reporter: Reporter,
+    announce: bool = True,
+) -> Iterator[tuple[Engine, list[str]]]:
+    engine, notice = open_engine(device, threads=threads, level=level, codec=codec, memory=memory)
+    notices = [notice] if notice else []
+    if notice and announce:
+        reporter.notice(notice)
+    try:
+        yield engine, notices
+    finally:
+        engine.close()
+
+
+@contextmanager
+def engine_for_plan(
+    p: Plan,
+    device: str | None,
+    threads: int | None,
+    level: int,
+    codec: str,
+    memory: int | None,
+    reporter: Reporter,
+    announce: bool,
+) -> Iterator[tuple[Engine | None, list[str]]]:
+    """The engine for a plan, or None if it converts nothing (copying files needs none)."""
+    if not (p.converts or p.finishes):
+        yield None, []
+        return
+    with engine_session(device, threads, level, codec, memory, reporter, announce) as opened:
+        yield opened
+
+
+def check_codec(codec: str) -> str:
+    valid = tuple(dict.fromkeys((*CODECS_CPU, *GPU_ONLY_CODECS)))
+    codec = codec.lower()
+    if codec not in valid:
+        raise UsageError(f"unknown codec {codec!r}", hint="choose one of: " + ", ".join(valid))
+    return codec
+
+
+def job_label(job: Job) -> str:
+    return job.label
+
+
+@contextmanager
+def stopping(p: Plan, done: list[str]) -> Iterator[None]:
+    """Turn a stop anywhere in a run (Ctrl-C, SIGTERM) into :class:`StoppedError` naming ``done``."""
+    try:
+        yield
+    except (KeyboardInterrupt, StoppedError):
+        total = len(p.finishes) + len(p.converts) + len(p.links) + len(p.carries)
+        raise StoppedError(tuple(done), max(total - len(done), 0)) from None
+
+
+@contextmanager
+def locked(p: Plan) -> Iterator[None]:
+    """Create the output folders (no more open than their sources) and lock everything."""
+    for src_dir, out_dir in p.dirs:
+        _mkdir(out_dir, src_dir)
+    with hold(p.writes, p.reads):
+        yield
+
+
+def _mkdir(path: Path, like: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        return
+    try:
+        mode = FileMeta.of(like.stat()).mode
+    except OSError:
+        mode = 0o777
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, (mode & 0o777) | 0o700)
+    except FileExistsError:
+        if not path.is_dir():
+            raise UsageError("a file is in the way of an output folder", path=str(path)) from None
+    except OSError as exc:
+        raise os_error(exc, path) from None
+
+
+def prepare(p: Plan, stop: Stop, done: list[str]) -> None:
+    """Remove temp files that killed runs left (refusing those a live run is writing)."""
+    for j in p.temps:
+        stop.check()
+        remove_temp(j.entry.path)
+
+
+def ignore_progress(_: int) -> None:
+    pass
+
+
+def remove_original(path: Path) -> None:
+    try:
+        remove(path)
+    except OSError as exc:
+        raise os_error(exc, path) from None
+
+
+def carry(p: Plan, stop: Stop, done: list[str], in_place: bool, reporter: Reporter) -> None:
+    """Hard links to outputs, copies, symlinks; then the folders' own metadata."""
+    for j in p.links:
+        stop.check()
+        assert j.primary is not None
+        link_file(j.primary, j.target)
+        if in_place:
+            remove_original(j.entry.path)
+        done.append(j.label)
+        reporter.file_done(j.label)
+
+    def one(j: Job) -> None:
+        reporter.file(j.label)
+        _carry_one(j, stop)
+        reporter.file_done(j.label)
+
+    run_jobs(one, p.carries, stop, name=job_label, done=done)
+    for src_dir, out_dir in reversed(p.dirs):
+        try:
+            apply_path(out_dir, FileMeta.of(src_dir.stat()))
+        except OSError as exc:
+            raise os_error(exc, out_dir) from None
+
+
+def _carry_one(j: Job, stop: Stop) -> None:
+    if j.kind == "symlink":
+        # Recreated verbatim, never followed: a link that points outside the folder is the
+        # user's data, and nothing is ever read or written through it.
+        make_symlink(os.readlink(j.entry.path), j.target)
+        apply_link(j.target, FileMeta.of(j.entry.path.lstat()))
+    else:
+        for stale in stale_temps(j.target):
+            remove_temp(stale)
+        copy_file(j.entry.path, j.target, stop.ticker(ignore_progress))
+
+
+def make_summary(
+    operation: str,
+    root: str,
+    files: list[FileStats],
+    p: Plan,
+    engine: Engine | None,
+    start: float,
+    notices: list[str],
+    *,
+    compress: bool,
+    dry_run: bool = False,
+) -> Summary:
+    return Summary(
+        operation,
+        root,
+        tuple(files),
+        total_components(files),
+        tuple(j.label for j in p.carries if j.kind == "copy"),
+        engine.device if engine else None,
+        engine.threads if engine else None,
+        time.perf_counter() - start,
+        tuple(notices),
+        p.actions(compress),
+        dry_run,
+    )
