@@ -102,18 +102,13 @@ def compress_file(
     """
     layout = read_layout(src, relpath)
     plan = plan_streams(layout, engine.frame_size, src)
-    own = workers is None
-    pools = workers or Workers()
+    pools = workers or Workers.shared()
+    fd = os.open(src, os.O_RDONLY)
     try:
-        fd = os.open(src, os.O_RDONLY)
-        try:
-            run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify)
-            return run.run(source_fields or {})
-        finally:
-            os.close(fd)
+        run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify)
+        return run.run(source_fields or {})
     finally:
-        if own:
-            pools.close()
+        os.close(fd)
 
 
 class _Compression:

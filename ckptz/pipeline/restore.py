@@ -147,13 +147,8 @@ def restore(
     target = cast(Sink, sink) if hasattr(sink, "put") else _Ordered(sink)
     if isinstance(target, Comparer):
         target.expect_size(index.source_size)
-    own = workers is None
-    pools = workers or Workers()
-    try:
-        _Restore(container.fileno(), path, index, engine, target, pools, progress).run()
-    finally:
-        if own:
-            pools.close()
+    pools = workers or Workers.shared()
+    _Restore(container.fileno(), path, index, engine, target, pools, progress).run()
     return index
 
 
@@ -330,8 +325,9 @@ class _Restore:
                     chunk=first,
                     tensor=tensor,
                 )
-            self.data[i].set_result(data)
+            # The sink first: the digest, which ends the run, then waits for every frame's put.
             self.sink.put(frame, data)
+            self.data[i].set_result(data)
             self.progress(frame.length)
             self._release(i)
         except BaseException as exc:

@@ -19,12 +19,13 @@ import xxhash
 
 from ckptz.pipeline.plan import Frame
 
-#: Reader threads by default: page-cache reads scale to ~16 threads (FACTS: 3 GB/s on one,
-#: 30 GB/s on sixteen), and each also hashes what it read.
-MAX_READERS = 16
+#: Reader threads by default: page-cache reads reach ~20 GB/s on eight threads (FACTS: 3 GB/s
+#: on one), each also hashes what it read; more threads only contend for the GIL (on the
+#: 16-core H100 host, 4 readers and 2 writers beat 16 and 8, BENCHMARKS.md).
+MAX_READERS = 8
 #: Writer threads by default: a file system takes parallel writes (NVMe RAID, Lustre); a
 #: single page-cache writer is the wall on others, where more threads cost nothing.
-MAX_WRITERS = 8
+MAX_WRITERS = 4
 
 
 class Workers:
@@ -32,15 +33,28 @@ class Workers:
 
     Args:
         readers: reader threads (default: one per core, at most :data:`MAX_READERS`).
-        writers: writer threads (default: half the cores, at most :data:`MAX_WRITERS`).
+        writers: writer threads (default: a quarter of the cores, at least 2, at most
+            :data:`MAX_WRITERS`).
     """
+
+    _shared: Workers | None = None
+    _shared_lock = threading.Lock()
 
     def __init__(self, readers: int | None = None, writers: int | None = None) -> None:
         cores = os.cpu_count() or 1
         self.readers = readers or max(2, min(MAX_READERS, cores))
-        self.writers = writers or max(2, min(MAX_WRITERS, cores // 2))
+        self.writers = writers or max(2, min(MAX_WRITERS, cores // 4))
         self.read = ThreadPoolExecutor(self.readers, thread_name_prefix="ckptz-read")
         self.write = ThreadPoolExecutor(self.writers, thread_name_prefix="ckptz-write")
+
+    @classmethod
+    def shared(cls) -> Workers:
+        """The process's one set, made on first use: every file of a run (and every run)
+        shares its threads, so files in parallel do not multiply them."""
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
 
     def close(self) -> None:
         """Wait for queued work and stop the threads."""
