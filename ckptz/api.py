@@ -120,8 +120,9 @@ def compress(
     start = time.perf_counter()
     codec = check_codec(codec)
     trees = scan_sources(src)
+    # Discarding names no outputs: planned as in place, which needs none.
+    out = Output.parse(None if discard else dst, in_place or discard, len(trees), trees[0].is_dir)
     in_place = in_place and not discard
-    out = Output.parse(None if discard else dst, in_place, len(trees), trees[0].is_dir)
     selection = Selection(tuple(include), tuple(exclude))
     p = plan(trees, out, compress=True, selection=selection, force=force or discard)
     root = ", ".join(str(t.root) for t in trees)
@@ -210,7 +211,7 @@ def _discard(
                 index = restore(c, job.label, engine, DiscardSink(), progress=tick)
             return index_stats(job.label.removesuffix(SUFFIX), index, job.entry.size)
 
-        files = run_jobs(one, p.converts, stop, name=job_label, done=[])
+        files = run_jobs(one, p.converts + p.finishes, stop, name=job_label, done=[])
     return make_summary(operation, root, files, Plan(), engine, start, notices, compress=compress)
 
 
@@ -280,8 +281,9 @@ def decompress(
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
     trees = scan_sources(src)
+    # Discarding names no outputs: planned as in place, which needs none.
+    out = Output.parse(None if discard else dst, in_place or discard, len(trees), trees[0].is_dir)
     in_place = in_place and not discard
-    out = Output.parse(None if discard else dst, in_place, len(trees), trees[0].is_dir)
     selection = Selection(tuple(include), tuple(exclude))
     p = plan(trees, out, compress=False, selection=selection, force=force or discard)
     root = ", ".join(str(t.root) for t in trees)

@@ -8,12 +8,13 @@ bytes in every file. Container overhead is not estimated (it is a few KB per fil
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from ckptz.accounting import ComponentStats, FileStats, layout_stats
 from ckptz.bench.sampling import sample_components
 from ckptz.container import checksum
-from ckptz.engines.base import Engine
+from ckptz.engines.base import Engine, run_all
 from ckptz.formats import read_layout
 
 
@@ -23,8 +24,10 @@ def estimate(files: list[tuple[Path, str]], engine: Engine, sample_bytes: int) -
         return []
     ratios: dict[str, float] = {}
     for sample in sample_components(files, sample_bytes):
-        futures = [engine.encode(f.stream, f.data, checksum(f.data)) for f in sample.frames]
-        packed = sum(len(c.payload) for fut in futures for c in fut.result().chunks)
+        coded = run_all(
+            engine, [partial(engine.encode, f.stream, f.data, checksum(f.data)) for f in sample.frames]
+        )
+        packed = sum(len(c.payload) for frame in coded for c in frame.chunks)
         ratios[sample.name] = sample.sample_bytes / packed if packed else 1.0
     out = []
     for path, label in files:

@@ -11,6 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import xxhash
@@ -18,7 +19,7 @@ import xxhash
 from ckptz.bench.sampling import ComponentSample
 from ckptz.codecs import PORTABLE
 from ckptz.engines import open_engine
-from ckptz.engines.base import Engine, StoredChunk
+from ckptz.engines.base import Engine, StoredChunk, run_all
 from ckptz.errors import MismatchError
 
 
@@ -81,8 +82,10 @@ def _engine_run(engine: Engine, sample: ComponentSample, repeats: int) -> Measur
     frames = sample.frames
 
     def encode() -> list[list[StoredChunk]]:
-        futures = [engine.encode(f.stream, f.data, xxhash.xxh3_64_intdigest(f.data.data)) for f in frames]
-        coded = [fut.result() for fut in futures]
+        coded = run_all(
+            engine,
+            [partial(engine.encode, f.stream, f.data, xxhash.xxh3_64_intdigest(f.data.data)) for f in frames],
+        )
         return [
             [
                 StoredChunk(i, c.codec, c.raw_size, c.payload, xxhash.xxh3_64_intdigest(c.payload))
@@ -92,11 +95,11 @@ def _engine_run(engine: Engine, sample: ComponentSample, repeats: int) -> Measur
         ]
 
     def decode(stored: list[list[StoredChunk]]) -> list[np.ndarray]:
-        futures = [
-            engine.decode(f.stream, chunks, f.data.size, f"frame {i}")
+        calls = [
+            partial(engine.decode, f.stream, chunks, f.data.size, f"frame {i}")
             for i, (f, chunks) in enumerate(zip(frames, stored, strict=True))
         ]
-        return [fut.result() for fut in futures]
+        return run_all(engine, calls)
 
     stored = encode()
     for i, (f, out) in enumerate(zip(frames, decode(stored), strict=True)):

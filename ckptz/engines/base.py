@@ -7,9 +7,10 @@ peers behind :class:`Engine`.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -56,12 +57,17 @@ class Engine(Protocol):
         threads: CPU threads it uses.
         frame_size: bytes of original data per frame it codes best.
         look_ahead: frames a file should keep in flight to keep it busy.
+        inline: ``encode`` and ``decode`` do their work in the calling thread and return a
+            finished future (the CPU engine); callers that want ``threads``-fold
+            parallelism call them from that many threads. Otherwise they queue the work and
+            return at once (the GPU engine).
     """
 
     device: str
     threads: int
     frame_size: int
     look_ahead: int
+    inline: bool
 
     def host_buffer(self, size: int) -> np.ndarray:
         """A uint8 buffer for frames that this engine reads fastest (pinned on a GPU)."""
@@ -92,9 +98,21 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+_T = TypeVar("_T")
+
+
+def run_all(engine: Engine, calls: Sequence[Callable[[], Future[_T]]]) -> list[_T]:
+    """Every call's result, in order, with the engine's parallelism: from ``engine.threads``
+    threads for an engine that works in its caller's thread, else all queued at once."""
+    if not engine.inline:
+        return [f.result() for f in [call() for call in calls]]
+    with ThreadPoolExecutor(engine.threads, thread_name_prefix="ckptz-run") as pool:
+        return list(pool.map(lambda call: call().result(), calls))
+
+
 def stream_dtype(stream: StreamInfo) -> DType:
     """The transform a stream was written with (its own record wins over the dtype table)."""
     return replace(lookup(stream.dtype), word=stream.word, is_float=stream.rotate)
 
 
-__all__ = ["FRAME_SIZE", "EncodedFrame", "Engine", "StoredChunk", "stream_dtype"]
+__all__ = ["FRAME_SIZE", "EncodedFrame", "Engine", "StoredChunk", "run_all", "stream_dtype"]

@@ -4,8 +4,10 @@ numpy release the GIL)."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -36,17 +38,19 @@ DENSE_COMPONENTS = frozenset({"weights", "master_weights"})
 
 
 class CpuEngine:
-    """Frame coding on a pool of CPU threads."""
+    """Frame coding on the CPU, in the calling thread (:attr:`inline`): the pipeline calls it
+    from its reader threads, so a frame is read, hashed and coded by one thread while its
+    bytes are in that core's cache, and no other pool contends for the GIL."""
 
     device = "cpu"
     frame_size = FRAME_SIZE
+    inline = True
 
     def __init__(self, threads: int | None = None, level: int = 3) -> None:
         self.threads = max(1, threads or os.cpu_count() or 1)
         self.look_ahead = 4 * self.threads + 4
         self.options = EncodeOptions(level=level)
         self._fast = replace(self.options, fast_exponents=True)
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-cpu")
 
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
         """Literal-zstd exponents everywhere but the dense weights components."""
@@ -62,12 +66,12 @@ class CpuEngine:
         pass
 
     def encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> Future[EncodedFrame]:
-        return self._pool.submit(self._encode, stream, data, checksum)
+        return _now(self._encode, stream, data, checksum)
 
     def decode(
         self, stream: StreamInfo, chunks: list[StoredChunk], length: int, where: str
     ) -> Future[np.ndarray]:
-        return self._pool.submit(decode_chunks, stream, chunks, length, where)
+        return _now(decode_chunks, stream, chunks, length, where)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         return {"zstd": {"level": self.options.level, "implementation": "zstandard"}}
@@ -76,13 +80,26 @@ class CpuEngine:
         return {}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        pass
 
     def __enter__(self) -> CpuEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_T = TypeVar("_T")
+
+
+def _now(fn: Callable[..., _T], *args: object) -> Future[_T]:
+    """Run ``fn`` here and now; its result or error in a finished future."""
+    fut: Future[_T] = Future()
+    try:
+        fut.set_result(fn(*args))
+    except Exception as exc:
+        fut.set_exception(exc)
+    return fut
 
 
 __all__ = ["DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]

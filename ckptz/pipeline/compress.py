@@ -102,7 +102,7 @@ def compress_file(
     """
     layout = read_layout(src, relpath)
     plan = plan_streams(layout, engine.frame_size, src)
-    pools = workers or Workers.shared()
+    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
     fd = os.open(src, os.O_RDONLY)
     try:
         run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify)
@@ -318,7 +318,6 @@ class _Compression:
             StoredChunk(first + p, c.codec, c.raw_size, c.payload, 0) for p, c in enumerate(coded.chunks)
         ]
         where = f"frame {i} of {self.relpath}"
-        decoded = self.engine.decode(self.plan.streams[frame.stream], stored, frame.length, where)
         done: Future[None] = Future()
 
         def compare(fut: Future[np.ndarray]) -> None:
@@ -333,7 +332,15 @@ class _Compression:
                 self._release(i)
                 done.set_result(None)
 
-        decoded.add_done_callback(compare)
+        def decode() -> None:  # on a reader: an inline engine decodes in the caller's thread
+            try:
+                stream = self.plan.streams[frame.stream]
+                self.engine.decode(stream, stored, frame.length, where).add_done_callback(compare)
+            except BaseException as exc:
+                self._release(i)
+                done.set_exception(exc)
+
+        self.workers.read.submit(decode)
         return done
 
     def _read_back(self, index: Index, tail: bytes, end: int) -> None:

@@ -147,7 +147,7 @@ def restore(
     target = cast(Sink, sink) if hasattr(sink, "put") else _Ordered(sink)
     if isinstance(target, Comparer):
         target.expect_size(index.source_size)
-    pools = workers or Workers.shared()
+    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
     _Restore(container.fileno(), path, index, engine, target, pools, progress).run()
     return index
 

@@ -41,19 +41,21 @@ class Workers:
     _shared_lock = threading.Lock()
 
     def __init__(self, readers: int | None = None, writers: int | None = None) -> None:
-        cores = os.cpu_count() or 1
-        self.readers = readers or max(2, min(MAX_READERS, cores))
-        self.writers = writers or max(2, min(MAX_WRITERS, cores // 4))
+        self.readers = readers or _default_readers()
+        self.writers = writers or max(2, min(MAX_WRITERS, (os.cpu_count() or 1) // 4))
         self.read = ThreadPoolExecutor(self.readers, thread_name_prefix="ckptz-read")
         self.write = ThreadPoolExecutor(self.writers, thread_name_prefix="ckptz-write")
 
     @classmethod
-    def shared(cls) -> Workers:
-        """The process's one set, made on first use: every file of a run (and every run)
-        shares its threads, so files in parallel do not multiply them."""
+    def shared(cls, readers: int = 0) -> Workers:
+        """The process's one set, made on first use, with at least ``readers`` readers: every
+        file of a run (and every run) shares its threads, so files in parallel do not
+        multiply them. An engine that codes in its caller's thread asks for one reader per
+        coding thread."""
         with cls._shared_lock:
-            if cls._shared is None:
-                cls._shared = cls()
+            if cls._shared is None or cls._shared.readers < readers:
+                # A smaller set still in use finishes its queued work; its idle threads stay.
+                cls._shared = cls(readers=max(readers, _default_readers()))
             return cls._shared
 
     def close(self) -> None:
@@ -66,6 +68,10 @@ class Workers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _default_readers() -> int:
+    return max(2, min(MAX_READERS, os.cpu_count() or 1))
 
 
 class Stopped(Exception):

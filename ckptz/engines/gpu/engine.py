@@ -106,6 +106,7 @@ class GpuEngine:
     ) -> None:
         self.index = device_index
         self.device = f"cuda:{device_index}"
+        self.inline = False
         self.codec_id = ANS_ID if codec == "ans" else ZSTD_ID
         self.memory = memory or DEFAULT_MEMORY
         self.batch_bytes = min(MAX_BATCH, max(MIN_BATCH, self.memory // (12 * workers)))
