@@ -4,7 +4,7 @@ Installed by ``ckptz/__main__.py`` before anything heavy is imported. Until a co
 starts its work (:func:`arm`), a signal is only recorded: raising inside Typer's start-up
 (which evaluates annotations with ``eval``) would make CPython end the process with SIGINT
 whatever ckptz then does. Once armed, the first signal raises in the main thread, which
-stops the run cleanly (:mod:`ckptz.jobs`); a later SIGTERM is ignored while that cleanup
+stops the run cleanly (:mod:`ckptz.runs.jobs`); a later SIGTERM is ignored while that cleanup
 runs, a later Ctrl-C raises again and is absorbed by it. The exit code is 128 plus the first
 signal's number, as shells report a signal (130, 143).
 """

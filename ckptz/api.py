@@ -2,10 +2,10 @@
 
 Every function returns a frozen dataclass of plain data and never prints; progress and
 notices go to an optional :class:`Reporter`. Sources may be several files and folders
-(folders are walked recursively, symlinks never followed, see :mod:`ckptz.tree`); what
-happens to each file is planned before anything is written (:mod:`ckptz.plan`), and the
-run around the per-file work lives in :mod:`ckptz.run`. One file to or from a pipe:
-:func:`compress_stream`, :func:`decompress_stream` (:mod:`ckptz.streams`).
+(folders are walked recursively, symlinks never followed, see :mod:`ckptz.runs.tree`); what
+happens to each file is planned before anything is written (:mod:`ckptz.runs.plan`), and the
+run around the per-file work lives in :mod:`ckptz.runs.run`. One file to or from a pipe:
+:func:`compress_stream`, :func:`decompress_stream` (:mod:`ckptz.runs.streams`).
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from pathlib import Path
 import xxhash
 
 from ckptz.accounting import FileStats, index_stats, layout_stats, total_components
-from ckptz.compare import CheckStatus, FileCheck, VerifyResult, verify_trees
 from ckptz.container import SUFFIX, read_index
 from ckptz.engines.base import Engine
 from ckptz.errors import BusyError, CkptzError, CorruptionError, StoppedError, UsageError
 from ckptz.formats import read_layout
-from ckptz.jobs import Stop, run_jobs
-from ckptz.lock import hold
-from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, restore
-from ckptz.plan import Action, Job, Output, Plan, plan
-from ckptz.results import Reporter, SilentReporter, Summary
-from ckptz.run import (
+from ckptz.runs.compare import CheckStatus, FileCheck, VerifyResult, verify_trees
+from ckptz.runs.jobs import Stop, run_jobs
+from ckptz.runs.lock import hold
+from ckptz.runs.meta import FileMeta
+from ckptz.runs.plan import Action, Job, Output, Plan, plan
+from ckptz.runs.results import Reporter, SilentReporter, Summary
+from ckptz.runs.run import (
     carry,
     check_codec,
     engine_for_plan,
@@ -44,9 +44,9 @@ from ckptz.run import (
     scan_sources,
     stopping,
 )
+from ckptz.runs.streams import compress_stream, decompress_stream
+from ckptz.runs.tree import Selection, expand, scan
 from ckptz.safeio import atomic_output, remove_temp, stale_temps
-from ckptz.streams import compress_stream, decompress_stream
-from ckptz.tree import Selection, expand, scan
 
 __all__ = [
     "Action",
@@ -94,7 +94,7 @@ def compress(
 
     Args:
         src: one or more checkpoint files or folders (shell-style patterns are expanded).
-        dst: output file or folder (see :mod:`ckptz.plan`); default ``SRC.ckptz`` beside a
+        dst: output file or folder (see :mod:`ckptz.runs.plan`); default ``SRC.ckptz`` beside a
             folder, or ``X.ckptz`` beside a file.
         in_place: replace each checkpoint file by its container.
         level: zstd level for the coded planes.
@@ -129,7 +129,7 @@ def compress(
     if discard:
         return _discard(True, root, p, device, threads, level, codec, memory, reporter, start)
     if dry_run:
-        from ckptz.estimate import estimate
+        from ckptz.runs.estimate import estimate
 
         with engine_session(device, threads, level, codec, memory, reporter) as (sampler, notices):
             files = estimate(

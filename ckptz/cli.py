@@ -24,7 +24,7 @@ from rich.console import Console
 
 from ckptz import __version__, _signals
 from ckptz.errors import CkptzError, StoppedError, UsageError
-from ckptz.progress import Progress
+from ckptz.runs.progress import Progress
 
 app = typer.Typer(
     name="ckptz",
@@ -517,10 +517,3 @@ def _root(
     ] = False,
 ) -> None:
     """Lossless, byte-exact compression of PyTorch checkpoints."""
-
-
-def main() -> None:
-    """Entry point for callers that import the CLI directly (the console script uses ``ckptz.__main__``)."""
-    from ckptz.__main__ import main as entry
-
-    entry()

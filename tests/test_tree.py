@@ -11,7 +11,7 @@ import pytest
 from conftest import ckptz, sha256, tree_digests
 
 from ckptz.formats import sniff
-from ckptz.tree import scan
+from ckptz.runs.tree import scan
 
 
 @pytest.fixture

@@ -30,13 +30,13 @@ from ckptz.errors import (
     StoppedError,
     UsageError,
 )
-from ckptz.jobs import Stop, run_jobs
-from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, restore
-from ckptz.tree import Entry, Tree
+from ckptz.runs.jobs import Stop, run_jobs
+from ckptz.runs.meta import FileMeta
+from ckptz.runs.tree import Entry, Tree
 
 if TYPE_CHECKING:
-    from ckptz.results import Reporter
+    from ckptz.runs.results import Reporter
 
 CheckStatus = Literal["ok", "unchecked", "changed", "missing", "extra", "damaged", "undecodable"]
 #: Verdicts that make ``verify`` fail.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ckptz.accounting import ComponentStats, FileStats, merge_counts
-from ckptz.plan import Action
+from ckptz.runs.plan import Action
 
 
 class Reporter(Protocol):

@@ -1,6 +1,6 @@
 """Deciding what ``compress`` and ``decompress`` do with each file, before touching any.
 
-A plan maps every entry of every source (:mod:`ckptz.tree`) to one job: convert it, carry it
+A plan maps every entry of every source (:mod:`ckptz.runs.tree`) to one job: convert it, carry it
 over (copy a file, recreate a symlink, hard-link a second name of an inode), finish what a
 killed in-place run left, or skip it with a note. All refusals (an output that exists, is an
 input, or is claimed twice; a stale container in the way) happen here, so a run either
@@ -23,7 +23,7 @@ from typing import Literal
 
 from ckptz.container import SUFFIX
 from ckptz.errors import ContainerError, NothingToDoError, UnsafePathError, UsageError
-from ckptz.tree import Entry, Kind, Selection, Tree
+from ckptz.runs.tree import Entry, Kind, Selection, Tree
 
 JobKind = Literal["convert", "finish", "link", "copy", "symlink", "temp"]
 

@@ -1,6 +1,6 @@
 """The machinery of a ``compress`` or ``decompress`` run around the per-file work.
 
-:mod:`ckptz.api` plans a run (:mod:`ckptz.plan`) and converts each file; this module opens
+:mod:`ckptz.api` plans a run (:mod:`ckptz.runs.plan`) and converts each file; this module opens
 the engine (only if something is converted), creates and locks the output folders, turns a
 stop into :class:`~ckptz.errors.StoppedError` naming the finished files, carries over what is
 not converted (copies, symlinks, hard links) and gives folders their metadata last.
@@ -18,13 +18,13 @@ from ckptz.accounting import FileStats, total_components
 from ckptz.engines import CODECS_CPU, GPU_ONLY_CODECS, open_engine
 from ckptz.engines.base import Engine
 from ckptz.errors import StoppedError, UsageError
-from ckptz.jobs import Stop, run_jobs
-from ckptz.lock import hold
-from ckptz.meta import FileMeta, apply_link, apply_path
-from ckptz.plan import Job, Plan
-from ckptz.results import Reporter, Summary
+from ckptz.runs.jobs import Stop, run_jobs
+from ckptz.runs.lock import hold
+from ckptz.runs.meta import FileMeta, apply_link, apply_path
+from ckptz.runs.plan import Job, Plan
+from ckptz.runs.results import Reporter, Summary
+from ckptz.runs.tree import Tree, expand, scan
 from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps
-from ckptz.tree import Tree, expand, scan
 
 
 def scan_sources(sources: str | Path | Sequence[str | Path]) -> list[Tree]:
