@@ -23,11 +23,11 @@ from ckptz.container import SUFFIX, read_index
 from ckptz.engines.base import Engine
 from ckptz.errors import BusyError, CkptzError, CorruptionError, StoppedError, UsageError
 from ckptz.formats import read_layout
+from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, restore
 from ckptz.runs.compare import CheckStatus, FileCheck, VerifyResult, verify_trees
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
-from ckptz.runs.meta import FileMeta
 from ckptz.runs.plan import Action, Job, Output, Plan, plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
 from ckptz.runs.run import (

@@ -9,7 +9,7 @@ writes, so a run that finds a temp file another live run is writing stops with
 :class:`~ckptz.errors.BusyError` instead of deleting it.
 
 Outputs are created with their final permission bits (plus owner read/write while writing)
-and get their final metadata before the rename (:mod:`ckptz.runs.meta`).
+and get their final metadata before the rename (:mod:`ckptz.meta`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ckptz.errors import BusyError, OutOfSpaceError, WriteError
-from ckptz.runs.meta import FileMeta, apply_fd, create_mode
+from ckptz.meta import FileMeta, apply_fd, create_mode
 
 try:
     import fcntl

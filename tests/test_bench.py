@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 
 from ckptz import api
 from ckptz.bench.benchmark import bench
-from ckptz.bench.sampling import Frame, entropy_bound, sample_components
 from ckptz.bench.savings import CodecTotals, CostModel, StorageSpeed, plan_codec, recommend
 from ckptz.bench.storage import measure_storage
 from ckptz.cli import app
 from ckptz.errors import UsageError
+from ckptz.pipeline.sampling import Frame, entropy_bound, sample_components
 
 GB = 10**9
 

@@ -445,7 +445,7 @@ def test_file_four_times_the_memory_budget(tmp_path: Path) -> None:
 
 @gpu
 def test_restore_to_device(small_checkpoint: Path, tmp_path: Path) -> None:
-    from ckptz.engines.gpu import restore_to_device
+    from ckptz.pipeline.device import restore_to_device
 
     src = small_checkpoint / "model.safetensors"
     api.compress(src, tmp_path / "m.ckptz", device="cuda", codec="ans")

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from ckptz.api import Reporter, SilentReporter
 from ckptz.bench.measure import Runner, raw_nvcomp_available
-from ckptz.bench.sampling import ComponentSample, entropy_bound, sample_components
 from ckptz.bench.savings import (
     CodecPlan,
     CodecTotals,
@@ -29,6 +28,7 @@ from ckptz.container import SUFFIX
 from ckptz.engines import gpu_unavailable_reason, requested_device
 from ckptz.errors import InputNotFoundError, UsageError
 from ckptz.formats import is_checkpoint
+from ckptz.pipeline.sampling import ComponentSample, entropy_bound, sample_components
 from ckptz.safeio import is_temp
 
 #: Sample per component by default: large enough to cover many tensors, quick on a CPU.

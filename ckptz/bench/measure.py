@@ -16,11 +16,11 @@ from functools import partial
 import numpy as np
 import xxhash
 
-from ckptz.bench.sampling import ComponentSample
 from ckptz.codecs import PORTABLE
 from ckptz.engines import open_engine
 from ckptz.engines.base import Engine, StoredChunk, run_all
 from ckptz.errors import MismatchError
+from ckptz.pipeline.sampling import ComponentSample
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ from ckptz.errors import (
     StoppedError,
     UsageError,
 )
+from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, restore
 from ckptz.runs.jobs import Stop, run_jobs
-from ckptz.runs.meta import FileMeta
 from ckptz.runs.tree import Entry, Tree
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """What ``compress --dry-run`` expects to save: each component coded on a sample.
 
 Each component's frames are sampled as ``ckptz bench`` samples them
-(:func:`ckptz.bench.sampling.sample_components`: whole if small, evenly spaced frames if large),
+(:func:`ckptz.pipeline.sampling.sample_components`: whole if small, evenly spaced frames if large),
 coded once by the engine that would run, and the component's ratio on its sample scales its
 bytes in every file. Container overhead is not estimated (it is a few KB per file).
 """
@@ -12,10 +12,10 @@ from functools import partial
 from pathlib import Path
 
 from ckptz.accounting import ComponentStats, FileStats, layout_stats
-from ckptz.bench.sampling import sample_components
 from ckptz.container import checksum
 from ckptz.engines.base import Engine, run_all
 from ckptz.formats import read_layout
+from ckptz.pipeline.sampling import sample_components
 
 
 def estimate(files: list[tuple[Path, str]], engine: Engine, sample_bytes: int) -> list[FileStats]:

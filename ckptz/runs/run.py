@@ -18,9 +18,9 @@ from ckptz.accounting import FileStats, total_components
 from ckptz.engines import CODECS_CPU, GPU_ONLY_CODECS, open_engine
 from ckptz.engines.base import Engine
 from ckptz.errors import StoppedError, UsageError
+from ckptz.meta import FileMeta, apply_link, apply_path
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
-from ckptz.runs.meta import FileMeta, apply_link, apply_path
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.results import Reporter, Summary
 from ckptz.runs.tree import Tree, expand, scan

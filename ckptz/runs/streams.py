@@ -17,9 +17,9 @@ from typing import BinaryIO
 from ckptz.accounting import index_stats
 from ckptz.container import SUFFIX, read_index
 from ckptz.errors import UsageError
+from ckptz.meta import FileMeta
 from ckptz.pipeline import FileSink, compress_file, restore
 from ckptz.runs.jobs import Stop
-from ckptz.runs.meta import FileMeta
 from ckptz.runs.plan import Action, Plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
 from ckptz.runs.run import check_codec, engine_session, make_summary

@@ -1,20 +1,18 @@
-"""The GPU engine: nvCOMP codecs, the transform on the GPU, and decoding into device memory.
+"""The GPU engine: nvCOMP codecs and the transform on the GPU.
 
 Importing this package imports neither torch nor nvCOMP; :func:`open_gpu_engine` and
-:func:`restore_to_device` do, when called.
+:func:`raw_codec` do, when called. Decoding a container into device memory is the
+pipeline's (:mod:`ckptz.pipeline.device`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckptz.codecs.table import CHOOSABLE
 from ckptz.errors import DeviceError, UsageError
 
 if TYPE_CHECKING:
-    import torch
-
     from ckptz.engines.gpu.engine import GpuEngine
     from ckptz.engines.gpu.nvcomp_codecs import RawNvcomp
 
@@ -76,13 +74,4 @@ def raw_codec(algorithm: str, device: str = "cuda") -> RawNvcomp:
     return RawNvcomp(algorithm, device)
 
 
-def restore_to_device(
-    container: str | Path, device: str = "cuda", *, memory: int | None = None
-) -> torch.Tensor:
-    """Decode a ``.ckptz`` container straight into GPU memory (see :mod:`ckptz.engines.gpu.restore`)."""
-    from ckptz.engines.gpu.restore import restore_to_device as run
-
-    return run(container, device, memory=memory)
-
-
-__all__ = ["GPU_CODECS", "open_gpu_engine", "raw_codec", "restore_to_device"]
+__all__ = ["GPU_CODECS", "open_gpu_engine", "raw_codec"]
