@@ -1,57 +1,13 @@
 """The `.ckptz` container: one compressed source file, readable in one pass from its end.
 
-Byte layout (all integers little-endian)::
-
-    offset        size  field
-    0             8     magic            b"CKPTZ\\x00\\r\\n"
-    8             2     major version    (1) readers reject another major
-    10            2     minor version    (1) readers accept any minor of their major
-    12            4     flags            reserved, 0
-    16            ...   chunk payloads   packed in offset order, each at the first multiple
-                                     of 16 after the one before; the 0-15 pad bytes are zero
-    index_offset  ...   index            zstd frame (see below)
-    end - 48      48    footer
-
-    footer: index_offset u64 | index_size u64 | index_raw_size u64 | index_xxh3_64 u64 |
-            major u16 | minor u16 | flags u32 | magic b"CKPTZEND"
-
-The index, once decompressed, is::
-
-    json_size u32 | JSON header (UTF-8) | segment table | frame table | chunk table
-
-with the three tables packed arrays of these records (sizes in bytes)::
-
-    segment (12): stream u32 | length u64
-    frame   (24): stream u32 | chunks u16 | reserved u16 | length u64 | xxh3_64 u64
-    chunk   (34): offset u64 | size u64 | raw_size u64 | xxh3_64 u64 | codec u8 | plane u8
-
-* Segments, in source-file order, say how many bytes of which stream come next; writing
-  them out in order rebuilds the source file.
-* A stream is the concatenation of segments of one (component, dtype). It is cut into
-  frames of ``frame_size`` bytes (the last one shorter); frame ``k`` of a stream is the
-  ``k``-th frame row naming that stream. The frame's ``xxh3_64`` is of its original bytes.
-  Several streams may share a (component, dtype): readers only follow the segment table.
-  (ckptz's writer gives float tensors whose sampled values leave low bytes zero, such as
-  fp32 tensors holding bf16 values, streams of their own.)
-* A frame's chunks follow it in the chunk table: one per byte plane of the stream's
-  transform (``word`` planes, sign rotated to the bottom when ``rotate``), in plane order.
-  A chunk's ``xxh3_64`` is of its stored payload, so damage is found before decoding.
-* The JSON header holds: ``source`` (name, size, ``xxh3_128`` digest, format, notes, and
-  since 1.1 the source file's ``mode``, ``mtime_ns``, ``uid`` and ``gid``, absent from a
-  container written to a pipe),
-  ``streams`` (id, component, dtype, word, rotate, frame_size, length, tensors), the
-  ``codecs`` that were used with their configs, ``tensor_keys`` (per segment, in order, the key paths of
-  the tensors it holds; empty for meta segments), ``created_by``, ``device`` and ``nvcomp`` (version, when nvCOMP wrote
-  chunks), and the table counts.
-
-The index sits after the data so a writer streams in one pass.
-
-What a reader checks, so that every flipped bit and every truncation is caught (see
-``RELIABILITY.md``): the header's magic, and its version and flags equal to the footer's; the
-footer's magic, its offsets adding up to the file size, and the index's xxh3_64 and raw size;
-every table cross-reference (:func:`read_index`); that the payloads tile the data area exactly
-with zero padding (:func:`check_padding`, at restore); every payload's xxh3_64 before decoding;
-every decoded frame's xxh3_64; and the whole restored file's xxh3_128.
+The format is specified in one place, ``docs/FORMAT.md`` (header, payloads at 16-byte
+boundaries with zero padding, the zstd-compressed index of JSON header and segment, frame
+and chunk tables, the footer; versions and codec ids). This module implements it: the
+``struct`` and numpy record definitions below are that page's tables, :class:`ContainerWriter`
+and :func:`index_bytes` write it, and :func:`read_index` reads and validates it — the
+header's magic and version against the footer's, the footer's offsets against the file
+size, the index's xxh3_64 and raw size, and every table cross-reference, so decoding never
+reads or allocates out of bounds (see ``RELIABILITY.md``).
 """
 
 from __future__ import annotations

@@ -222,10 +222,12 @@ def summary_view(summary: Summary) -> RenderableType:
         line = f"{n} file{'s' * (n != 1)} on {summary.device} ({summary.threads} threads) in {summary.seconds:.2f} s"
         line += f", {speed:.2f} GB/s"
         if summary.copied:
-            line += f"; {len(summary.copied)} other files copied unchanged"
+            k = len(summary.copied)
+            line += f"; {k} other file{'s' * (k != 1)} copied unchanged"
         parts.append(Text(line, style="dim"))
     elif summary.copied:
-        parts.append(Text(f"{len(summary.copied)} other files (not checkpoints)", style="dim"))
+        k = len(summary.copied)
+        parts.append(Text(f"{k} other file{'s' * (k != 1)} (not checkpoints)", style="dim"))
     return Group(*parts)
 
 
