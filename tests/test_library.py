@@ -7,7 +7,9 @@ is compared with the original file or with what torch/safetensors load from it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
+import json
 import os
 import pickle
 import shutil
@@ -388,6 +390,35 @@ def test_open_checks_the_digest_of_a_file_read_in_order(files: dict[str, Path], 
             r.read()
 
 
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+FROZEN = sorted(p for p in FIXTURES.glob("*/*.ckptz"))
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("container", FROZEN, ids=[f"{p.parent.name}/{p.name}" for p in FROZEN])
+def test_frozen_containers_read_through_the_library(container: Path) -> None:
+    expected = json.loads((container.parent / "manifest.json").read_text())[container.name]
+    with ckptz.open(container) as f:
+        assert isinstance(f, ContainerReader)
+        backwards = b""
+        for at in range(f.size, 0, -4096):  # from the end: no frame is read in order
+            f.seek(max(0, at - 4096))
+            backwards = f.read(at - max(0, at - 4096)) + backwards
+        f.seek(0)
+        whole = f.read()
+    assert whole == backwards
+    assert hashlib.sha256(whole).hexdigest() == expected["sha256"]
+    if container.name.endswith(".safetensors.ckptz"):
+        theirs = safetensors.torch.load(whole)
+        assert_same(dict(sorted(theirs.items())), dict(sorted(ckptz.load_file(container).items())))
+    else:
+        theirs = _outcome(lambda: torch.load(io.BytesIO(whole), weights_only=True))
+        ours = _outcome(lambda: ckptz.load(container))
+        assert ours[0] == theirs[0]
+        if theirs[0] == "ok":
+            assert_same(theirs[1], ours[1])
+
+
 # -- safetensors ----------------------------------------------------------------------------
 
 
@@ -464,11 +495,8 @@ def test_safe_open_decodes_only_the_frames_of_the_tensor(files: dict[str, Path])
 
 
 def _range(path: Path, name: str) -> tuple[int, int]:
-    import json
-    import struct
-
     raw = path.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
+    n = int.from_bytes(raw[:8], "little")
     begin, end = json.loads(raw[8 : 8 + n])[name]["data_offsets"]
     return 8 + n + begin, 8 + n + end
 
@@ -569,6 +597,20 @@ def test_import_ckptz_stays_light_until_the_library_is_used() -> None:
     assert {"save", "load", "open", "safe_open", "load_file", "save_file"} <= set(dir(ckptz))
     with pytest.raises(AttributeError):
         ckptz.nothing  # noqa: B018
+
+
+def test_the_readmes_python_section_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## From Python", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CKPTZ_DEVICE", "cpu")
+    scope: dict[str, Any] = {
+        "model": torch.nn.Linear(4, 3),
+        "tensors": {"lm_head.weight": torch.ones(3, 4), "embed.weight": torch.zeros(2000, 2)},
+    }
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["w"].shape == (3, 4) and scope["rows"].shape == (1024, 2)
 
 
 # -- GPU ------------------------------------------------------------------------------------
