@@ -1,9 +1,39 @@
 """ckptz: lossless, byte-exact compression of PyTorch checkpoints.
 
-The library API lives in :mod:`ckptz.api`; this package import stays light (no torch,
-no nvCOMP) so the CLI starts fast.
+The library API lives in :mod:`ckptz.api` (files and folders) and :mod:`ckptz.library`
+(saving and loading from Python: ``ckptz.save``, ``load``, ``open``, ``save_file``,
+``load_file``, ``safe_open``). This package import stays light (no torch, no nvCOMP) so the
+CLI starts fast: those names are imported on first use.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_LIBRARY = frozenset(
+    {"ContainerReader", "SafeSlice", "load", "load_file", "open", "safe_open", "save", "save_file"}
+)
+
+if TYPE_CHECKING:  # the names as type checkers and editors see them
+    from ckptz.library import ContainerReader as ContainerReader
+    from ckptz.library import SafeSlice as SafeSlice
+    from ckptz.library import load as load
+    from ckptz.library import load_file as load_file
+    from ckptz.library import open as open
+    from ckptz.library import safe_open as safe_open
+    from ckptz.library import save as save
+    from ckptz.library import save_file as save_file
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LIBRARY:
+        from ckptz import library
+
+        return getattr(library, name)
+    raise AttributeError(f"module 'ckptz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LIBRARY})

@@ -16,7 +16,6 @@ Memory stays at :func:`~ckptz.pipeline.workers.slots_needed` decoded frames.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import threading
@@ -27,10 +26,11 @@ from typing import BinaryIO, Protocol, cast
 import numpy as np
 
 from ckptz import safeio
-from ckptz.container import Index, checksum, frame_chunk_starts, padded_size, read_index, stream_frame_lists
-from ckptz.engines.base import Engine, StoredChunk
-from ckptz.errors import CodecError, CorruptionError, MismatchError
-from ckptz.pipeline.plan import Frame, frame_map
+from ckptz.container import Index, read_index
+from ckptz.engines.base import Engine
+from ckptz.errors import CorruptionError, MismatchError
+from ckptz.pipeline.decoder import FrameDecoder
+from ckptz.pipeline.plan import Frame
 from ckptz.pipeline.workers import Stopped, Workers, file_digest, slots_needed
 
 Progress = Callable[[int], None]
@@ -165,13 +165,8 @@ class _Restore:
     ) -> None:
         self.fd, self.path, self.index, self.engine, self.sink = fd, path, index, engine, sink
         self.workers, self.progress = workers, progress
-        segments = list(
-            zip(index.segments["stream"].tolist(), index.segments["length"].tolist(), strict=True)
-        )
-        self.frames = frame_map(segments, [s.frame_size for s in index.streams])
-        self.rows = stream_frame_lists(index)
-        self.starts = frame_chunk_starts(index.frames)
-        self.tensor_at = _frame_tensors(index, segments)
+        self.decoder = FrameDecoder(fd, path, index, engine)
+        self.frames = self.decoder.frames
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.users = [2] * len(self.frames)  # digest, sink
         self.lock = threading.Lock()
@@ -230,105 +225,24 @@ class _Restore:
     def _read(self, i: int) -> None:
         """Read and check frame ``i``'s payloads, and queue its decoding."""
         try:
-            frame = self.frames[i]
-            rows = self.rows[frame.stream]
-            if frame.number >= len(rows):
-                raise CorruptionError("a stream has fewer frames than its segments need", path=self.path)
-            row = int(rows[frame.number])
-            first = int(self.starts[row])
-            count = int(self.index.frames[row]["chunks"])
-            chunks = self.index.chunks[first : first + count]
-            tensor = self.tensor_at(frame.stream, frame.number)
-            stored = [
-                StoredChunk(first + j, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"]))
-                for j, (c, payload) in enumerate(
-                    zip(chunks, self._payloads(chunks, first, tensor), strict=True)
-                )
-            ]
-            for c in stored:
-                if checksum(c.payload) != c.checksum:
-                    raise CorruptionError(
-                        f"stored bytes of frame {row} of stream {frame.stream} fail their checksum",
-                        path=self.path,
-                        chunk=c.index,
-                        tensor=tensor,
-                    )
-            where = f"frame {row} of stream {frame.stream} ({self.index.streams[frame.stream].component})"
-            decoded = self.engine.decode(self.index.streams[frame.stream], stored, frame.length, where)
-            expected = int(self.index.frames[row]["checksum"])
-            decoded.add_done_callback(lambda fut: self._queue_put(i, fut, expected, first, tensor, where))
+            self.decoder.start(i).add_done_callback(lambda fut: self._queue_put(i, fut))
         except BaseException as exc:
             self._fail(exc)
 
-    def _payloads(self, chunks: np.ndarray, first: int, tensor: str | None) -> list[memoryview]:
-        """Each chunk's payload; the pad after each is read with it and must be zero, so no
-        byte of the data area is left unchecked. Adjacent chunks are read in one call."""
-        offsets = chunks["offset"].tolist()
-        sizes = chunks["size"].tolist()
-        out: list[memoryview] = []
-        j = 0
-        while j < len(offsets):
-            k = j + 1
-            while k < len(offsets) and offsets[k] == offsets[k - 1] + padded_size(sizes[k - 1]):
-                k += 1
-            span = offsets[k - 1] + padded_size(sizes[k - 1]) - offsets[j]
-            block = memoryview(os.pread(self.fd, span, offsets[j]))
-            if len(block) != span:
-                raise CorruptionError(
-                    "container ends inside a chunk (truncated?)", path=self.path, chunk=first + j
-                )
-            for m in range(j, k):
-                at = offsets[m] - offsets[j]
-                end = at + padded_size(sizes[m])
-                if block[at + sizes[m] : end].tobytes().count(0) != end - at - sizes[m]:
-                    raise CorruptionError(
-                        "padding after a chunk is not zero", path=self.path, chunk=first + m, tensor=tensor
-                    )
-                out.append(block[at : at + sizes[m]])
-            j = k
-        return out
-
-    def _queue_put(
-        self, i: int, fut: Future[np.ndarray], expected: int, first: int, tensor: str | None, where: str
-    ) -> None:
+    def _queue_put(self, i: int, fut: Future[np.ndarray]) -> None:
         try:
-            self.workers.write.submit(self._put, i, fut, expected, first, tensor, where)
+            self.workers.write.submit(self._put, i, fut)
         except RuntimeError as exc:  # the pools were shut down: the run already failed
             self._fail(exc)
 
-    def _put(
-        self, i: int, fut: Future[np.ndarray], expected: int, first: int, tensor: str | None, where: str
-    ) -> None:
+    def _put(self, i: int, fut: Future[np.ndarray]) -> None:
         """Check decoded frame ``i`` and hand it to the sink and the digest."""
-        frame = self.frames[i]
         try:
-            try:
-                data = fut.result()
-            except CorruptionError as exc:
-                chunk = first if exc.chunk is None else exc.chunk
-                raise CorruptionError(
-                    exc.reason, path=self.path, chunk=chunk, tensor=exc.tensor or tensor
-                ) from None
-            except CodecError as exc:
-                if exc.path is not None:
-                    raise
-                raise type(exc)(
-                    exc.message.removeprefix(f"codec {exc.codec}: "),
-                    codec=exc.codec,
-                    path=self.path,
-                    hint=exc.hint,
-                ) from None
-            if data.size != frame.length or checksum(data) != expected:
-                raise CorruptionError(
-                    f"decoded bytes of {where} fail their checksum",
-                    path=self.path,
-                    chunk=first,
-                    tensor=tensor,
-                )
+            data = self.decoder.finish(i, fut)
             # The sink first: the digest, which ends the run, then waits for every frame's put.
-            self.sink.put(frame, data)
+            self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)
-            self.progress(frame.length)
+            self.progress(self.frames[i].length)
             self._release(i)
         except BaseException as exc:
             self._fail(exc)
@@ -336,26 +250,6 @@ class _Restore:
 
 _SPENT: Future[np.ndarray] = Future()
 _SPENT.set_result(np.zeros(0, np.uint8))
-
-
-def _frame_tensors(index: Index, segments: list[tuple[int, int]]) -> Callable[[int, int], str | None]:
-    """A function naming the first tensor in frame ``k`` of stream ``sid`` (None for metadata)."""
-    keys = index.header.get("tensor_keys", [])
-    keys = keys if isinstance(keys, list) else []
-    starts: list[list[int]] = [[] for _ in index.streams]
-    names: list[list[str | None]] = [[] for _ in index.streams]
-    pos = [0] * len(index.streams)
-    for i, (sid, length) in enumerate(segments):
-        seg_keys = keys[i] if i < len(keys) else None
-        starts[sid].append(pos[sid])
-        names[sid].append(str(seg_keys[0]) if isinstance(seg_keys, list) and seg_keys else None)
-        pos[sid] += length
-
-    def tensor(sid: int, k: int) -> str | None:
-        at = bisect.bisect_right(starts[sid], k * index.streams[sid].frame_size) - 1
-        return names[sid][at] if at >= 0 else None
-
-    return tensor
 
 
 __all__ = ["Comparer", "DiscardSink", "FileSink", "Sink", "restore"]

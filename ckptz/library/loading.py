@@ -1,0 +1,85 @@
+"""``ckptz.load``: ``torch.load`` for containers and plain files alike.
+
+A container is decoded by the pipeline's restore loop (every check it makes) into one
+buffer, which ``torch.load`` then reads as a file; with ``mmap=True`` it is decoded into an
+unlinked temporary file instead, which the loaded tensors map. Pickles are unpickled by
+``torch.load`` itself with ``weights_only=True`` unless the caller passes ``False``: ckptz
+never executes a pickle the caller did not explicitly trust.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
+
+from ckptz.library.sources import Source, opened
+from ckptz.library.whole import MemoryFile, restore_to_file, restore_to_memory
+
+if TYPE_CHECKING:
+    import torch
+
+MapLocation = Callable[..., Any] | str | dict[str, str] | None
+
+
+def load(
+    f: Source,
+    map_location: torch.device | MapLocation = None,
+    pickle_module: Any = None,
+    *,
+    weights_only: bool = True,
+    mmap: bool | None = None,
+    **pickle_load_args: Any,
+) -> Any:
+    """Load what ``torch.save`` saved, from a ``.ckptz`` container or from the plain file.
+
+    Takes the arguments of ``torch.load`` and returns what ``torch.load`` returns on the
+    original file. A container is recognised by its first bytes, whatever its name; a plain
+    file goes straight to ``torch.load``.
+
+    Args:
+        f: a path, or a binary file object (read from its position; a container that is not
+            a real file is first copied to a private temporary file).
+        map_location: as for ``torch.load``.
+        pickle_module: as for ``torch.load`` (it refuses one with ``weights_only=True``).
+        weights_only: unpickle only tensors and plain containers (``torch.load``'s safe
+            unpickler). ``False`` executes the pickle: pass it only for files you trust.
+        mmap: as for ``torch.load``; a container is then decoded into an unlinked temporary
+            file (in ``$TMPDIR``) that the tensors map, instead of into memory.
+        pickle_load_args: passed on to ``torch.load`` (e.g. ``encoding="latin1"``).
+
+    Raises:
+        ContainerError: the container is unreadable.
+        CorruptionError: some of its bytes fail their checksum (names the chunk and tensor).
+        pickle.UnpicklingError: ``weights_only=True`` met something it will not unpickle.
+    """
+    import torch
+
+    kwargs: dict[str, Any] = {"weights_only": weights_only, "mmap": mmap, **pickle_load_args}
+    if pickle_module is not None:
+        kwargs["pickle_module"] = pickle_module
+    with opened(f) as src:
+        if src.container is None:
+            return torch.load(src.plain, map_location, **kwargs)  # type: ignore[arg-type]
+        if mmap:
+            return _load_mapped(src.container, src.name, map_location, kwargs)
+        data = restore_to_memory(src.container, src.name)
+        return torch.load(cast(IO[bytes], MemoryFile(data, src.name)), map_location, **kwargs)
+
+
+def _load_mapped(container: BinaryIO, name: str, map_location: Any, kwargs: dict[str, Any]) -> Any:
+    """Decode into a private temporary file, ``torch.load`` it mapped, and unlink it (the
+    mapping keeps its pages)."""
+    import torch
+
+    fd, tmp = tempfile.mkstemp(prefix=".ckptz-load-", suffix=".pt")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            restore_to_file(container, name, out)
+        return torch.load(tmp, map_location, **kwargs)
+    finally:
+        os.unlink(tmp)
+
+
+__all__ = ["load"]

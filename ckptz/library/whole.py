@@ -1,0 +1,131 @@
+"""Restoring a whole container at once: into one buffer, straight into many, or into a file.
+
+:func:`restore_into` runs the pipeline's one restore loop (:func:`ckptz.pipeline.restore`:
+parallel reads and decoding, every payload, frame and whole-file check) with a
+:class:`RangeSink`, which copies each decoded frame's bytes to the buffers that hold their
+file offsets. ``ckptz.load`` gives it one buffer for the whole file; ``ckptz.load_file``
+gives it each tensor's own storage, so decoded bytes are copied once, into their tensors.
+:func:`restore_to_file` writes a private copy (``ckptz.load(..., mmap=True)`` maps it).
+:class:`MemoryFile` reads a buffer as a file, for ``torch.load``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import itertools
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, BinaryIO
+
+import numpy as np
+
+from ckptz.container import Index, read_index
+from ckptz.engines.cpu import CpuEngine
+from ckptz.pipeline import FileSink, Frame, restore
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+
+class RangeSink:
+    """Copies restored bytes into buffers that each hold one range of the original file.
+
+    ``targets`` are ``(file offset, uint8 array)`` pairs whose ranges do not overlap; bytes of
+    the file outside them are dropped (they are still checked). Called from many threads at
+    once: frames are disjoint, so no two threads write the same byte.
+    """
+
+    def __init__(self, targets: Sequence[tuple[int, np.ndarray]]) -> None:
+        self._targets = sorted(targets, key=lambda t: t[0])
+        self._starts = [at for at, _ in self._targets]
+        for (a, buf), (b, _) in itertools.pairwise(self._targets):
+            if a + buf.size > b:
+                raise ValueError(f"target ranges overlap at byte {b}")
+
+    def put(self, frame: Frame, data: np.ndarray) -> None:
+        for at, within, n in frame.pieces:
+            end = at + n
+            k = max(0, bisect.bisect_right(self._starts, at) - 1)
+            while k < len(self._targets) and self._starts[k] < end:
+                t_at, buf = self._targets[k]
+                s, e = max(at, t_at), min(end, t_at + buf.size)
+                if s < e:
+                    # numpy copies without the GIL, so frames land in parallel.
+                    buf[s - t_at : e - t_at] = data[within + s - at : within + e - at]
+                k += 1
+
+    def finish(self) -> None:
+        pass
+
+
+def restore_into(
+    container: BinaryIO, path: str, targets: Sequence[tuple[int, np.ndarray]], *, index: Index | None = None
+) -> Index:
+    """Decode the container open as ``container`` (a real file) on the CPU, into ``targets``.
+
+    Raises:
+        ContainerError: the container is unreadable.
+        CorruptionError: some bytes fail their checksum.
+        CodecUnavailableError: a chunk's bitstream cannot be decoded on the CPU.
+    """
+    index = index or read_index(container, path)
+    with CpuEngine() as engine:
+        restore(container, path, engine, RangeSink(targets), index=index)
+    return index
+
+
+def restore_to_memory(container: BinaryIO, path: str) -> np.ndarray:
+    """The original file's bytes, decoded into one new uint8 array."""
+    index = read_index(container, path)
+    buf = np.empty(index.source_size, np.uint8)
+    restore_into(container, path, [(0, buf)], index=index)
+    return buf
+
+
+def restore_to_file(container: BinaryIO, path: str, out: BinaryIO) -> None:
+    """Decode the container into the empty file ``out`` (written at its offsets, in parallel)."""
+    index = read_index(container, path)
+    out.truncate(index.source_size)
+    with CpuEngine() as engine:
+        restore(container, path, engine, FileSink(out), index=index)
+
+
+class MemoryFile(io.RawIOBase):
+    """A read-only, seekable file over a uint8 array, without copying it (``io.BytesIO`` would)."""
+
+    def __init__(self, data: np.ndarray, name: str = "<memory>") -> None:
+        super().__init__()
+        self._data = data
+        self._pos = 0
+        self.name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._data.size}.get(whence)
+        if base is None:
+            raise ValueError(f"invalid whence ({whence})")
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), self._data.size - self._pos))
+        out[:n] = self._data.data[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+__all__ = ["MemoryFile", "RangeSink", "restore_into", "restore_to_file", "restore_to_memory"]

@@ -1,0 +1,99 @@
+"""Compressing a file that another library writes (``torch.save``, safetensors) as it is saved.
+
+The writer writes the original file into a private temporary folder (beside the target, so
+on the same file system and in the page cache when it is read back); the pipeline
+(:func:`ckptz.pipeline.compress_file`) compresses it into the target, atomically for a path
+(:func:`ckptz.safeio.atomic_output`: a crash leaves the old file or the new one, never a
+half-written one), in order for a file object; then the temporary folder goes.
+
+The original keeps the target's own file name inside that folder, because the name is part
+of what some writers write: ``torch.save`` names its zip archive after the file.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, BinaryIO, cast
+
+from ckptz.engines import open_engine
+from ckptz.engines.base import Engine
+from ckptz.meta import FileMeta
+from ckptz.pipeline import compress_file
+from ckptz.safeio import atomic_output, os_error
+
+#: Writes the original file at the path it is given.
+Writer = Callable[[Path], None]
+
+
+@contextmanager
+def _engine(device: str | None, codec: str, level: int) -> Iterator[Engine]:
+    engine, _notice = open_engine(device, codec=codec, level=level)  # the library never prints
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+@contextmanager
+def _original(folder: Path | None, name: str) -> Iterator[Path]:
+    """A path named ``name`` in a new private folder (in ``folder``, else ``$TMPDIR``), removed after."""
+    try:
+        tmp = tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}.ckptz-save-")
+    except OSError as exc:
+        raise os_error(exc, (folder or Path(tempfile.gettempdir())) / name) from None
+    with tmp as d:
+        yield Path(d) / name
+
+
+def compress_to_path(
+    target: Path, write: Writer, *, device: str | None, codec: str, level: int, verify: bool
+) -> None:
+    """Have ``write`` write the original, then compress it into ``target`` atomically.
+
+    The container gets the permission bits and mtime the original got (so the umask applies
+    as it does to ``torch.save``), and records them for ``ckptz decompress``.
+
+    Raises:
+        WriteError: the target's folder is not writable.
+        OutOfSpaceError: the disk filled up (nothing is left behind).
+    """
+    with _original(target.parent, target.name) as raw:
+        write(raw)
+        meta = FileMeta.of(raw.stat())
+        with _engine(device, codec, level) as engine, atomic_output(target, meta.container()) as (out, _tmp):
+            compress_file(
+                raw, _relpath(target.name), out, engine, verify=verify, source_fields=meta.to_json()
+            )
+
+
+def compress_to_stream(
+    out: IO[bytes], name: str, write: Writer, *, device: str | None, codec: str, level: int, verify: bool
+) -> None:
+    """Have ``write`` write the original (in ``$TMPDIR``), then compress it into ``out`` from
+    its current position, in order; ``name`` classifies it (``optimizer.pt``)."""
+    with _original(None, _relpath(name)) as raw:
+        write(raw)
+        with _engine(device, codec, level) as engine:
+            compress_file(raw, _relpath(name), cast(BinaryIO, _InOrder(out)), engine, verify=verify)
+
+
+class _InOrder:
+    """Hides a file object's ``fileno``: the pipeline then writes to it in order, from its
+    position, as ``torch.save`` does, instead of at offsets counted from its start."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+
+    def write(self, data: bytes | memoryview) -> int:
+        return self._f.write(data)
+
+
+def _relpath(name: str) -> str:
+    """The name a checkpoint's tensors are classified by (``optimizer.pt``), without ``.ckptz``."""
+    return Path(name).name.removesuffix(".ckptz") or "checkpoint"
+
+
+__all__ = ["Writer", "compress_to_path", "compress_to_stream"]

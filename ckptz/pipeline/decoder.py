@@ -1,0 +1,188 @@
+"""Decoding the frames of a container, each with every check FORMAT.md promises.
+
+:func:`ckptz.pipeline.restore` decodes every frame of a container through it, and random
+access (:class:`~ckptz.library.reader.ContainerReader`) the frames that hold a byte range. For each frame
+it reads the payloads with their padding, checks that the padding is zero and every payload's
+checksum *before* decoding, has the engine decode the frame, and checks the decoded bytes
+against the frame's checksum. Only the whole-file digest is left to the reader, since it
+needs every byte.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from itertools import accumulate
+
+import numpy as np
+
+from ckptz.container import Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
+from ckptz.engines.base import Engine, StoredChunk
+from ckptz.errors import CodecError, CorruptionError
+from ckptz.pipeline.plan import Frame, frame_map
+
+
+class FrameDecoder:
+    """The frames of one open container, decoded one at a time on ``engine``.
+
+    Args:
+        fd: the container, open for reading (read with ``pread``; its offset is never moved).
+        path: the container's name in error messages.
+        index: its index (:func:`ckptz.container.read_index`).
+        engine: decodes the frames; it stays the caller's to close.
+
+    Attributes:
+        frames: every frame, ordered by the file offset of its first byte.
+        frames_decoded: frames decoded so far (a counter for callers that measure).
+        stored_bytes_read: container bytes read so far (payloads and their padding).
+    """
+
+    def __init__(self, fd: int, path: str, index: Index, engine: Engine) -> None:
+        self.fd, self.path, self.index, self.engine = fd, path, index, engine
+        segments = list(
+            zip(index.segments["stream"].tolist(), index.segments["length"].tolist(), strict=True)
+        )
+        self.frames: list[Frame] = frame_map(segments, [s.frame_size for s in index.streams])
+        self._rows = stream_frame_lists(index)
+        self._chunk_starts = frame_chunk_starts(index.frames)
+        # Every run of a frame's bytes, by file offset: together they tile the file.
+        self._pieces = sorted(
+            (at, i, within, n) for i, frame in enumerate(self.frames) for at, within, n in frame.pieces
+        )
+        self._piece_starts = [p[0] for p in self._pieces]
+        self._segment_starts = [0, *accumulate(length for _, length in segments)]
+        keys = index.header.get("tensor_keys", [])
+        self._keys = keys if isinstance(keys, list) else []
+        self._count_lock = threading.Lock()
+        self.frames_decoded = 0
+        self.stored_bytes_read = 0
+
+    def frames_over(self, lo: int, hi: int) -> list[int]:
+        """The frames holding bytes ``[lo, hi)`` of the original file, in file order."""
+        out: dict[int, None] = {}
+        for _, i, _, _ in self._pieces_over(lo, hi):
+            out[i] = None
+        return list(out)
+
+    def _pieces_over(self, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
+        j = max(0, bisect.bisect_right(self._piece_starts, lo) - 1)
+        while j < len(self._pieces) and self._pieces[j][0] < hi:
+            if self._pieces[j][0] + self._pieces[j][3] > lo:
+                yield self._pieces[j]
+            j += 1
+
+    def start(self, i: int) -> Future[np.ndarray]:
+        """Read and check frame ``i``'s payloads and queue its decoding; :meth:`finish` the result.
+
+        Raises:
+            CorruptionError: the payloads are truncated, badly padded or fail their checksum.
+        """
+        frame = self.frames[i]
+        rows = self._rows[frame.stream]
+        if frame.number >= len(rows):
+            raise CorruptionError("a stream has fewer frames than its segments need", path=self.path)
+        row = int(rows[frame.number])
+        first = int(self._chunk_starts[row])
+        chunks = self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
+        tensor = self.tensor_at(frame.start)
+        stored = [
+            StoredChunk(first + j, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"]))
+            for j, (c, payload) in enumerate(zip(chunks, self._payloads(chunks, first, tensor), strict=True))
+        ]
+        for c in stored:
+            if checksum(c.payload) != c.checksum:
+                raise CorruptionError(
+                    f"stored bytes of frame {row} of stream {frame.stream} fail their checksum",
+                    path=self.path,
+                    chunk=c.index,
+                    tensor=tensor,
+                )
+        with self._count_lock:
+            self.frames_decoded += 1
+        return self.engine.decode(self.index.streams[frame.stream], stored, frame.length, self._where(i))
+
+    def finish(self, i: int, decoded: Future[np.ndarray]) -> np.ndarray:
+        """The bytes of frame ``i`` from :meth:`start`'s future, checked against the frame's checksum.
+
+        Raises:
+            CorruptionError: a payload does not decode, or the result fails its checksum.
+            CodecUnavailableError: a bitstream cannot be decoded here.
+        """
+        frame = self.frames[i]
+        row = int(self._rows[frame.stream][frame.number])
+        first = int(self._chunk_starts[row])
+        tensor = self.tensor_at(frame.start)
+        try:
+            data = decoded.result()
+        except CorruptionError as exc:
+            chunk = first if exc.chunk is None else exc.chunk
+            raise CorruptionError(
+                exc.reason, path=self.path, chunk=chunk, tensor=exc.tensor or tensor
+            ) from None
+        except CodecError as exc:
+            if exc.path is not None:
+                raise
+            raise type(exc)(
+                exc.message.removeprefix(f"codec {exc.codec}: "),
+                codec=exc.codec,
+                path=self.path,
+                hint=exc.hint,
+            ) from None
+        if data.size != frame.length or checksum(data) != int(self.index.frames[row]["checksum"]):
+            raise CorruptionError(
+                f"decoded bytes of {self._where(i)} fail their checksum",
+                path=self.path,
+                chunk=first,
+                tensor=tensor,
+            )
+        return data
+
+    def decode(self, i: int) -> np.ndarray:
+        """Frame ``i``'s original bytes, checked (:meth:`start` then :meth:`finish`)."""
+        return self.finish(i, self.start(i))
+
+    def tensor_at(self, offset: int) -> str | None:
+        """A key path of the tensor holding byte ``offset`` of the original file (None for meta)."""
+        seg = bisect.bisect_right(self._segment_starts, offset) - 1
+        keys = self._keys[seg] if 0 <= seg < len(self._keys) else None
+        return str(keys[0]) if isinstance(keys, list) and keys else None
+
+    def _where(self, i: int) -> str:
+        frame = self.frames[i]
+        return f"frame {frame.number} of stream {frame.stream} ({self.index.streams[frame.stream].component})"
+
+    def _payloads(self, chunks: np.ndarray, first: int, tensor: str | None) -> list[memoryview]:
+        """Each chunk's payload. The pad after each is read with it and must be zero, as a full
+        restore checks it; adjacent chunks (a frame's planes are written together) are read in
+        one call."""
+        offsets, sizes = chunks["offset"].tolist(), chunks["size"].tolist()
+        out: list[memoryview] = []
+        j = 0
+        while j < len(offsets):
+            k = j + 1
+            while k < len(offsets) and offsets[k] == offsets[k - 1] + padded_size(sizes[k - 1]):
+                k += 1
+            span = offsets[k - 1] + padded_size(sizes[k - 1]) - offsets[j]
+            block = memoryview(os.pread(self.fd, span, offsets[j]))
+            with self._count_lock:
+                self.stored_bytes_read += len(block)
+            if len(block) != span:
+                raise CorruptionError(
+                    "container ends inside a chunk (truncated?)", path=self.path, chunk=first + j
+                )
+            for m in range(j, k):
+                at = offsets[m] - offsets[j]
+                end = at + padded_size(sizes[m])
+                if any(block[at + sizes[m] : end]):
+                    raise CorruptionError(
+                        "padding after a chunk is not zero", path=self.path, chunk=first + m, tensor=tensor
+                    )
+                out.append(block[at : at + sizes[m]])
+            j = k
+        return out
+
+
+__all__ = ["FrameDecoder"]
