@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ from rich.console import Console
 from ckptz import __version__, _signals
 from ckptz.errors import CkptzError, StoppedError, UsageError
 from ckptz.runs.progress import Progress
+
+if TYPE_CHECKING:
+    from ckptz.runs.results import Summary
 
 app = typer.Typer(
     name="ckptz",
@@ -212,6 +215,19 @@ def _stream(
         _emit(summary_json(summary), None, True)
 
 
+def _show(
+    summary: Summary, ui: Progress, *, as_json: bool, quiet: bool, verbose: bool, dry_run: bool
+) -> None:
+    """A compress or decompress result: notes on stderr, the summary (or JSON) on stdout."""
+    from ckptz.report import actions_table, notes, summary_json, summary_view
+
+    for line in notes(summary.actions, verbose):
+        ui.notice(line)
+    _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json, quiet)
+    if verbose and dry_run and not as_json:
+        stdout.print(actions_table(summary.actions))
+
+
 @app.command()
 @_errors
 def compress(
@@ -261,7 +277,6 @@ def compress(
     empty folders, symlinks and hard links are kept.
     """
     from ckptz import api
-    from ckptz.report import actions_table, notes, summary_json, summary_view
 
     ui = _progress(quiet, no_progress, verbose)
     chosen = "ans" if fast and codec == "auto" else codec
@@ -290,11 +305,7 @@ def compress(
             dry_run=dry_run,
             reporter=ui,
         )
-    for line in notes(summary.actions, verbose):
-        ui.notice(line)
-    _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json, quiet)
-    if verbose and dry_run and not as_json:
-        stdout.print(actions_table(summary.actions))
+    _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
 
 
 @app.command()
@@ -321,7 +332,6 @@ def decompress(
     unchanged with -o and left alone in place.
     """
     from ckptz import api
-    from ckptz.report import actions_table, notes, summary_json, summary_view
 
     ui = _progress(quiet, no_progress, verbose)
     if sources == ["-"] or _stream_out(output, to_stdout):
@@ -344,11 +354,7 @@ def decompress(
             dry_run=dry_run,
             reporter=ui,
         )
-    for line in notes(summary.actions, verbose):
-        ui.notice(line)
-    _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json, quiet)
-    if verbose and dry_run and not as_json:
-        stdout.print(actions_table(summary.actions))
+    _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
 
 
 @app.command()

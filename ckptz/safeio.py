@@ -209,25 +209,21 @@ def copy_file(src: Path, final: Path, tick: Callable[[int], object] | None = Non
 
 def link_file(existing: Path, final: Path) -> None:
     """Make ``final`` a hard link to ``existing``, atomically (a link under a temp name, renamed)."""
-    tmp = temp_path(final)
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.link(existing, tmp)
-        os.replace(tmp, final)
-    except BaseException as exc:
-        _unlink_quietly(tmp)
-        if isinstance(exc, OSError):
-            raise os_error(exc, final) from None
-        raise
+    _make_and_rename(lambda tmp: os.link(existing, tmp), final)
     fsync_dir(final.parent)
 
 
 def make_symlink(text: str, final: Path) -> None:
     """Make ``final`` a symlink whose target is ``text`` (never resolved), atomically."""
+    _make_and_rename(lambda tmp: os.symlink(text, tmp), final)
+
+
+def _make_and_rename(make: Callable[[Path], None], final: Path) -> None:
+    """``make`` an entry under a temp name beside ``final`` and rename it there (removed on failure)."""
     tmp = temp_path(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(text, tmp)
+        make(tmp)
         os.replace(tmp, final)
     except BaseException as exc:
         _unlink_quietly(tmp)
