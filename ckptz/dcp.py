@@ -1,0 +1,211 @@
+"""``torch.distributed.checkpoint`` storage that writes and reads ckptz containers.
+
+:class:`CompressedWriter` lets DCP write each of this rank's ``.distcp`` files as usual, but
+into a private staging folder inside the checkpoint, then codes it into
+``<name>.distcp.ckptz`` beside the plain ``.metadata``. That is exactly the layout
+``ckptz compress DIR --in-place`` leaves on a DCP folder, so ``ckptz decompress`` gives back
+a plain checkpoint that ``dcp.load`` reads with its default reader, and ``ckptz inspect`` and
+``verify`` work on it. The coding runs inside :meth:`~CompressedWriter.write_data`, on the
+rank that wrote the file, so ``dcp.async_save`` codes in its background executor.
+
+:class:`CompressedReader` is DCP's ``FileSystemReader`` whose file system decodes a
+``<name>.ckptz`` into a temporary file when DCP opens ``<name>`` and only the container is
+there; it reads plain files, folders this writer wrote and folders the CLI compressed.
+
+Example:
+    >>> import torch.distributed.checkpoint as dcp
+    >>> from ckptz.dcp import CompressedReader, CompressedWriter
+    >>> dcp.save(state, storage_writer=CompressedWriter("ckpt/step-100"))  # doctest: +SKIP
+    >>> dcp.load(state, storage_reader=CompressedReader("ckpt/step-100"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import queue
+import shutil
+import tempfile
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystem, _split_by_size_and_type
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from ckptz.container import SUFFIX, read_index
+from ckptz.engines import gpu_unavailable_reason, open_engine
+from ckptz.engines.base import Engine
+from ckptz.meta import FileMeta
+from ckptz.pipeline import FileSink, compress_file, restore
+from ckptz.safeio import atomic_output
+
+__all__ = ["CompressedReader", "CompressedWriter"]
+
+#: DCP's metadata file name; a copy restricted to this rank's items sits beside the staged
+#: files so that :func:`ckptz.formats.read_layout` names their tensors (per-component ratios).
+_METADATA = ".metadata"
+_STAGING = ".ckptz-dcp-"
+
+
+def _rank_device(device: str | None) -> str | None:
+    """``device``, else this rank's ``LOCAL_RANK`` GPU where one can code, else ``auto``."""
+    if device is not None or os.environ.get("CKPTZ_DEVICE"):
+        return device
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and local.isdigit() and gpu_unavailable_reason() is None:
+        return f"cuda:{local}"
+    return None
+
+
+class CompressedWriter(FileSystemWriter):
+    """A DCP ``StorageWriter`` that stores every ``.distcp`` file as a ckptz container.
+
+    Args:
+        path: the checkpoint folder.
+        device: where to code: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (default: this rank's
+            ``LOCAL_RANK`` GPU when one can code, else ``$CKPTZ_DEVICE`` or ``auto``).
+        codec: the ``--codec`` of ``ckptz compress`` (``auto`` picks per stream).
+        threads: CPU coding threads (default: the engine's choice).
+        level: the zstd level of the CPU engine.
+        verify: decode every coded frame back and read each container back before keeping it.
+        **kwargs: passed to ``FileSystemWriter`` (``thread_count``, ``sync_files``, ...).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        device: str | None = None,
+        codec: str = "auto",
+        threads: int | None = None,
+        level: int = 3,
+        verify: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(path, **kwargs)
+        self.device = device
+        self.codec = codec
+        self.threads = threads
+        self.level = level
+        self.verify = verify
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Write this rank's files (as ``FileSystemWriter`` does) and code each one."""
+        staging = Path(self.path) / f"{_STAGING}{self.save_id}-{plan.storage_data.prefix.strip('_')}"
+        staging.mkdir(parents=True, exist_ok=True)
+        try:
+            results = self._write_plain(plan, planner, staging).wait()
+            self._compress(staging, results)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(results)
+        return done
+
+    def _write_plain(self, plan: SavePlan, planner: SavePlanner, staging: Path) -> Future[list[WriteResult]]:
+        # FileSystemWriter.write_data, with files in ``staging`` under their final names
+        # (the names the metadata records).
+        prefix = plan.storage_data.prefix
+        files: queue.Queue[tuple[Path, str, list[Any]]] = queue.Queue()
+        buckets = (
+            _split_by_size_and_type(self.thread_count, plan.items)
+            if self.single_file_per_rank
+            else [[item] for item in plan.items]
+        )
+        for n, bucket in enumerate(buckets):
+            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+            files.put((staging / name, name, bucket))
+        return self._write_data(planner, files)
+
+    def _compress(self, staging: Path, results: list[WriteResult]) -> None:
+        names = sorted({r.storage_data.relative_path for r in results})
+        if not names:
+            return
+        local = Metadata(state_dict_metadata={}, storage_data={r.index: r.storage_data for r in results})
+        (staging / _METADATA).write_bytes(pickle.dumps(local))
+        engine, _notice = open_engine(
+            _rank_device(self.device), threads=self.threads, level=self.level, codec=self.codec
+        )
+        try:
+            for name in names:
+                self._compress_one(staging / name, name, engine)
+        finally:
+            engine.close()
+
+    def _compress_one(self, src: Path, name: str, engine: Engine) -> None:
+        final = Path(self.path) / name
+        meta = FileMeta.of(os.stat(src))
+        with atomic_output(final.with_name(name + SUFFIX), meta.container()) as (f, _tmp):
+            compress_file(src, name, f, engine, verify=self.verify, source_fields=meta.to_json())
+        # A plain file of an earlier save under the same name would shadow the container.
+        with contextlib.suppress(FileNotFoundError):
+            final.unlink()
+        src.unlink()
+
+
+class _DecodingFileSystem(FileSystem):
+    """DCP's ``FileSystem``; opening ``<name>`` for reading where only ``<name>.ckptz`` exists
+    decodes the container into a temporary file (in ``tmp_dir``) and yields that."""
+
+    def __init__(self, device: str | None, tmp_dir: str | os.PathLike[str] | None) -> None:
+        super().__init__()
+        self.device = device
+        self.tmp_dir = tmp_dir
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
+        plain = Path(path)
+        container = plain.with_name(plain.name + SUFFIX)
+        if "r" not in mode or plain.exists() or not container.exists():
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with tempfile.TemporaryFile(dir=self.tmp_dir) as out:
+            self._decode(container, plain.name, cast(BinaryIO, out))
+            out.seek(0)
+            yield cast(io.IOBase, out)
+
+    def exists(self, path: str | os.PathLike[str]) -> bool:
+        plain = Path(path)
+        return plain.exists() or plain.with_name(plain.name + SUFFIX).exists()
+
+    def _decode(self, container: Path, name: str, out: BinaryIO) -> None:
+        engine, _notice = open_engine(self.device)
+        try:
+            with container.open("rb") as c:
+                index = read_index(c, name + SUFFIX)
+                restore(c, name + SUFFIX, engine, FileSink(out), index=index)
+        finally:
+            engine.close()
+
+
+class CompressedReader(FileSystemReader):
+    """A DCP ``StorageReader`` for folders holding ckptz containers (and plain files).
+
+    Each ``.distcp.ckptz`` is decoded, with every checksum checked, into a temporary file
+    when DCP first reads from it; the temporary file goes away once DCP has read it.
+
+    Args:
+        path: the checkpoint folder.
+        device: where to decode (as for :class:`CompressedWriter`; default ``auto``).
+        tmp_dir: where the decoded files live while DCP reads them (default: the system's).
+        **kwargs: passed to ``FileSystemReader``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        device: str | None = None,
+        tmp_dir: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(path, **kwargs)
+        self.fs = _DecodingFileSystem(device, tmp_dir)
