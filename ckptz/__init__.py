@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ckptz._version import __version__ as __version__
 
 _LIBRARY = frozenset(
     {"ContainerReader", "SafeSlice", "load", "load_file", "open", "safe_open", "save", "save_file"}

@@ -34,8 +34,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-import ckptz
 from ckptz import safeio
+from ckptz._version import __version__
 from ckptz.container import (
     ALIGN,
     PREFIX,
@@ -388,7 +388,7 @@ class _Compression:
                 "format": self.layout.format,
                 "notes": list(self.layout.notes),
             },
-            "created_by": f"ckptz {ckptz.__version__}",
+            "created_by": f"ckptz {__version__}",
             "device": self.engine.device,
             "codecs": {str(c): config.get(codec_name(c), {"name": codec_name(c)}) for c in used},
             "tensor_keys": [list(seg.keys) for seg in self.layout.segments],
