@@ -27,7 +27,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -147,6 +147,9 @@ class _Compression:
         self.slots = FrameSlots(count, size, engine.host_buffer, engine.free_buffer)
         self.write_room = threading.Semaphore(WRITE_DEPTH * workers.writers)
         self.failed: list[BaseException] = []
+        # Every task queued on the shared threads for this file: all must be over before the
+        # file's descriptors are closed, or a late one could use a number reused by another file.
+        self.tasks: list[Future[None]] = []
 
     # -- stages ---------------------------------------------------------------------------
 
@@ -169,6 +172,7 @@ class _Compression:
         finally:
             feeder.join()
             hasher.join()
+            wait(self.tasks)
             self.slots.close()
         if os.pread(self.fd, 1, self.layout.size):
             raise FormatError("file grew while being read", path=self.relpath)
@@ -216,7 +220,7 @@ class _Compression:
         for i in range(len(self.frames)):
             buf = self.slots.take()
             self.buffers[i] = buf
-            self.workers.read.submit(self._read, i, buf)
+            self.tasks.append(self.workers.read.submit(self._read, i, buf))
 
     def _read(self, i: int, buf: np.ndarray) -> None:
         frame = self.frames[i]
@@ -295,6 +299,7 @@ class _Compression:
             )
             w.add_done_callback(lambda _: self.write_room.release())
             writes.append(w)
+            self.tasks.append(w)
         return frames, chunks, writes, checks, pos
 
     def _store(
@@ -340,7 +345,7 @@ class _Compression:
                 self._release(i)
                 done.set_exception(exc)
 
-        self.workers.read.submit(decode)
+        self.tasks.append(self.workers.read.submit(decode))
         return done
 
     def _read_back(self, index: Index, tail: bytes, end: int) -> None:

@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, wait
 from typing import BinaryIO, Protocol, cast
 
 import numpy as np
@@ -173,6 +173,9 @@ class _Restore:
         self.room = threading.Semaphore(slots_needed(self.frames, len(index.streams), engine.look_ahead))
         self.failed: list[BaseException] = []
         self.stopped = False
+        # Every task queued on the shared threads for this file, all over before returning
+        # (a late write could otherwise hit a descriptor number reused by another file).
+        self.tasks: list[Future[None]] = []
 
     def run(self) -> None:
         feeder = threading.Thread(target=self._feed, name="ckptz-feed", daemon=True)
@@ -185,11 +188,21 @@ class _Restore:
             raise self._first_error() from None
         finally:
             feeder.join()
+            self._drain()
         if self.failed:
             raise self._first_error()
         if digest != self.index.source_digest:
             raise CorruptionError("restored file does not match the original's digest", path=self.path)
         self.sink.finish()
+
+    def _drain(self) -> None:
+        """Wait for every queued task; a put is queued by a decode's callback, so repeat."""
+        while True:
+            with self.lock:
+                pending = [t for t in self.tasks if not t.done()]
+            if not pending:
+                return
+            wait(pending)
 
     def _fail(self, exc: BaseException) -> None:
         with self.lock:
@@ -220,7 +233,7 @@ class _Restore:
             self.room.acquire()
             if self.stopped:
                 return
-            self.workers.read.submit(self._read, i)
+            self.tasks.append(self.workers.read.submit(self._read, i))
 
     def _read(self, i: int) -> None:
         """Read and check frame ``i``'s payloads, and queue its decoding."""
@@ -231,7 +244,10 @@ class _Restore:
 
     def _queue_put(self, i: int, fut: Future[np.ndarray]) -> None:
         try:
-            self.workers.write.submit(self._put, i, fut)
+            with self.lock:
+                if self.stopped:  # a decode that ends after a failure: nothing to write
+                    return
+                self.tasks.append(self.workers.write.submit(self._put, i, fut))
         except RuntimeError as exc:  # the pools were shut down: the run already failed
             self._fail(exc)
 
