@@ -21,13 +21,12 @@ proves what decoding the file again would).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import stat
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, InvalidStateError, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -51,7 +50,7 @@ from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
 from ckptz.pipeline.plan import Frame, StreamPlan, frame_map, plan_streams
-from ckptz.pipeline.workers import FrameSlots, Stopped, Workers, file_digest, slots_needed
+from ckptz.pipeline.workers import Failures, FrameSlots, Stopped, Workers, file_digest, slots_needed
 
 Progress = Callable[[int], None]
 #: Coded frames queued per writer thread before the pipeline waits for the storage.
@@ -146,7 +145,7 @@ class _Compression:
         count = slots_needed(self.frames, len(plan.streams), engine.look_ahead)
         self.slots = FrameSlots(count, size, engine.host_buffer, engine.free_buffer)
         self.write_room = threading.Semaphore(WRITE_DEPTH * workers.writers)
-        self.failed: list[BaseException] = []
+        self.failures = Failures()
         # Every task queued on the shared threads for this file: all must be over before the
         # file's descriptors are closed, or a late one could use a number reused by another file.
         self.tasks: list[Future[None]] = []
@@ -168,7 +167,7 @@ class _Compression:
                 c.result()
         except BaseException as exc:
             self._fail(exc)
-            raise self._first_error() from None
+            raise self.failures.first() from None
         finally:
             feeder.join()
             hasher.join()
@@ -200,20 +199,8 @@ class _Compression:
 
     def _fail(self, exc: BaseException) -> None:
         """Stop every stage: waiting threads wake and leave, unread frames fail."""
-        with self.lock:
-            self.failed.append(exc)
+        self.failures.add(exc, self.read)
         self.slots.stop()
-        for f in self.read:
-            if not f.done():
-                with contextlib.suppress(InvalidStateError):
-                    f.set_exception(Stopped())
-
-    def _first_error(self) -> BaseException:
-        """The error that stopped the run (others only saw the stop)."""
-        with self.lock:
-            return next(
-                (e for e in self.failed if not isinstance(e, Stopped | InvalidStateError)), self.failed[0]
-            )
 
     def _feed(self) -> None:
         """Take a buffer for each frame in order, and queue its read."""

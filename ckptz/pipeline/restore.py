@@ -16,11 +16,10 @@ Memory stays at :func:`~ckptz.pipeline.workers.slots_needed` decoded frames.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError, wait
+from concurrent.futures import Future, wait
 from typing import BinaryIO, Protocol, cast
 
 import numpy as np
@@ -31,7 +30,7 @@ from ckptz.engines.base import Engine
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.plan import Frame
-from ckptz.pipeline.workers import Stopped, Workers, file_digest, slots_needed
+from ckptz.pipeline.workers import Failures, Workers, file_digest, slots_needed
 
 Progress = Callable[[int], None]
 
@@ -171,7 +170,7 @@ class _Restore:
         self.users = [2] * len(self.frames)  # digest, sink
         self.lock = threading.Lock()
         self.room = threading.Semaphore(slots_needed(self.frames, len(index.streams), engine.look_ahead))
-        self.failed: list[BaseException] = []
+        self.failures = Failures()
         self.stopped = False
         # Every task queued on the shared threads for this file, all over before returning
         # (a late write could otherwise hit a descriptor number reused by another file).
@@ -185,12 +184,12 @@ class _Restore:
             digest = file_digest(self.frames, self.data, self._release, ordered)
         except BaseException as exc:
             self._fail(exc)
-            raise self._first_error() from None
+            raise self.failures.first() from None
         finally:
             feeder.join()
             self._drain()
-        if self.failed:
-            raise self._first_error()
+        if self.failures:
+            raise self.failures.first()
         if digest != self.index.source_digest:
             raise CorruptionError("restored file does not match the original's digest", path=self.path)
         self.sink.finish()
@@ -206,19 +205,9 @@ class _Restore:
 
     def _fail(self, exc: BaseException) -> None:
         with self.lock:
-            self.failed.append(exc)
             self.stopped = True
+        self.failures.add(exc, self.data)
         self.room.release()  # wake the feeder, which then sees ``stopped``
-        for f in self.data:
-            if not f.done():
-                with contextlib.suppress(InvalidStateError):
-                    f.set_exception(Stopped())
-
-    def _first_error(self) -> BaseException:
-        with self.lock:
-            return next(
-                (e for e in self.failed if not isinstance(e, Stopped | InvalidStateError)), self.failed[0]
-            )
 
     def _release(self, i: int) -> None:
         with self.lock:

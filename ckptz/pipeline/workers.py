@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from contextlib import suppress
 
 import numpy as np
 import xxhash
@@ -76,6 +77,37 @@ def _default_readers() -> int:
 
 class Stopped(Exception):
     """Raised in a file's helper threads once another of its stages has failed."""
+
+
+class Failures:
+    """The errors of one file's run, from any of its threads.
+
+    The first error that is not just another stage noticing the stop is the one the run
+    raises; recording one fails every frame future still pending, so no stage waits forever.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+
+    def add(self, exc: BaseException, pending: Sequence[Future[np.ndarray]]) -> None:
+        with self._lock:
+            self._errors.append(exc)
+        for f in pending:
+            if not f.done():
+                with suppress(InvalidStateError):
+                    f.set_exception(Stopped())
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._errors)
+
+    def first(self) -> BaseException:
+        """The error that stopped the run (call only once one was added)."""
+        with self._lock:
+            return next(
+                (e for e in self._errors if not isinstance(e, Stopped | InvalidStateError)), self._errors[0]
+            )
 
 
 class FrameSlots:
@@ -168,4 +200,13 @@ def file_digest(
     return hasher.hexdigest()
 
 
-__all__ = ["MAX_READERS", "MAX_WRITERS", "FrameSlots", "Stopped", "Workers", "file_digest", "slots_needed"]
+__all__ = [
+    "MAX_READERS",
+    "MAX_WRITERS",
+    "Failures",
+    "FrameSlots",
+    "Stopped",
+    "Workers",
+    "file_digest",
+    "slots_needed",
+]
