@@ -22,9 +22,12 @@ def main() -> None:
         app(prog_name="ckptz")
     except KeyboardInterrupt:
         pass
-    except SystemExit:
+    except SystemExit as exc:
         if not _signals.received:
+            _leave_if_gpu_starting(exc.code)
             raise
+    else:
+        _leave_if_gpu_starting(0)
     if not _signals.received:
         return
     if not _signals.announced:
@@ -36,6 +39,19 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_signals.exit_code())
+
+
+def _leave_if_gpu_starting(code: object) -> None:
+    """Exit now if a GPU bring-up is still importing torch (ckptz.engines.hybrid): the job
+    is done, every file is closed, and waiting would add seconds to a small job."""
+    hybrid = sys.modules.get("ckptz.engines.hybrid")
+    if hybrid is None or not hybrid.bring_up_pending():
+        return
+    if isinstance(code, str):
+        sys.stderr.write(code + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 if __name__ == "__main__":

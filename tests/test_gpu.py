@@ -25,6 +25,7 @@ from ckptz.dtypes import DType, lookup
 from ckptz.engines.base import EncodedFrame, StoredChunk
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CodecUnavailableError
+from ckptz.pipeline.compress import compress_file
 
 torch = pytest.importorskip("torch")
 
@@ -358,7 +359,11 @@ def test_corpus_round_trips_on_gpu(tmp_path: Path, codec: str) -> None:
 def test_zstd_cross_decodes_both_ways_on_real_planes(small_checkpoint: Path, tmp_path: Path) -> None:
     src = small_checkpoint / "optimizer.pt"
     gpu_packed, cpu_packed = tmp_path / "g.ckptz", tmp_path / "c.ckptz"
-    api.compress(src, gpu_packed, device="cuda", codec="zstd")
+    from ckptz.engines.gpu.engine import GpuEngine
+
+    # The GPU coder itself (``--device cuda`` shares frames between it and the CPU coder).
+    with GpuEngine(0, codec="zstd") as engine, open(gpu_packed, "wb") as out:
+        compress_file(src, "optimizer.pt", out, engine)
     api.compress(src, cpu_packed, device="cpu")
     for packed in (gpu_packed, cpu_packed):
         with open(packed, "rb") as f:
@@ -496,3 +501,21 @@ def test_bench_runs_every_configuration_on_the_gpu(small_checkpoint: Path) -> No
     assert ran == set(CONFIGS)
     for r in result.rows:
         assert r.compressed_bytes > 0 and r.compress_gbps > 0 and r.decompress_gbps > 0
+
+
+@gpu
+def test_hybrid_engine_codes_the_portable_bitstream_on_cpu_and_gpu(
+    small_checkpoint: Path, tmp_path: Path
+) -> None:
+    from ckptz.engines import open_engine
+    from ckptz.engines.hybrid import HybridEngine
+
+    src = small_checkpoint / "optimizer.pt"
+    engine, _ = open_engine("cuda", codec="auto")
+    assert isinstance(engine, HybridEngine) and engine.wait_for_gpu()
+    with open(tmp_path / "h.ckptz", "wb") as out:
+        written = compress_file(src, "optimizer.pt", out, engine)
+    engine.close()
+    assert engine.frames["gpu"] > 0 and written.index.header["device"].startswith("cuda:")
+    api.decompress(tmp_path / "h.ckptz", tmp_path / "back.pt", device="cpu")
+    assert sha256(tmp_path / "back.pt") == sha256(src)

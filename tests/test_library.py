@@ -86,7 +86,7 @@ def tensors() -> dict[str, torch.Tensor]:
     """Tensors for safetensors: a large one over several frames and small ones of many dtypes."""
     gen = torch.Generator().manual_seed(1)
     return {
-        "big": torch.randn(768, 1024, generator=gen),  # 3 MiB: three 1 MiB frames
+        "big": torch.randn(3072, 1024, generator=gen),  # 12 MiB: three 4 MiB frames
         "small": torch.arange(6, dtype=torch.int64).reshape(2, 3),
         "bf16": torch.randn(17, 5, generator=gen).bfloat16(),
         "fp16": torch.randn(9, generator=gen).half(),

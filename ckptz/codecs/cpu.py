@@ -16,7 +16,8 @@ class RawCodec(Codec):
     """Bytes stored as they are: what a chunk gets when no coding makes it smaller."""
 
     def encode(self, data: np.ndarray) -> bytes:
-        return data.tobytes()
+        # A copy that does not hold the GIL (tobytes() does, for the frame's largest payload).
+        return native.copy(data) if native is not None and data.flags.c_contiguous else data.tobytes()
 
     def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
         if len(payload) != size:

@@ -12,10 +12,13 @@ import os
 from ckptz.codecs.table import CHOOSABLE
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
+from ckptz.engines.hybrid import HybridEngine
 from ckptz.errors import DeviceError, UsageError
 
 #: ``--codec`` values the CPU engine accepts: its coder writes these bitstreams itself.
 CODECS_CPU: tuple[str, ...] = ("auto", *(b.name for b in CHOOSABLE if b.cpu is not None))
+#: ``--codec`` values that name the portable bitstream, which CPU and GPU both write.
+PORTABLE_CODECS: tuple[str, ...] = ("auto", "zstd")
 #: ``--codec`` values only a GPU can write (and decode).
 GPU_ONLY_CODECS: tuple[str, ...] = tuple(b.name for b in CHOOSABLE if b.cpu is None)
 
@@ -30,7 +33,7 @@ def requested_device(device: str | None) -> str:
 
 def gpu_unavailable_reason() -> str | None:
     """Why no GPU engine can run here, or None if one can."""
-    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.nvcomp") is None:
+    if not _nvcomp_installed():
         return "nvCOMP is not installed (pip install 'ckptz[gpu]')"
     if importlib.util.find_spec("ckptz.engines.gpu") is None:
         return "this ckptz build has no GPU engine"
@@ -41,6 +44,22 @@ def gpu_unavailable_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device is visible"
     return None
+
+
+def _nvcomp_installed() -> bool:
+    return (
+        importlib.util.find_spec("nvidia") is not None
+        and importlib.util.find_spec("nvidia.nvcomp") is not None
+    )
+
+
+def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu")
+    from ckptz.engines.gpu import open_gpu_engine
+
+    return open_gpu_engine(want, threads=threads, level=level, codec=codec, memory=memory)
 
 
 def open_engine(
@@ -59,6 +78,12 @@ def open_engine(
     """
     want = requested_device(device)
     codec = codec.lower()
+    if want != "cpu" and codec in PORTABLE_CODECS and _nvcomp_installed():
+        # The portable bitstream: CPU threads start at once, the GPU joins when it is up.
+        def start_gpu() -> Engine:
+            return _open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory)
+
+        return HybridEngine(CpuEngine(threads, level), start_gpu, required=want != "auto"), None
     if want == "cpu" or (want == "auto" and codec not in GPU_ONLY_CODECS):
         reason = None if want == "cpu" else gpu_unavailable_reason()
         if want == "cpu" or reason is not None:
@@ -68,13 +93,8 @@ def open_engine(
                 )
             notice = None if want == "cpu" else f"running on the CPU: {reason}"
             return CpuEngine(threads, level), notice
-    reason = gpu_unavailable_reason()
-    if reason is not None:
-        raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu")
-    from ckptz.engines.gpu import open_gpu_engine
-
     try:
-        engine: Engine = open_gpu_engine(want, threads=threads, level=level, codec=codec, memory=memory)
+        engine = _open_gpu(want, threads=threads, level=level, codec=codec, memory=memory)
     except DeviceError as exc:
         if want != "auto" or codec not in CODECS_CPU:
             raise

@@ -63,7 +63,9 @@ class Engine(Protocol):
             return at once (the GPU engine).
     """
 
-    device: str
+    @property
+    def device(self) -> str: ...
+
     threads: int
     frame_size: int
     look_ahead: int

@@ -13,7 +13,7 @@ import numpy as np
 
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame
 from ckptz.container import StreamInfo
-from ckptz.engines.base import FRAME_SIZE, EncodedFrame, StoredChunk, stream_dtype
+from ckptz.engines.base import EncodedFrame, StoredChunk, stream_dtype
 from ckptz.errors import CodecError, CorruptionError
 
 
@@ -32,6 +32,8 @@ def decode_chunks(stream: StreamInfo, chunks: list[StoredChunk], length: int, wh
         raise CorruptionError(f"{where} does not decode ({exc.message})", chunk=chunks[0].index) from None
 
 
+CPU_FRAME_SIZE = 4 << 20
+
 #: Components whose exponent planes keep deflate's smaller code (see ckptz.codecs.frames):
 #: dense weights, where ZipNN sits at the order-0 bound and every 0.01% counts.
 DENSE_COMPONENTS = frozenset({"weights", "master_weights"})
@@ -43,12 +45,15 @@ class CpuEngine:
     bytes are in that core's cache, and no other pool contends for the GIL."""
 
     device = "cpu"
-    frame_size = FRAME_SIZE
+    #: 4 MiB frames: a quarter of the per-frame Python (futures, calls, checksums) of 1 MiB
+    #: ones, which on 16 threads is what holds the GIL; the ratio is the same (measured
+    #: 1.2615 against 1.2614 on a mixed checkpoint) and one thread codes faster (+10%).
+    frame_size = CPU_FRAME_SIZE
     inline = True
 
     def __init__(self, threads: int | None = None, level: int = 3) -> None:
         self.threads = max(1, threads or os.cpu_count() or 1)
-        self.look_ahead = 4 * self.threads + 4
+        self.look_ahead = 2 * self.threads + 4
         self.options = EncodeOptions(level=level)
         self._fast = replace(self.options, fast_exponents=True)
 

@@ -76,13 +76,6 @@ static int check_word(int word) {
     return 0;
 }
 
-/* (bits, zero share, AND of the bytes, OR of the bytes) */
-static PyObject *stats_tuple(const uint8_t *plane, size_t n, size_t sample, int and_byte, int or_byte) {
-    double bits, zeros;
-    sample_stats(plane, n, sample, &bits, &zeros);
-    return Py_BuildValue("(ddii)", bits, zeros, and_byte, or_byte);
-}
-
 static PyObject *native_split(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     int word, rotate;
@@ -97,8 +90,13 @@ static PyObject *native_split(PyObject *self, PyObject *args) {
     }
     size_t n = (size_t)src.len / (size_t)word;
     uint64_t and_word = 0, or_word = 0;
+    double bits[8], zeros[8];
+    /* The sampled statistics too run without the GIL: with many coder threads, every
+       stretch of work that holds it is a stretch the others wait for. */
     Py_BEGIN_ALLOW_THREADS;
     split_words(src.buf, dst.buf, n, word, rotate, &and_word, &or_word);
+    for (int k = 0; sample > 0 && k < word; k++)
+        sample_stats((const uint8_t *)dst.buf + (size_t)k * n, n, (size_t)sample, &bits[k], &zeros[k]);
     Py_END_ALLOW_THREADS;
     if (sample <= 0) {
         result = Py_NewRef(Py_None);
@@ -106,8 +104,8 @@ static PyObject *native_split(PyObject *self, PyObject *args) {
     }
     result = PyTuple_New(word);
     for (int k = 0; result && k < word; k++) {
-        PyObject *item = stats_tuple((const uint8_t *)dst.buf + (size_t)k * n, n, (size_t)sample,
-                                     (int)(and_word >> (8 * k) & 255), (int)(or_word >> (8 * k) & 255));
+        PyObject *item = Py_BuildValue("(ddii)", bits[k], zeros[k], (int)(and_word >> (8 * k) & 255),
+                                       (int)(or_word >> (8 * k) & 255));
         if (!item) Py_CLEAR(result);
         else PyTuple_SET_ITEM(result, k, item);
     }
@@ -354,7 +352,24 @@ done:
 
 /* ---------------------------------------------------------------- module */
 
+/* copy(data) -> bytes: a copy made without the GIL (a stored plane is a frame's biggest
+   payload; copying it while holding the GIL stalled every other coder thread). */
+static PyObject *native_copy(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, src.len);
+    if (result) {
+        char *out = PyBytes_AS_STRING(result);
+        Py_BEGIN_ALLOW_THREADS;
+        memcpy(out, src.buf, (size_t)src.len);
+        Py_END_ALLOW_THREADS;
+    }
+    PyBuffer_Release(&src);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"copy", native_copy, METH_VARARGS, "copy(data) -> bytes, copied without holding the GIL."},
     {"split", native_split, METH_VARARGS,
      "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"
      "k * n); with sample > 0, each plane's plane_stats as a tuple."},

@@ -19,6 +19,7 @@ from ckptz.engines import CODECS_CPU, GPU_ONLY_CODECS, open_engine
 from ckptz.engines.base import Engine
 from ckptz.errors import StoppedError, UsageError
 from ckptz.meta import FileMeta, apply_link, apply_path
+from ckptz.pipeline.workers import short_switches
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
 from ckptz.runs.plan import Job, Plan
@@ -47,7 +48,8 @@ def engine_session(
     if notice and announce:
         reporter.notice(notice)
     try:
-        yield engine, notices
+        with short_switches():
+            yield engine, notices
     finally:
         engine.close()
 

@@ -1,0 +1,208 @@
+"""The portable bitstream on a GPU machine: CPU threads and the GPU code frames together.
+
+Measured on the H100 host (BENCHMARKS.md), nvCOMP Zstd codes ckptz's planes at 0.5 GB/s
+end to end while the CPU coder on 16 cores writes the same portable bitstream at 3 GB/s,
+and bringing the GPU up (``import torch``, CUDA, nvCOMP) costs 4-5 s before the first frame.
+So with ``--device cuda`` and a portable codec, :class:`HybridEngine` starts coding on the
+CPU at once and brings the GPU up in a background thread; once it is up, frames go to it
+while it has room (a few batches queued) and to the caller's thread otherwise. Each chunk
+records its own bitstream, so frames from either coder sit side by side in one container,
+and any machine decodes it.
+
+A job that ends before the GPU is up never waits for it: :meth:`HybridEngine.close`
+leaves the bring-up to finish in the background (an exit handler waits for it, so the
+interpreter never stops in the middle of an import; the CLI leaves at once through
+:func:`bring_up_pending`). ANS chunks, which only a GPU decodes, wait for the GPU.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from ckptz.codecs.table import by_id
+from ckptz.container import StreamInfo
+from ckptz.engines.base import EncodedFrame, Engine, StoredChunk
+from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import CkptzError, DeviceError
+
+#: Batches the GPU may have queued before frames go to the CPU instead: enough to keep its
+#: workers fed, few enough that a slow GPU never holds frames the CPU would finish first.
+GPU_QUEUE_BATCHES = 4
+
+_pending: list[threading.Thread] = []
+
+
+def bring_up_pending() -> bool:
+    """Whether a GPU bring-up is still running (the CLI then exits without waiting)."""
+    return any(t.is_alive() for t in _pending)
+
+
+@atexit.register
+def _wait_for_bring_up() -> None:
+    for t in _pending:
+        t.join()
+
+
+class HybridEngine:
+    """CPU threads and one GPU coding the portable bitstream together (module docstring).
+
+    Args:
+        cpu: the CPU engine; frames are coded in the caller's thread when the GPU is not
+            up or is busy.
+        start_gpu: opens the GPU engine (runs in a background thread).
+        required: the GPU was asked for explicitly: if it cannot start, coding fails with
+            its :class:`~ckptz.errors.DeviceError` rather than going on without it.
+    """
+
+    inline = True
+
+    def __init__(self, cpu: CpuEngine, start_gpu: Callable[[], Engine], *, required: bool) -> None:
+        self.cpu = cpu
+        self.threads = cpu.threads
+        self.frame_size = cpu.frame_size
+        self.look_ahead = cpu.look_ahead
+        self.required = required
+        self._gpu: Engine | None = None
+        self._gpu_name = "cuda"
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._queued = 0  # bytes queued on the GPU
+        self._limit = 0
+        self._closed = False
+        self.frames = {"cpu": 0, "gpu": 0}
+        self._up = threading.Event()
+        thread = threading.Thread(target=self._bring_up, args=(start_gpu,), name="ckptz-gpu-up", daemon=True)
+        _pending.append(thread)
+        thread.start()
+
+    @property
+    def device(self) -> str:
+        """Where frames were coded so far: ``cpu``, or e.g. ``cuda:0+cpu``."""
+        return f"{self._gpu_name}+cpu" if self.frames["gpu"] else "cpu"
+
+    def _bring_up(self, start_gpu: Callable[[], Engine]) -> None:
+        try:
+            gpu = start_gpu()
+        except BaseException as exc:
+            self._error = exc
+            self._up.set()
+            return
+        with self._lock:
+            if self._closed:  # the job ended first
+                gpu.close()
+                self._up.set()
+                return
+            self._gpu, self._gpu_name = gpu, gpu.device
+            # At most a quarter of the frames in flight: the CPU coder is the faster one on
+            # this bitstream, and must never wait for frames the GPU sits on.
+            batches = GPU_QUEUE_BATCHES * int(getattr(gpu, "batch_bytes", 64 << 20))
+            self._limit = min(batches, self.look_ahead * self.frame_size // 4)
+        self._up.set()
+
+    def wait_for_gpu(self, timeout: float | None = None) -> bool:
+        """Wait until the GPU is up or has failed to start; whether it is up.
+
+        Raises:
+            DeviceError: it failed to start and was asked for explicitly.
+        """
+        self._up.wait(timeout)
+        if self._error is not None and self.required:
+            raise _device_error(self._error)
+        return self._gpu is not None
+
+    def _take_gpu(self, nbytes: int) -> Engine | None:
+        """The GPU if it is up and has room for ``nbytes`` more (counted as queued)."""
+        if self._error is not None and self.required:
+            raise _device_error(self._error)
+        with self._lock:
+            gpu = self._gpu
+            if gpu is None or self._queued + nbytes > self._limit:
+                return None
+            self._queued += nbytes
+        return gpu
+
+    def _done(self, nbytes: int) -> Callable[[Future[Any]], None]:
+        def done(_: Future[Any]) -> None:
+            with self._lock:
+                self._queued -= nbytes
+
+        return done
+
+    # -- Engine protocol ------------------------------------------------------------------
+
+    def host_buffer(self, size: int) -> np.ndarray:
+        return self.cpu.host_buffer(size)
+
+    def free_buffer(self, buf: np.ndarray) -> None:
+        self.cpu.free_buffer(buf)
+
+    def encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> Future[EncodedFrame]:
+        gpu = self._take_gpu(data.size)
+        if gpu is None:
+            self.frames["cpu"] += 1
+            return self.cpu.encode(stream, data, checksum)
+        self.frames["gpu"] += 1
+        fut = gpu.encode(stream, data, checksum)
+        fut.add_done_callback(self._done(data.size))
+        return fut
+
+    def decode(
+        self, stream: StreamInfo, chunks: list[StoredChunk], length: int, where: str
+    ) -> Future[np.ndarray]:
+        if any(not _decodes(c.codec, "cpu") for c in chunks):
+            # A GPU-only bitstream (ANS): only the GPU decodes it, so wait for it.
+            self._up.wait()
+            if self._gpu is None:
+                raise _device_error(self._error or DeviceError("the GPU engine did not start"))
+            return self._gpu.decode(stream, chunks, length, where)
+        gpu = self._take_gpu(length) if all(_decodes(c.codec, "gpu") for c in chunks) else None
+        if gpu is None:
+            self.frames["cpu"] += 1
+            return self.cpu.decode(stream, chunks, length, where)
+        self.frames["gpu"] += 1
+        fut = gpu.decode(stream, chunks, length, where)
+        fut.add_done_callback(self._done(length))
+        return fut
+
+    def codec_config(self) -> dict[str, dict[str, object]]:
+        config = dict(self.cpu.codec_config())
+        gpu = self._gpu
+        if gpu is not None and self.frames["gpu"]:
+            for name, value in gpu.codec_config().items():
+                config[name] = {**value, "also": config[name]} if name in config else value
+        return config
+
+    def container_extras(self) -> dict[str, object]:
+        gpu = self._gpu
+        return gpu.container_extras() if gpu is not None and self.frames["gpu"] else {}
+
+    def close(self) -> None:
+        """Close the GPU engine if it is up; a bring-up still running is left to finish
+        (and close what it opened) in the background."""
+        with self._lock:
+            self._closed = True
+            gpu, self._gpu = self._gpu, None
+        if gpu is not None:
+            gpu.close()
+        self.cpu.close()
+
+
+def _decodes(codec: int, where: str) -> bool:
+    """Whether ``where`` (``cpu`` or ``gpu``) has a decoder for bitstream ``codec``."""
+    bitstream = by_id(codec)
+    return bitstream is not None and getattr(bitstream, where) is not None
+
+
+def _device_error(exc: BaseException) -> CkptzError:
+    if isinstance(exc, CkptzError):
+        return exc
+    return DeviceError(f"cannot use the GPU: {exc}", hint="use --device cpu")
+
+
+__all__ = ["GPU_QUEUE_BATCHES", "HybridEngine", "bring_up_pending"]
