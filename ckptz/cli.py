@@ -210,8 +210,10 @@ def _leads(world: World | None) -> bool:
     return world is None or world.leader
 
 
-def _one_process(world: World | None) -> None:
-    if world is not None:
+def _one_process(nproc: int | None) -> None:
+    from ckptz.runs.share import World
+
+    if (nproc or 1) > 1 or World.from_env() is not None:
         raise UsageError("a stream is one file in one process", hint="run it without torchrun or --nproc")
 
 
@@ -327,11 +329,10 @@ def compress(
     """
     from ckptz import api
 
-    world = _world(nproc)
-    ui = _progress(quiet, no_progress, verbose, world)
+    ui = _progress(quiet, no_progress, verbose)
     chosen = "ans" if fast and codec == "auto" else codec
     if sources == ["-"] or _stream_out(output, to_stdout):
-        _one_process(world)
+        _one_process(nproc)
         if in_place or dry_run:
             raise UsageError("--in-place and --dry-run do not apply to streams")
         opts = dict(
@@ -339,6 +340,8 @@ def compress(
         )
         _stream("compress", sources, output, to_stdout, as_json, ui, **opts)
         return
+    world = _world(nproc)
+    ui = _progress(quiet, no_progress, verbose, world)
     with ui:
         summary = _call(
             world,
@@ -388,16 +391,17 @@ def decompress(
     """
     from ckptz import api
 
-    world = _world(nproc)
-    ui = _progress(quiet, no_progress, verbose, world)
+    ui = _progress(quiet, no_progress, verbose)
     if sources == ["-"] or _stream_out(output, to_stdout):
-        _one_process(world)
+        _one_process(nproc)
         if in_place or dry_run:
             raise UsageError("--in-place and --dry-run do not apply to streams")
         _stream(
             "decompress", sources, output, to_stdout, as_json, ui, threads=threads, device=device, force=force
         )
         return
+    world = _world(nproc)
+    ui = _progress(quiet, no_progress, verbose, world)
     with ui:
         summary = _call(
             world,

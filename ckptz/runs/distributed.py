@@ -253,8 +253,11 @@ def _first_failure(statuses: list[Status]) -> tuple[int, Status] | None:
 # Running a library call on every rank -----------------------------------------------------
 
 
-def join(world: World, timeout: float = 300.0) -> tuple[Ranks, Callable[[], None]]:
-    """Join the gloo process group ``torchrun`` describes; return the team and how to leave."""
+def join(world: World) -> tuple[Ranks, Callable[[], None]]:
+    """Join the gloo process group ``torchrun`` describes; return the team and how to leave.
+
+    Every rank must join within three times ``$CKPTZ_PEER_TIMEOUT`` (default: 3 minutes).
+    """
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -263,7 +266,8 @@ def join(world: World, timeout: float = 300.0) -> tuple[Ranks, Callable[[], None
         raise DistributedError(
             "this PyTorch has no gloo backend", hint="install a PyTorch with distributed support"
         )
-    wait = timedelta(seconds=timeout)
+    patience = _patience()
+    wait = timedelta(seconds=3 * patience)
     try:
         store, _, _ = next(dist.rendezvous("env://", world.rank, world.size, timeout=wait))
         dist.init_process_group("gloo", store=store, rank=world.rank, world_size=world.size, timeout=wait)
@@ -286,8 +290,16 @@ def join(world: World, timeout: float = 300.0) -> tuple[Ranks, Callable[[], None
         with suppress(Exception):  # a peer is gone: nothing left to tidy
             dist.destroy_process_group()
 
-    patience = float(os.environ.get("CKPTZ_PEER_TIMEOUT", "60"))
     return Ranks(world, mine, gather, patience=patience), leave
+
+
+def _patience() -> float:
+    try:
+        return max(1.0, float(os.environ.get("CKPTZ_PEER_TIMEOUT", "60")))
+    except ValueError:
+        raise DistributedError(
+            "CKPTZ_PEER_TIMEOUT must be a number of seconds", hint="unset it or give e.g. 60"
+        ) from None
 
 
 def across(world: World, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
