@@ -14,13 +14,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import CLI_ENV, ckptz, tree_digests
 
-from ckptz.errors import DistributedError
+from ckptz.errors import DistributedError, PeerFailedError
+from ckptz.runs.distributed import Ranks, Status
+from ckptz.runs.jobs import Stop
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.share import World, balance, share_plan
 from ckptz.runs.tree import Entry
@@ -108,6 +112,92 @@ def test_world_comes_from_torchrun_variables_only_for_its_own_workers() -> None:
         World.from_env({**env, "CKPTZ_DISTRIBUTED": "1", "RANK": "x"})
     assert World(0, 4, 0, 2).threads(None) == max(1, len(os.sched_getaffinity(0)) // 2)
     assert World(0, 4, 0, 2).threads(3) == 3 and World(1, 2).device("cpu") == "cpu"
+
+
+# The meeting protocol, on threads --------------------------------------------------------
+
+
+class _Store:
+    """The part of a c10d store the ranks use, in memory."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def set(self, key: str, value: str) -> None:
+        with self.lock:
+            self.data[key] = 1
+
+    def check(self, keys: list[str]) -> bool:
+        with self.lock:
+            return all(k in self.data for k in keys)
+
+    def add(self, key: str, n: int) -> int:
+        with self.lock:
+            self.data[key] = self.data.get(key, 0) + n
+            return self.data[key]
+
+
+def _team(n: int, patience: float = 60.0) -> list[Ranks]:
+    store, barrier = _Store(), threading.Barrier(n)
+    slots: list[object] = [None] * n
+
+    def gather_for(r: int) -> Callable[[object], list[object]]:
+        def gather(obj: object) -> list[object]:
+            slots[r] = obj
+            barrier.wait(timeout=10)
+            out = list(slots)
+            barrier.wait(timeout=10)
+            return out
+
+        return gather
+
+    return [Ranks(World(r, n), store, gather_for(r), patience=patience) for r in range(n)]
+
+
+def test_a_failure_reaches_every_rank_at_the_next_meeting() -> None:
+    ranks = _team(2)
+    seen: dict[int, object] = {}
+
+    def rank0() -> None:
+        try:
+            ranks[0].ready(Plan())
+        except PeerFailedError as exc:
+            seen[0] = exc
+            ranks[0].finish(Status(exc.message, exc.exit_code, "peer"))
+
+    def rank1() -> None:
+        seen[1] = ranks[1].finish(Status("disk on fire", 5))
+
+    threads = [threading.Thread(target=f) for f in (rank0, rank1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    error = seen[0]
+    assert isinstance(error, PeerFailedError) and error.rank == 1 and error.exit_code == 5
+    assert "disk on fire" in str(error)
+    assert ranks[0].store.check(["failed"])  # said at once, for the others' Stop
+
+
+def test_a_failure_sets_the_others_stop_flag_at_once() -> None:
+    ranks = _team(2)
+    stop = Stop()
+    with ranks[0].beating():
+        ranks[0].watch(stop)
+        ranks[1].announce_failure()
+        deadline = time.monotonic() + 5
+        while not stop.is_set and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert stop.is_set and ranks[0].failed_elsewhere
+
+
+def test_a_rank_that_stops_beating_is_given_up_on() -> None:
+    ranks = _team(2, patience=1.0)
+    start = time.monotonic()
+    with pytest.raises(DistributedError, match="stopped answering"):
+        ranks[0].ready(Plan())  # rank 1 never comes, and never beats
+    assert time.monotonic() - start < 5
 
 
 # Real ranks ------------------------------------------------------------------------------
