@@ -44,6 +44,7 @@ from ckptz.runs.run import (
     scan_sources,
     stopping,
 )
+from ckptz.runs.share import SOLO, Team
 from ckptz.runs.streams import compress_stream, decompress_stream
 from ckptz.runs.tree import Selection, expand, scan
 from ckptz.safeio import atomic_output, remove_temp, stale_temps
@@ -83,6 +84,7 @@ def compress(
     sample_bytes: int = 32 << 20,
     reporter: Reporter | None = None,
     discard: bool = False,
+    team: Team = SOLO,
 ) -> Summary:
     """Compress checkpoint files and folders.
 
@@ -111,6 +113,8 @@ def compress(
         reporter: receives progress.
         discard: code and check everything but write nothing (measures the pipeline without
             storage; ``dst`` and ``in_place`` are ignored).
+        team: the ranks this call is one part of (:mod:`ckptz.runs.share`; the CLI passes
+            them under ``torchrun``); this process does its share and returns its part.
 
     Raises:
         CkptzError: bad arguments, unreadable input, a failed write, another run on the same
@@ -125,29 +129,32 @@ def compress(
     in_place = in_place and not discard
     selection = Selection(tuple(include), tuple(exclude))
     p = plan(trees, out, compress=True, selection=selection, force=force or discard)
+    mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
     if discard:
-        return _discard(True, root, p, device, threads, level, codec, memory, reporter, start)
+        return _discard(True, root, mine, device, threads, level, codec, memory, reporter, start)
     if dry_run:
         from ckptz.runs.estimate import estimate
 
         with engine_session(device, threads, level, codec, memory, reporter) as (sampler, notices):
             files = estimate(
-                [(j.entry.path, j.label) for j in p.converts + p.finishes], sampler, sample_bytes
+                [(j.entry.path, j.label) for j in mine.converts + mine.finishes], sampler, sample_bytes
             )
         return make_summary("compress", root, files, p, sampler, start, notices, dry_run=True, compress=True)
     # In place, the original is removed only after its container decoded back to it.
     verify = True if in_place else bool(verify)
     stop = Stop()
+    team.watch(stop)
     done: list[str] = []
     with (
-        stopping(p, done),
-        locked(p),
-        engine_for_plan(p, device, threads, level, codec, memory, reporter, True) as (engine, notices),
+        stopping(mine, done),
+        locked(mine),
+        engine_for_plan(mine, device, threads, level, codec, memory, reporter, True) as (engine, notices),
     ):
-        prepare(p, stop, done)
-        _finish_interrupted(p.finishes, engine, stop, done, compress=True)
-        reporter.start(sum(j.entry.size for j in p.converts), "compress")
+        prepare(mine, stop, done)
+        team.ready(p)
+        _finish_interrupted(mine.finishes, engine, stop, done, compress=True)
+        reporter.start(sum(j.entry.size for j in mine.converts), "compress")
 
         def one(job: Job) -> FileStats:
             assert engine is not None
@@ -156,8 +163,9 @@ def compress(
             reporter.file_done(job.label)
             return stats
 
-        files = run_jobs(one, p.converts, stop, name=job_label, done=done)
-        carry(p, stop, done, in_place, reporter)
+        files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
+        team.converted()
+        carry(mine, stop, done, in_place, reporter)
     return make_summary("compress", root, files, p, engine, start, notices, compress=True)
 
 
@@ -266,6 +274,7 @@ def decompress(
     dry_run: bool = False,
     reporter: Reporter | None = None,
     discard: bool = False,
+    team: Team = SOLO,
 ) -> Summary:
     """Restore every container under the sources to its original bytes and metadata
     (``discard``: decode and check everything, write nothing).
@@ -286,23 +295,26 @@ def decompress(
     in_place = in_place and not discard
     selection = Selection(tuple(include), tuple(exclude))
     p = plan(trees, out, compress=False, selection=selection, force=force or discard)
+    mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
     if discard:
-        return _discard(False, root, p, device, threads, 3, "auto", memory, reporter, start)
+        return _discard(False, root, mine, device, threads, 3, "auto", memory, reporter, start)
     if dry_run:
-        files = [_container_stats(j.entry.path, j.label) for j in p.converts + p.finishes]
+        files = [_container_stats(j.entry.path, j.label) for j in mine.converts + mine.finishes]
         return make_summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
     stop = Stop()
+    team.watch(stop)
     done: list[str] = []
     with ExitStack() as stack:
-        stack.enter_context(stopping(p, done))
-        stack.enter_context(locked(p))
+        stack.enter_context(stopping(mine, done))
+        stack.enter_context(locked(mine))
         engine, notices = stack.enter_context(
-            engine_for_plan(p, device, threads, 3, "auto", memory, reporter, False)
+            engine_for_plan(mine, device, threads, 3, "auto", memory, reporter, False)
         )
-        prepare(p, stop, done)
-        _finish_interrupted(p.finishes, engine, stop, done, compress=False)
-        reporter.start(sum(_source_size(j.entry.path) for j in p.converts), "decompress")
+        prepare(mine, stop, done)
+        team.ready(p)
+        _finish_interrupted(mine.finishes, engine, stop, done, compress=False)
+        reporter.start(sum(_source_size(j.entry.path) for j in mine.converts), "decompress")
 
         def one(job: Job) -> FileStats:
             assert engine is not None
@@ -311,8 +323,9 @@ def decompress(
             reporter.file_done(job.label)
             return stats
 
-        files = run_jobs(one, p.converts, stop, name=job_label, done=done)
-        carry(p, stop, done, in_place, reporter)
+        files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
+        team.converted()
+        carry(mine, stop, done, in_place, reporter)
     return make_summary("decompress", root, files, p, engine, start, notices, compress=False)
 
 
@@ -392,6 +405,7 @@ def verify(
     threads: int | None = None,
     device: str | None = None,
     reporter: Reporter | None = None,
+    team: Team = SOLO,
 ) -> VerifyResult:
     """Check that restoring ``path`` gives exactly ``against`` (or, alone, that it decodes).
 
@@ -406,12 +420,13 @@ def verify(
     trees = scan_sources(path)
     base = None if against is None else scan(expand([str(against)])[0])
     stop = Stop()
+    team.watch(stop)
     with ExitStack() as stack:
         stack.enter_context(hold((), [t.root for t in trees] + ([base.root] if base else [])))
         engine, notices = stack.enter_context(
             engine_session(device, threads, 3, "auto", None, reporter, announce=False)
         )
-        checks = verify_trees(trees, base, engine, reporter, stop)
+        checks = verify_trees(trees, base, engine, reporter, stop, team)
     return VerifyResult(
         ", ".join(str(t.root) for t in trees),
         tuple(checks),

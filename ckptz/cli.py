@@ -23,11 +23,12 @@ import typer
 from rich.console import Console
 
 from ckptz import __version__, _signals
-from ckptz.errors import CkptzError, StoppedError, UsageError
+from ckptz.errors import CkptzError, PeerFailedError, StoppedError, UsageError
 from ckptz.runs.progress import Progress
 
 if TYPE_CHECKING:
     from ckptz.runs.results import Summary
+    from ckptz.runs.share import World
 
 app = typer.Typer(
     name="ckptz",
@@ -108,6 +109,16 @@ Exclude = Annotated[
         metavar="PATTERN",
     ),
 ]
+Nproc = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        help="Split the files by bytes over N processes on this machine (under torchrun: ignored).",
+        min=1,
+        metavar="N",
+        show_default=False,
+    ),
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -124,6 +135,9 @@ def _errors(fn: F) -> F:
             if os.environ.get("CKPTZ_DEBUG"):
                 raise
             code = exc.exit_code if isinstance(exc, CkptzError) else 1
+            if isinstance(exc, PeerFailedError) and exc.quiet:
+                _signals.announced.append(True)  # rank 0 reports it
+                raise typer.Exit(code) from None
             if isinstance(exc, BrokenPipeError):
                 # The reader of stdout went away (`| head`): say so once, and keep Python
                 # from failing again when it flushes stdout at exit.
@@ -163,8 +177,44 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def _progress(quiet: bool, no_progress: bool, verbose: bool) -> Progress:
+def _progress(quiet: bool, no_progress: bool, verbose: bool, world: World | None = None) -> Progress:
+    if world is not None and not world.leader:
+        quiet = True  # under torchrun, rank 0 alone reports
     return Progress(stderr, show=not (quiet or no_progress), quiet=quiet, verbose=verbose)
+
+
+def _world(nproc: int | None) -> World | None:
+    """This rank's place under torchrun; with ``--nproc N`` outside it, run N ranks and exit."""
+    from ckptz.runs.share import World
+
+    world = World.from_env()
+    if world is None and nproc is not None and nproc > 1:
+        from ckptz.runs.launch import spawn
+
+        code = spawn(nproc, sys.argv[1:])
+        _signals.announced.append(True)  # the ranks said everything
+        raise typer.Exit(code)
+    return world
+
+
+def _call(world: World | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, or under torchrun this rank's share of it (the merged result)."""
+    if world is None:
+        return fn(*args, **kwargs)
+    from ckptz.runs.distributed import across
+
+    return across(world, fn, *args, **kwargs)
+
+
+def _leads(world: World | None) -> bool:
+    return world is None or world.leader
+
+
+def _one_process(nproc: int | None) -> None:
+    from ckptz.runs.share import World
+
+    if (nproc or 1) > 1 or World.from_env() is not None:
+        raise UsageError("a stream is one file in one process", hint="run it without torchrun or --nproc")
 
 
 def _stream_out(output: str | None, to_stdout: bool) -> bool:
@@ -269,6 +319,7 @@ def compress(
     verbose: Verbose = False,
     no_progress: NoProgress = False,
     as_json: Json = False,
+    nproc: Nproc = None,
 ) -> None:
     """Compress checkpoint files and folders: each checkpoint X becomes X.ckptz.
 
@@ -281,6 +332,7 @@ def compress(
     ui = _progress(quiet, no_progress, verbose)
     chosen = "ans" if fast and codec == "auto" else codec
     if sources == ["-"] or _stream_out(output, to_stdout):
+        _one_process(nproc)
         if in_place or dry_run:
             raise UsageError("--in-place and --dry-run do not apply to streams")
         opts = dict(
@@ -288,8 +340,12 @@ def compress(
         )
         _stream("compress", sources, output, to_stdout, as_json, ui, **opts)
         return
+    world = _world(nproc)
+    ui = _progress(quiet, no_progress, verbose, world)
     with ui:
-        summary = api.compress(
+        summary = _call(
+            world,
+            api.compress,
             sources,
             output,
             in_place=in_place,
@@ -305,7 +361,8 @@ def compress(
             dry_run=dry_run,
             reporter=ui,
         )
-    _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
+    if _leads(world):
+        _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
 
 
 @app.command()
@@ -325,6 +382,7 @@ def decompress(
     verbose: Verbose = False,
     no_progress: NoProgress = False,
     as_json: Json = False,
+    nproc: Nproc = None,
 ) -> None:
     """Restore .ckptz containers to byte-identical originals, with their metadata.
 
@@ -335,14 +393,19 @@ def decompress(
 
     ui = _progress(quiet, no_progress, verbose)
     if sources == ["-"] or _stream_out(output, to_stdout):
+        _one_process(nproc)
         if in_place or dry_run:
             raise UsageError("--in-place and --dry-run do not apply to streams")
         _stream(
             "decompress", sources, output, to_stdout, as_json, ui, threads=threads, device=device, force=force
         )
         return
+    world = _world(nproc)
+    ui = _progress(quiet, no_progress, verbose, world)
     with ui:
-        summary = api.decompress(
+        summary = _call(
+            world,
+            api.decompress,
             sources,
             output,
             in_place=in_place,
@@ -354,7 +417,8 @@ def decompress(
             dry_run=dry_run,
             reporter=ui,
         )
-    _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
+    if _leads(world):
+        _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
 
 
 @app.command()
@@ -387,6 +451,7 @@ def verify(
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="List only the files that failed.")] = False,
     no_progress: NoProgress = False,
     as_json: Json = False,
+    nproc: Nproc = None,
 ) -> None:
     """Check that containers restore exactly: exit 0 only if every file matches.
 
@@ -397,10 +462,12 @@ def verify(
     from ckptz import api
     from ckptz.report import verify_json, verify_view
 
-    ui = _progress(quiet, no_progress, False)
+    world = _world(nproc)
+    ui = _progress(quiet, no_progress, False, world)
     with ui:
-        result = api.verify(paths, against, threads=threads, device=device, reporter=ui)
-    _emit(verify_json(result) if as_json else None, verify_view(result, problems_only=quiet), as_json)
+        result = _call(world, api.verify, paths, against, threads=threads, device=device, reporter=ui)
+    if _leads(world):
+        _emit(verify_json(result) if as_json else None, verify_view(result, problems_only=quiet), as_json)
     if not result.ok:
         raise typer.Exit(1)
 

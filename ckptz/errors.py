@@ -149,3 +149,22 @@ class StoppedError(CkptzError, RuntimeError):
             f"stopped: {done}; {remaining} left as they were",
             hint="run the same command again to finish",
         )
+
+
+class DistributedError(CkptzError, RuntimeError):
+    """Ranks started by ``torchrun`` cannot work together (no gloo, lost contact, different files)."""
+
+
+class PeerFailedError(CkptzError, RuntimeError):
+    """Another rank of a ``torchrun`` run failed, so this one stopped; the exit code is that rank's.
+
+    Attributes:
+        rank: the rank that failed.
+        quiet: rank 0 reports the failure; the other ranks only exit with its code.
+    """
+
+    def __init__(self, rank: int, message: str, exit_code: int = 1, *, quiet: bool = False) -> None:
+        self.rank = rank
+        self.exit_code = exit_code
+        self.quiet = quiet
+        super().__init__(f"rank {rank} failed: {message}")

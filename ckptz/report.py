@@ -220,6 +220,9 @@ def summary_view(summary: Summary) -> RenderableType:
         speed = summary.bytes / summary.seconds / 1e9 if summary.seconds else 0.0
         n = len(summary.files)
         line = f"{n} file{'s' * (n != 1)} on {summary.device} ({summary.threads} threads) in {summary.seconds:.2f} s"
+        if summary.ranks:
+            k = len(set(summary.ranks))
+            line = line.replace(" (", f" ({k} rank{'s' * (k != 1)}, ", 1)
         line += f", {speed:.2f} GB/s"
         if summary.copied:
             k = len(summary.copied)
@@ -342,8 +345,9 @@ def summary_json(summary: Summary) -> dict[str, Any]:
                 "portable": f.portable,
                 "codecs": f.codecs,
                 "components": [component_json(c, f.bytes) for c in f.components],
+                **({"rank": summary.ranks[i]} if summary.ranks else {}),
             }
-            for f in summary.files
+            for i, f in enumerate(summary.files)
         ],
         "copied": list(summary.copied),
         "actions": [

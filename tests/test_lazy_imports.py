@@ -1,7 +1,8 @@
-"""`ckptz --help` and `ckptz inspect` of a container must not import torch or nvCOMP."""
+"""`ckptz --help`, `ckptz inspect` and single-process CPU runs must not import torch or nvCOMP."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,14 @@ print("HEAVY", heavy, code)
 """
 
 
-def _heavy(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=True)
+def _heavy(*args: str, **env: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
+    )
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("HEAVY"))
     return line
 
@@ -37,3 +44,11 @@ def test_inspect_of_container_is_light(small_checkpoint: Path, tmp_path: Path) -
     assert CliRunner().invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
     assert _heavy("inspect", str(packed)) == "HEAVY [] 0"
     assert _heavy("inspect", str(small_checkpoint)) == "HEAVY [] 0"
+
+
+def test_a_single_process_cpu_run_imports_no_torch(small_checkpoint: Path, tmp_path: Path) -> None:
+    """Outside torchrun, the ranks' machinery (torch.distributed) stays unimported."""
+    out = tmp_path / "out"
+    env = {"CKPTZ_DEVICE": "cpu"}
+    assert _heavy("compress", str(small_checkpoint), "-o", str(out), "-q", **env) == "HEAVY [] 0"
+    assert _heavy("verify", str(out), "--against", str(small_checkpoint), "-q", **env) == "HEAVY [] 0"

@@ -33,6 +33,7 @@ from ckptz.errors import (
 from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, restore
 from ckptz.runs.jobs import Stop, run_jobs
+from ckptz.runs.share import SOLO, Team
 from ckptz.runs.tree import Entry, Tree
 
 if TYPE_CHECKING:
@@ -95,9 +96,17 @@ class _Pair:
 
 
 def verify_trees(
-    trees: list[Tree], base: Tree | None, engine: Engine, reporter: Reporter, stop: Stop
+    trees: list[Tree],
+    base: Tree | None,
+    engine: Engine,
+    reporter: Reporter,
+    stop: Stop,
+    team: Team = SOLO,
 ) -> list[FileCheck]:
     """Verdicts for every name of ``trees`` (and, with ``base``, of the original).
+
+    With several ranks (``team``), each decodes its share of the containers by bytes, and
+    rank 0 alone gives the verdicts that need no decoding.
 
     Raises:
         UsageError: several trees with an original, or a folder against a file.
@@ -126,6 +135,8 @@ def verify_trees(
         if len(trees) != 1:
             raise UsageError("--against compares one tree", hint="verify one folder (or file) at a time")
         verdicts, pairs = _match(trees[0], base)
+    pairs = team.mine(pairs, lambda p: p.mine.size)
+    verdicts = verdicts if team.leader else []
     reporter.start(sum(p.mine.size for p in pairs), "verify")
 
     def check(p: _Pair) -> FileCheck:

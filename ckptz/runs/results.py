@@ -65,6 +65,7 @@ class Summary:
         actions: what was done to each input, skips included, or with ``dry_run`` what
             would be.
         dry_run: nothing was written; ``files`` hold estimates from a sample.
+        ranks: under ``torchrun``, the rank that did each of ``files``; empty in one process.
     """
 
     operation: str
@@ -78,6 +79,7 @@ class Summary:
     notices: tuple[str, ...] = ()
     actions: tuple[Action, ...] = ()
     dry_run: bool = False
+    ranks: tuple[int, ...] = ()
 
     @property
     def bytes(self) -> int:
