@@ -444,6 +444,10 @@ def verify(
     with ui:
         result = api.verify(paths, against, threads=threads, device=device, reporter=ui)
     _emit(verify_json(result) if as_json else None, verify_view(result, problems_only=quiet), as_json)
+    broken = [c for c in result.files if c.status == "unreferenced"]
+    if broken:
+        more = f" (and {len(broken) - 1} more files)" if len(broken) > 1 else ""
+        stderr.print(f"ckptz: error: {broken[0].error}{more}", soft_wrap=True)
     if not result.ok:
         raise typer.Exit(1)
 

@@ -18,7 +18,9 @@ from ckptz.formats import CHECKPOINT_SUFFIXES
 from ckptz.runs.tree import Entry, Tree
 
 _NAMES = (
-    re.compile(r"(?:checkpoint|ckpt|step|iter|iteration|global_step|global-step|epoch)[-_=]?(?P<step>\d+)", re.I),
+    re.compile(
+        r"(?:checkpoint|ckpt|step|iter|iteration|global_step|global-step|epoch)[-_=]?(?P<step>\d+)", re.I
+    ),
     re.compile(r"epoch=\d+-step=(?P<step>\d+)", re.I),
     re.compile(r"epoch[-_]\d+[-_]step[-_](?P<step>\d+)", re.I),
 )

@@ -139,7 +139,7 @@ def open_reference(container: Path, spec: RefSpec, label: str) -> ReferenceBytes
         raise ContainerError(f"reference chain longer than {MAX_CHAIN} (a cycle?)", path=label)
     _depth.n = depth + 1
     try:
-        return _open(container.parent / spec.path, spec, label)
+        return _open(_shown(container.parent / spec.path), spec, label)
     finally:
         _depth.n = depth
 
@@ -165,9 +165,15 @@ def _open(target: Path, spec: RefSpec, label: str) -> ReferenceBytes:
         f"needs its reference {spec.path}, which is missing",
         reference=spec.path,
         path=label,
-        hint="restore that checkpoint; deleting a checkpoint that older ones are coded against "
-        "breaks them (`ckptz detach` makes a checkpoint self-contained first)",
+        hint="put it back; to delete a checkpoint, first `ckptz detach` the next older one",
     )
+
+
+def _shown(path: Path) -> Path:
+    """``path`` without ``..`` steps, relative to the working folder when below it."""
+    norm = os.path.normpath(path)
+    rel = os.path.relpath(norm)
+    return Path(rel if not rel.startswith("..") else norm)
 
 
 def _changed(spec: RefSpec, label: str) -> ReferenceChangedError:

@@ -180,7 +180,9 @@ def _open_current(where: list[Path]) -> tuple[ReferenceBytes, list[Tensor], str,
     raise FileNotFoundError(f"reference {where[0]} vanished during the run")
 
 
-def _delta(layout: FileLayout, src: Path, target: Path, ref: Path, where: list[Path]) -> FrameTransform | None:
+def _delta(
+    layout: FileLayout, src: Path, target: Path, ref: Path, where: list[Path]
+) -> FrameTransform | None:
     """The delta of ``src`` (whose container goes to ``target``) against the file whose
     container is ``ref``, read from the first of ``where`` that exists."""
     source, theirs, digest, size = _open_current(where)
