@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -46,8 +47,13 @@ from ckptz.runs.run import (
 )
 from ckptz.runs.share import SOLO, Team
 from ckptz.runs.streams import compress_stream, decompress_stream
-from ckptz.runs.tree import Selection, expand, scan
+from ckptz.runs.tree import Selection, Tree, expand, scan
 from ckptz.safeio import atomic_output, remove_temp, stale_temps
+
+if TYPE_CHECKING:
+    from ckptz.formats.layout import FileLayout
+    from ckptz.pipeline.transform import FrameTransform
+    from ckptz.series.run import SeriesPlan
 
 __all__ = [
     "Action",
@@ -61,6 +67,7 @@ __all__ = [
     "compress_stream",
     "decompress",
     "decompress_stream",
+    "detach",
     "inspect",
     "verify",
 ]
@@ -85,6 +92,8 @@ def compress(
     reporter: Reporter | None = None,
     discard: bool = False,
     team: Team = SOLO,
+    series: bool = False,
+    keyframe_every: int = 8,
 ) -> Summary:
     """Compress checkpoint files and folders.
 
@@ -115,6 +124,10 @@ def compress(
             storage; ``dst`` and ``in_place`` are ignored).
         team: the ranks this call is one part of (:mod:`ckptz.runs.share`; the CLI passes
             them under ``torchrun``); this process does its share and returns its part.
+        series: the source is a run folder: code each checkpoint's tensors as their XOR with
+            the next newer checkpoint's, and re-code the previous newest one when a
+            checkpoint was added (:mod:`ckptz.series.run`).
+        keyframe_every: with ``series``, a restore decodes at most this many containers.
 
     Raises:
         CkptzError: bad arguments, unreadable input, a failed write, another run on the same
@@ -128,9 +141,12 @@ def compress(
     out = Output.parse(None if discard else dst, in_place or discard, len(trees), trees[0].is_dir)
     in_place = in_place and not discard
     selection = Selection(tuple(include), tuple(exclude))
+    if series and team is not SOLO:
+        raise UsageError("--series runs in one process", hint="run it without torchrun or --nproc")
     p = plan(trees, out, compress=True, selection=selection, force=force or discard)
     mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
+    sp = _series_plan(trees, p, keyframe_every) if series and not (discard or dry_run) else None
     if discard:
         return _discard(True, root, mine, device, threads, level, codec, memory, reporter, start)
     if dry_run:
@@ -159,18 +175,124 @@ def compress(
         def one(job: Job) -> FileStats:
             assert engine is not None
             reporter.file(job.label)
-            stats = _compress_one(job, engine, verify, in_place, reporter, stop)
+            make = sp.transform(job) if sp is not None else None
+            stats = _compress_one(job, engine, verify, in_place, reporter, stop, make)
             reporter.file_done(job.label)
             return stats
 
         files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
         team.converted()
         carry(mine, stop, done, in_place, reporter)
+        if sp is not None and sp.recodes:
+            files += _recode_all(sp, engine, device, threads, level, codec, memory, reporter, stop, done)
     return make_summary("compress", root, files, p, engine, start, notices, compress=True)
 
 
+def _series_plan(trees: list[Tree], p: Plan, keyframe_every: int) -> SeriesPlan:
+    from ckptz.series.run import plan_series
+
+    if len(trees) != 1 or not trees[0].is_dir:
+        raise UsageError("--series needs one run folder", hint="name the folder that holds checkpoint-N/ ...")
+    if keyframe_every < 1:
+        raise UsageError("--keyframe-every must be at least 1")
+    return plan_series(trees[0], p, keyframe_every)
+
+
+def _recode_all(
+    sp: SeriesPlan,
+    engine: Engine | None,
+    device: str | None,
+    threads: int | None,
+    level: int,
+    codec: str,
+    memory: int | None,
+    reporter: Reporter,
+    stop: Stop,
+    done: list[str],
+) -> list[FileStats]:
+    """Re-code the previous newest files against the new ones, one at a time, each safely."""
+    from ckptz.series.run import recode
+
+    with ExitStack() as stack:
+        if engine is None:
+            engine, _ = stack.enter_context(engine_session(device, threads, level, codec, memory, reporter))
+        out = []
+        for node, ref in sp.recodes:
+            stop.check()
+            label = node.member.entry.rel
+            reporter.file(label)
+            index = recode(node.target, label, engine, ref.target, stop.ticker(ignore_progress))
+            out.append(index_stats(label.removesuffix(SUFFIX), index, node.target.stat().st_size))
+            reporter.file_done(label)
+            done.append(label)
+        return out
+
+
+def detach(
+    path: str | Path | Sequence[str | Path],
+    *,
+    threads: int | None = None,
+    device: str | None = None,
+    reporter: Reporter | None = None,
+) -> Summary:
+    """Make series containers self-contained again, in place (keyframes later runs keep).
+
+    Every container under ``path`` that is coded against a reference is restored (through
+    its reference), coded again on its own, checked and renamed over itself; containers
+    that reference it still restore (its original bytes do not change). Safe at every
+    instant, like every in-place change.
+
+    Raises:
+        ReferenceMissingError: a container's reference is already gone (it is left as it is).
+    """
+    from ckptz.series.run import recode
+
+    reporter = reporter or SilentReporter()
+    start = time.perf_counter()
+    trees = scan_sources(path)
+    todo: list[tuple[Path, str]] = []
+    for t in trees:
+        for e in t.entries:
+            if e.kind == "container":
+                with open(e.path, "rb") as f:
+                    if "reference" in read_index(f, e.rel).header:
+                        todo.append((e.path, e.rel))
+    files: list[FileStats] = []
+    stop = Stop()
+    done: list[str] = []
+    with ExitStack() as stack:
+        stack.enter_context(hold([p.parent for p, _ in todo], [t.root for t in trees]))
+        engine, notices = stack.enter_context(engine_session(device, threads, 3, "auto", None, reporter))
+        for container, rel in todo:
+            stop.check()
+            reporter.file(rel)
+            index = recode(container, rel, engine, None)
+            files.append(index_stats(rel.removesuffix(SUFFIX), index, container.stat().st_size))
+            reporter.file_done(rel)
+            done.append(rel)
+    root = ", ".join(str(t.root) for t in trees)
+    return Summary(
+        "detach",
+        root,
+        tuple(files),
+        total_components(files),
+        (),
+        engine.device,
+        engine.threads,
+        time.perf_counter() - start,
+        tuple(notices),
+        tuple(Action("detach", str(c)) for c, _ in todo),
+    )
+
+
 def _compress_one(
-    job: Job, engine: Engine, verify: bool, in_place: bool, reporter: Reporter, stop: Stop
+    job: Job,
+    engine: Engine,
+    verify: bool,
+    in_place: bool,
+    reporter: Reporter,
+    stop: Stop,
+    transform: Callable[[FileLayout], FrameTransform | None] | None = None,
 ) -> FileStats:
     e, target = job.entry, job.target
     for stale in stale_temps(target):
@@ -187,6 +309,7 @@ def _compress_one(
             progress=stop.ticker(reporter.advance),
             verify=verify,
             source_fields=meta.to_json(),
+            transform=transform,
         )
     if in_place:
         remove_original(e.path)
@@ -367,6 +490,16 @@ def _container_stats(path: Path, label: str) -> FileStats:
     return index_stats(label.removesuffix(SUFFIX), index, path.stat().st_size)
 
 
+def _check_chain(container: Path, label: str) -> None:
+    """A series container's references must all be there (only indexes are read)."""
+    with open(container, "rb") as f:
+        if "reference" not in read_index(f, label).header:
+            return
+    from ckptz.series.run import chain
+
+    chain(container)
+
+
 def inspect(path: str | Path | Sequence[str | Path]) -> Summary:
     """Describe checkpoints or their compressed form without decoding any payload.
 
@@ -384,6 +517,7 @@ def inspect(path: str | Path | Sequence[str | Path]) -> Summary:
             label = prefix + e.rel
             if e.kind == "container":
                 files.append(_container_stats(e.path, label))
+                _check_chain(e.path, label)
             elif e.kind == "checkpoint" or (e.kind == "other" and not t.is_dir):
                 files.append(layout_stats(label, read_layout(e.path, label)))
             elif e.kind == "other":

@@ -315,6 +315,23 @@ def compress(
     ] = None,
     force: Force = False,
     dry_run: DryRun = False,
+    series: Annotated[
+        bool,
+        typer.Option(
+            "--series",
+            help="SOURCE is a run folder (checkpoint-N/, step_N, ...): code each checkpoint against "
+            "the next newer one (reverse deltas; the newest stays self-contained).",
+        ),
+    ] = False,
+    keyframe_every: Annotated[
+        int,
+        typer.Option(
+            "--keyframe-every",
+            help="With --series: a restore decodes at most K containers.",
+            min=1,
+            metavar="K",
+        ),
+    ] = 8,
     quiet: Quiet = False,
     verbose: Verbose = False,
     no_progress: NoProgress = False,
@@ -360,9 +377,35 @@ def compress(
             exclude=exclude or (),
             dry_run=dry_run,
             reporter=ui,
+            series=series,
+            keyframe_every=keyframe_every,
         )
     if _leads(world):
         _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
+
+
+@app.command()
+@_errors
+def detach(
+    paths: Sources,
+    threads: Threads = None,
+    device: Device = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+    no_progress: NoProgress = False,
+    as_json: Json = False,
+) -> None:
+    """Make series containers (compress --series) self-contained again, in place.
+
+    Do this before deleting or moving a checkpoint away from its run: the containers coded
+    against it (older checkpoints) still restore, and it no longer needs newer ones.
+    """
+    from ckptz import api
+
+    ui = _progress(quiet, no_progress, verbose)
+    with ui:
+        summary = api.detach(paths, threads=threads, device=device, reporter=ui)
+    _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=False)
 
 
 @app.command()
@@ -468,6 +511,10 @@ def verify(
         result = _call(world, api.verify, paths, against, threads=threads, device=device, reporter=ui)
     if _leads(world):
         _emit(verify_json(result) if as_json else None, verify_view(result, problems_only=quiet), as_json)
+        broken = [c for c in result.files if c.status == "unreferenced"]
+        if broken:
+            more = f" (and {len(broken) - 1} more files)" if len(broken) > 1 else ""
+            stderr.print(f"ckptz: error: {broken[0].error}{more}", soft_wrap=True)
     if not result.ok:
         raise typer.Exit(1)
 

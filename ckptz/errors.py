@@ -87,6 +87,22 @@ class CorruptionError(ContainerError):
         super().__init__(message, path=path, hint=hint)
 
 
+class ReferenceMissingError(ContainerError):
+    """A series container's reference (the newer checkpoint it is coded against) is gone.
+
+    Attributes:
+        reference: the reference's path, as the container names it.
+    """
+
+    def __init__(self, message: str, *, reference: str, path: str | None = None, hint: str | None = None):
+        self.reference = reference
+        super().__init__(message, path=path, hint=hint)
+
+
+class ReferenceChangedError(ReferenceMissingError):
+    """A series container's reference exists but is not the file it was coded against."""
+
+
 class MismatchError(CkptzError, ValueError):
     """A restored file differs from the original it is compared against."""
 

@@ -78,10 +78,11 @@ class ContainerReader(io.RawIOBase):
         try:
             self.index = read_index(self._file, self.name)
             self._engine, _notice = open_engine(device)
+            # A series container finds its reference here, and may fail to.
+            self._decoder = FrameDecoder(self._file.fileno(), self.name, self.index, self._engine)
         except BaseException:
             self.close()
             raise
-        self._decoder = FrameDecoder(self._file.fileno(), self.name, self.index, self._engine)
         self._size = self.index.source_size
         self._pos = 0
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()

@@ -50,6 +50,7 @@ from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
 from ckptz.pipeline.plan import Frame, StreamPlan, frame_map, plan_streams
+from ckptz.pipeline.transform import FrameTransform
 from ckptz.pipeline.workers import Failures, FrameSlots, Stopped, Workers, file_digest, slots_needed
 
 Progress = Callable[[int], None]
@@ -81,6 +82,7 @@ def compress_file(
     progress: Progress = _no_progress,
     verify: bool = False,
     source_fields: Mapping[str, object] | None = None,
+    transform: Callable[[FileLayout], FrameTransform | None] | None = None,
 ) -> WrittenContainer:
     """Compress ``src`` into the open, empty file ``out`` (``None``: code everything and
     write nothing, to measure the pipeline without storage).
@@ -93,6 +95,8 @@ def compress_file(
         verify: decode every coded frame back before returning, and read the written
             container back (see the module docstring); needs a regular file.
         source_fields: more fields for the header's ``source`` object (e.g. metadata).
+        transform: makes, from the file's layout, the transform its frames are coded
+            through (:mod:`ckptz.pipeline.transform`; a series delta).
 
     Raises:
         FormatError: the source changed while being read.
@@ -100,11 +104,12 @@ def compress_file(
         OSError: reading or writing failed.
     """
     layout = read_layout(src, relpath)
-    plan = plan_streams(layout, engine.frame_size, src)
+    change = transform(layout) if transform is not None else None
+    plan = plan_streams(layout, engine.frame_size, src, change.apart if change else frozenset())
     pools = workers or Workers.shared(engine.threads if engine.inline else 0)
     fd = os.open(src, os.O_RDONLY)
     try:
-        run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify)
+        run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify, change)
         return run.run(source_fields or {})
     finally:
         os.close(fd)
@@ -124,7 +129,9 @@ class _Compression:
         workers: Workers,
         progress: Progress,
         verify: bool,
+        change: FrameTransform | None = None,
     ) -> None:
+        self.change = change
         self.fd, self.relpath, self.layout, self.plan = fd, relpath, layout, plan
         self.stream = out if out is not None and not _regular(out) else None
         self.out = out.fileno() if out is not None and self.stream is None else None
@@ -216,8 +223,9 @@ class _Compression:
             for at, within, n in frame.pieces:
                 if os.preadv(self.fd, [view.data[within : within + n]], at) != n:
                     raise FormatError("file changed or was truncated while being read", path=self.relpath)
-            self.sums[i] = checksum(view)
-            self.coded[i] = self.engine.encode(self.plan.streams[frame.stream], view, self.sums[i])
+            coded = view if self.change is None else self.change.forward(frame, view)
+            self.sums[i] = checksum(coded)  # of the bytes coded; the file digest is of ``view``
+            self.coded[i] = self.engine.encode(self.plan.streams[frame.stream], coded, self.sums[i])
             self.read[i].set_result(view)
             self.progress(frame.length)
         except BaseException as exc:
@@ -386,6 +394,8 @@ class _Compression:
             "tensor_keys": [list(seg.keys) for seg in self.layout.segments],
         }
         header.update(self.engine.container_extras())
+        if self.change is not None:
+            header.update(self.change.header())
         return header
 
 

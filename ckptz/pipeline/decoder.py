@@ -23,6 +23,7 @@ from ckptz.container import Index, checksum, frame_chunk_starts, padded_size, st
 from ckptz.engines.base import Engine, StoredChunk
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
+from ckptz.pipeline.transform import transform_for
 
 
 class FrameDecoder:
@@ -57,6 +58,8 @@ class FrameDecoder:
         keys = index.header.get("tensor_keys", [])
         self._keys = keys if isinstance(keys, list) else []
         self._count_lock = threading.Lock()
+        # A series delta's reference is found (and checked) before any frame is decoded.
+        self.transform = transform_for(index, fd, path)
         self.frames_decoded = 0
         self.stored_bytes_read = 0
 
@@ -138,7 +141,7 @@ class FrameDecoder:
                 chunk=first,
                 tensor=tensor,
             )
-        return data
+        return data if self.transform is None else self.transform.backward(frame, data)
 
     def decode(self, i: int) -> np.ndarray:
         """Frame ``i``'s original bytes, checked (:meth:`start` then :meth:`finish`)."""

@@ -32,7 +32,12 @@ class StreamPlan:
     segment_streams: tuple[int, ...]
 
 
-def plan_streams(layout: FileLayout, frame_size: int = FRAME_SIZE, source: Path | None = None) -> StreamPlan:
+def plan_streams(
+    layout: FileLayout,
+    frame_size: int = FRAME_SIZE,
+    source: Path | None = None,
+    apart: frozenset[int] = frozenset(),
+) -> StreamPlan:
     """Group segments into streams of one (component, dtype), numbered by first appearance.
 
     Tensor streams are cut into ``frame_size`` frames (an engine may prefer larger ones:
@@ -40,16 +45,17 @@ def plan_streams(layout: FileLayout, frame_size: int = FRAME_SIZE, source: Path 
     ``source`` file, float tensors are also sorted by :func:`value_class` of a small
     sample, so that fp32 tensors holding bf16 values do not share frames with true fp32
     ones: a few KB of full mantissas in a frame cost its low planes their constant and
-    bit-packed codes.
+    bit-packed codes. Segments whose index is in ``apart`` (those a series delta codes as
+    an XOR, :mod:`ckptz.series`) get streams of their own.
     """
-    ids: dict[tuple[str, str, int, bool, int], int] = {}
-    keys: list[tuple[str, str, int, bool, int]] = []
+    ids: dict[tuple[str, str, int, bool, int, bool], int] = {}
+    keys: list[tuple[str, str, int, bool, int, bool]] = []
     lengths: list[int] = []
     tensors: list[int] = []
     seg_streams: list[int] = []
     with open(source, "rb", buffering=0) if source is not None else nullcontext() as f:
-        for seg in layout.segments:
-            key = _stream_key(seg, f)
+        for i, seg in enumerate(layout.segments):
+            key = (*_stream_key(seg, f), i in apart)
             sid = ids.setdefault(key, len(keys))
             if sid == len(keys):
                 keys.append(key)
@@ -59,7 +65,7 @@ def plan_streams(layout: FileLayout, frame_size: int = FRAME_SIZE, source: Path 
             tensors[sid] += seg.kind == "tensor"
             seg_streams.append(sid)
     streams = []
-    for sid, (component, dtype, word, rotate, _) in enumerate(keys):
+    for sid, (component, dtype, word, rotate, _, _) in enumerate(keys):
         frame = META_FRAME_SIZE if word == 1 and component in ("metadata", "other") else frame_size
         streams.append(StreamInfo(sid, component, dtype, word, rotate, frame, lengths[sid], tensors[sid]))
     return StreamPlan(tuple(streams), tuple(seg_streams))

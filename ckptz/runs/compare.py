@@ -3,7 +3,8 @@
 With an original to compare against, the two trees are matched by name (``X.ckptz`` stands
 for ``X``; other files, symlinks and folders for themselves) and every name gets a verdict:
 present on both sides with equal bytes and permission bits (``ok``), or ``missing``,
-``extra``, ``changed``, ``damaged`` or ``undecodable``. Containers are decoded and compared
+``extra``, ``changed``, ``damaged``, ``undecodable`` or ``unreferenced`` (a series container
+whose reference, a newer checkpoint, is missing or changed). Containers are decoded and compared
 with the original in a stream, without writing anything; plain files are compared block by
 block. Without an original, every container is decoded and its checksums checked, and every
 other file is listed as ``unchecked``.
@@ -27,6 +28,7 @@ from ckptz.errors import (
     CodecUnavailableError,
     MismatchError,
     NothingToDoError,
+    ReferenceMissingError,
     StoppedError,
     UsageError,
 )
@@ -39,9 +41,11 @@ from ckptz.runs.tree import Entry, Tree
 if TYPE_CHECKING:
     from ckptz.runs.results import Reporter
 
-CheckStatus = Literal["ok", "unchecked", "changed", "missing", "extra", "damaged", "undecodable"]
+CheckStatus = Literal[
+    "ok", "unchecked", "changed", "missing", "extra", "damaged", "undecodable", "unreferenced"
+]
 #: Verdicts that make ``verify`` fail.
-FAILING: frozenset[str] = frozenset({"changed", "missing", "extra", "damaged", "undecodable"})
+FAILING: frozenset[str] = frozenset({"changed", "missing", "extra", "damaged", "undecodable", "unreferenced"})
 _BLOCK = 8 << 20
 
 
@@ -224,6 +228,8 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
         return FileCheck(p.label, "undecodable", 0, str(exc))
     except MismatchError as exc:
         return FileCheck(p.label, "changed", 0, str(exc))
+    except ReferenceMissingError as exc:
+        return FileCheck(p.label, "unreferenced", 0, str(exc))
     except CkptzError as exc:
         return FileCheck(p.label, "damaged", 0, str(exc))
     except OSError as exc:

@@ -1,0 +1,283 @@
+"""Series deltas: tensors coded as their XOR with the same tensor of a newer checkpoint.
+
+Consecutive snapshots of a training run differ little: XOR two of them and the exponent and
+high mantissa bits mostly cancel (FACTS.md: bf16 weights go from 1.54 to 2.4-2.6 at the
+order-0 bound). :class:`XorDelta` is the :class:`~ckptz.pipeline.transform.FrameTransform`
+that does it: each *paired* tensor segment of a frame is XORed with its counterpart's bytes
+in the reference file, before the engine codes the frame and after it decodes it. Which
+tensors are paired is decided by :func:`choose_pairs` from a sample of each (XOR only where
+it measures smaller than plain), and written to the container's header::
+
+    "reference": {"path": "../checkpoint-50/model.safetensors.ckptz", "size": N,
+                  "xxh3_128": "<the reference's original digest>",
+                  "pairs": [[segment index, offset of the counterpart in the reference], ...]}
+
+A paired segment and its counterpart have the same length; segments not named are stored
+as they are. See docs/FORMAT.md (1.2).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckptz.container import Index
+from ckptz.dtypes import lookup
+from ckptz.errors import ContainerError
+from ckptz.formats.layout import FileLayout
+from ckptz.pipeline.plan import Frame
+from ckptz.series.reference import ReferenceBytes, RefSpec, locate, open_reference
+
+#: A sample of each tensor decides XOR or plain: this many pieces of ``_PIECE`` bytes.
+_PIECES = 4
+_PIECE = 16 << 10
+#: XOR must measure at least this much smaller than plain to be chosen.
+_MARGIN = 0.98
+#: Tensors smaller than this are not paired (the pair costs more header than it saves).
+MIN_PAIR_BYTES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A tensor segment as pairing sees it: where, how long, and what it is."""
+
+    index: int
+    offset: int
+    length: int
+    keys: tuple[str, ...]
+    dtype: str
+
+    @property
+    def key(self) -> tuple[tuple[str, ...], str, int]:
+        return (self.keys, self.dtype, self.length)
+
+
+def layout_tensors(layout: FileLayout) -> list[Tensor]:
+    """The tensor segments of a source file's layout."""
+    return [
+        Tensor(i, s.offset, s.length, s.keys, lookup(s.dtype).name)
+        for i, s in enumerate(layout.segments)
+        if s.kind == "tensor" and s.keys
+    ]
+
+
+def index_tensors(index: Index) -> list[Tensor]:
+    """The tensor segments of a container's original file, from its index alone."""
+    keys = index.header.get("tensor_keys", [])
+    lengths = index.segments["length"].tolist()
+    streams = index.segments["stream"].tolist()
+    starts = [0, *accumulate(lengths)]
+    out = []
+    for i, (n, sid) in enumerate(zip(lengths, streams, strict=True)):
+        k = keys[i] if isinstance(keys, list) and i < len(keys) and isinstance(keys[i], list) else []
+        if k:
+            out.append(Tensor(i, starts[i], n, tuple(str(x) for x in k), index.streams[sid].dtype))
+    return out
+
+
+def plane_cost(data: np.ndarray, word: int) -> float:
+    """Order-0 entropy, in bytes, of ``data``'s byte planes (``word`` bytes per element)."""
+    n = data.size // word * word
+    planes = data[:n].reshape(-1, word)
+    total = 0.0
+    for p in range(word):
+        counts = np.bincount(planes[:, p], minlength=256)
+        probs = counts[counts > 0] / planes.shape[0]
+        total += float(-(probs * np.log2(probs)).sum()) * planes.shape[0] / 8
+    return total
+
+
+def _spans(length: int, word: int) -> list[tuple[int, int]]:
+    if length <= _PIECES * _PIECE:
+        return [(0, length)]
+    step = (length - _PIECE) // (_PIECES - 1)
+    return [(i * step // word * word, _PIECE) for i in range(_PIECES)]
+
+
+def xor_gain(ours: bytes, theirs: bytes, word: int) -> tuple[float, float]:
+    """(plain, XOR) order-0 cost in bytes of a sample and its counterpart."""
+    a = np.frombuffer(ours, np.uint8)
+    b = np.frombuffer(theirs, np.uint8)[: a.size]
+    return plane_cost(a, word), plane_cost(a ^ b, word)
+
+
+def choose_pairs(
+    ours: Sequence[Tensor],
+    theirs: Iterable[Tensor],
+    read_ours: Callable[[int, int], bytes],
+    read_theirs: Callable[[int, int], bytes],
+) -> list[tuple[int, int]]:
+    """``(segment, counterpart offset)`` for each tensor worth coding as an XOR.
+
+    A counterpart has the same key paths, dtype and length. Each pair is judged on a sample
+    (:data:`_PIECES` pieces): kept only where the XOR's order-0 cost is below plain's.
+    """
+    by_key: dict[tuple[tuple[str, ...], str, int], Tensor] = {}
+    for t in theirs:
+        by_key.setdefault(t.key, t)
+    pairs = []
+    for t in ours:
+        other = by_key.get(t.key)
+        if other is None or t.length < MIN_PAIR_BYTES:
+            continue
+        word = lookup(t.dtype).word if t.length % lookup(t.dtype).word == 0 else 1
+        plain = xor = 0.0
+        for at, n in _spans(t.length, word):
+            a, b = read_ours(t.offset + at, n), read_theirs(other.offset + at, n)
+            if len(a) != n or len(b) != n:
+                break
+            p, x = xor_gain(a, b, word)
+            plain, xor = plain + p, xor + x
+        else:
+            if xor < plain * _MARGIN:
+                pairs.append((t.index, other.offset))
+    return pairs
+
+
+class XorDelta:
+    """The XOR of paired segments with their counterparts (a :class:`FrameTransform`).
+
+    Args:
+        starts: the file offset of every segment of the original file, and its end.
+        pairs: ``(segment, counterpart offset)``.
+        spec: the reference, as the header names it.
+        source: its original bytes.
+    """
+
+    def __init__(
+        self, starts: Sequence[int], pairs: Sequence[tuple[int, int]], spec: RefSpec, source: ReferenceBytes
+    ) -> None:
+        self.spec, self.source = spec, source
+        self.pairs = sorted(pairs)
+        self.apart = frozenset(seg for seg, _ in self.pairs)
+        # (start, end, counterpart start) of every paired range, in file order.
+        self._ranges = [(starts[s], starts[s + 1], r) for s, r in self.pairs]
+        self._lo = [r[0] for r in self._ranges]
+
+    def _apply(self, frame: Frame, data: np.ndarray) -> None:
+        for at, within, n in frame.pieces:
+            j = max(0, bisect.bisect_right(self._lo, at) - 1)
+            while j < len(self._ranges) and self._ranges[j][0] < at + n:
+                lo_seg, hi_seg, ref = self._ranges[j]
+                lo, hi = max(at, lo_seg), min(at + n, hi_seg)
+                if lo < hi:
+                    theirs = self.source.read(ref + lo - lo_seg, hi - lo)
+                    if len(theirs) != hi - lo:
+                        raise ContainerError(f"reference {self.spec.path} ended early (truncated?)")
+                    part = data[within + lo - at : within + hi - at]
+                    np.bitwise_xor(part, np.frombuffer(theirs, np.uint8), out=part)
+                j += 1
+
+    def _touches(self, frame: Frame) -> bool:
+        """Whether any paired range overlaps the frame (ranges are disjoint and sorted)."""
+        for at, _, n in frame.pieces:
+            j = bisect.bisect_right(self._lo, at) - 1
+            if j >= 0 and self._ranges[j][1] > at:
+                return True
+            if j + 1 < len(self._ranges) and self._ranges[j + 1][0] < at + n:
+                return True
+        return False
+
+    def forward(self, frame: Frame, data: np.ndarray) -> np.ndarray:
+        if not self._touches(frame):
+            return data
+        out = data.copy()
+        self._apply(frame, out)
+        return out
+
+    def backward(self, frame: Frame, data: np.ndarray) -> np.ndarray:
+        if not self._touches(frame):
+            return data
+        if not data.flags.writeable:
+            data = data.copy()
+        self._apply(frame, data)
+        return data
+
+    def header(self) -> dict[str, object]:
+        return {"reference": {**self.spec.to_json(), "pairs": [list(p) for p in self.pairs]}}
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def open_delta(index: Index, fd: int, path: str) -> XorDelta:
+    """The delta of the open container ``fd`` (shown as ``path``), its reference opened and checked.
+
+    Raises:
+        ContainerError: the header's reference is malformed.
+        ReferenceMissingError: the reference is missing or changed.
+    """
+    raw = index.header["reference"]
+    spec = RefSpec.from_json(raw, path)
+    lengths = index.segments["length"].tolist()
+    starts = [0, *accumulate(lengths)]
+    pairs = _parse_pairs(raw, lengths, spec.size, path)
+    source = open_reference(locate(fd, path), spec, path)
+    return XorDelta(starts, pairs, spec, source)
+
+
+def _parse_pairs(raw: Any, lengths: list[int], ref_size: int, path: str) -> list[tuple[int, int]]:
+    try:
+        items = raw["pairs"]
+        pairs = [(int(s), int(r)) for s, r in items]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ContainerError(f"reference pairs unreadable ({type(exc).__name__})", path=path) from None
+    seen = set()
+    for s, r in pairs:
+        if not 0 <= s < len(lengths) or s in seen or not 0 <= r <= ref_size - lengths[s]:
+            raise ContainerError("reference pairs name impossible segments or offsets", path=path)
+        seen.add(s)
+    return pairs
+
+
+class Keyframe:
+    """No change: a series member coded self-contained on purpose (a chain's end), so that later
+    ``--series`` runs leave it as it is. Only its header mark differs from a plain container."""
+
+    apart: frozenset[int] = frozenset()
+
+    def forward(self, frame: Frame, data: np.ndarray) -> np.ndarray:
+        return data
+
+    def backward(self, frame: Frame, data: np.ndarray) -> np.ndarray:
+        return data
+
+    def header(self) -> dict[str, object]:
+        return {"series": {"keyframe": True}}
+
+
+def delta_for(
+    layout: FileLayout, src: Path, spec: RefSpec, source: ReferenceBytes, theirs: list[Tensor]
+) -> XorDelta | None:
+    """The delta to compress ``src`` (of ``layout``) against ``source``, whose tensors are
+    ``theirs``; None (and ``source`` closed) when no tensor measures smaller as an XOR."""
+    with open(src, "rb", buffering=0) as f:
+        fd = f.fileno()
+        pairs = choose_pairs(layout_tensors(layout), theirs, lambda at, n: os.pread(fd, n, at), source.read)
+    if not pairs:
+        source.close()
+        return None
+    starts = [s.offset for s in layout.segments] + [layout.size]
+    return XorDelta(starts, pairs, spec, source)
+
+
+__all__ = [
+    "MIN_PAIR_BYTES",
+    "Keyframe",
+    "Tensor",
+    "XorDelta",
+    "choose_pairs",
+    "delta_for",
+    "index_tensors",
+    "layout_tensors",
+    "open_delta",
+    "plane_cost",
+    "xor_gain",
+]

@@ -1,0 +1,213 @@
+"""Finding, checking and reading the reference of a series container.
+
+A series container names its reference by a path relative to its own folder (the newer
+checkpoint's container, ``../checkpoint-50/model.safetensors.ckptz``) and by the reference's
+original size and whole-file digest. The reference is used in whichever form it has now:
+the container it names, or, once that was decompressed, the plain file beside it without
+the ``.ckptz`` suffix. Either must have the recorded digest (a container's header says it; a
+plain file is hashed), so a wrong or changed reference is an error, never a wrong restore.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import xxhash
+
+from ckptz.container import SUFFIX
+from ckptz.errors import ContainerError, ReferenceChangedError, ReferenceMissingError
+
+#: References followed at once (a chain is at most ``--keyframe-every`` long; a hostile
+#: container that names itself stops here).
+MAX_CHAIN = 64
+_HASH_BLOCK = 8 << 20
+_depth = threading.local()
+
+
+@dataclass(frozen=True, slots=True)
+class RefSpec:
+    """What a container says about its reference (header ``reference``, FORMAT.md 1.2)."""
+
+    path: str
+    size: int
+    digest: str
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> RefSpec:
+        try:
+            path, size, digest = str(obj["path"]), int(obj["size"]), str(obj["xxh3_128"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ContainerError(f"reference unreadable ({type(exc).__name__})", path=where) from None
+        pure = PurePosixPath(path)
+        if not path or "\x00" in path or pure.is_absolute() or not pure.name.endswith(SUFFIX) or size < 0:
+            raise ContainerError("reference names an impossible path or size", path=where)
+        return cls(path, size, digest)
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": self.path, "size": self.size, "xxh3_128": self.digest}
+
+
+class ReferenceBytes(Protocol):
+    """The original bytes of a reference, read at any offset from any thread."""
+
+    def read(self, offset: int, n: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class PlainReference:
+    """A reference that is a plain (uncompressed) file."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def read(self, offset: int, n: int) -> bytes:
+        return os.pread(self._fd, n, offset)
+
+    def digest(self) -> str:
+        """The file's whole-file digest (xxh3_128, hex), read through the open descriptor."""
+        hasher, at = xxhash.xxh3_128(), 0
+        while block := os.pread(self._fd, _HASH_BLOCK, at):
+            hasher.update(block)
+            at += len(block)
+        return hasher.hexdigest()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class ContainerReference:
+    """A reference that is itself a container (and may have a reference of its own)."""
+
+    def __init__(self, path: Path) -> None:
+        from ckptz.library.reader import ContainerReader
+
+        self.reader = ContainerReader(path, device="cpu")
+        self._lock = threading.Lock()
+
+    def read(self, offset: int, n: int) -> bytes:
+        with self._lock:
+            self.reader.seek(offset)
+            return self.reader.read(n) or b""
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def locate(fd: int, path: str) -> Path:
+    """Where the open container ``fd`` (shown as ``path``) lies, to find what it names beside it.
+
+    Raises:
+        ReferenceMissingError: it cannot be found (read from a pipe or a deleted file).
+    """
+    st = os.fstat(fd)
+    candidates = [Path(path), Path(f"/proc/self/fd/{fd}")]
+    for c in candidates:
+        try:
+            real = Path(os.path.realpath(c))
+            if os.path.samestat(os.stat(real), st):
+                return real
+        except OSError:
+            continue
+    raise ReferenceMissingError(
+        "is a series delta, and its folder (where its reference lies) cannot be found",
+        reference="?",
+        path=path,
+        hint="restore it from its place in the run folder",
+    )
+
+
+def open_reference(container: Path, spec: RefSpec, label: str) -> ReferenceBytes:
+    """Open ``container``'s reference, checked to be the file it was coded against.
+
+    Raises:
+        ReferenceMissingError: neither the reference container nor its restored file exists.
+        ReferenceChangedError: it exists but has another digest or size.
+    """
+    depth = getattr(_depth, "n", 0)
+    if depth >= MAX_CHAIN:
+        raise ContainerError(f"reference chain longer than {MAX_CHAIN} (a cycle?)", path=label)
+    _depth.n = depth + 1
+    try:
+        return _open(_shown(container.parent / spec.path), spec, label)
+    finally:
+        _depth.n = depth
+
+
+def _open(target: Path, spec: RefSpec, label: str) -> ReferenceBytes:
+    plain = target.with_name(target.name.removesuffix(SUFFIX))
+    if _is_file(target):
+        try:
+            ref = ContainerReference(target)
+        except FileNotFoundError:
+            pass  # decompressed meanwhile: the plain file below
+        else:
+            index = ref.reader.index
+            if index.source_digest != spec.digest or index.source_size != spec.size:
+                ref.close()
+                raise _changed(spec, label)
+            return ref
+    if _is_file(plain):
+        if os.stat(plain).st_size != spec.size or file_digest(plain) != spec.digest:
+            raise _changed(spec, label)
+        return PlainReference(plain)
+    raise ReferenceMissingError(
+        f"needs its reference {spec.path}, which is missing",
+        reference=spec.path,
+        path=label,
+        hint="put it back; to delete a checkpoint, first `ckptz detach` the next older one",
+    )
+
+
+def _shown(path: Path) -> Path:
+    """``path`` without ``..`` steps, relative to the working folder when below it."""
+    norm = os.path.normpath(path)
+    rel = os.path.relpath(norm)
+    return Path(rel if not rel.startswith("..") else norm)
+
+
+def _changed(spec: RefSpec, label: str) -> ReferenceChangedError:
+    return ReferenceChangedError(
+        f"its reference {spec.path} is not the file it was coded against (other digest)",
+        reference=spec.path,
+        path=label,
+        hint="put the original reference back; nothing was written",
+    )
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def file_digest(path: Path) -> str:
+    """The whole-file digest containers record (xxh3_128, hex) of a plain file."""
+    hasher = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+__all__ = [
+    "MAX_CHAIN",
+    "ContainerReference",
+    "PlainReference",
+    "RefSpec",
+    "ReferenceBytes",
+    "file_digest",
+    "locate",
+    "open_reference",
+]

@@ -1,0 +1,216 @@
+"""``compress --series`` on a small real training run: ratio, byte-identity, deletions,
+adding a checkpoint, keyframes, ``detach``, and SIGKILL while the previous newest is re-coded."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import CLI_ENV, ckptz, tree_digests
+from series_run import make_run
+
+from ckptz import api
+from ckptz.container import read_index
+from ckptz.errors import ReferenceMissingError
+from ckptz.library.reader import ContainerReader
+from ckptz.series.detect import step_of
+from ckptz.series.run import chain
+
+STEPS = (10, 20, 30, 40, 50, 60)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The pristine run (checkpoints 10-50) and one more checkpoint (60) of the same training."""
+    root = tmp_path_factory.mktemp("series")
+    make_run(root / "all", STEPS)
+    five = root / "five"
+    five.mkdir()
+    for s in STEPS[:-1]:
+        shutil.copytree(root / "all" / f"checkpoint-{s}", five / f"checkpoint-{s}")
+    return five, root / "all" / "checkpoint-60"
+
+
+def _restores(run: Path, want: dict[str, str], tmp: Path) -> None:
+    """Every checkpoint of ``run`` restores byte-identical to ``want``."""
+    out = tmp / f"out-{time.monotonic_ns()}"
+    api.decompress(run, out)
+    got = tree_digests(out)
+    assert {k: v for k, v in want.items() if k in got} == got
+    assert set(got) == set(want)
+
+
+def _containers(run: Path) -> list[Path]:
+    return sorted(run.rglob("*.ckptz"))
+
+
+def test_step_names() -> None:
+    assert step_of("checkpoint-500") == 500
+    assert step_of("global_step1200") == 1200
+    assert step_of("iter_0002000") == 2000
+    assert step_of("step-7") == 7
+    assert step_of("epoch=3-step=1200.ckpt") == 1200
+    assert step_of("step_40.pt.ckptz") == 40
+    assert step_of("runs") is None and step_of("checkpoint-best") is None
+
+
+def test_series_beats_plain_and_restores(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    five, _ = runs
+    want = tree_digests(five)
+    plain, series = tmp_path / "plain", tmp_path / "series"
+    shutil.copytree(five, plain)
+    shutil.copytree(five, series)
+    api.compress(plain, in_place=True)
+    api.compress(series, in_place=True, series=True)
+    size = lambda d: sum(p.stat().st_size for p in _containers(d))  # noqa: E731
+    assert size(series) < 0.95 * size(plain)
+    newest = [p for p in _containers(series) if "checkpoint-50" in str(p)]
+    for p in _containers(series):
+        with open(p, "rb") as f:
+            header = read_index(f, str(p)).header
+        assert ("reference" in header) == (p not in newest)
+    _restores(series, want, tmp_path)
+
+    # Deleting the oldest checkpoints breaks nothing.
+    shutil.rmtree(series / "checkpoint-10")
+    shutil.rmtree(series / "checkpoint-20")
+    _restores(
+        series,
+        {k: v for k, v in want.items() if not k.startswith(("checkpoint-10", "checkpoint-20"))},
+        tmp_path,
+    )
+
+
+def test_missing_reference_is_one_clear_line(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    five, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(five, run)
+    api.compress(run, in_place=True, series=True)
+    shutil.rmtree(run / "checkpoint-30")
+    before = tree_digests(run)
+    for args in (
+        ("verify", str(run / "checkpoint-20")),
+        ("inspect", str(run / "checkpoint-20")),
+        ("decompress", str(run / "checkpoint-20"), "--in-place"),
+        ("decompress", str(run), "-o", str(tmp_path / "out")),
+    ):
+        done = ckptz(*args)
+        assert done.returncode != 0, args
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "checkpoint-30/" in lines[0] and "missing" in lines[0], lines[0]
+    assert tree_digests(run) == before
+    with pytest.raises(ReferenceMissingError):
+        ContainerReader(run / "checkpoint-10" / "optimizer.pt.ckptz")
+    # The newer ones still restore.
+    assert ckptz("verify", str(run / "checkpoint-40")).returncode == 0
+
+
+def test_add_checkpoint_recodes_previous_newest_and_detach(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    five, sixty = runs
+    run = tmp_path / "run"
+    shutil.copytree(five, run)
+    api.compress(run, in_place=True, series=True)
+    shutil.copytree(sixty, run / "checkpoint-60")
+    want = tree_digests(five) | {f"checkpoint-60/{k}": v for k, v in tree_digests(sixty).items()}
+    prev = run / "checkpoint-50" / "model.safetensors.ckptz"
+    old_size = prev.stat().st_size
+    api.compress(run, in_place=True, series=True)
+    with open(prev, "rb") as f:
+        assert read_index(f, "").header["reference"]["path"] == "../checkpoint-60/model.safetensors.ckptz"
+    assert prev.stat().st_size < old_size
+    assert len(chain(run / "checkpoint-10" / "model.safetensors.ckptz")) == 6
+    _restores(run, want, tmp_path)
+
+    # detach makes checkpoint-30 self-contained: then deleting 40 and newer leaves 10-30 whole.
+    api.detach(run / "checkpoint-30")
+    assert all(len(chain(p)) == 1 for p in _containers(run / "checkpoint-30"))
+    for s in (40, 50, 60):
+        shutil.rmtree(run / f"checkpoint-{s}")
+    _restores(
+        run,
+        {k: v for k, v in want.items() if k.startswith(("checkpoint-10", "checkpoint-20", "checkpoint-30"))},
+        tmp_path,
+    )
+
+
+def test_keyframes_bound_chains_and_survive_additions(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    five, sixty = runs
+    run = tmp_path / "run"
+    shutil.copytree(five, run)
+    done = ckptz("compress", str(run), "--series", "--in-place", "--keyframe-every", "2")
+    assert done.returncode == 0, done.stderr
+    lengths = {p.relative_to(run).as_posix(): len(chain(p)) for p in _containers(run)}
+    assert max(lengths.values()) == 2
+    assert lengths["checkpoint-20/optimizer.pt.ckptz"] == 1  # a keyframe
+    shutil.copytree(sixty, run / "checkpoint-60")
+    before = {p: p.stat().st_mtime_ns for p in _containers(run)}
+    assert ckptz("compress", str(run), "--series", "--in-place", "--keyframe-every", "2").returncode == 0
+    changed = [p.relative_to(run).as_posix() for p, t in before.items() if p.stat().st_mtime_ns != t]
+    assert changed == []  # checkpoint-50 heads a full chain (40 → 50): it stays a keyframe
+    assert max(len(chain(p)) for p in _containers(run)) == 2
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ckptz", *args, "--device", "cpu"]
+
+
+def _each_restores(run: Path, want: dict[str, str]) -> None:
+    """Every file of the run, in whatever form a kill left it, gives its original bytes."""
+    import hashlib
+
+    for rel, digest in want.items():
+        plain, container = run / rel, run / (rel + ".ckptz")
+        if container.exists():
+            with ContainerReader(container) as r:
+                data = r.read()
+        else:
+            data = plain.read_bytes()
+        assert hashlib.sha256(data).hexdigest() == digest, rel
+
+
+def test_sigkill_while_recoding(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    five, sixty = runs
+    base = tmp_path / "base"
+    shutil.copytree(five, base)
+    api.compress(base, in_place=True, series=True)
+    want = tree_digests(five) | {f"checkpoint-60/{k}": v for k, v in tree_digests(sixty).items()}
+    calib = tmp_path / "calib"
+    shutil.copytree(base, calib)
+    shutil.copytree(sixty, calib / "checkpoint-60")
+    t0 = time.perf_counter()
+    assert subprocess.run(_cli("compress", str(calib), "--series", "--in-place"), env=CLI_ENV).returncode == 0
+    full = time.perf_counter() - t0
+    rng = random.Random(18)
+    rounds = 6
+    for i in range(rounds):
+        work = tmp_path / f"round-{i}"
+        shutil.copytree(base, work)
+        shutil.copytree(sixty, work / "checkpoint-60")
+        proc = subprocess.Popen(
+            _cli("compress", str(work), "--series", "--in-place"),
+            env=CLI_ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            proc.wait(timeout=full * (i + rng.random()) / rounds)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        _each_restores(work, want)
+        again = subprocess.run(
+            _cli("compress", str(work), "--series", "--in-place"), env=CLI_ENV, capture_output=True, text=True
+        )
+        assert again.returncode in (0, 1), again.stderr
+        if again.returncode:  # killed after the last file: nothing left to do
+            assert "nothing" in again.stderr.lower() or "already" in again.stderr.lower(), again.stderr
+        _each_restores(work, want)
+        assert not [p for p in work.rglob(".*")]
+        shutil.rmtree(work)
