@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import math
 import os
@@ -503,7 +504,9 @@ def _write_mixed(folder: Path, nbytes: int, gen: Any, device: str) -> dict[str, 
 def _step_memory(gpu: GpuPoller | None) -> Callable[[], dict[str, Any]]:
     """Reset the peak counters now; the returned function reads them."""
     hwm_reset = reset_hwm()
-    torch = sys.modules.get("torch")
+    # ckptz may be importing torch in a thread (its GPU bring-up): import waits for that to
+    # finish, where sys.modules could hand back a half-initialised module.
+    torch = importlib.import_module("torch") if "torch" in sys.modules else None
     cuda = torch is not None and torch.cuda.is_initialized()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -867,6 +870,11 @@ class Bench:
         path.mkdir(parents=True)
         return path
 
+    def inputs(self) -> list[str]:
+        """The inputs asked for: ``--size-gb 0`` or ``--single-gb 0`` leaves one out."""
+        sizes = {"mixed": self.args.size_gb, "single": self.args.single_gb}
+        return [inp for inp in INPUTS if sizes[inp] > 0]
+
     def src(self, root: str, inp: str) -> Path:
         base = self.tmpfs / "data"
         if root == "disk":
@@ -957,7 +965,7 @@ class Bench:
         self.cuda = lines[-1]["device"] == "cuda"
         self.meta["gpu"] = self.meta["gpu"] or lines[-1].get("gpu_name")
         self.meta["versions"]["torch"] = lines[-1].get("torch")
-        for inp in INPUTS if need_data else ():
+        for inp in self.inputs() if need_data else ():
             path = self.src("tmpfs", inp)
             self.data[f"{inp}_bytes"] = tree_size(path)
             self.data["files"][inp] = {rel: p.stat().st_size for rel, p in tree_files(path)}
@@ -1015,7 +1023,7 @@ class Bench:
         if "startup" in g:
             tasks.append(self.startup_task())
         configs = [c for c in CONFIGS if c[0] in self.devices]
-        for inp in INPUTS if g & {"inproc", "discard", "ckptz", "peers"} else ():
+        for inp in self.inputs() if g & {"inproc", "discard", "ckptz", "peers"} else ():
             if g & {"inproc", "discard"}:
                 tasks += [self.inproc_task(c, inp) for c in configs]
             if "peers" in g:

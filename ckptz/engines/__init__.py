@@ -12,7 +12,7 @@ import os
 from ckptz.codecs.table import CHOOSABLE
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
-from ckptz.engines.hybrid import HybridEngine
+from ckptz.engines.hybrid import GPU_JOIN_BYTES, HybridEngine
 from ckptz.errors import DeviceError, UsageError
 
 #: ``--codec`` values the CPU engine accepts: its coder writes these bitstreams itself.
@@ -83,7 +83,15 @@ def open_engine(
         def start_gpu() -> Engine:
             return _open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory)
 
-        return HybridEngine(CpuEngine(threads, level), start_gpu, required=want != "auto"), None
+        hybrid = HybridEngine(CpuEngine(threads, level), start_gpu, required=want != "auto")
+        notice = None
+        if want != "auto":
+            notice = (
+                f"{want}: the portable bitstream is coded on the CPU threads, faster than nvCOMP Zstd;"
+                f" the GPU joins jobs over {GPU_JOIN_BYTES >> 30} GiB where it codes faster"
+                " (--codec ans codes on the GPU)"
+            )
+        return hybrid, notice
     if want == "cpu" or (want == "auto" and codec not in GPU_ONLY_CODECS):
         reason = None if want == "cpu" else gpu_unavailable_reason()
         if want == "cpu" or reason is not None:

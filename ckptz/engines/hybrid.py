@@ -1,18 +1,23 @@
-"""The portable bitstream on a GPU machine: CPU threads and the GPU code frames together.
+"""The portable bitstream on a GPU machine: CPU threads first, the GPU when it pays.
 
-Measured on the H100 host (BENCHMARKS.md), nvCOMP Zstd codes ckptz's planes at 0.5 GB/s
-end to end while the CPU coder on 16 cores writes the same portable bitstream at 3 GB/s,
-and bringing the GPU up (``import torch``, CUDA, nvCOMP) costs 4-5 s before the first frame.
-So with ``--device cuda`` and a portable codec, :class:`HybridEngine` starts coding on the
-CPU at once and brings the GPU up in a background thread; once it is up, frames go to it
-while it has room (a few batches queued) and to the caller's thread otherwise. Each chunk
-records its own bitstream, so frames from either coder sit side by side in one container,
-and any machine decodes it.
+Measured on the H100 host (BENCHMARKS.md, 16 cores): the CPU coder writes the portable
+bitstream at 3.6 GB/s (5.6 GB/s decoding) with writes discarded, nvCOMP Zstd on the same
+planes reaches 0.5 GB/s end to end, and bringing the GPU up (``import torch``, CUDA,
+nvCOMP) costs 4-5 s of a process's time, during which the import holds the GIL the CPU
+coder needs (a 5 GB job ran 1.6x slower with the bring-up beside it).
 
-A job that ends before the GPU is up never waits for it: :meth:`HybridEngine.close`
+So with a GPU device and a portable codec, :class:`HybridEngine` codes on the CPU threads
+from the first frame, and starts bringing the GPU up in the background only once a job has
+coded :data:`GPU_JOIN_BYTES` (a job long enough to repay the bring-up). Once up, each
+direction (:class:`Lane`) gives the GPU a first window of frames, and keeps giving it
+frames only if it coded them faster than the CPU threads do. Each chunk records its own
+bitstream, so frames from either coder sit side by side in one container, and any machine
+decodes it. ANS chunks, which only a GPU decodes, bring the GPU up at once and wait for it.
+
+A job that ends while the GPU is coming up does not wait for it: :meth:`HybridEngine.close`
 leaves the bring-up to finish in the background (an exit handler waits for it, so the
 interpreter never stops in the middle of an import; the CLI leaves at once through
-:func:`bring_up_pending`). ANS chunks, which only a GPU decodes, wait for the GPU.
+:func:`bring_up_pending`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from ckptz.engines.base import EncodedFrame, Engine, StoredChunk
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CkptzError, DeviceError
 
+#: Bytes a job codes on the CPU before the GPU is brought up: ~10 s of the CPU coder on 16
+#: cores, so the bring-up's 4-5 s are a fraction of the job it may speed up.
+GPU_JOIN_BYTES = 32 << 30
 #: Batches the GPU may have queued before frames go to the CPU instead: enough to keep its
 #: workers fed, few enough that a slow GPU never holds frames the CPU would finish first.
 GPU_QUEUE_BATCHES = 4
@@ -106,9 +114,25 @@ class HybridEngine:
         self._closed = False
         self.frames = {"cpu": 0, "gpu": 0}
         self._up = threading.Event()
-        thread = threading.Thread(target=self._bring_up, args=(start_gpu,), name="ckptz-gpu-up", daemon=True)
+        self._start_gpu: Callable[[], Engine] | None = start_gpu
+        self._seen = 0  # bytes coded so far, until the bring-up starts
+        self.join_after = GPU_JOIN_BYTES
+
+    def _start(self) -> None:
+        """Start bringing the GPU up (once)."""
+        with self._lock:
+            start, self._start_gpu = self._start_gpu, None
+        if start is None:
+            return
+        thread = threading.Thread(target=self._bring_up, args=(start,), name="ckptz-gpu-up", daemon=True)
         _pending.append(thread)
         thread.start()
+
+    def _count(self, nbytes: int) -> None:
+        if self._start_gpu is not None:
+            self._seen += nbytes
+            if self._seen >= self.join_after:
+                self._start()
 
     @property
     def device(self) -> str:
@@ -137,11 +161,13 @@ class HybridEngine:
         self._up.set()
 
     def wait_for_gpu(self, timeout: float | None = None) -> bool:
-        """Wait until the GPU is up or has failed to start; whether it is up.
+        """Bring the GPU up now if it is not coming up yet, and wait until it is up or has
+        failed to start; whether it is up.
 
         Raises:
             DeviceError: it failed to start and was asked for explicitly.
         """
+        self._start()
         self._up.wait(timeout)
         if self._error is not None and self.required:
             raise _device_error(self._error)
@@ -151,6 +177,7 @@ class HybridEngine:
         """The GPU if it is up, still worth using, and has room for ``nbytes`` more."""
         if self._error is not None and self.required:
             raise _device_error(self._error)
+        self._count(nbytes)
         with self._lock:
             gpu = self._gpu
             if gpu is None or not lane.gpu_on or self._queued + nbytes > self._limit:
@@ -207,6 +234,7 @@ class HybridEngine:
     ) -> Future[np.ndarray]:
         if any(not _decodes(c.codec, "cpu") for c in chunks):
             # A GPU-only bitstream (ANS): only the GPU decodes it, so wait for it.
+            self._start()
             self._up.wait()
             if self._gpu is None:
                 raise _device_error(self._error or DeviceError("the GPU engine did not start"))
@@ -253,4 +281,4 @@ def _device_error(exc: BaseException) -> CkptzError:
     return DeviceError(f"cannot use the GPU: {exc}", hint="use --device cpu")
 
 
-__all__ = ["GPU_QUEUE_BATCHES", "HybridEngine", "Lane", "bring_up_pending"]
+__all__ = ["GPU_JOIN_BYTES", "GPU_QUEUE_BATCHES", "HybridEngine", "Lane", "bring_up_pending"]
