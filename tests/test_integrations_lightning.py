@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +142,26 @@ def test_unsafe_objects_need_weights_only_false(tmp_path: Path) -> None:
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         io.load_checkpoint(path)
     assert io.load_checkpoint(path, weights_only=False) == {"p": Path("a")}
+
+
+def test_a_container_gets_the_bits_a_new_file_gets(tmp_path: Path) -> None:
+    umask = os.umask(0o027)
+    try:
+        path = tmp_path / "x.ckpt"
+        CompressedCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["x.ckpt"]  # nothing left beside it
+    restored = tmp_path / "restored.ckpt"
+    assert CliRunner().invoke(app, ["decompress", str(path), "-o", str(restored)]).exit_code == 0
+    assert stat.S_IMODE(restored.stat().st_mode) == 0o640
+
+
+def test_other_file_systems(tmp_path: Path) -> None:
+    io = CompressedCheckpointIO()
+    io.save_checkpoint({"w": torch.arange(4.0)}, "memory://ckptz-test/x.ckpt")
+    assert torch.equal(io.load_checkpoint("memory://ckptz-test/x.ckpt")["w"], torch.arange(4.0))
+    io.remove_checkpoint("memory://ckptz-test/x.ckpt")
+    with pytest.raises(FileNotFoundError):
+        io.load_checkpoint("memory://ckptz-test/x.ckpt")
