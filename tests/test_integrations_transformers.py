@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+from ckptz import api
 from ckptz.errors import CkptzError
 from ckptz.integrations.transformers import CkptzCallback, resume
 from ckptz.library import is_container, load_file
@@ -90,11 +91,18 @@ def test_compressed_checkpoints_resume_to_the_same_losses(tmp_path: Path) -> Non
     assert packed == plain  # compressing in the background does not disturb training
     for step in (3, 6):
         assert_compressed(tmp_path / "packed" / f"checkpoint-{step}")
-    mtime = (tmp_path / "packed" / "checkpoint-3").stat().st_mtime_ns
+    folder = tmp_path / "packed" / "checkpoint-3"
+    mtime = folder.stat().st_mtime_ns
+    # The folder as a kill mid-compression can leave it: a file in both forms (between the
+    # container's rename and the original's removal), a file not reached yet, a temp file.
+    api.decompress(folder / "optimizer.pt.ckptz", folder / "optimizer.pt")
+    api.decompress(folder / "model.safetensors.ckptz", in_place=True)
+    (folder / f".scheduler.pt.ckptz{TMP_MARK}1-0123abcd").write_bytes(b"partial")
+    os.utime(folder, ns=(mtime, mtime))
 
-    path = resume(tmp_path / "packed" / "checkpoint-3")
+    path = resume(folder)
     assert path == str(tmp_path / "packed" / "checkpoint-3")
-    assert not list(Path(path).glob("*.ckptz"))
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*COMPRESSED, *PLAIN, "generation_config.json"])
     assert Path(path).stat().st_mtime_ns == mtime  # the rotation's order is kept
     from_packed = losses(train(tmp_path / "packed", max_steps=6, save_steps=3, resume_from=path))
     plain_3 = str(tmp_path / "plain" / "checkpoint-3")
@@ -137,12 +145,15 @@ def test_best_checkpoint_stays_plain_until_loaded(tmp_path: Path) -> None:
     assert all(torch.equal(t, weights[k]) for k, t in trainer.model.state_dict().items() if k in weights)
 
 
-def test_a_failed_compression_is_raised_at_the_next_save(tmp_path: Path) -> None:
+def test_a_failed_compression_is_raised_at_the_next_save(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     in_the_way = tmp_path / "checkpoint-2" / "optimizer.pt.ckptz" / "x"
     in_the_way.mkdir(parents=True)  # a folder where the container should go: compressing fails
     with pytest.raises(CkptzError) as failed:
         train(tmp_path, max_steps=6, save_steps=2, callbacks=[CkptzCallback()])
     assert "checkpoint-2" in str(failed.value) + "".join(failed.value.__notes__)
+    assert "compressing checkpoint-2 failed" in caplog.text  # logged when it happened
     assert not (tmp_path / "checkpoint-6").exists()  # raised at the next save, once it is written:
     assert {p.name for p in (tmp_path / "checkpoint-4").iterdir()} >= set(COMPRESSED)  # plain
     folder = tmp_path / "checkpoint-2"
