@@ -49,7 +49,11 @@ class _Exploit:
 
 @contextlib.contextmanager
 def _foreign(module: str, name: str) -> Iterator[type]:
-    """A class pickled as ``module.name``, a module that is not installed here."""
+    """A class pickled as ``module.name``, whether that module is installed here or not.
+
+    An imported module's own class is put back afterwards (transformers is installed for the
+    integration tests, and its ``TrainingArguments`` must stay the real one).
+    """
     cls = type(name, (), {"__module__": module, "__qualname__": name})
     parts = module.split(".")
     added = []
@@ -58,10 +62,16 @@ def _foreign(module: str, name: str) -> Iterator[type]:
         if mod not in sys.modules:
             sys.modules[mod] = types.ModuleType(mod)
             added.append(mod)
-    setattr(sys.modules[module], name, cls)
+    target = sys.modules[module]
+    own = vars(target).get(name)
+    setattr(target, name, cls)
     try:
         yield cls
     finally:
+        if own is None:
+            delattr(target, name)
+        else:
+            setattr(target, name, own)
         for mod in added:
             del sys.modules[mod]
 

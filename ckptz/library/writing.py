@@ -8,10 +8,17 @@ half-written one), in order for a file object; then the temporary folder goes.
 
 The original keeps the target's own file name inside that folder, because the name is part
 of what some writers write: ``torch.save`` names its zip archive after the file.
+
+With ``memory=True`` the original is written into an anonymous file in memory instead
+(``memfd_create``; Linux), so no uncompressed byte reaches a disk: for writers that write
+through a file object (where the path's name does not matter), and callers that already
+hold that much memory free (Lightning's ``TorchCheckpointIO`` buffers the whole checkpoint
+in memory too). Elsewhere it falls back to the folder.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,18 +55,46 @@ def _original(folder: Path | None, name: str) -> Iterator[Path]:
         yield Path(d) / name
 
 
+@contextmanager
+def _in_memory(name: str) -> Iterator[Path]:
+    """A path to a new anonymous file in memory, gone when the block ends."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        yield Path(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
 def compress_to_path(
-    target: Path, write: Writer, *, device: str | None, codec: str, level: int, verify: bool
+    target: Path,
+    write: Writer,
+    *,
+    device: str | None,
+    codec: str,
+    level: int,
+    verify: bool,
+    memory: bool = False,
 ) -> None:
     """Have ``write`` write the original, then compress it into ``target`` atomically.
 
     The container gets the permission bits and mtime the original got (so the umask applies
-    as it does to ``torch.save``), and records them for ``ckptz decompress``.
+    as it does to ``torch.save``), and records them for ``ckptz decompress``. With
+    ``memory``, the original is kept in memory; it gets the bits a new file gets.
 
     Raises:
         WriteError: the target's folder is not writable.
         OutOfSpaceError: the disk filled up (nothing is left behind).
     """
+    if memory and hasattr(os, "memfd_create"):
+        with _in_memory(target.name) as raw:
+            write(raw)
+            with _engine(device, codec, level) as engine, atomic_output(target) as (out, _tmp):
+                # Created as the original would have been: the umask's bits, now, this user.
+                meta = FileMeta.of(os.fstat(out.fileno()))
+                compress_file(
+                    raw, _relpath(target.name), out, engine, verify=verify, source_fields=meta.to_json()
+                )
+        return
     with _original(target.parent, target.name) as raw:
         write(raw)
         meta = FileMeta.of(raw.stat())
