@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ckptz import series as _series  # noqa: F401  (registers the series transform: ckptz.extensions)
 from ckptz._version import __version__ as __version__
 
 _LIBRARY = frozenset(

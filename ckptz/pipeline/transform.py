@@ -5,16 +5,21 @@ compression, :meth:`~FrameTransform.forward` gives the bytes the engine codes (a
 checksum the frame table records); on restore, :meth:`~FrameTransform.backward` turns a
 decoded, checked frame back into the original bytes. The engines never know. The only
 transform today is a series delta (:mod:`ckptz.series.delta`): XOR with the same tensor of a
-newer checkpoint. The whole-file digest is always of the original bytes.
+newer checkpoint, which :mod:`ckptz.series` registers in :mod:`ckptz.extensions` (so the
+pipeline does not import what is built on it). The whole-file digest is always of the
+original bytes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
-import numpy as np
+from ckptz.errors import ContainerError
+from ckptz.extensions import transform_opener
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ckptz.container import Index
     from ckptz.pipeline.plan import Frame
 
@@ -48,11 +53,12 @@ def transform_for(index: Index, fd: int, path: str) -> FrameTransform | None:
     Raises:
         MissingReferenceError: the container's reference cannot be found or has changed.
     """
-    if "reference" not in index.header:
-        return None
-    from ckptz.series.delta import open_delta
-
-    return open_delta(index, fd, path)
+    opener = transform_opener(index.header)
+    if opener is not None:
+        return cast(FrameTransform, opener(index, fd, path))
+    if "reference" in index.header:  # a series delta, with ckptz.series not imported
+        raise ContainerError("coded against a reference this ckptz cannot read", path=path)
+    return None
 
 
 __all__ = ["FrameTransform", "transform_for"]

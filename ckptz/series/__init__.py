@@ -6,3 +6,18 @@ one transform, :mod:`ckptz.pipeline.transform`), :mod:`.reference` finds and che
 container is coded against, and :mod:`.run` plans ``compress --series``, re-codes the
 previous newest file when a checkpoint is added, and detaches.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptz.extensions import register_transform
+
+
+def _open_delta(index: Any, fd: int, path: str) -> Any:
+    from ckptz.series.delta import open_delta
+
+    return open_delta(index, fd, path)
+
+
+register_transform("reference", _open_delta)
