@@ -45,3 +45,38 @@ def test_without_its_gpu_the_hybrid_engine_codes_everything_on_the_cpu(
     assert written.index.header["device"] == "cpu"
     api.decompress(tmp_path / "out.ckptz", tmp_path / "back.pt", device="cpu")
     assert sha256(tmp_path / "back.pt") == sha256(src)
+
+
+def test_the_second_coder_joins_only_after_join_after_bytes(small_checkpoint: Path, tmp_path: Path) -> None:
+    """The hybrid engine's routing with a real peer engine standing where the GPU goes: it is
+    started only once the job has coded ``join_after`` bytes, gets frames once it is up, and
+    frames from both coders restore byte-exact."""
+    src = small_checkpoint / "optimizer.pt"
+    started: list[CpuEngine] = []
+
+    def start_peer() -> Engine:
+        started.append(CpuEngine(1))
+        return started[-1]
+
+    lazy = HybridEngine(CpuEngine(2), start_peer, required=True)
+    with open(tmp_path / "cpu.ckptz", "wb") as out:
+        compress_file(src, "optimizer.pt", out, lazy)
+    lazy.close()
+    assert started == [] and lazy.frames["gpu"] == 0  # a small job never brings it up
+
+    eager = HybridEngine(CpuEngine(2), start_peer, required=True)
+    eager.join_after = 1  # the first frame's bytes start it
+    with open(tmp_path / "eager.ckptz", "wb") as out:
+        compress_file(src, "optimizer.pt", out, eager)
+    eager.close()
+    assert len(started) == 1
+
+    engine = HybridEngine(CpuEngine(2), start_peer, required=True)
+    assert engine.wait_for_gpu()  # up before the first frame: it gets frames from the start
+    with open(tmp_path / "both.ckptz", "wb") as out:
+        written = compress_file(src, "optimizer.pt", out, engine)
+    engine.close()
+    assert len(started) == 2 and engine.frames["gpu"] > 0
+    assert engine.frames["cpu"] + engine.frames["gpu"] == len(written.index.frames)
+    api.decompress(tmp_path / "both.ckptz", tmp_path / "back.pt", device="cpu")
+    assert sha256(tmp_path / "back.pt") == sha256(src)
