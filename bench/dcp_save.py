@@ -179,9 +179,11 @@ def storage(name: str, path: Path) -> tuple[Any, Callable[[], Any]]:
     codec = rest[0] if rest else "auto"
     if device == "cuda" and (reason := _gpu_reason()) is not None:
         raise Skip(f"no GPU engine here: {reason}")
+    # The reader decodes each file into a temporary one beside the checkpoint: the same file
+    # system as the plain reader reads from, whatever /tmp is.
     return (
         CompressedWriter(path, device=device, codec=codec),
-        lambda: CompressedReader(path, device=device),
+        lambda: CompressedReader(path, device=device, tmp_dir=path.parent),
     )
 
 
@@ -384,7 +386,9 @@ class Bench:
         t = time.perf_counter()
         future = dcp.async_save(state, storage_writer=writer)
         stall = time.perf_counter() - t
-        future.result()
+        # An AsyncSaveResponse where the stager stages asynchronously: wait for the upload.
+        done: Any = getattr(future, "upload_completion", future)
+        done.result()
         total = time.perf_counter() - t
         row.async_stall_s.append(stall)
         row.async_total_s.append(total)
