@@ -6,7 +6,18 @@ into a private staging folder inside the checkpoint, then codes it into
 ``ckptz compress DIR --in-place`` leaves on a DCP folder, so ``ckptz decompress`` gives back
 a plain checkpoint that ``dcp.load`` reads with its default reader, and ``ckptz inspect`` and
 ``verify`` work on it. The coding runs inside :meth:`~CompressedWriter.write_data`, on the
-rank that wrote the file, so ``dcp.async_save`` codes in its background executor.
+rank that wrote the file, so ``dcp.async_save`` codes in its background executor. The staged
+files are not synced (the container is): they are gone before most of their pages would
+reach the disk.
+
+Where coding happens: DCP copies every tensor, CUDA-resident or not, to host memory while it
+writes the staged file, and the rank's engine codes those host bytes, on its ``LOCAL_RANK``
+GPU (frames sent back through pinned buffers) or on the CPU. Coding on the GPU *before*
+staging, so that only coded bytes cross PCIe, is not done: the container records the xxh3_64
+of every frame's original bytes and the xxh3_128 of the whole file, and the ``.distcp`` bytes
+themselves hold ``torch.save``'s CRC-32 of every tensor. All three are computed on the host,
+so the original bytes must reach host memory whichever device codes them; coding from device
+memory would save only the host-to-device copy, at the price of a second container writer.
 
 :class:`CompressedReader` is DCP's ``FileSystemReader`` whose file system decodes a
 ``<name>.ckptz`` into a temporary file when DCP opens ``<name>`` and only the container is
@@ -22,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import pickle
@@ -122,7 +134,12 @@ class CompressedWriter(FileSystemWriter):
         for n, bucket in enumerate(buckets):
             name = f"{prefix}{n}{DEFAULT_SUFFIX}"
             files.put((staging / name, name, bucket))
-        return self._write_data(planner, files)
+        # Staged files are deleted once coded and the container is synced in their place
+        # (atomic_output): syncing them too would write every original byte to the disk,
+        # where unsynced ones mostly live and die in the page cache.
+        staged = copy.copy(self)
+        staged.sync_files = False
+        return staged._write_data(planner, files)
 
     def _compress(self, staging: Path, results: list[WriteResult]) -> None:
         names = sorted({r.storage_data.relative_path for r in results})

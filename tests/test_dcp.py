@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from conftest import ckptz  # noqa: E402
 
+from ckptz.container import read_index  # noqa: E402
 from ckptz.dcp import CompressedReader, CompressedWriter  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -141,6 +143,23 @@ def test_writer_passes_options_to_file_system_writer(tmp_path: Path) -> None:
     _assert_same(_load(ckpt), _state())
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_staged_files_are_not_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    ckpt = tmp_path / "ckpt"
+    _save(ckpt)
+    assert any(".distcp.ckptz" in p for p in synced), synced  # the container is synced
+    assert not [p for p in synced if ".ckptz-dcp-" in p]  # its staged source is not
+    _assert_same(_load(ckpt), _state())
+
+
 @pytest.fixture
 def one_rank_group(tmp_path: Path) -> Iterator[None]:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -213,3 +232,53 @@ def test_two_ranks_save_shards_one_rank_loads(tmp_path: Path) -> None:
     assert ckptz("decompress", str(ckpt), "-o", str(out)).returncode == 0
     _assert_same(_load(out, dcp.FileSystemReader(out)), _state())
     shutil.rmtree(out)
+
+
+def _to(state: dict[str, Any], device: str) -> dict[str, Any]:
+    return {
+        k: _to(v, device) if isinstance(v, dict) else v.to(device) if isinstance(v, torch.Tensor) else v
+        for k, v in state.items()
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("codec", ["auto", "ans"])
+def test_gpu_writer_saves_cuda_tensors(tmp_path: Path, codec: str) -> None:
+    ours, plain, out = tmp_path / "ours", tmp_path / "plain", tmp_path / "out"
+    state = _to(_state(), "cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, storage_writer=CompressedWriter(ours, device="cuda", codec=codec))
+        # From the same CUDA state: DCP orders a file's items by size when CUDA is there.
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(plain))
+    assert _names(ours) == [".metadata", "__0_0.distcp.ckptz"]
+    with (ours / "__0_0.distcp.ckptz").open("rb") as f:
+        device = str(read_index(f, "__0_0.distcp.ckptz").header["device"])
+    if codec == "ans":  # GPU-only bitstream: the GPU engine coded every frame
+        assert device.startswith("cuda"), device
+    done = ckptz("decompress", str(ours), "-o", str(out), env={"CKPTZ_DEVICE": "cuda"})
+    assert done.returncode == 0, done.stderr
+    assert (out / "__0_0.distcp").read_bytes() == (plain / "__0_0.distcp").read_bytes()
+    target = _to(_blank(), "cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(target, storage_reader=CompressedReader(ours, device="cuda"))
+    assert target["model"]["w"].is_cuda
+    _assert_same(_to(target, "cpu"), _state())
+
+
+@pytest.mark.gpu
+def test_gpu_writer_takes_the_local_rank_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("CKPTZ_DEVICE", raising=False)
+    ckpt = tmp_path / "ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(_to(_state(), "cuda"), storage_writer=CompressedWriter(ckpt, codec="ans"))
+    with (ckpt / "__0_0.distcp.ckptz").open("rb") as f:
+        assert read_index(f, "__0_0.distcp.ckptz").header["device"] == "cuda:0"
+    target = _to(_blank(), "cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(target, storage_reader=CompressedReader(ckpt, device="cuda:0"))
+    _assert_same(_to(target, "cpu"), _state())
