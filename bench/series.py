@@ -101,8 +101,8 @@ class Config:
 
 
 SMALL = Config(
-    layers=3, d_model=192, heads=4, vocab=2048, seq=64, batch=4, steps=60, every=12, warmup=6,
-    ft_steps=40, ft_every=8,
+    layers=3, d_model=192, heads=4, vocab=2048, seq=64, batch=4, steps=50, every=10, warmup=5,
+    ft_steps=30, ft_every=6,
 )  # fmt: skip
 
 
