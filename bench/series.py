@@ -23,7 +23,8 @@ On a CPU-only machine, as a smoke run (~2M params, well under two minutes)::
 2. On each series: ``ckptz compress --series`` and plain ``ckptz compress`` (each checkpoint
    alone) of the whole run folder, timed, then their per-component and whole-run ratios
    (``ckptz inspect``); python-zstandard -3 and ZipNN (if importable) on each checkpoint file
-   alone, whole files timed and each file's components coded apart for per-component ratios;
+   alone, whole files timed and each file's components coded apart for per-component ratios
+   (ZipNN codes float tensors only: other bytes count at zstd -3 in its component rows);
    restores of both, timed and checked byte for byte (xxh3-128 of every file); restoring the
    oldest checkpoint alone (the longest reference chain); then the oldest series checkpoint is
    deleted and the rest must still restore.
