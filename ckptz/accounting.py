@@ -32,6 +32,8 @@ class ComponentStats:
         compressed_bytes: bytes in containers, or None for a raw checkpoint.
         dtypes: original bytes per dtype.
         codecs: compressed bytes per codec name.
+        delta_bytes: original bytes coded as their XOR with a newer checkpoint's (a series
+            delta, ``compress --series``); 0 in a self-contained container or a raw file.
     """
 
     name: str
@@ -40,6 +42,7 @@ class ComponentStats:
     compressed_bytes: int | None
     dtypes: dict[str, int] = field(default_factory=dict)
     codecs: dict[str, int] = field(default_factory=dict)
+    delta_bytes: int = 0
 
     @property
     def ratio(self) -> float | None:
@@ -61,6 +64,10 @@ class FileStats:
         device: where the container was written (``cpu``, ``cuda:0``), None for raw files.
         portable: True if every chunk decodes on a CPU-only machine.
         overhead_bytes: the container's own bytes (header, index, footer, alignment).
+        reference: for a series delta, the container it is coded against, as its header
+            names it (relative to the container's folder); None otherwise.
+        keyframe: a series member coded self-contained on purpose (``--keyframe-every``,
+            ``detach``).
     """
 
     path: str
@@ -71,6 +78,8 @@ class FileStats:
     device: str | None = None
     portable: bool = True
     overhead_bytes: int = 0
+    reference: str | None = None
+    keyframe: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -129,10 +138,12 @@ def index_stats(path: str, index: Index, container_size: int) -> FileStats:
             codecs[s.component][codec_name(cid)] += nbytes
             packed[s.component] += nbytes
     overhead = container_size - int(chunks["size"].sum()) if len(chunks) else container_size
+    reference, delta = _delta_bytes(index)
     comps = tuple(
-        ComponentStats(n, tensors[n], sizes[n], packed[n], dict(dtypes[n]), dict(codecs[n]))
+        ComponentStats(n, tensors[n], sizes[n], packed[n], dict(dtypes[n]), dict(codecs[n]), delta[n])
         for n in _ordered(sizes)
     )
+    series = index.header.get("series")
     portable = all(int(c) in PORTABLE for c in np.unique(chunks["codec"]).tolist())
     return FileStats(
         path,
@@ -143,7 +154,32 @@ def index_stats(path: str, index: Index, container_size: int) -> FileStats:
         device=str(index.header.get("device", "?")),
         portable=portable,
         overhead_bytes=overhead,
+        reference=reference,
+        keyframe=isinstance(series, dict) and bool(series.get("keyframe")),
     )
+
+
+def _delta_bytes(index: Index) -> tuple[str | None, Counter[str]]:
+    """A series delta's reference path and its XOR-coded bytes per component (FORMAT.md 1.2).
+
+    Read leniently: a malformed ``reference`` counts nothing here; restoring the container
+    is what checks it.
+    """
+    out: Counter[str] = Counter()
+    raw = index.header.get("reference")
+    if not isinstance(raw, dict):
+        return None, out
+    lengths = index.segments["length"]
+    streams = index.segments["stream"]
+    components = {s.id: s.component for s in index.streams}
+    try:
+        for seg, _ in raw.get("pairs", []):
+            i = int(seg)
+            if 0 <= i < len(lengths):
+                out[components.get(int(streams[i]), "?")] += int(lengths[i])
+    except (TypeError, ValueError):
+        out.clear()
+    return str(raw.get("path", "?")), out
 
 
 def total_components(files: Iterable[FileStats]) -> tuple[ComponentStats, ...]:
@@ -168,6 +204,7 @@ def total_components(files: Iterable[FileStats]) -> tuple[ComponentStats, ...]:
                 packed,
                 merge_counts(p.dtypes for p in parts),
                 merge_counts(p.codecs for p in parts),
+                sum(p.delta_bytes for p in parts),
             )
         )
     return tuple(out)

@@ -565,6 +565,15 @@ def bench(
         float, typer.Option("--storage-usd-tb-month", help="Price of a TB-month of storage (USD).", min=0)
     ] = 20.0,
     keep: Annotated[int, typer.Option("--keep", help="Checkpoints kept at any time.", min=1)] = 5,
+    series: Annotated[
+        bool,
+        typer.Option(
+            "--series",
+            help="PATH is a run folder (checkpoint-N/, step_N, ...): estimate per component what "
+            "compress --series gains over compressing each checkpoint alone, with the order-0 "
+            "bounds (the codec and storage options other than --sample and -T do not apply).",
+        ),
+    ] = False,
     quiet: Quiet = False,
     no_progress: NoProgress = False,
     as_json: Json = False,
@@ -578,6 +587,15 @@ def bench(
     from ckptz.bench.savings import CostModel
     from ckptz.report import bench_json, bench_view
 
+    if series:
+        from ckptz.bench.series import bench_series
+        from ckptz.report import series_bench_json, series_bench_view
+
+        ui = _progress(quiet, no_progress, False)
+        with ui:
+            estimate = bench_series(path, sample_bytes=_size(sample) or 1, threads=threads, reporter=ui)
+        _emit(series_bench_json(estimate) if as_json else None, series_bench_view(estimate), as_json, quiet)
+        return
     if storage is None and storage_gbps is None:
         storage = path if path.is_dir() else path.parent
     ui = _progress(quiet, no_progress, False)

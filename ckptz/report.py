@@ -6,6 +6,7 @@ Renderables are data in, layout out; nothing here computes a statistic.
 from __future__ import annotations
 
 import math
+import posixpath
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +18,11 @@ from rich.text import Text
 
 from ckptz.accounting import ComponentStats, FileStats
 from ckptz.api import Action, Summary, VerifyResult
+from ckptz.container import SUFFIX
 
 if TYPE_CHECKING:
     from ckptz.bench.benchmark import BenchResult
+    from ckptz.bench.series import SeriesBenchResult
 
 BAR_WIDTH = 20
 #: Below this many columns, tables switch to their narrow layout.
@@ -75,6 +78,7 @@ def components_table(summary: Summary, narrow: bool = False) -> Table:
     codecs and dtypes on a line of their own under each row.
     """
     compressed = summary.compressed_bytes is not None
+    series = compressed and any(f.reference for f in summary.files)
     total = summary.bytes or 1
     title = "compressed checkpoint" if compressed else "checkpoint"
     if summary.operation != "inspect":
@@ -94,6 +98,8 @@ def components_table(summary: Summary, narrow: bool = False) -> Table:
         table.add_column("compressed", justify="right", no_wrap=True)
         table.add_column("ratio", justify="right", no_wrap=True)
         table.add_column("saved", justify="right", no_wrap=True)
+        if series and not narrow:
+            table.add_column("delta", justify="right", no_wrap=True)
         if not narrow:
             table.add_column("codecs")
     else:
@@ -102,15 +108,17 @@ def components_table(summary: Summary, narrow: bool = False) -> Table:
             table.add_column("", no_wrap=True)
             table.add_column("dtypes")
     for c in summary.components:
-        cells = _component_cells(c, compressed, total)
+        cells = _component_cells(c, compressed, total, series)
         if narrow:
             detail = cells.pop()
+            delta = cells.pop() if series else "-"
             if not compressed:
                 cells.pop()  # the bar
             del cells[1]  # tensors
             table.add_row(*cells)
-            if detail:
-                table.add_row(Text(f"  {detail}", style="dim"), *[""] * (len(cells) - 1))
+            for line in (detail, f"{delta} as series delta" if delta != "-" else ""):
+                if line:
+                    table.add_row(Text(f"  {line}", style="dim"), *[""] * (len(cells) - 1))
             continue
         table.add_row(*cells)
         if not compressed and len(c.dtypes) > 1:
@@ -129,6 +137,7 @@ def components_table(summary: Summary, narrow: bool = False) -> Table:
         # The containers' own index is not any component's: a line of its own.
         row: list[RenderableType] = [Text("container index", style="dim")]
         row += [""] * (not narrow) + ["", decimal(summary.overhead_bytes), "", ""]
+        row += [""] * (series and not narrow)
         row += [] if narrow else [Text("header, tables, footer", style="dim")]
         table.add_row(*row)
     table.add_section()
@@ -142,6 +151,8 @@ def components_table(summary: Summary, narrow: bool = False) -> Table:
             _ratio(summary.ratio),
             _saved(summary.bytes, summary.compressed_bytes),
         ]
+        delta = _share(sum(c.delta_bytes for c in summary.components), summary.bytes)
+        totals += [delta] * (series and not narrow)
         totals += [] if narrow else [_codecs(summary.codecs)]
     else:
         totals += ["100%"] + ([] if narrow else ["", ""])
@@ -149,33 +160,52 @@ def components_table(summary: Summary, narrow: bool = False) -> Table:
     return table
 
 
-def _component_cells(c: ComponentStats, compressed: bool, total: int) -> list[RenderableType]:
+def _share(part: int, whole: int) -> str:
+    """The share of bytes coded as a series delta ("-" for none)."""
+    return f"{100 * part / whole:.0f}%" if part and whole else "-"
+
+
+def _component_cells(
+    c: ComponentStats, compressed: bool, total: int, series: bool = False
+) -> list[RenderableType]:
     cells: list[RenderableType] = [c.name, str(c.tensors), decimal(c.bytes)]
     if compressed:
-        cells += [
-            decimal(c.compressed_bytes or 0),
-            _ratio(c.ratio),
-            _saved(c.bytes, c.compressed_bytes),
-            _codecs(c.codecs),
-        ]
+        cells += [decimal(c.compressed_bytes or 0), _ratio(c.ratio), _saved(c.bytes, c.compressed_bytes)]
+        cells += [_share(c.delta_bytes, c.bytes)] * series
+        cells.append(_codecs(c.codecs))
     else:
         share = c.bytes / total
         cells += [f"{100 * share:.1f}%", _bar(share), _dtypes(c.dtypes)]
     return cells
 
 
+def _against(f: FileStats) -> str:
+    """What a series container is coded against, shortly: the reference's path from the
+    inspected root, or only its folder (``checkpoint-20/``) when the file name is the same."""
+    if f.reference is None:
+        return "keyframe" if f.keyframe else "-"
+    ref = posixpath.normpath(posixpath.join(posixpath.dirname(f.path), f.reference)).removesuffix(SUFFIX)
+    folder, name = posixpath.split(ref)
+    return f"{folder}/" if folder and name == posixpath.basename(f.path) else ref
+
+
 def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
     """Per-file table; a raw checkpoint's files show no compressed columns.
 
     The narrow form leaves out where each container was written and whether it decodes
-    without a GPU unless some file does not (then ``decodes`` stays).
+    without a GPU unless some file does not (then ``decodes`` stays), and for series
+    containers the format (their references take its room).
     """
     packed = any(f.compressed_bytes is not None for f in files)
     table = Table(box=box.SIMPLE, title="files", title_justify="left")
     # The path is the row's key: it takes the room it needs, up to half a wide terminal.
     longest = max((len(f.path) for f in files), default=4)
     table.add_column("file", overflow="fold", min_width=min(longest, 24 if narrow else 40))
-    table.add_column("format", no_wrap=True)
+    series = any(f.reference or f.keyframe for f in files)
+    # Narrow, a series' references take the format's room.
+    formats = not (narrow and series)
+    if formats:
+        table.add_column("format", no_wrap=True)
     table.add_column("original", justify="right", no_wrap=True)
     gpu_only = any(not f.portable for f in files)
     if packed:
@@ -185,8 +215,10 @@ def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
             table.add_column("device", no_wrap=True)
         if not narrow or gpu_only:
             table.add_column("decodes", no_wrap=True)
+        if series:
+            table.add_column("against" if narrow else "coded against", overflow="fold")
     for f in files:
-        row = [f.path, f.format, decimal(f.bytes)]
+        row = [f.path, *[f.format] * formats, decimal(f.bytes)]
         if packed:
             known = f.compressed_bytes is not None
             row += [decimal(f.compressed_bytes or 0) if known else "-", _ratio(f.ratio)]
@@ -194,6 +226,8 @@ def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
                 row.append(f.device or "-")
             if not narrow or gpu_only:
                 row.append(("CPU+GPU" if f.portable else "GPU only") if known else "-")
+            if series:
+                row.append(_against(f))
         table.add_row(*row)
     return table
 
@@ -315,6 +349,7 @@ def component_json(c: ComponentStats, total: int) -> dict[str, Any]:
         "share": c.bytes / total if total else 0.0,
         "dtypes": c.dtypes,
         "codecs": c.codecs,
+        "delta_bytes": c.delta_bytes,
     }
 
 
@@ -344,6 +379,8 @@ def summary_json(summary: Summary) -> dict[str, Any]:
                 "device": f.device,
                 "portable": f.portable,
                 "codecs": f.codecs,
+                "reference": f.reference,
+                "keyframe": f.keyframe,
                 "components": [component_json(c, f.bytes) for c in f.components],
                 **({"rank": summary.ranks[i]} if summary.ranks else {}),
             }
@@ -589,4 +626,92 @@ def bench_json(result: BenchResult) -> dict[str, Any]:
                 for p in result.plans
             ],
         },
+    }
+
+
+def series_bench_view(result: SeriesBenchResult) -> RenderableType:
+    """``bench --series``: per component, plain against series-delta ratios and their order-0 bounds.
+
+    Below :data:`NARROW` columns the bounds go to a line of their own under each row.
+    """
+    return Group(
+        Fit(_series_table(result), _series_table(result, narrow=True)),
+        Text(
+            f"ratios: {result.codec} on a sample of the {result.deltas} files --series codes against the "
+            f"next newer checkpoint ({len(result.checkpoints)} checkpoints, {result.tracks} files each; "
+            "keyframes aside); bound: order-0 entropy of the byte planes (one histogram per plane), "
+            "plain → XOR; delta: share of the component's bytes paired with their counterpart",
+            style="dim",
+        ),
+        Text(
+            f"whole run, estimated: {_ratio(result.plain_ratio)} plain, {_ratio(result.series_ratio)} "
+            f"with --series ({result.seconds:.1f} s, {result.threads} threads)",
+            style="bold",
+        ),
+    )
+
+
+def _bound(x: float) -> str:
+    return "∞" if x == float("inf") else f"{x:.3f}"
+
+
+def _series_table(result: SeriesBenchResult, narrow: bool = False) -> Table:
+    table = Table(title=f"bench --series: {result.root}", box=box.SIMPLE_HEAVY, title_justify="left")
+    longest = max((len(r.component) for r in result.rows), default=9)
+    table.add_column("component", no_wrap=True, min_width=longest)
+    names = ["original", "delta", "plain", "series", "gain"] + ([] if narrow else ["bound plain → XOR"])
+    for name in names:
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in result.rows:
+        bound = f"{_bound(r.plain_bound)} → {_bound(r.series_bound)}"
+        cells: list[RenderableType] = [
+            r.component,
+            decimal(r.bytes),
+            _share(r.paired_bytes, r.delta_bytes),
+            _ratio(r.plain_ratio),
+            _ratio(r.series_ratio),
+            f"{r.gain:.2f}×",
+        ]
+        table.add_row(*cells, *([] if narrow else [bound]))
+        if narrow:
+            table.add_row(Text(f"  bound {bound}", style="dim"), *[""] * (len(cells) - 1))
+    table.add_section()
+    total = sum(r.bytes for r in result.rows)
+    gain = result.series_ratio / result.plain_ratio if result.plain_ratio else float("inf")
+    totals: list[RenderableType] = [Text("whole run", style="bold"), decimal(total), ""]
+    totals += [_ratio(result.plain_ratio), _ratio(result.series_ratio), f"{gain:.2f}×"]
+    table.add_row(*totals, *([] if narrow else [""]))
+    return table
+
+
+def series_bench_json(result: SeriesBenchResult) -> dict[str, Any]:
+    """The ``--json`` form of ``bench --series``."""
+    return {
+        "root": result.root,
+        "checkpoints": list(result.checkpoints),
+        "tracks": result.tracks,
+        "deltas": result.deltas,
+        "bytes": result.bytes,
+        "codec": result.codec,
+        "threads": result.threads,
+        "seconds": result.seconds,
+        "plain_ratio": finite(result.plain_ratio),
+        "series_ratio": finite(result.series_ratio),
+        "components": [
+            {
+                "component": r.component,
+                "bytes": r.bytes,
+                "delta_bytes": r.delta_bytes,
+                "paired_bytes": r.paired_bytes,
+                "sample_bytes": r.sample_bytes,
+                "plain_ratio": finite(r.plain_ratio),
+                "series_ratio": finite(r.series_ratio),
+                "gain": finite(r.gain),
+                "plain_bound": finite(r.plain_bound),
+                "series_bound": finite(r.series_bound),
+                "plain_chunk_bound": finite(r.plain_chunk_bound),
+                "series_chunk_bound": finite(r.series_chunk_bound),
+            }
+            for r in result.rows
+        ],
     }

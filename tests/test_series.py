@@ -3,6 +3,8 @@ adding a checkpoint, keyframes, ``detach``, and SIGKILL while the previous newes
 
 from __future__ import annotations
 
+import io
+import json
 import random
 import shutil
 import signal
@@ -214,3 +216,85 @@ def test_sigkill_while_recoding(runs: tuple[Path, Path], tmp_path: Path) -> None
         _each_restores(work, want)
         assert not [p for p in work.rglob(".*")]
         shutil.rmtree(work)
+
+
+# --------------------------------------------------------------------------- inspect and bench
+
+
+def _render(view: object, width: int) -> str:
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(view)
+    return console.export_text()
+
+
+@pytest.fixture(scope="module")
+def packed(runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """The five-checkpoint run compressed with --series (-o), and its whole-run ratio."""
+    five, _ = runs
+    out = tmp_path_factory.mktemp("packed") / "run.ckptz"
+    summary = api.compress(five, out, series=True, device="cpu")
+    assert summary.ratio is not None
+    return out, summary.ratio
+
+
+def test_inspect_reports_deltas_and_their_references(packed: tuple[Path, float]) -> None:
+    from ckptz.report import summary_json, summary_view
+
+    out, _ = packed
+    summary = api.inspect(out)
+    by_path = {f.path: f for f in summary.files}
+    delta = by_path["checkpoint-10/model.safetensors"]
+    assert delta.reference == "../checkpoint-20/model.safetensors.ckptz" and not delta.keyframe
+    assert by_path["checkpoint-50/model.safetensors"].reference is None
+    weights = next(c for c in delta.components if c.name == "weights")
+    assert 0 < weights.delta_bytes <= weights.bytes
+    assert all(c.delta_bytes == 0 for c in by_path["checkpoint-50/optimizer.pt"].components)
+    total = next(c for c in summary.components if c.name == "weights")
+    assert total.delta_bytes == sum(
+        c.delta_bytes for f in summary.files for c in f.components if c.name == "weights"
+    )
+    data = summary_json(summary)
+    assert data["files"][0]["reference"] == "../checkpoint-20/model.safetensors.ckptz"
+    assert data["files"][0]["components"][0]["delta_bytes"] > 0
+    for width in (140, 80):
+        text = _render(summary_view(summary), width)
+        assert "checkpoint-20/" in text and "…" not in text, text
+    assert "delta" in _render(summary_view(summary), 140)
+    assert "as series delta" in _render(summary_view(summary), 80)
+
+
+def test_bench_series_estimates_gain_per_component(
+    runs: tuple[Path, Path], packed: tuple[Path, float], tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from ckptz.bench.series import bench_series
+    from ckptz.cli import app
+    from ckptz.report import series_bench_view
+
+    five, _ = runs
+    _, actual = packed
+    result = bench_series(five, threads=1)
+    assert result.checkpoints == tuple(f"checkpoint-{s}" for s in STEPS[:-1])
+    assert result.deltas == 2 * 4 and result.tracks == 2
+    rows = {r.component: r for r in result.rows}
+    w = rows["weights"]
+    assert w.series_ratio > w.plain_ratio and w.series_bound > w.plain_bound
+    assert w.paired_bytes == w.delta_bytes and w.delta_bytes == w.bytes * 4 // 5
+    assert rows["metadata"].paired_bytes == 0
+    # The estimate agrees with what compress --series wrote (the sample is the whole run).
+    assert result.series_ratio == pytest.approx(actual, rel=0.03)
+    assert result.series_ratio > result.plain_ratio
+    for width in (140, 80):
+        text = _render(series_bench_view(result), width)
+        assert "weights" in text and "…" not in text, text
+
+    done = CliRunner().invoke(app, ["bench", str(five), "--series", "--json", "-T", "1"])
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.stdout)
+    assert {c["component"] for c in data["components"]} == set(rows)
+    assert data["series_ratio"] > data["plain_ratio"]
+    one = CliRunner().invoke(app, ["bench", str(five / "checkpoint-10"), "--series"])
+    assert one.exit_code == 2 and "step" in one.output
