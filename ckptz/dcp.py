@@ -20,8 +20,8 @@ so the original bytes must reach host memory whichever device codes them; coding
 memory would save only the host-to-device copy, at the price of a second container writer.
 
 :class:`CompressedReader` is DCP's ``FileSystemReader`` whose file system decodes a
-``<name>.ckptz`` into a temporary file when DCP opens ``<name>`` and only the container is
-there; it reads plain files, folders this writer wrote and folders the CLI compressed.
+``<name>.ckptz`` into memory (a temporary file for a very large one) when DCP opens
+``<name>`` and only the container is there; it reads plain files, folders this writer wrote and folders the CLI compressed.
 
 Example:
     >>> import torch.distributed.checkpoint as dcp
@@ -56,6 +56,7 @@ from ckptz.engines import gpu_unavailable_reason, open_engine
 from ckptz.engines.base import Engine
 from ckptz.meta import FileMeta
 from ckptz.pipeline import FileSink, compress_file, restore
+from ckptz.pipeline.whole import MemoryFile, restore_to_memory
 from ckptz.safeio import atomic_output
 
 __all__ = ["CompressedReader", "CompressedWriter"]
@@ -167,14 +168,24 @@ class CompressedWriter(FileSystemWriter):
         src.unlink()
 
 
+def _memory_limit() -> int:
+    """Largest container decoded in memory: an eighth of the machine's memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8
+    except (ValueError, OSError):
+        return 1 << 30
+
+
 class _DecodingFileSystem(FileSystem):
     """DCP's ``FileSystem``; opening ``<name>`` for reading where only ``<name>.ckptz`` exists
-    decodes the container into a temporary file (in ``tmp_dir``) and yields that."""
+    decodes the container into memory (or, above :func:`_memory_limit`, into a temporary
+    file in ``tmp_dir``) and yields that."""
 
     def __init__(self, device: str | None, tmp_dir: str | os.PathLike[str] | None) -> None:
         super().__init__()
         self.device = device
         self.tmp_dir = tmp_dir
+        self.memory_limit = _memory_limit()
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
@@ -183,6 +194,18 @@ class _DecodingFileSystem(FileSystem):
         if "r" not in mode or plain.exists() or not container.exists():
             with super().create_stream(path, mode) as stream:
                 yield stream
+            return
+        if container.stat().st_size <= self.memory_limit:
+            # Decoded in memory, in parallel: DCP then reads its items from there, and the
+            # original bytes never go to storage and back.
+            engine, _notice = open_engine(self.device)
+            try:
+                with container.open("rb") as c:
+                    data = restore_to_memory(c, plain.name + SUFFIX, engine)
+            finally:
+                engine.close()
+            with MemoryFile(data, str(plain)) as stream:
+                yield cast(io.IOBase, stream)
             return
         with tempfile.TemporaryFile(dir=self.tmp_dir) as out:
             self._decode(container, plain.name, cast(BinaryIO, out))
@@ -206,13 +229,15 @@ class _DecodingFileSystem(FileSystem):
 class CompressedReader(FileSystemReader):
     """A DCP ``StorageReader`` for folders holding ckptz containers (and plain files).
 
-    Each ``.distcp.ckptz`` is decoded, with every checksum checked, into a temporary file
-    when DCP first reads from it; the temporary file goes away once DCP has read it.
+    Each ``.distcp.ckptz`` is decoded, with every checksum checked, into memory when DCP
+    first reads from it (one that is larger than an eighth of the machine's memory into a
+    temporary file), and released once DCP has read it.
 
     Args:
         path: the checkpoint folder.
         device: where to decode (as for :class:`CompressedWriter`; default ``auto``).
-        tmp_dir: where the decoded files live while DCP reads them (default: the system's).
+        tmp_dir: where a decoded file too large for memory lives while DCP reads it
+            (default: the system's).
         **kwargs: passed to ``FileSystemReader``.
     """
 

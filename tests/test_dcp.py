@@ -80,6 +80,17 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     _assert_same(_load(ckpt), _state())
 
 
+def test_a_container_above_the_memory_limit_is_read_through_a_temporary_file(tmp_path: Path) -> None:
+    ckpt, spill = tmp_path / "ckpt", tmp_path / "spill"
+    spill.mkdir()
+    _save(ckpt)
+    reader = CompressedReader(ckpt, device="cpu", tmp_dir=spill)
+    assert reader.fs.memory_limit > 0  # normally decoded in memory
+    reader.fs.memory_limit = 0
+    _assert_same(_load(ckpt, reader), _state())
+    assert list(spill.iterdir()) == []  # the temporary file is gone
+
+
 def test_cli_decompress_gives_the_plain_checkpoint(tmp_path: Path) -> None:
     ours, plain, out = tmp_path / "ours", tmp_path / "plain", tmp_path / "out"
     _save(ours)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
 from ckptz.library.sources import Source, opened
-from ckptz.library.whole import MemoryFile, restore_to_file, restore_to_memory
+from ckptz.pipeline.whole import MemoryFile, restore_to_file, restore_to_memory
 
 if TYPE_CHECKING:
     import torch

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ckptz.errors import FormatError, UsageError
 from ckptz.library import reader
 from ckptz.library.safetensors_header import Header, TensorInfo, read_header
-from ckptz.library.whole import restore_into
 from ckptz.library.writing import compress_to_path
+from ckptz.pipeline.whole import restore_into
 
 if TYPE_CHECKING:
     import torch

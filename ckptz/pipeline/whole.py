@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 
 from ckptz.container import Index, read_index
+from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
-from ckptz.pipeline import FileSink, Frame, restore
+from ckptz.pipeline.plan import Frame
+from ckptz.pipeline.restore import FileSink, restore
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -60,26 +62,35 @@ class RangeSink:
 
 
 def restore_into(
-    container: BinaryIO, path: str, targets: Sequence[tuple[int, np.ndarray]], *, index: Index | None = None
+    container: BinaryIO,
+    path: str,
+    targets: Sequence[tuple[int, np.ndarray]],
+    *,
+    index: Index | None = None,
+    engine: Engine | None = None,
 ) -> Index:
-    """Decode the container open as ``container`` (a real file) on the CPU, into ``targets``.
+    """Decode the container open as ``container`` (a real file) into ``targets``, with
+    ``engine`` (default: the CPU's).
 
     Raises:
         ContainerError: the container is unreadable.
         CorruptionError: some bytes fail their checksum.
-        CodecUnavailableError: a chunk's bitstream cannot be decoded on the CPU.
+        CodecUnavailableError: a chunk's bitstream cannot be decoded by the engine.
     """
     index = index or read_index(container, path)
-    with CpuEngine() as engine:
+    if engine is not None:
         restore(container, path, engine, RangeSink(targets), index=index)
+        return index
+    with CpuEngine() as cpu:
+        restore(container, path, cpu, RangeSink(targets), index=index)
     return index
 
 
-def restore_to_memory(container: BinaryIO, path: str) -> np.ndarray:
+def restore_to_memory(container: BinaryIO, path: str, engine: Engine | None = None) -> np.ndarray:
     """The original file's bytes, decoded into one new uint8 array."""
     index = read_index(container, path)
     buf = np.empty(index.source_size, np.uint8)
-    restore_into(container, path, [(0, buf)], index=index)
+    restore_into(container, path, [(0, buf)], index=index, engine=engine)
     return buf
 
 
