@@ -41,6 +41,7 @@ from ckptz.codecs.bitpack import BitpackCodec, packed_size
 from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
 from ckptz.codecs.deflate import DeflateCodec
 from ckptz.codecs.native import native
+from ckptz.codecs.order1 import Order1Codec
 from ckptz.codecs.planes import merge, scratch, split_sampled
 from ckptz.dtypes import DType
 from ckptz.errors import CodecError
@@ -80,11 +81,14 @@ class EncodeOptions:
         fast_exponents: without the C extension, code the exponent planes of 32/64-bit
             floats with literal zstd rather than deflate: 2-3x faster both ways, ~0.5%
             larger on those planes. (With it, they get Huffman-coded zstd either way.)
+        context_exponents: with the C extension, also try ``huff1`` (each exponent coded
+            given the one before it) on exponent planes and keep the smaller payload.
     """
 
     level: int = 3
     effort: int = 1
     fast_exponents: bool = False
+    context_exponents: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,7 @@ _LITERAL = ZstdCodec(literal=True)
 _HUFFMAN = HuffmanZstd()
 _DEFLATE = DeflateCodec()
 _BITPACK = BitpackCodec()
+_ORDER1 = Order1Codec()
 
 
 def _zstd(level: int) -> ZstdCodec:
@@ -209,6 +214,8 @@ def encode_plane(
             candidates = [huffman]
         else:
             candidates = [_DEFLATE]
+        if options.context_exponents and native is not None:
+            candidates.append(_ORDER1)
     else:
         fixed = stats.fixed
         if fixed and 8 - bin(fixed).count("1") < bits + _PACK_SLACK:

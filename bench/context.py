@@ -1,0 +1,207 @@
+"""Exponent context coding (``huff1``) against block-adaptive Huffman (``zstd``), per component.
+
+For each component of the checkpoints from ``bench/make_checkpoints.py`` (generated into
+OUTDIR first if missing), the component's streams (as the pipeline plans them) are cut into
+the CPU engine's 4 MiB frames. Reported per component:
+
+* ``order0`` / ``order1``: bits per exponent byte of the global order-0 entropy of the
+  exponent plane and of its entropy given the preceding byte (the bounds);
+* ``zstd`` / ``huff1``: the exponent plane's payload bytes coded by
+  :class:`~ckptz.codecs.cpu.HuffmanZstd` and by :class:`~ckptz.codecs.order1.Order1Codec`,
+  as bits per exponent byte;
+* ``frame: off / on``: the whole component through :func:`~ckptz.codecs.frames.encode_frame`
+  with the CPU engine's options for it, ``context_exponents`` off and on (``on`` keeps the
+  smaller exponent payload), in container bytes (payloads, 16-byte alignment and index
+  records, as bench/ratios.py counts them); ``gain`` is on's ratio over off's, minus 1;
+* single-thread MB/s, median of ``--runs`` runs, the two alternating: of the exponent plane
+  alone (plane bytes: encode and decode by each coder), and of whole frames (original bytes:
+  ``encode_frame`` off and on, and ``decode_frame`` of each result).
+
+Every decode is checked byte for byte. Usage::
+
+    python bench/context.py OUTDIR [--runs 7] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from make_checkpoints import generate, load_components
+from ratios import container_size, stream_bytes
+
+from ckptz.codecs.cpu import HuffmanZstd
+from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encode_frame
+from ckptz.codecs.native import native
+from ckptz.codecs.order1 import Order1Codec
+from ckptz.codecs.planes import split
+from ckptz.engines.cpu import CPU_FRAME_SIZE, DENSE_COMPONENTS
+
+#: bench names -> the component the pipeline would assign (for the engine's options).
+COMPONENTS = {
+    "weights fp32": "weights",
+    "weights bf16": "weights",
+    "exp_avg": "optimizer.exp_avg",
+    "exp_avg_sq": "optimizer.exp_avg_sq",
+    "ft weights fp32": "weights",
+    "ft exp_avg": "optimizer.exp_avg",
+    "ft exp_avg_sq": "optimizer.exp_avg_sq",
+}
+
+
+def entropy(counts: np.ndarray) -> float:
+    """Bits of a histogram's order-0 code (total, not per symbol)."""
+    c = counts[counts > 0].astype(np.float64)
+    return float(c.sum() * np.log2(c.sum()) - (c * np.log2(c)).sum())
+
+
+def bounds(plane: np.ndarray) -> tuple[float, float]:
+    """Order-0 and order-1 (given the preceding byte) entropy, bits per byte."""
+    order0 = entropy(np.bincount(plane, minlength=256)) / plane.size
+    prev = np.concatenate(([0], plane[:-1])).astype(np.int64)
+    pairs = np.bincount(prev * 256 + plane, minlength=65536).reshape(256, 256)
+    order1 = sum(entropy(row) for row in pairs if row.any()) / plane.size
+    return order0, order1
+
+
+def median_time(fn: Callable[[], object], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def frames_of(raw: np.ndarray, starts: list[int], word: int) -> list[np.ndarray]:
+    """Each stream cut into frames of CPU_FRAME_SIZE bytes (whole words)."""
+    step = CPU_FRAME_SIZE // word * word
+    return [
+        raw[a:b][k : k + step]
+        for a, b in zip(starts, starts[1:], strict=False)
+        for k in range(0, b - a, step)
+    ]
+
+
+def bench_component(name: str, tensors: list[torch.Tensor], runs: int) -> dict[str, object]:
+    raw, dtype, starts = stream_bytes(tensors)
+    frames = frames_of(raw, starts, dtype.word)
+    component = COMPONENTS[name]
+    off = EncodeOptions() if component in DENSE_COMPONENTS else EncodeOptions(fast_exponents=True)
+    on = replace(off, context_exponents=True)
+    planes = [split(f, dtype)[-1].copy() for f in frames]
+    exp = np.concatenate(planes)
+    order0, order1 = bounds(exp)
+    huff, ctx = HuffmanZstd(), Order1Codec()
+    huff_payloads = [huff.encode(p) for p in planes]
+    ctx_payloads = [ctx.encode(p) for p in planes]
+    outs = [np.empty_like(p) for p in planes]
+
+    def decode_planes(payloads: list[bytes], fn: Callable[[bytes, np.ndarray], bool]) -> None:
+        for payload, out in zip(payloads, outs, strict=True):
+            assert fn(payload, out)
+
+    decode_planes(huff_payloads, native.literals_decode)
+    assert all(np.array_equal(o, p) for o, p in zip(outs, planes, strict=True))
+    decode_planes(ctx_payloads, native.order1_decode)
+    assert all(np.array_equal(o, p) for o, p in zip(outs, planes, strict=True))
+    coded = {
+        "off": [encode_frame(f, dtype, off) for f in frames],
+        "on": [encode_frame(f, dtype, on) for f in frames],
+    }
+    out = np.empty(raw.size, np.uint8)
+
+    def decode_all(chunks: list[list[EncodedChunk]]) -> None:
+        at = 0
+        for f, cs in zip(frames, chunks, strict=True):
+            decode_frame([(c.codec, c.raw_size, c.payload) for c in cs], dtype, out[at : at + f.size])
+            at += f.size
+
+    for mode in coded:
+        decode_all(coded[mode])
+        assert np.array_equal(out, np.concatenate(frames)), mode
+    times: dict[str, list[float]] = {}
+    jobs: dict[str, Callable[[], object]] = {
+        "plane encode zstd": lambda: [huff.encode(p) for p in planes],
+        "plane encode huff1": lambda: [ctx.encode(p) for p in planes],
+        "plane decode zstd": lambda: decode_planes(huff_payloads, native.literals_decode),
+        "plane decode huff1": lambda: decode_planes(ctx_payloads, native.order1_decode),
+        "frame encode off": lambda: [encode_frame(f, dtype, off) for f in frames],
+        "frame encode on": lambda: [encode_frame(f, dtype, on) for f in frames],
+        "frame decode off": lambda: decode_all(coded["off"]),
+        "frame decode on": lambda: decode_all(coded["on"]),
+    }
+    for _ in range(runs):  # alternate, so both coders see the same machine load
+        for key, job in jobs.items():
+            times.setdefault(key, []).append(median_time(job, 1))
+    mb = {
+        key: (exp.size if key.startswith("plane") else raw.size) / statistics.median(t) / 1e6
+        for key, t in times.items()
+    }
+    size_off, size_on = container_size(coded["off"]), container_size(coded["on"])
+    chosen = sum(cs[-1].codec == ctx.id for cs in coded["on"])
+    return {
+        "component": name,
+        "bytes": int(raw.size),
+        "frames": len(frames),
+        "huff1_frames": chosen,
+        "order0_bits": order0,
+        "order1_bits": order1,
+        "zstd_bits": 8 * sum(map(len, huff_payloads)) / exp.size,
+        "huff1_bits": 8 * sum(map(len, ctx_payloads)) / exp.size,
+        "size_off": size_off,
+        "size_on": size_on,
+        "ratio_off": raw.size / size_off,
+        "ratio_on": raw.size / size_on,
+        "gain": size_off / size_on - 1,
+        "mb_s": mb,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if native is None:
+        sys.exit("ckptz._native is not built: huff1 is chosen only with it")
+    torch.set_num_threads(1)
+    if not (args.outdir / "scratch").exists():
+        generate(args.outdir)
+    results = []
+    for name, tensors in load_components(args.outdir).items():
+        if name not in COMPONENTS:
+            continue
+        r = bench_component(name, tensors, args.runs)
+        results.append(r)
+        s = r["mb_s"]
+        assert isinstance(s, dict)
+        print(
+            f"{name:16} {r['bytes'] / 1e6:6.1f} MB  bits/exp: order0 {r['order0_bits']:.3f} order1 "
+            f"{r['order1_bits']:.3f} zstd {r['zstd_bits']:.3f} huff1 {r['huff1_bits']:.3f}  "
+            f"ratio {r['ratio_off']:.4f} -> {r['ratio_on']:.4f} ({100 * r['gain']:+.2f}%, "
+            f"huff1 in {r['huff1_frames']}/{r['frames']} frames)\n"
+            f"{'':16} plane MB/s enc zstd {s['plane encode zstd']:.0f} huff1 {s['plane encode huff1']:.0f}, "
+            f"dec zstd {s['plane decode zstd']:.0f} huff1 {s['plane decode huff1']:.0f};  frame MB/s enc "
+            f"off {s['frame encode off']:.0f} on {s['frame encode on']:.0f}, dec off {s['frame decode off']:.0f} "
+            f"on {s['frame decode on']:.0f}",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
