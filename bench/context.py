@@ -38,6 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import itertools
+
 from make_checkpoints import generate, load_components
 from ratios import container_size, stream_bytes
 
@@ -87,11 +89,7 @@ def median_time(fn: Callable[[], object], runs: int) -> float:
 def frames_of(raw: np.ndarray, starts: list[int], word: int) -> list[np.ndarray]:
     """Each stream cut into frames of CPU_FRAME_SIZE bytes (whole words)."""
     step = CPU_FRAME_SIZE // word * word
-    return [
-        raw[a:b][k : k + step]
-        for a, b in zip(starts, starts[1:], strict=False)
-        for k in range(0, b - a, step)
-    ]
+    return [raw[a:b][k : k + step] for a, b in itertools.pairwise(starts) for k in range(0, b - a, step)]
 
 
 def bench_component(name: str, tensors: list[torch.Tensor], runs: int) -> dict[str, object]:

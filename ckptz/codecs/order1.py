@@ -46,6 +46,7 @@ same, slowly: the frame coder chooses ``huff1`` only with the extension.
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import numpy as np
@@ -111,8 +112,8 @@ def choose_buckets(pairs: np.ndarray) -> list[int]:
     if present.size <= 1:
         return [0]
     per = -(-present.size // _UNITS)
-    first = list(range(0, present.size, per)) + [present.size]
-    unit_counts = np.stack([pairs[present[a:b]].sum(axis=0) for a, b in zip(first, first[1:], strict=False)])
+    first = [*range(0, present.size, per), present.size]
+    unit_counts = np.stack([pairs[present[a:b]].sum(axis=0) for a, b in itertools.pairwise(first)])
     units = unit_counts.shape[0]
     inf = float("inf")
     best = np.full((MAX_BUCKETS + 1, units + 1), inf)
@@ -196,7 +197,7 @@ class Order1Codec(Codec):
         if len(view) < head:
             raise self._fail("is shorter than its header")
         starts = [0, *view[4 : 4 + buckets - 1], 256]
-        if any(a >= b for a, b in zip(starts, starts[1:], strict=False)):
+        if any(a >= b for a, b in itertools.pairwise(starts)):
             raise self._fail("bucket starts are not ascending")
         at = 3 + buckets
         counts = list(struct.unpack_from(f"<{buckets}I", view, at))
