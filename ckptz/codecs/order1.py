@@ -61,7 +61,7 @@ MAX_BUCKETS = 16
 MAX_SEGMENTS = 8
 #: Segments the encoder cuts a plane into: four walks interleave well on one core
 #: (bench/context.py); a plane below SEGMENT_MIN bytes keeps one.
-SEGMENTS = 4
+SEGMENTS = 8
 SEGMENT_MIN = 1 << 16
 #: A group's own cost (bytes) in the bucket search: frame and block headers, tables.
 _GROUP_COST = 160.0

@@ -24,6 +24,9 @@
 /* A bucket's own cost in bytes: a frame header, block headers, a weight table and a
  * decoding table to build (about what literals_encode.c counts per block). */
 #define O1_BUCKET_COST 160.0f
+/* Pair counts for the bucket search: runs of O1_RUN bytes, one in O1_SAMPLE. */
+#define O1_RUN 1024
+#define O1_SAMPLE 4
 
 /* Little-endian u32s. */
 static uint32_t o1_get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
@@ -41,20 +44,20 @@ static size_t o1_segment_len(size_t n, int segments) { return (n + (size_t)segme
 
 /* ---------------------------------------------------------------- choosing buckets */
 
-/* Cost in bytes of coding `total` bytes with these counts (present[] lists the byte
- * values with nonzero acc[]) as one group. */
-static float o1_group_cost(float sum_xlogx, uint32_t total, uint32_t distinct) {
+/* Cost in bytes of coding `total` bytes (entropy from the sum of c log2 c of their counts)
+ * as one group, on counts sampled at `scale` (fixed costs scale with it). */
+static float o1_group_cost(float sum_xlogx, uint32_t total, uint32_t distinct, float scale) {
     if (!total) return 0;
     float bits = xlog2x((float)total) - sum_xlogx;
-    float coded = bits / 8 + O1_BUCKET_COST + DESC_COST * (float)distinct;
-    float raw = (float)total + 16;
-    return total < MIN_HUFFMAN || raw < coded ? raw : coded;
+    float coded = bits / 8 + (O1_BUCKET_COST + DESC_COST * (float)distinct) * scale;
+    float raw = (float)total + 16 * scale;
+    return (float)total < MIN_HUFFMAN * scale || raw < coded ? raw : coded;
 }
 
 /* Chooses bucket starts (starts[0] = 0, ascending) from the pair counts `pairs` (row:
- * preceding byte, column: byte); returns the number of buckets. `rows` are each row's
- * totals. */
-static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, uint8_t *starts) {
+ * preceding byte, column: byte), sampled at `scale`; returns the number of buckets.
+ * `rows` are each row's totals. */
+static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float scale, uint8_t *starts) {
     /* units: consecutive runs of present preceding values, at most O1_UNITS of them */
     int present[256], m = 0;
     for (int v = 0; v < 256; v++)
@@ -66,7 +69,25 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, uint8_t
     int per = (m + O1_UNITS - 1) / O1_UNITS, units = (m + per - 1) / per;
     int first[O1_UNITS + 1]; /* unit u covers present[first[u] .. first[u + 1]) */
     for (int u = 0; u <= units; u++) first[u] = u * per < m ? u * per : m;
+    /* each unit's successor counts, sparse: the DP below adds units to ranges O(units^2)
+     * times, and a unit's successors are a few dozen of the 256 byte values */
     static const float INF = 3e38f;
+    uint32_t(*count)[256] = calloc((size_t)units, sizeof(*count));
+    uint8_t(*sym)[256] = malloc((size_t)units * sizeof(*sym));
+    int used[O1_UNITS];
+    if (!count || !sym) {
+        free(count);
+        free(sym);
+        starts[0] = 0;
+        return 1;
+    }
+    for (int u = 0; u < units; u++) {
+        for (int r = first[u]; r < first[u + 1]; r++)
+            for (int s = 0; s < 256; s++) count[u][s] += pairs[present[r]][s];
+        used[u] = 0;
+        for (int s = 0; s < 256; s++)
+            if (count[u][s]) sym[u][used[u]++] = (uint8_t)s;
+    }
     float best[O1_MAX_BUCKETS + 1][O1_UNITS + 1];
     uint8_t from[O1_MAX_BUCKETS + 1][O1_UNITS + 1];
     for (int k = 0; k <= O1_MAX_BUCKETS; k++)
@@ -78,19 +99,17 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, uint8_t
         float sum_xlogx = 0;
         uint32_t total = 0, distinct = 0;
         for (int j = i + 1; j <= units; j++) {
-            for (int r = first[j - 1]; r < first[j]; r++) {
-                const uint32_t *row = pairs[present[r]];
-                for (int s = 0; s < 256; s++) {
-                    uint32_t c = row[s];
-                    if (!c) continue;
-                    uint32_t was = acc[s];
-                    acc[s] = was + c;
-                    sum_xlogx += xlog2x((float)(was + c)) - (was ? xlog2x((float)was) : 0);
-                    distinct += !was;
-                    total += c;
-                }
+            const uint8_t *ss = sym[j - 1];
+            const uint32_t *c = count[j - 1];
+            for (int q = 0; q < used[j - 1]; q++) {
+                int s = ss[q];
+                uint32_t was = acc[s], now = was + c[s];
+                acc[s] = now;
+                sum_xlogx += xlog2x((float)now) - (was ? xlog2x((float)was) : 0);
+                distinct += !was;
+                total += c[s];
             }
-            float cost = o1_group_cost(sum_xlogx, total, distinct);
+            float cost = o1_group_cost(sum_xlogx, total, distinct, scale);
             for (int k = 0; k < O1_MAX_BUCKETS; k++)
                 if (best[k][i] < INF && best[k][i] + cost < best[k + 1][j]) {
                     best[k + 1][j] = best[k][i] + cost;
@@ -98,10 +117,11 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, uint8_t
                 }
         }
     }
+    free(count);
+    free(sym);
     int buckets = 1;
     for (int k = 2; k <= O1_MAX_BUCKETS; k++)
         if (best[k][units] < best[buckets][units]) buckets = k;
-    /* bucket k starts at the first value of its first unit; the first starts at 0 */
     int unit[O1_MAX_BUCKETS + 1]; /* the first unit of each bucket */
     unit[buckets] = units;
     for (int k = buckets; k > 0; k--) unit[k - 1] = from[k][unit[k]];
@@ -123,29 +143,43 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, uint8_t 
     uint8_t *buf = NULL;
     if (!pairs || !grouped) goto done;
     size_t len = o1_segment_len(n, segments);
-    for (int s = 0; s < segments; s++) {
-        size_t a = (size_t)s * len < n ? (size_t)s * len : n, b = a + len < n ? a + len : n;
-        uint8_t prev = 0;
+    /* The buckets are chosen from a sample of the pairs (every fourth run of O1_RUN bytes
+     * of a large plane): the choice needs their shape, not exact counts. */
+    uint32_t rows[256] = {0}, hist[256];
+    size_t stride = n >= 16 * O1_RUN * O1_SAMPLE ? O1_RUN * O1_SAMPLE : O1_RUN;
+    for (size_t a = 0; a < n; a += stride) {
+        size_t b = a + O1_RUN < n ? a + O1_RUN : n, s = a / len;
+        uint8_t prev = a == s * len ? 0 : src[a - 1];
         for (size_t i = a; i < b; i++) {
+            if (i == s * len + len) prev = 0, s++;
             pairs[prev][src[i]]++;
             prev = src[i];
         }
     }
-    uint32_t rows[256];
+    uint64_t sampled = 0;
     for (int v = 0; v < 256; v++) {
         uint32_t t = 0;
         for (int c = 0; c < 256; c++) t += pairs[v][c];
         rows[v] = t;
+        sampled += t;
     }
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
-    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, starts);
+    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, n ? (float)sampled / (float)n : 1, starts);
     for (int v = 0, k = 0; v < 256; v++) {
         while (k + 1 < buckets && v >= starts[k + 1]) k++;
         map[v] = (uint8_t)k;
     }
-    /* group the bytes: bucket k's at grouped[base[k] ..), segment by segment */
+    /* each group's size: the counts of the preceding bytes (a byte histogram, shifted) */
     uint32_t count[O1_MAX_BUCKETS] = {0}, seg_count[O1_MAX_SEGMENTS][O1_MAX_BUCKETS];
-    for (int v = 0; v < 256; v++) count[map[v]] += rows[v];
+    histogram(src, n, hist);
+    for (int s = 0; s < segments; s++) {
+        size_t a = (size_t)s * len, b = a + len < n ? a + len : n;
+        if (a >= n) break;
+        hist[src[b - 1]]--; /* a segment's last byte precedes nothing in it ... */
+        hist[0]++;          /* ... and its first follows a 0 */
+    }
+    for (int v = 0; v < 256; v++) count[map[v]] += hist[v];
+    /* group the bytes: bucket k's at grouped[base[k] ..), segment by segment */
     size_t base[O1_MAX_BUCKETS], pos[O1_MAX_BUCKETS];
     for (int k = 0; k < buckets; k++) {
         base[k] = k ? base[k - 1] + count[k - 1] : 0;
@@ -273,30 +307,26 @@ static int o1_walk(const uint8_t *map, const uint8_t **p, const uint8_t *const *
     return 1;
 }
 
-/* Four segments' walks interleaved (their chains overlap), for the first `len` bytes of
- * each; then each segment's rest alone. */
-static int o1_walk4(const uint8_t *map, const uint8_t *(*p)[O1_MAX_BUCKETS], const uint8_t *const (*e)[O1_MAX_BUCKETS],
-                    uint8_t *const *out, const size_t *lens) {
-    size_t len = lens[0];
-    for (int s = 1; s < 4; s++)
-        if (lens[s] < len) len = lens[s];
-    const uint8_t **p0 = p[0], **p1 = p[1], **p2 = p[2], **p3 = p[3];
-    const uint8_t *const *e0 = e[0], *const *e1 = e[1], *const *e2 = e[2], *const *e3 = e[3];
-    uint8_t *o0 = out[0], *o1 = out[1], *o2 = out[2], *o3 = out[3];
-    uint8_t v0 = 0, v1 = 0, v2 = 0, v3 = 0;
-    for (size_t i = 0; i < len; i++) {
-        O1_STEP(map, p0, e0, v0, o0[i]);
-        O1_STEP(map, p1, e1, v1, o1[i]);
-        O1_STEP(map, p2, e2, v2, o2[i]);
-        O1_STEP(map, p3, e3, v3, o3[i]);
+/* `W` (4 or 8) segments' walks interleaved (their chains overlap: eight run about 1.5x
+ * as fast as four), for the first `len` bytes of each; then each segment's rest alone. */
+#define O1_WALK(W)                                                                                                   \
+    static int o1_walk##W(const uint8_t *map, const uint8_t *(*p)[O1_MAX_BUCKETS],                                   \
+                          const uint8_t *const (*e)[O1_MAX_BUCKETS], uint8_t *const *out, const size_t *lens) {      \
+        size_t len = lens[0];                                                                                        \
+        for (int s = 1; s < W; s++)                                                                                  \
+            if (lens[s] < len) len = lens[s];                                                                        \
+        uint8_t v[W] = {0};                                                                                          \
+        for (size_t i = 0; i < len; i++)                                                                             \
+            for (int s = 0; s < W; s++) O1_STEP(map, p[s], e[s], v[s], out[s][i]);                                  \
+        for (int s = 0; s < W; s++) {                                                                                \
+            uint8_t x = v[s];                                                                                        \
+            for (size_t i = len; i < lens[s]; i++) O1_STEP(map, p[s], e[s], x, out[s][i]);                           \
+        }                                                                                                            \
+        return 1;                                                                                                    \
     }
-    uint8_t last[4] = {v0, v1, v2, v3};
-    for (int s = 0; s < 4; s++) {
-        uint8_t v = last[s];
-        for (size_t i = len; i < lens[s]; i++) O1_STEP(map, p[s], e[s], v, out[s][i]);
-    }
-    return 1;
-}
+O1_WALK(4)
+O1_WALK(8)
+#undef O1_WALK
 #undef O1_STEP
 
 /* Checks that every group's frame is one literals_frame() decodes (with decode 0, touches
@@ -338,8 +368,11 @@ static int order1_decode(const uint8_t *in, size_t len, uint8_t *out, size_t n, 
         lens[s] = b - a;
     }
     int s = 0;
+    const uint8_t *const(*ends)[O1_MAX_BUCKETS] = (const uint8_t *const(*)[O1_MAX_BUCKETS])e;
+    if (s + 8 <= h.segments && !o1_walk8(h.map, p + s, ends + s, o + s, lens + s)) return 0;
+    if (s + 8 <= h.segments) s += 8;
     for (; s + 4 <= h.segments; s += 4)
-        if (!o1_walk4(h.map, p + s, (const uint8_t *const(*)[O1_MAX_BUCKETS])(e + s), o + s, lens + s)) return 0;
+        if (!o1_walk4(h.map, p + s, ends + s, o + s, lens + s)) return 0;
     for (; s < h.segments; s++)
         if (!o1_walk(h.map, p[s], e[s], o[s], lens[s])) return 0;
     return 1;
