@@ -169,33 +169,49 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, uint8_t 
         while (k + 1 < buckets && v >= starts[k + 1]) k++;
         map[v] = (uint8_t)k;
     }
-    /* each group's size: the counts of the preceding bytes (a byte histogram, shifted) */
-    uint32_t count[O1_MAX_BUCKETS] = {0}, seg_count[O1_MAX_SEGMENTS][O1_MAX_BUCKETS];
-    histogram(src, n, hist);
+    /* each segment's share of each group: the counts of its preceding bytes (its byte
+     * histogram, less its last byte, plus the 0 before its first) */
+    uint32_t count[O1_MAX_BUCKETS] = {0}, seg_count[O1_MAX_SEGMENTS][O1_MAX_BUCKETS] = {{0}};
     for (int s = 0; s < segments; s++) {
-        size_t a = (size_t)s * len, b = a + len < n ? a + len : n;
-        if (a >= n) break;
-        hist[src[b - 1]]--; /* a segment's last byte precedes nothing in it ... */
-        hist[0]++;          /* ... and its first follows a 0 */
+        size_t a = (size_t)s * len < n ? (size_t)s * len : n, b = a + len < n ? a + len : n;
+        if (a == b) continue;
+        histogram(src + a, b - a, hist);
+        hist[src[b - 1]]--;
+        hist[0]++;
+        for (int v = 0; v < 256; v++) seg_count[s][map[v]] += hist[v];
+        for (int k = 0; k < buckets; k++) count[k] += seg_count[s][k];
     }
-    for (int v = 0; v < 256; v++) count[map[v]] += hist[v];
-    /* group the bytes: bucket k's at grouped[base[k] ..), segment by segment */
-    size_t base[O1_MAX_BUCKETS], pos[O1_MAX_BUCKETS];
+    /* group the bytes: group k at grouped[base[k] ..), segment by segment; the segments'
+     * scatters run interleaved (each one's write positions are a chain through memory) */
+    uint8_t *at[O1_MAX_SEGMENTS][O1_MAX_BUCKETS];
+    size_t base[O1_MAX_BUCKETS];
     for (int k = 0; k < buckets; k++) {
         base[k] = k ? base[k - 1] + count[k - 1] : 0;
-        pos[k] = base[k];
+        uint8_t *q = grouped + base[k];
+        for (int s = 0; s < segments; s++) {
+            at[s][k] = q;
+            q += seg_count[s][k];
+        }
+    }
+    size_t last = n - (size_t)(segments - 1) * len < len ? n - (size_t)(segments - 1) * len : len;
+    if (n < (size_t)(segments - 1) * len) last = 0;
+    uint8_t prev[O1_MAX_SEGMENTS] = {0};
+    if (segments == O1_MAX_SEGMENTS) {
+        for (size_t i = 0; i < last; i++)
+            for (int s = 0; s < O1_MAX_SEGMENTS; s++) {
+                uint8_t x = src[(size_t)s * len + i];
+                *at[s][map[prev[s]]]++ = x;
+                prev[s] = x;
+            }
+    } else {
+        last = 0;
     }
     for (int s = 0; s < segments; s++) {
         size_t a = (size_t)s * len < n ? (size_t)s * len : n, b = a + len < n ? a + len : n;
-        size_t before[O1_MAX_BUCKETS];
-        memcpy(before, pos, sizeof(before));
-        uint8_t prev = 0;
-        for (size_t i = a; i < b; i++) {
-            uint8_t k = map[prev];
-            grouped[pos[k]++] = src[i];
-            prev = src[i];
+        for (size_t i = a + last; i < b; i++) {
+            *at[s][map[prev[s]]]++ = src[i];
+            prev[s] = src[i];
         }
-        for (int k = 0; k < buckets; k++) seg_count[s][k] = (uint32_t)(pos[k] - before[k]);
     }
     size_t head = o1_header_size(buckets, segments), cap = head;
     for (int k = 0; k < buckets; k++) cap += frame_capacity(count[k], 0);
