@@ -281,3 +281,7 @@ def test_cpu_engine_keeps_deflate_exponents_for_weights() -> None:
         assert not engine.options_for(stream("master_weights")).fast_exponents
         assert engine.options_for(stream("optimizer.exp_avg")).fast_exponents
         assert engine.options_for(stream("gradients")).fast_exponents
+        assert engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
+        assert engine.options_for(stream("optimizer.exp_avg")).context_exponents
+        assert not engine.options_for(stream("gradients")).context_exponents
+        assert not engine.options_for(stream("weights")).context_exponents

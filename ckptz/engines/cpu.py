@@ -37,6 +37,10 @@ CPU_FRAME_SIZE = 4 << 20
 #: Components whose exponent planes keep deflate's smaller code (see ckptz.codecs.frames):
 #: dense weights, where ZipNN sits at the order-0 bound and every 0.01% counts.
 DENSE_COMPONENTS = frozenset({"weights", "master_weights"})
+#: Components whose exponent planes also try ``huff1`` (each exponent coded given the one
+#: before it): Adam's moments, where neighbours share a scale (bench/context.py measured
+#: the gains in BENCHMARKS.md; weights and gradients gain too little for the time).
+CONTEXT_COMPONENTS = frozenset({"optimizer.exp_avg", "optimizer.exp_avg_sq"})
 
 
 class CpuEngine:
@@ -56,10 +60,14 @@ class CpuEngine:
         self.look_ahead = 2 * self.threads + 4
         self.options = EncodeOptions(level=level)
         self._fast = replace(self.options, fast_exponents=True)
+        self._context = replace(self._fast, context_exponents=True)
 
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
-        """Literal-zstd exponents everywhere but the dense weights components."""
-        return self.options if stream.component in DENSE_COMPONENTS else self._fast
+        """Literal-zstd exponents everywhere but the dense weights components; order-1
+        exponents tried too on the optimizer moments."""
+        if stream.component in DENSE_COMPONENTS:
+            return self.options
+        return self._context if stream.component in CONTEXT_COMPONENTS else self._fast
 
     def _encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> EncodedFrame:
         return EncodedFrame(checksum, encode_frame(data, stream_dtype(stream), self.options_for(stream)))
@@ -107,4 +115,4 @@ def _now(fn: Callable[..., _T], *args: object) -> Future[_T]:
     return fut
 
 
-__all__ = ["DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]
+__all__ = ["CONTEXT_COMPONENTS", "DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]
