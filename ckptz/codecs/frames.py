@@ -18,7 +18,10 @@ This is the CPU frame coder. Per plane, cheapest first:
    ~0.013 bits per fp32 exponent: on dense fp32 weights that is the whole margin over
    ZipNN, so the CPU engine sets ``fast_exponents`` only for streams outside the weights
    components. Where the sample is at least 20% zeros (a fine-tune's unseen rows)
-   level-``level`` zstd is tried as well; at ``effort >= 2``, deflate too;
+   level-``level`` zstd is tried as well; at ``effort >= 2``, deflate too. With
+   ``context_exponents`` (the CPU engine sets it for Adam's moments) and the C extension,
+   ``huff1`` is tried too: each exponent coded given the bucket of the one before it
+   (:mod:`ckptz.codecs.order1`);
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
    entropy (sign bits of bf16-exact fp32, ``exp_avg_sq``'s low plane) is ``bitpack``-ed;
 5. any other plane (zero runs, 7-bit mantissas) gets ``zstd``; a low-entropy one that is
