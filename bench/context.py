@@ -40,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import itertools
 
-from make_checkpoints import generate, load_components
+from make_checkpoints import _moments, generate
 from ratios import container_size, stream_bytes
+from safetensors.torch import load_file
 
 from ckptz.codecs.cpu import HuffmanZstd
 from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encode_frame
@@ -60,6 +61,24 @@ COMPONENTS = {
     "ft exp_avg": "optimizer.exp_avg",
     "ft exp_avg_sq": "optimizer.exp_avg_sq",
 }
+
+
+def components(outdir: Path) -> dict[str, list[torch.Tensor]]:
+    """The benchmarked components of OUTDIR, in file order (the fine-tune's if present)."""
+    scratch = outdir / "scratch"
+    m, v = _moments(scratch / "optimizer.pt")
+    found = {
+        "weights fp32": list(load_file(str(scratch / "model.safetensors")).values()),
+        "weights bf16": list(load_file(str(scratch / "model_bf16.safetensors")).values()),
+        "exp_avg": m,
+        "exp_avg_sq": v,
+    }
+    ft = next((outdir / "finetune").glob("checkpoint-*"), None)
+    if ft is not None:
+        ft_m, ft_v = _moments(ft / "optimizer.pt")
+        found["ft weights fp32"] = list(load_file(str(ft / "model.safetensors")).values())
+        found["ft exp_avg"], found["ft exp_avg_sq"] = ft_m, ft_v
+    return found
 
 
 def entropy(counts: np.ndarray) -> float:
@@ -179,9 +198,7 @@ def main() -> None:
     if not (args.outdir / "scratch").exists():
         generate(args.outdir)
     results = []
-    for name, tensors in load_components(args.outdir).items():
-        if name not in COMPONENTS:
-            continue
+    for name, tensors in components(args.outdir).items():
         r = bench_component(name, tensors, args.runs)
         results.append(r)
         s = r["mb_s"]

@@ -19,7 +19,7 @@ from ckptz.codecs.base import Codec
 from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
 from ckptz.codecs.planes import merge, split
-from ckptz.codecs.table import CONST, RAW, TABLE, ZSTD, Bitstream
+from ckptz.codecs.table import CONST, HUFF1, RAW, TABLE, ZSTD, Bitstream
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DTYPES, DType
 from ckptz.engines.cpu import CpuEngine
@@ -213,6 +213,22 @@ def test_policy(coder_path: str) -> None:
     assert encode_frame(fp32, DTYPES["float32"], EncodeOptions())[-1].codec == dense_fp32
     assert encode_frame(fp32, DTYPES["float32"], EncodeOptions(fast_exponents=True))[-1].codec == ZSTD.id
     assert encode_frame(_bf16_bytes(weights), DTYPES["bfloat16"], EncodeOptions())[-1].codec == ZSTD.id
+
+
+def test_context_exponents_policy(coder_path: str) -> None:
+    """With context_exponents, huff1 is chosen where neighbours share a scale and saves
+    more than CONTEXT_MARGIN; not on i.i.d. exponents (a tie) nor without the C extension."""
+    rows = 4096
+    scales = np.exp(RNG.uniform(-14, -4, rows)).astype(np.float32)
+    moments = np.abs(RNG.standard_normal(rows * 128)).astype(np.float32) * np.repeat(scales, 128)
+    options = EncodeOptions(fast_exponents=True, context_exponents=True)
+    chosen = encode_plane(_exponent_plane(moments), options, exponent=True).codec
+    assert chosen == (HUFF1.id if coder_path == "native" else ZSTD.id)
+    assert encode_plane(_exponent_plane(_floats(1 << 18)), options, exponent=True).codec != HUFF1.id
+    assert (
+        encode_plane(_exponent_plane(moments), EncodeOptions(fast_exponents=True), exponent=True).codec
+        == ZSTD.id
+    )
 
 
 def test_frame_rejects_wrong_plane_count() -> None:

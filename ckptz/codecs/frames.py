@@ -65,6 +65,9 @@ NOISE_ZERO_SHARE = 0.008
 #: ~25% more on the rest. Measured on trained checkpoints: zstd won at 23-34% zeros (Adam
 #: states with untouched rows), lost by 17-20% at 9-19% (gradients).
 _ZSTD_ZEROS = 0.2
+#: Share of the best order-0 payload that ``huff1`` must save to be chosen: it decodes
+#: 2-3x slower (bench/context.py), so a tie goes to the faster bitstream.
+CONTEXT_MARGIN = 0.01
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
 _PACK_SLACK = 0.1
 #: Below this many sampled bits per byte a non-exponent plane may favour Huffman ...
@@ -202,6 +205,7 @@ def encode_plane(
     if stats.noise:
         return EncodedChunk(_RAW.id, size, _RAW.encode(plane))
     bits, zeros = stats.bits, stats.zeros
+    context = False
     zstd = _zstd(options.level)
     # The Huffman coder: frames from the C extension, else literal-mostly zstd frames.
     huffman: Codec = _HUFFMAN if native is not None else _LITERAL
@@ -218,7 +222,7 @@ def encode_plane(
         else:
             candidates = [_DEFLATE]
         if options.context_exponents and native is not None:
-            candidates.append(_ORDER1)
+            context = True
     else:
         fixed = stats.fixed
         if fixed and 8 - bin(fixed).count("1") < bits + _PACK_SLACK:
@@ -241,6 +245,12 @@ def encode_plane(
         payload = codec.encode(plane)
         if len(payload) < (len(best) if best else size):
             best_id, best = codec.id, payload
+    if context:
+        # huff1 decodes at a third to half the speed of Huffman-coded zstd: it must save
+        # enough to be worth that.
+        payload = _ORDER1.encode(plane)
+        if len(payload) < (1 - CONTEXT_MARGIN) * (len(best) if best else size):
+            best_id, best = _ORDER1.id, payload
     if not best:
         return EncodedChunk(_RAW.id, size, _RAW.encode(plane))
     return EncodedChunk(best_id, size, best)
