@@ -222,9 +222,12 @@ def test_context_exponents_policy(coder_path: str) -> None:
     scales = np.exp(RNG.uniform(-14, -4, rows)).astype(np.float32)
     moments = np.abs(RNG.standard_normal(rows * 128)).astype(np.float32) * np.repeat(scales, 128)
     options = EncodeOptions(fast_exponents=True, context_exponents=True)
-    chosen = encode_plane(_exponent_plane(moments), options, exponent=True).codec
+    chosen = encode_plane(_exponent_plane(moments), options, exponent=True, literal=True).codec
     assert chosen == (HUFF1.id if coder_path == "native" else ZSTD.id)
-    assert encode_plane(_exponent_plane(_floats(1 << 18)), options, exponent=True).codec != HUFF1.id
+    assert (
+        encode_plane(_exponent_plane(_floats(1 << 18)), options, exponent=True, literal=True).codec
+        != HUFF1.id
+    )
     assert (
         encode_plane(_exponent_plane(moments), EncodeOptions(fast_exponents=True), exponent=True).codec
         == ZSTD.id
