@@ -68,6 +68,8 @@ _ZSTD_ZEROS = 0.2
 #: Share of the best order-0 payload that ``huff1`` must save to be chosen: it decodes
 #: 2-3x slower (bench/context.py), so a tie goes to the faster bitstream.
 CONTEXT_MARGIN = 0.01
+#: The finest block the Huffman frames plan (literals_encode.c's SUB).
+_BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
 _PACK_SLACK = 0.1
 #: Below this many sampled bits per byte a non-exponent plane may favour Huffman ...
@@ -240,17 +242,23 @@ def encode_plane(
             candidates = [zstd, huffman]
         else:
             candidates = [zstd]
+    ordered = None
+    if context:
+        # huff1 decodes at a third to half the speed of Huffman-coded zstd, so it must save
+        # CONTEXT_MARGIN. Where it saves that below the entropy of the plane's 8 KiB blocks,
+        # no order-0 code (one table per run of blocks) can catch up: the others are not
+        # tried, which halves the cost of trying huff1.
+        assert native is not None
+        ordered = _ORDER1.encode(plane)
+        if len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, _BLOCK):
+            return EncodedChunk(_ORDER1.id, size, ordered)
     best_id, best = _RAW.id, b""
     for codec in candidates:
         payload = codec.encode(plane)
         if len(payload) < (len(best) if best else size):
             best_id, best = codec.id, payload
-    if context:
-        # huff1 decodes at a third to half the speed of Huffman-coded zstd: it must save
-        # enough to be worth that.
-        payload = _ORDER1.encode(plane)
-        if len(payload) < (1 - CONTEXT_MARGIN) * (len(best) if best else size):
-            best_id, best = _ORDER1.id, payload
+    if ordered is not None and len(ordered) < (1 - CONTEXT_MARGIN) * (len(best) if best else size):
+        best_id, best = _ORDER1.id, ordered
     if not best:
         return EncodedChunk(_RAW.id, size, _RAW.encode(plane))
     return EncodedChunk(best_id, size, best)

@@ -38,9 +38,10 @@ CPU_FRAME_SIZE = 4 << 20
 #: dense weights, where ZipNN sits at the order-0 bound and every 0.01% counts.
 DENSE_COMPONENTS = frozenset({"weights", "master_weights"})
 #: Components whose exponent planes also try ``huff1`` (each exponent coded given the one
-#: before it): Adam's moments, where neighbours share a scale (bench/context.py measured
-#: the gains in BENCHMARKS.md; weights and gradients gain too little for the time).
-CONTEXT_COMPONENTS = frozenset({"optimizer.exp_avg", "optimizer.exp_avg_sq"})
+#: before it): Adam's second moments, 0.5-0.7% smaller (bench/context.py, BENCHMARKS.md).
+#: ``exp_avg`` and weights gain nothing over block-adaptive Huffman there, so they are
+#: not tried (trying costs half the frame coder's speed).
+CONTEXT_COMPONENTS = frozenset({"optimizer.exp_avg_sq"})
 
 
 class CpuEngine:
@@ -64,7 +65,7 @@ class CpuEngine:
 
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
         """Literal-zstd exponents everywhere but the dense weights components; order-1
-        exponents tried too on the optimizer moments."""
+        exponents tried too on :data:`CONTEXT_COMPONENTS`."""
         if stream.component in DENSE_COMPONENTS:
             return self.options
         return self._context if stream.component in CONTEXT_COMPONENTS else self._fast

@@ -15,6 +15,7 @@
  *   order1_encode(src, segments)        a ckptz.codecs.order1 payload (exponents grouped by
  *                                       the preceding byte's bucket), or None
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
+ *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *
  * Every function checks its arguments, raises ValueError on bad ones, and releases the GIL
  * while it works.
@@ -270,6 +271,26 @@ done:
     return result;
 }
 
+/* blocked_entropy(src, sub) -> the sum of the order-0 entropies of src's blocks of `sub`
+ * bytes, in bytes. */
+static PyObject *native_blocked_entropy(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t sub;
+    if (!PyArg_ParseTuple(args, "y*n", &src, &sub)) return NULL;
+    PyObject *result = NULL;
+    if (sub < 1) {
+        PyErr_Format(PyExc_ValueError, "blocks of %zd bytes", sub);
+    } else {
+        double bytes;
+        Py_BEGIN_ALLOW_THREADS;
+        bytes = blocked_entropy(src.buf, (size_t)src.len, (size_t)sub);
+        Py_END_ALLOW_THREADS;
+        result = PyFloat_FromDouble(bytes);
+    }
+    PyBuffer_Release(&src);
+    return result;
+}
+
 /* order1_decode(payload, out) -> True if the payload was decoded into `out` (its exact
  * size), False if it is malformed or a group needs libzstd (the Python decoder then
  * decodes it or says what is wrong). */
@@ -442,6 +463,8 @@ static PyMethodDef methods[] = {
      "literals_decode(frame, out): decode a zstd frame of literal-only blocks into out; False if not one."},
     {"bitpack_decode", native_bitpack_decode, METH_VARARGS,
      "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
+    {"blocked_entropy", native_blocked_entropy, METH_VARARGS,
+     "blocked_entropy(src, sub): the order-0 entropies of src's blocks of `sub` bytes, summed, in bytes."},
     {"order1_encode", native_order1_encode, METH_VARARGS,
      "order1_encode(src, segments): a ckptz.codecs.order1 payload of src, or None."},
     {"order1_decode", native_order1_decode, METH_VARARGS,

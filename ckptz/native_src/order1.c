@@ -244,6 +244,23 @@ done:
     return size;
 }
 
+/* Sum over blocks of `sub` bytes of each block's order-0 entropy, in bytes: a lower bound
+ * on any code of the plane with one table per whole number of such blocks (the zstd
+ * frames of literals_encode.c plan their blocks on 8 KiB steps). */
+static double blocked_entropy(const uint8_t *src, size_t n, size_t sub) {
+    double bits = 0;
+    uint32_t hist[256];
+    for (size_t a = 0; a < n; a += sub) {
+        size_t m = a + sub < n ? sub : n - a;
+        histogram(src + a, m, hist);
+        double sum = 0;
+        for (int s = 0; s < 256; s++)
+            if (hist[s]) sum += hist[s] * log2((double)hist[s]);
+        bits += (double)m * log2((double)m) - sum;
+    }
+    return bits / 8;
+}
+
 /* ---------------------------------------------------------------- decoding */
 
 /* A payload's header, read and checked against n. */
