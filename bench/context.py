@@ -96,6 +96,22 @@ def bounds(plane: np.ndarray) -> tuple[float, float]:
     return order0, order1
 
 
+def local_bounds(plane: np.ndarray, block: int = 1 << 16) -> tuple[float, float, float]:
+    """Order-0, order-1 and order-2 entropy (bits per byte) with one model per ``block`` bytes
+    (model costs left out: what adaptive context coders aim at)."""
+    prev = np.concatenate(([0], plane[:-1])).astype(np.int64)
+    prev2 = np.concatenate(([0, 0], plane[:-2])).astype(np.int64)
+    total = [0.0, 0.0, 0.0]
+    for at in range(0, plane.size, block):
+        x = plane[at : at + block].astype(np.int64)
+        p1, p2 = prev[at : at + block], prev2[at : at + block]
+        for k, ctx in enumerate((np.zeros_like(x), p1, p1 * 256 + p2)):
+            _, joint = np.unique(ctx * 256 + x, return_counts=True)
+            _, alone = np.unique(ctx, return_counts=True)
+            total[k] += entropy(joint) - entropy(alone)  # H(byte | context), in bits
+    return total[0] / plane.size, total[1] / plane.size, total[2] / plane.size
+
+
 def median_time(fn: Callable[[], object], runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -120,6 +136,7 @@ def bench_component(name: str, tensors: list[torch.Tensor], runs: int) -> dict[s
     planes = [split(f, dtype)[-1].copy() for f in frames]
     exp = np.concatenate(planes)
     order0, order1 = bounds(exp)
+    local = local_bounds(exp)
     huff, ctx = HuffmanZstd(), Order1Codec()
     huff_payloads = [huff.encode(p) for p in planes]
     ctx_payloads = [ctx.encode(p) for p in planes]
@@ -175,6 +192,7 @@ def bench_component(name: str, tensors: list[torch.Tensor], runs: int) -> dict[s
         "huff1_frames": chosen,
         "order0_bits": order0,
         "order1_bits": order1,
+        "local_bits": local,
         "zstd_bits": 8 * sum(map(len, huff_payloads)) / exp.size,
         "huff1_bits": 8 * sum(map(len, ctx_payloads)) / exp.size,
         "size_off": size_off,
@@ -208,6 +226,8 @@ def main() -> None:
             f"{r['order1_bits']:.3f} zstd {r['zstd_bits']:.3f} huff1 {r['huff1_bits']:.3f}  "
             f"ratio {r['ratio_off']:.4f} -> {r['ratio_on']:.4f} ({100 * r['gain']:+.2f}%, "
             f"huff1 in {r['huff1_frames']}/{r['frames']} frames)\n"
+            f"{'':16} per 64 KiB: order0 {r['local_bits'][0]:.3f} order1 {r['local_bits'][1]:.3f} "
+            f"order2 {r['local_bits'][2]:.3f}\n"
             f"{'':16} plane MB/s enc zstd {s['plane encode zstd']:.0f} huff1 {s['plane encode huff1']:.0f}, "
             f"dec zstd {s['plane decode zstd']:.0f} huff1 {s['plane decode huff1']:.0f};  frame MB/s enc "
             f"off {s['frame encode off']:.0f} on {s['frame encode on']:.0f}, dec off {s['frame decode off']:.0f} "
