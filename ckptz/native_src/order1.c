@@ -8,7 +8,8 @@
  * takes each byte from the group its predecessor's bucket names. That walk is a chain of
  * dependent loads (byte -> bucket -> the group's read position -> byte), so the plane is
  * cut into up to eight segments, each starting from context byte 0, whose walks run
- * interleaved: with four the walk costs about a third of one.
+ * interleaved: eight cost ~0.65 ns per byte, four ~1, one alone 3-25 (on AMD EPYC, whose
+ * guesses at the read-after-write of a group's read position often fail).
  *
  * Buckets are ranges of the preceding byte's value (neighbouring exponents predict alike),
  * chosen by dynamic programming over the plane's pair counts: order-0 entropy of each
@@ -45,19 +46,20 @@ static size_t o1_segment_len(size_t n, int segments) { return (n + (size_t)segme
 /* ---------------------------------------------------------------- choosing buckets */
 
 /* Cost in bytes of coding `total` bytes (entropy from the sum of c log2 c of their counts)
- * as one group, on counts sampled at `scale` (fixed costs scale with it). */
-static float o1_group_cost(float sum_xlogx, uint32_t total, uint32_t distinct, float scale) {
+ * as one group that costs `fixed` bytes itself, on counts sampled at `scale` (fixed costs
+ * scale with it). */
+static float o1_group_cost(float sum_xlogx, uint32_t total, uint32_t distinct, float scale, float fixed) {
     if (!total) return 0;
     float bits = xlog2x((float)total) - sum_xlogx;
-    float coded = bits / 8 + (O1_BUCKET_COST + DESC_COST * (float)distinct) * scale;
+    float coded = bits / 8 + (fixed + DESC_COST * (float)distinct) * scale;
     float raw = (float)total + 16 * scale;
     return (float)total < MIN_HUFFMAN * scale || raw < coded ? raw : coded;
 }
 
 /* Chooses bucket starts (starts[0] = 0, ascending) from the pair counts `pairs` (row:
  * preceding byte, column: byte), sampled at `scale`; returns the number of buckets.
- * `rows` are each row's totals. */
-static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float scale, uint8_t *starts) {
+ * `rows` are each row's totals; a bucket's header fields grow with `segments`. */
+static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float scale, int segments, uint8_t *starts) {
     /* units: consecutive runs of present preceding values, at most O1_UNITS of them */
     int present[256], m = 0;
     for (int v = 0; v < 256; v++)
@@ -88,6 +90,7 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
         for (int s = 0; s < 256; s++)
             if (count[u][s]) sym[u][used[u]++] = (uint8_t)s;
     }
+    float fixed = O1_BUCKET_COST + 4.0f * (float)(segments + 1);
     float best[O1_MAX_BUCKETS + 1][O1_UNITS + 1];
     uint8_t from[O1_MAX_BUCKETS + 1][O1_UNITS + 1];
     for (int k = 0; k <= O1_MAX_BUCKETS; k++)
@@ -109,7 +112,7 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
                 distinct += !was;
                 total += c[s];
             }
-            float cost = o1_group_cost(sum_xlogx, total, distinct, scale);
+            float cost = o1_group_cost(sum_xlogx, total, distinct, scale, fixed);
             for (int k = 0; k < O1_MAX_BUCKETS; k++)
                 if (best[k][i] < INF && best[k][i] + cost < best[k + 1][j]) {
                     best[k + 1][j] = best[k][i] + cost;
@@ -164,7 +167,7 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, uint8_t 
         sampled += t;
     }
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
-    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, n ? (float)sampled / (float)n : 1, starts);
+    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, n ? (float)sampled / (float)n : 1, segments, starts);
     for (int v = 0, k = 0; v < 256; v++) {
         while (k + 1 < buckets && v >= starts[k + 1]) k++;
         map[v] = (uint8_t)k;
