@@ -230,6 +230,11 @@ def test_context_exponents_policy(coder_path: str) -> None:
     )
     plain = EncodeOptions(fast_exponents=True)
     assert encode_plane(_exponent_plane(moments), plain, exponent=True, literal=True).codec == ZSTD.id
+    # A third of the rows untouched (zero runs): LZ-matching zstd is still tried beside huff1.
+    moments[: moments.size // 3] = 0
+    plane = _exponent_plane(moments)
+    chosen_chunk = encode_plane(plane, options, exponent=True, literal=True)
+    assert len(chosen_chunk.payload) <= len(ZstdCodec(3).encode(plane))
 
 
 def test_frame_rejects_wrong_plane_count() -> None:

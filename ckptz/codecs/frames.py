@@ -246,11 +246,13 @@ def encode_plane(
     if context:
         # huff1 decodes at a third to half the speed of Huffman-coded zstd, so it must save
         # CONTEXT_MARGIN. Where it saves that below the entropy of the plane's 8 KiB blocks,
-        # no order-0 code (one table per run of blocks) can catch up: the others are not
+        # no order-0 code (one table per run of blocks) can catch up: if that is the only
+        # other candidate (no LZ matching, which can go below, for zero runs), it is not
         # tried, which halves the cost of trying huff1.
         assert native is not None
         ordered = _ORDER1.encode(plane)
-        if len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, _BLOCK):
+        alone = candidates == [huffman]
+        if alone and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, _BLOCK):
             return EncodedChunk(_ORDER1.id, size, ordered)
     best_id, best = _RAW.id, b""
     for codec in candidates:
