@@ -28,7 +28,7 @@ from ckptz.errors import ContainerError, CorruptionError, UnsupportedVersionErro
 
 MAGIC = b"CKPTZ\x00\r\n"
 END_MAGIC = b"CKPTZEND"
-MAJOR, MINOR = 1, 2
+MAJOR, MINOR = 1, 3
 SUFFIX = ".ckptz"
 ALIGN = 16
 

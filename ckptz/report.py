@@ -21,7 +21,7 @@ from ckptz.api import Action, Summary, VerifyResult
 from ckptz.container import SUFFIX
 
 if TYPE_CHECKING:
-    from ckptz.bench.benchmark import BenchResult
+    from ckptz.bench.benchmark import BenchResult, BenchRow
     from ckptz.bench.series import SeriesBenchResult
 
 BAR_WIDTH = 20
@@ -422,7 +422,8 @@ def bench_view(result: BenchResult) -> RenderableType:
     notes = [
         Text(
             "speeds in GB/s of original bytes; limit: order-0 entropy bound (as a ratio) of the byte planes, "
-            "one histogram per plane / one per 256 KiB of each plane; "
+            "one histogram per plane / one per 256 KiB of each plane / the same with float exponents "
+            "given the exponent before (context); "
             f"speeds: median of {result.repeats} after a verified warm-up, "
             f"{result.threads} CPU threads, data in host memory",
             style="dim",
@@ -437,6 +438,10 @@ def bench_view(result: BenchResult) -> RenderableType:
     )
 
 
+def _limit(row: BenchRow) -> str:
+    return f"{_gbps(row.bound_ratio)} / {_gbps(row.chunk_bound_ratio)} / {_gbps(row.context_bound_ratio)}"
+
+
 def _codecs_table(result: BenchResult) -> Table:
     table = Table(title=f"bench: {result.root}", box=box.SIMPLE_HEAVY, title_justify="left")
     columns = [("component", "left"), ("codec", "left"), ("device", "left"), ("ratio", "right")]
@@ -447,7 +452,7 @@ def _codecs_table(result: BenchResult) -> Table:
         if i:
             table.add_section()
         for j, r in enumerate(rows):
-            limit = f"{_gbps(r.bound_ratio)} / {_gbps(r.chunk_bound_ratio)}" if j == 0 else ""
+            limit = _limit(r) if j == 0 else ""
             table.add_row(Text(comp, style="bold") if j == 0 else "", *_codec_cells(r), limit)
         table.add_row(Text(f"  {heading}", style="dim"), *[""] * 7)
     return table
@@ -457,7 +462,7 @@ def _codecs_tables_narrow(result: BenchResult) -> Group:
     """One small table per component, its name and sample in the title (80 columns)."""
     tables: list[RenderableType] = [Text(f"bench: {result.root}", style="italic")]
     for comp, heading, rows in _by_component(result):
-        limit = f"limit {_gbps(rows[0].bound_ratio)} / {_gbps(rows[0].chunk_bound_ratio)}"
+        limit = f"limit {_limit(rows[0])}"
         table = Table(title=f"{comp}: {heading}; {limit}", box=box.SIMPLE, title_justify="left")
         for name in ("codec", "device", "ratio", "compress", "decompress", "decodes"):
             right = name in ("ratio", "compress", "decompress")
@@ -573,6 +578,7 @@ def bench_json(result: BenchResult) -> dict[str, Any]:
                 "portable": r.portable,
                 "bound_ratio": finite(r.bound_ratio),
                 "chunk_bound_ratio": finite(r.chunk_bound_ratio),
+                "context_bound_ratio": finite(r.context_bound_ratio),
                 "bytes": r.bytes,
                 "compressed_bytes": r.compressed_bytes,
             }

@@ -97,12 +97,12 @@ def coder_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
     The fallback is what an install without a C compiler runs; both write the same format.
     """
-    from ckptz.codecs import bitpack, cpu, frames, native, planes
+    from ckptz.codecs import bitpack, cpu, frames, native, order1, planes
 
     if request.param == "native":
         if native.native is None:
             pytest.skip("ckptz._native is not built (see test_native.py::test_extension_is_built)")
     else:
-        for module in (bitpack, cpu, frames, planes):
+        for module in (bitpack, cpu, frames, order1, planes):
             monkeypatch.setattr(module, "native", None)
     return str(request.param)

@@ -19,10 +19,10 @@ from ckptz.codecs.base import Codec
 from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
 from ckptz.codecs.planes import merge, split
-from ckptz.codecs.table import CONST, RAW, TABLE, ZSTD, Bitstream
+from ckptz.codecs.table import CONST, HUFF1, RAW, TABLE, ZSTD, Bitstream
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DTYPES, DType
-from ckptz.engines.cpu import CpuEngine
+from ckptz.engines.cpu import CONTEXT_LEVEL, CpuEngine
 from ckptz.errors import CodecError
 
 RNG = np.random.default_rng(20261122)
@@ -215,6 +215,28 @@ def test_policy(coder_path: str) -> None:
     assert encode_frame(_bf16_bytes(weights), DTYPES["bfloat16"], EncodeOptions())[-1].codec == ZSTD.id
 
 
+def test_context_exponents_policy(coder_path: str) -> None:
+    """With context_exponents, huff1 is chosen where neighbours share a scale and saves
+    more than CONTEXT_MARGIN; not on i.i.d. exponents (a tie) nor without the C extension."""
+    rows = 4096
+    scales = np.exp(RNG.uniform(-14, -4, rows)).astype(np.float32)
+    moments = np.abs(RNG.standard_normal(rows * 128)).astype(np.float32) * np.repeat(scales, 128)
+    options = EncodeOptions(fast_exponents=True, context_exponents=True)
+    chosen = encode_plane(_exponent_plane(moments), options, exponent=True, literal=True).codec
+    assert chosen == (HUFF1.id if coder_path == "native" else ZSTD.id)
+    assert (
+        encode_plane(_exponent_plane(_floats(1 << 18)), options, exponent=True, literal=True).codec
+        != HUFF1.id
+    )
+    plain = EncodeOptions(fast_exponents=True)
+    assert encode_plane(_exponent_plane(moments), plain, exponent=True, literal=True).codec == ZSTD.id
+    # A third of the rows untouched (zero runs): LZ-matching zstd is still tried beside huff1.
+    moments[: moments.size // 3] = 0
+    plane = _exponent_plane(moments)
+    chosen_chunk = encode_plane(plane, options, exponent=True, literal=True)
+    assert len(chosen_chunk.payload) <= len(ZstdCodec(3).encode(plane))
+
+
 def test_frame_rejects_wrong_plane_count() -> None:
     with pytest.raises(CodecError):
         decode_frame([(RAW.id, 4, b"abcd")], DTYPES["float32"])
@@ -281,3 +303,10 @@ def test_cpu_engine_keeps_deflate_exponents_for_weights() -> None:
         assert not engine.options_for(stream("master_weights")).fast_exponents
         assert engine.options_for(stream("optimizer.exp_avg")).fast_exponents
         assert engine.options_for(stream("gradients")).fast_exponents
+        # Order-1 exponents only from CONTEXT_LEVEL, and only on the second moments.
+        assert not engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
+    with CpuEngine(1, level=CONTEXT_LEVEL) as engine:
+        assert engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
+        assert not engine.options_for(stream("optimizer.exp_avg")).context_exponents
+        assert not engine.options_for(stream("gradients")).context_exponents
+        assert not engine.options_for(stream("weights")).context_exponents

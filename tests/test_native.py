@@ -22,6 +22,7 @@ from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
 from ckptz.codecs.deflate import DeflateCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame
 from ckptz.codecs.native import native
+from ckptz.codecs.order1 import Order1Codec, choose_buckets
 from ckptz.dtypes import DTYPES
 from ckptz.errors import CodecError
 
@@ -399,3 +400,104 @@ def test_frame_decoder_stays_in_bounds_on_damaged_planes(kind: str, data: st.Dat
     assert isinstance(result, bool)
     assert (out[:32] == 0xA5).all() and (out[-32:] == 0xA5).all()
     assert (room[:32] == 0x5A).all() and (room[-32:] == 0x5A).all()
+
+
+def _moments(n: int, rng: np.random.Generator = RNG) -> np.ndarray:
+    """The exponent plane of optimizer-moment-like fp32: rows of one scale, within-row noise."""
+    rows = max(1, n // 256)
+    scales = np.exp(rng.uniform(-14, -4, rows)).astype(np.float32)
+    values = np.abs(rng.standard_normal(rows * 256).astype(np.float32)) * np.repeat(scales, 256)
+    return planes.split(values[:n].view(np.uint8), DTYPES["float32"])[-1].copy()
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(_planes(), st.integers(1, 8))
+def test_order1_payloads_decode_exactly_both_ways(plane: np.ndarray, segments: int) -> None:
+    """The C writer's payloads, any segment count, decode in C and in numpy; the numpy
+    writer's decode in C (or are declined, a group holding libzstd matches) and in numpy."""
+    assert native is not None
+    codec = Order1Codec()
+    payload = native.order1_encode(plane, segments)
+    assert payload is not None
+    out = np.empty(plane.size, np.uint8)
+    assert native.order1_decode(payload, out) is True and np.array_equal(out, plane)
+    assert np.array_equal(codec._decode_numpy(memoryview(payload), plane.size, np.empty_like(plane)), plane)
+    other = codec._encode_numpy(plane, segments)
+    if native.order1_decode(other, out):
+        assert np.array_equal(out, plane)
+    assert np.array_equal(codec.decode(other, plane.size), plane)
+
+
+def test_order1_buckets_follow_the_context() -> None:
+    """Two regimes of the preceding byte predict different bytes: two buckets, split
+    between them; one context value: one bucket."""
+    pairs = np.zeros((256, 256), np.int64)
+    pairs[100:110, 100:110] = 5000
+    pairs[120:130, 120:130] = 5000
+    starts = choose_buckets(pairs)
+    assert starts[0] == 0 and len(starts) >= 2 and any(110 <= s <= 120 for s in starts)
+    pairs[:] = 0
+    pairs[7, :50] = 100
+    assert choose_buckets(pairs) == [0]
+
+
+@needs_native
+def test_order1_beats_order0_huffman_on_moments() -> None:
+    """Where neighbours share a scale, coding each exponent given the one before pays."""
+    plane = _moments(1 << 20)
+    assert len(Order1Codec().encode(plane)) < 0.97 * len(HuffmanZstd().encode(plane))
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_damaged_order1_payloads_are_declined_or_decoded_in_bounds(data: st.DataObject) -> None:
+    """Flipped bytes (header and frames), cuts and extensions: the C decoder stays within
+    its buffers and returns a bool; the codec raises CodecError or returns the size asked."""
+    assert native is not None
+    plane = _moments(
+        data.draw(st.sampled_from([1, 300, 70_000, 200_000])),
+        np.random.default_rng(data.draw(st.integers(0, 99))),
+    )
+    payload = bytearray(Order1Codec().encode(plane))
+    how = data.draw(st.sampled_from(["header", "flip", "cut", "extend"]))
+    if how in ("header", "flip"):
+        span = min(len(payload), 200) if how == "header" else len(payload)
+        for _ in range(data.draw(st.integers(1, 4))):
+            payload[data.draw(st.integers(0, span - 1))] ^= data.draw(st.integers(1, 255))
+    elif how == "cut":
+        del payload[data.draw(st.integers(0, len(payload) - 1)) :]
+    else:
+        payload += bytes(data.draw(st.integers(1, 16)))
+    guarded = np.full(plane.size + 64, 0xA5, np.uint8)
+    result = native.order1_decode(bytes(payload), guarded[32 : 32 + plane.size])
+    assert isinstance(result, bool)
+    assert (guarded[:32] == 0xA5).all() and (guarded[32 + plane.size :] == 0xA5).all()
+    try:
+        back = Order1Codec().decode(bytes(payload), plane.size)
+    except CodecError:
+        return
+    assert back.size == plane.size
+
+
+@needs_native
+def test_frame_decoder_decodes_order1_planes() -> None:
+    """A frame whose exponent plane is huff1 decodes in the one native call; damaged, it is
+    declined and the Python path raises CodecError."""
+    assert native is not None
+    dtype = DTYPES["float32"]
+    rows = 2048
+    rng = np.random.default_rng(3)
+    scales = np.exp(rng.uniform(-14, -4, rows)).astype(np.float32)
+    raw = (np.abs(rng.standard_normal(rows * 128)).astype(np.float32) * np.repeat(scales, 128)).view(np.uint8)
+    chunks = encode_frame(raw, dtype, EncodeOptions(fast_exponents=True, context_exponents=True))
+    assert chunks[-1].codec == Order1Codec.id
+    frame = [(c.codec, c.raw_size, c.payload) for c in chunks]
+    out, room = np.empty(raw.size, np.uint8), np.empty(raw.size, np.uint8)
+    assert native.decode_frame(frame, out, room, 4, True) is True and np.array_equal(out, raw)
+    damaged = list(frame)
+    damaged[-1] = (Order1Codec.id, raw.size // 4, frame[-1][2][:-3])
+    assert native.decode_frame(damaged, out, room, 4, True) is False
+    with pytest.raises(CodecError):
+        decode_frame(damaged, dtype, np.empty(raw.size, np.uint8))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptz.api import Reporter, SilentReporter
+from ckptz.bench.context import context_bound
 from ckptz.bench.measure import Runner, raw_nvcomp_available
 from ckptz.bench.savings import (
     CodecPlan,
@@ -61,6 +62,8 @@ class BenchRow:
         portable: True if the output decodes on a CPU-only machine.
         bound_ratio: the component's global order-0 bound of its byte planes.
         chunk_bound_ratio: the same with per-256 KiB chunk histograms.
+        context_bound_ratio: the same with float exponents counted given the preceding
+            exponent (:func:`ckptz.bench.context.context_bound`).
     """
 
     component: str
@@ -73,6 +76,7 @@ class BenchRow:
     portable: bool
     bound_ratio: float
     chunk_bound_ratio: float
+    context_bound_ratio: float
 
     @property
     def ratio(self) -> float:
@@ -221,6 +225,7 @@ def bench(
     run, skipped, gpu = _choose(codecs, device)
     samples = sample_components(files, sample_bytes)
     bounds = {s.name: entropy_bound(s.frames) for s in samples}
+    contexts = {s.name: context_bound(s.frames) for s in samples}
     rows: list[BenchRow] = []
     reporter.start(sum(s.sample_bytes for s in samples) * len(run), "bench")
     for name in run:
@@ -241,6 +246,7 @@ def bench(
                         m.portable,
                         b.global_ratio,
                         b.chunk_ratio,
+                        contexts[s.name],
                     )
                 )
                 reporter.advance(s.sample_bytes)

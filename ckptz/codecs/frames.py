@@ -18,7 +18,10 @@ This is the CPU frame coder. Per plane, cheapest first:
    ~0.013 bits per fp32 exponent: on dense fp32 weights that is the whole margin over
    ZipNN, so the CPU engine sets ``fast_exponents`` only for streams outside the weights
    components. Where the sample is at least 20% zeros (a fine-tune's unseen rows)
-   level-``level`` zstd is tried as well; at ``effort >= 2``, deflate too;
+   level-``level`` zstd is tried as well; at ``effort >= 2``, deflate too. With
+   ``context_exponents`` (the CPU engine sets it for Adam's moments) and the C extension,
+   ``huff1`` is tried too: each exponent coded given the bucket of the one before it
+   (:mod:`ckptz.codecs.order1`);
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
    entropy (sign bits of bf16-exact fp32, ``exp_avg_sq``'s low plane) is ``bitpack``-ed;
 5. any other plane (zero runs, 7-bit mantissas) gets ``zstd``; a low-entropy one that is
@@ -41,6 +44,7 @@ from ckptz.codecs.bitpack import BitpackCodec, packed_size
 from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
 from ckptz.codecs.deflate import DeflateCodec
 from ckptz.codecs.native import native
+from ckptz.codecs.order1 import Order1Codec
 from ckptz.codecs.planes import merge, scratch, split_sampled
 from ckptz.dtypes import DType
 from ckptz.errors import CodecError
@@ -61,6 +65,11 @@ NOISE_ZERO_SHARE = 0.008
 #: ~25% more on the rest. Measured on trained checkpoints: zstd won at 23-34% zeros (Adam
 #: states with untouched rows), lost by 17-20% at 9-19% (gradients).
 _ZSTD_ZEROS = 0.2
+#: Share of the best order-0 payload that ``huff1`` must save to be chosen: it decodes
+#: 2-3x slower (bench/context.py), so a tie goes to the faster bitstream.
+CONTEXT_MARGIN = 0.01
+#: The finest block the Huffman frames plan (literals_encode.c's SUB).
+_BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
 _PACK_SLACK = 0.1
 #: Below this many sampled bits per byte a non-exponent plane may favour Huffman ...
@@ -80,11 +89,14 @@ class EncodeOptions:
         fast_exponents: without the C extension, code the exponent planes of 32/64-bit
             floats with literal zstd rather than deflate: 2-3x faster both ways, ~0.5%
             larger on those planes. (With it, they get Huffman-coded zstd either way.)
+        context_exponents: with the C extension, also try ``huff1`` (each exponent coded
+            given the one before it) on exponent planes and keep the smaller payload.
     """
 
     level: int = 3
     effort: int = 1
     fast_exponents: bool = False
+    context_exponents: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +115,7 @@ _LITERAL = ZstdCodec(literal=True)
 _HUFFMAN = HuffmanZstd()
 _DEFLATE = DeflateCodec()
 _BITPACK = BitpackCodec()
+_ORDER1 = Order1Codec()
 
 
 def _zstd(level: int) -> ZstdCodec:
@@ -194,6 +207,7 @@ def encode_plane(
     if stats.noise:
         return EncodedChunk(_RAW.id, size, _RAW.encode(plane))
     bits, zeros = stats.bits, stats.zeros
+    context = False
     zstd = _zstd(options.level)
     # The Huffman coder: frames from the C extension, else literal-mostly zstd frames.
     huffman: Codec = _HUFFMAN if native is not None else _LITERAL
@@ -209,6 +223,8 @@ def encode_plane(
             candidates = [huffman]
         else:
             candidates = [_DEFLATE]
+        if options.context_exponents and native is not None:
+            context = True
     else:
         fixed = stats.fixed
         if fixed and 8 - bin(fixed).count("1") < bits + _PACK_SLACK:
@@ -226,11 +242,25 @@ def encode_plane(
             candidates = [zstd, huffman]
         else:
             candidates = [zstd]
+    ordered = None
+    if context:
+        # huff1 decodes at a third to half the speed of Huffman-coded zstd, so it must save
+        # CONTEXT_MARGIN. Where it saves that below the entropy of the plane's 8 KiB blocks,
+        # no order-0 code (one table per run of blocks) can catch up: if that is the only
+        # other candidate (no LZ matching, which can go below, for zero runs), it is not
+        # tried, which halves the cost of trying huff1.
+        assert native is not None
+        ordered = _ORDER1.encode(plane)
+        alone = candidates == [huffman]
+        if alone and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, _BLOCK):
+            return EncodedChunk(_ORDER1.id, size, ordered)
     best_id, best = _RAW.id, b""
     for codec in candidates:
         payload = codec.encode(plane)
         if len(payload) < (len(best) if best else size):
             best_id, best = codec.id, payload
+    if ordered is not None and len(ordered) < (1 - CONTEXT_MARGIN) * (len(best) if best else size):
+        best_id, best = _ORDER1.id, ordered
     if not best:
         return EncodedChunk(_RAW.id, size, _RAW.encode(plane))
     return EncodedChunk(best_id, size, best)

@@ -22,6 +22,7 @@ from ckptz.codecs.bitpack import BitpackCodec
 from ckptz.codecs.cpu import ConstCodec, RawCodec, ZstdCodec
 from ckptz.codecs.ctx import CtxCodec
 from ckptz.codecs.deflate import DeflateCodec
+from ckptz.codecs.order1 import Order1Codec
 
 #: ``Bitstream.gpu`` of bitstreams the GPU coder handles without nvCOMP (stored and
 #: constant planes).
@@ -63,9 +64,10 @@ ANS = Bitstream(3, "ans", cpu=None, gpu="ANS")
 CTX = Bitstream(4, "ctx", cpu=CtxCodec, gpu=None)
 DEFLATE = Bitstream(5, "deflate", cpu=DeflateCodec, gpu=None)
 BITPACK = Bitstream(6, "bitpack", cpu=BitpackCodec, gpu=None)
+HUFF1 = Bitstream(7, "huff1", cpu=Order1Codec, gpu=None)
 
 #: Every bitstream, by id.
-TABLE: tuple[Bitstream, ...] = (RAW, CONST, ZSTD, ANS, CTX, DEFLATE, BITPACK)
+TABLE: tuple[Bitstream, ...] = (RAW, CONST, ZSTD, ANS, CTX, DEFLATE, BITPACK, HUFF1)
 
 #: What ``--codec`` may name besides ``auto``: the bitstreams the GPU coder tries on every
 #: plane (through nvCOMP). The CPU coder chooses its own per plane, all of them portable.
@@ -98,6 +100,7 @@ __all__ = [
     "CONST",
     "CTX",
     "DEFLATE",
+    "HUFF1",
     "RAW",
     "TABLE",
     "ZSTD",

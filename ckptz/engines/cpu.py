@@ -37,6 +37,16 @@ CPU_FRAME_SIZE = 4 << 20
 #: Components whose exponent planes keep deflate's smaller code (see ckptz.codecs.frames):
 #: dense weights, where ZipNN sits at the order-0 bound and every 0.01% counts.
 DENSE_COMPONENTS = frozenset({"weights", "master_weights"})
+#: Components whose exponent planes also try ``huff1`` (each exponent coded given the one
+#: before it) from :data:`CONTEXT_LEVEL`: Adam's second moments, 0.5-0.7% smaller
+#: (bench/context.py, BENCHMARKS.md). ``exp_avg`` and weights gain nothing over
+#: block-adaptive Huffman there, so they are not tried.
+CONTEXT_COMPONENTS = frozenset({"optimizer.exp_avg_sq"})
+#: ``--level`` from which :data:`CONTEXT_COMPONENTS` try ``huff1``. Not by default: those
+#: frames code and decode ~45% slower for 0.5-0.7% of their size, and the CPU path (3.6 GB/s
+#: on 16 cores) is slower than the storage users write to (5-26 GB/s per node), so by
+#: default the time costs more than the bytes save.
+CONTEXT_LEVEL = 10
 
 
 class CpuEngine:
@@ -56,10 +66,14 @@ class CpuEngine:
         self.look_ahead = 2 * self.threads + 4
         self.options = EncodeOptions(level=level)
         self._fast = replace(self.options, fast_exponents=True)
+        self._context = replace(self._fast, context_exponents=level >= CONTEXT_LEVEL)
 
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
-        """Literal-zstd exponents everywhere but the dense weights components."""
-        return self.options if stream.component in DENSE_COMPONENTS else self._fast
+        """Literal-zstd exponents everywhere but the dense weights components; order-1
+        exponents tried too on :data:`CONTEXT_COMPONENTS` from :data:`CONTEXT_LEVEL`."""
+        if stream.component in DENSE_COMPONENTS:
+            return self.options
+        return self._context if stream.component in CONTEXT_COMPONENTS else self._fast
 
     def _encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> EncodedFrame:
         return EncodedFrame(checksum, encode_frame(data, stream_dtype(stream), self.options_for(stream)))
@@ -107,4 +121,4 @@ def _now(fn: Callable[..., _T], *args: object) -> Future[_T]:
     return fut
 
 
-__all__ = ["DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]
+__all__ = ["CONTEXT_COMPONENTS", "CONTEXT_LEVEL", "DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]

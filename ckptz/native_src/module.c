@@ -12,6 +12,10 @@
  *                                       literal-only blocks) into out; False to leave it to libzstd
  *   bitpack_encode(src, fixed, value)   a ckptz.codecs.bitpack payload (8x8 bit transposes)
  *   bitpack_decode(rows, fixed, value, out)
+ *   order1_encode(src, segments)        a ckptz.codecs.order1 payload (exponents grouped by
+ *                                       the preceding byte's bucket), or None
+ *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
+ *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *
  * Every function checks its arguments, raises ValueError on bad ones, and releases the GIL
  * while it works.
@@ -51,6 +55,7 @@
  *   literals_encode.c   the zstd frame of Huffman-coded literal blocks
  *   literals_decode.c   such frames, decoded
  *   bitpack.c           bit packing by 8x8 bit transposes (SSE2, AVX2)
+ *   order1.c            order-1 exponent coding: bytes grouped by context, literal frames
  *   frame.c             a whole frame's planes decoded and merged
  *   module.c            the Python functions above (argument checks, the GIL) and the module
  */
@@ -64,6 +69,7 @@
 #include "literals_encode.c"
 #include "literals_decode.c"
 #include "bitpack.c"
+#include "order1.c"
 #include "frame.c"
 
 /* ---------------------------------------------------------------- split and merge */
@@ -239,6 +245,77 @@ static PyObject *native_literals_decode(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* ---------------------------------------------------------------- order-1 exponents */
+
+/* order1_encode(src, segments) -> a ckptz.codecs.order1 payload, or None if a group's
+ * table cannot be described. */
+static PyObject *native_order1_encode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    int segments;
+    if (!PyArg_ParseTuple(args, "y*i", &src, &segments)) return NULL;
+    PyObject *result = NULL;
+    if (segments < 1 || segments > O1_MAX_SEGMENTS || (size_t)src.len > 0xFFFFFFFFu) {
+        PyErr_Format(PyExc_ValueError, "%d segments of %zd bytes: expected 1 to %d, under 4 GiB", segments, src.len,
+                     O1_MAX_SEGMENTS);
+        goto done;
+    }
+    uint8_t *buf;
+    size_t size;
+    Py_BEGIN_ALLOW_THREADS;
+    size = order1_encode(src.buf, (size_t)src.len, segments, &buf);
+    Py_END_ALLOW_THREADS;
+    result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
+    free(buf);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* blocked_entropy(src, sub) -> the sum of the order-0 entropies of src's blocks of `sub`
+ * bytes, in bytes. */
+static PyObject *native_blocked_entropy(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t sub;
+    if (!PyArg_ParseTuple(args, "y*n", &src, &sub)) return NULL;
+    PyObject *result = NULL;
+    if (sub < 1) {
+        PyErr_Format(PyExc_ValueError, "blocks of %zd bytes", sub);
+    } else {
+        double bytes;
+        Py_BEGIN_ALLOW_THREADS;
+        bytes = blocked_entropy(src.buf, (size_t)src.len, (size_t)sub);
+        Py_END_ALLOW_THREADS;
+        result = PyFloat_FromDouble(bytes);
+    }
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* order1_decode(payload, out) -> True if the payload was decoded into `out` (its exact
+ * size), False if it is malformed or a group needs libzstd (the Python decoder then
+ * decodes it or says what is wrong). */
+static PyObject *native_order1_decode(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    PyObject *result = NULL;
+    dtable_t *dt = malloc(sizeof(dtable_t));
+    uint8_t *groups = malloc(dst.len ? (size_t)dst.len : 1);
+    if (!dt || !groups) {
+        PyErr_NoMemory();
+    } else {
+        int ok;
+        Py_BEGIN_ALLOW_THREADS;
+        ok = order1_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, groups, dt);
+        Py_END_ALLOW_THREADS;
+        result = PyBool_FromLong(ok);
+    }
+    free(dt);
+    free(groups);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 /* ---------------------------------------------------------------- bit packing */
 
 /* bitpack_encode(src, fixed, value) -> ckptz.codecs.bitpack's payload: the two header
@@ -330,7 +407,7 @@ static PyObject *native_decode_frame(PyObject *self, PyObject *args) {
         chunks[k].bytes = views[held].buf;
         chunks[k].len = (size_t)views[held++].len;
         usable = frame_chunk_usable(&chunks[k], (size_t)size, n, (uint8_t *)room.buf + (size_t)k * n, &planes[k]);
-        if (usable && chunks[k].codec == CODEC_ZSTD && !dt && !(dt = malloc(sizeof(dtable_t)))) {
+        if (usable && (chunks[k].codec == CODEC_ZSTD || chunks[k].codec == CODEC_HUFF1) && !dt && !(dt = malloc(sizeof(dtable_t)))) {
             PyErr_NoMemory();
             goto done;
         }
@@ -386,6 +463,12 @@ static PyMethodDef methods[] = {
      "literals_decode(frame, out): decode a zstd frame of literal-only blocks into out; False if not one."},
     {"bitpack_decode", native_bitpack_decode, METH_VARARGS,
      "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
+    {"blocked_entropy", native_blocked_entropy, METH_VARARGS,
+     "blocked_entropy(src, sub): the order-0 entropies of src's blocks of `sub` bytes, summed, in bytes."},
+    {"order1_encode", native_order1_encode, METH_VARARGS,
+     "order1_encode(src, segments): a ckptz.codecs.order1 payload of src, or None."},
+    {"order1_decode", native_order1_decode, METH_VARARGS,
+     "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"decode_frame", native_decode_frame, METH_VARARGS,
      "decode_frame(chunks, out, room, word, rotate): decode and merge a frame's planes into out; False\n"
      "if a plane needs the Python codecs."},

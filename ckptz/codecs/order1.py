@@ -1,0 +1,244 @@
+"""Order-1 exponents (bitstream 7, ``huff1``): each byte coded given the byte before it.
+
+Neighbouring float exponents are correlated: in optimizer moments a byte costs ~0.4 bit
+less given its predecessor (docs: FACTS.md). Here a byte's *context* is the *bucket* of the
+byte before it, a bucket being a range of byte values chosen by the encoder. The plane's
+bytes are grouped by context, keeping their order within a group, and each group is one
+zstd frame (RFC 8878): with the C extension, frames of Huffman-coded literal blocks
+(:class:`~ckptz.codecs.cpu.HuffmanZstd`), so every context gets its own adaptive tables.
+A decoder decodes the groups, then walks the plane: byte ``i`` is the next unread byte of
+the group that the bucket of byte ``i - 1`` names.
+
+That walk is a chain of dependent loads, so the plane is cut into ``S`` segments of
+``L = ceil(n / S)`` bytes (segment ``s``: bytes ``[s*L, min((s+1)*L, n))``), each
+walked on its own, as if preceded by a byte 0: a decoder interleaves their walks. Group
+``k`` holds segment 0's bytes of context ``k``, then segment 1's, and so on.
+
+Payload for a plane of ``n`` bytes (integers little-endian), ``K`` buckets::
+
+    offset        size          field
+    0             1             version, 1
+    1             1             K, buckets, 1-16
+    2             1             S, segments, 1-8
+    3             1             reserved, 0
+    4             K-1           start of buckets 1..K-1: ascending byte values, the first
+                                above 0; bucket k holds the values [start_k, start_k+1)
+                                (start_0 = 0, start_K = 256)
+    3+K           4*K           count_k: bytes in group k (they sum to n)
+    3+5K          4*K           size_k: bytes of group k's zstd frame (0 if count_k is 0)
+    3+9K          4*K*(S-1)     for segments s = 0..S-2, for k = 0..K-1: how many of
+                                group k's bytes belong to segment s (the last segment's
+                                are the rest)
+    3+9K+4K(S-1)  sum(size_k)   group 0's zstd frame, group 1's, ...: each decodes to
+                                count_k bytes
+
+The counts of each segment must sum to its length, each group's segment counts to at most
+its count, and the frames must fill the payload exactly. A walk that finds its group
+exhausted, or any other inconsistency, is a :class:`~ckptz.errors.CodecError`.
+
+The encoder chooses the buckets by dynamic programming over the plane's pair counts (each
+range's cost: the order-0 entropy of the bytes that follow it, plus a fixed cost per
+group); the C extension (``ckptz/native_src/order1.c``) writes and reads the payload
+without the GIL, and its frame decoder (``native.decode_frame``) decodes ``huff1`` planes
+in the same single call as the others. Without it, numpy and the zstandard binding do the
+same, slowly: the frame coder chooses ``huff1`` only with the extension.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import numpy as np
+
+from ckptz.codecs.base import Codec
+from ckptz.codecs.cpu import HuffmanZstd, ZstdCodec
+from ckptz.codecs.native import native
+from ckptz.errors import CodecError
+
+_VERSION = 1
+MAX_BUCKETS = 16
+MAX_SEGMENTS = 8
+#: Segments the encoder cuts a plane of at least ``n`` bytes into (first match): eight
+#: interleaved walks decode ~1.5x as fast as four and 5x as fast as one; each costs
+#: 4 header bytes per group.
+SEGMENTS = ((1 << 17, 8), (1 << 15, 4), (0, 1))
+#: A group's own cost (bytes) in the bucket search: frame and block headers, tables.
+_GROUP_COST = 160.0
+_UNITS = 64
+
+_HUFFMAN = HuffmanZstd()
+_ZSTD = ZstdCodec()
+
+
+def header_size(buckets: int, segments: int) -> int:
+    """Header bytes of a payload with ``buckets`` groups and ``segments`` segments."""
+    return 4 + (buckets - 1) + 8 * buckets + 4 * buckets * (segments - 1)
+
+
+def _segments(n: int, segments: int) -> list[tuple[int, int]]:
+    length = -(-n // segments) if n else 0
+    return [(min(s * length, n), min((s + 1) * length, n)) for s in range(segments)]
+
+
+def _contexts(data: np.ndarray, segments: int) -> np.ndarray:
+    """The byte before each byte, 0 at each segment's start."""
+    prev = np.empty_like(data)
+    if data.size:
+        prev[1:] = data[:-1]
+        for start, end in _segments(data.size, segments):
+            if start < end:
+                prev[start] = 0
+    return prev
+
+
+def _group_cost(counts: np.ndarray) -> np.ndarray:
+    """Estimated bytes of coding each row of ``counts`` as one group."""
+    total = counts.sum(axis=-1).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = counts.astype(np.float64)
+        xlogx = np.where(c > 0, c * np.log2(np.where(c > 0, c, 1)), 0.0).sum(axis=-1)
+        bits = np.where(total > 0, total * np.log2(np.where(total > 0, total, 1)) - xlogx, 0.0)
+    coded = bits / 8 + _GROUP_COST + 0.6 * (counts > 0).sum(axis=-1)
+    raw = total + 16
+    cost = np.where((total < 1024) | (raw < coded), raw, coded)
+    return np.where(total > 0, cost, 0.0)
+
+
+def choose_buckets(pairs: np.ndarray) -> list[int]:
+    """Bucket starts (the first 0) for a 256x256 pair count (row: the preceding byte)."""
+    rows = pairs.sum(axis=1)
+    present = np.flatnonzero(rows)
+    if present.size <= 1:
+        return [0]
+    per = -(-present.size // _UNITS)
+    first = [*range(0, present.size, per), present.size]
+    unit_counts = np.stack([pairs[present[a:b]].sum(axis=0) for a, b in itertools.pairwise(first)])
+    units = unit_counts.shape[0]
+    inf = float("inf")
+    best = np.full((MAX_BUCKETS + 1, units + 1), inf)
+    best[0, 0] = 0.0
+    came = np.zeros((MAX_BUCKETS + 1, units + 1), np.int64)
+    for i in range(units):
+        # the costs of groups of units i..j-1, for every j > i at once
+        cost = _group_cost(np.cumsum(unit_counts[i:], axis=0))
+        cand = best[:MAX_BUCKETS, i, None] + cost[None, :]
+        target = best[1:, i + 1 :]
+        better = cand < target
+        target[better] = cand[better]
+        came[1:, i + 1 :][better] = i
+    buckets = int(np.argmin(best[1:, units])) + 1
+    unit = [0] * (buckets + 1)
+    unit[buckets] = units
+    for k in range(buckets, 0, -1):
+        unit[k - 1] = int(came[k, unit[k]])
+    return [0] + [int(present[first[unit[k]]]) for k in range(1, buckets)]
+
+
+class Order1Codec(Codec):
+    """Exponent planes grouped by the preceding byte's bucket, one zstd frame per group
+    (see module docs)."""
+
+    def encode(self, data: np.ndarray) -> bytes:
+        data = np.ascontiguousarray(data, dtype=np.uint8)
+        segments = next(s for least, s in SEGMENTS if data.size >= least)
+        if native is not None:
+            payload: bytes | None = native.order1_encode(data, segments)
+            if payload is not None:
+                return payload
+        return self._encode_numpy(data, segments)
+
+    def _encode_numpy(self, data: np.ndarray, segments: int) -> bytes:
+        prev = _contexts(data, segments)
+        pairs = np.bincount(prev.astype(np.int64) * 256 + data, minlength=65536).reshape(256, 256)
+        starts = choose_buckets(pairs)
+        bucket = np.searchsorted(np.asarray(starts[1:]), prev, side="right").astype(np.uint8)
+        order = np.argsort(bucket, kind="stable")
+        counts = np.bincount(bucket, minlength=len(starts))
+        grouped = data[order]
+        frames, at = [], 0
+        for count in counts.tolist():
+            frames.append(_HUFFMAN.encode(grouped[at : at + count]) if count else b"")
+            at += count
+        seg_counts = [
+            np.bincount(bucket[a:b], minlength=len(starts)) for a, b in _segments(data.size, segments)[:-1]
+        ]
+        head = struct.pack("<BBBB", _VERSION, len(starts), segments, 0) + bytes(starts[1:])
+        head += struct.pack(f"<{len(starts)}I", *counts.tolist())
+        head += struct.pack(f"<{len(starts)}I", *(len(f) for f in frames))
+        for sc in seg_counts:
+            head += struct.pack(f"<{len(starts)}I", *sc.tolist())
+        return head + b"".join(frames)
+
+    def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
+        return self.decode_into(payload, size, None)
+
+    def decode_into(self, payload: bytes | memoryview, size: int, out: np.ndarray | None) -> np.ndarray:
+        array = np.empty(size, np.uint8) if out is None else out
+        if native is not None and native.order1_decode(payload, array):
+            return array
+        return self._decode_numpy(memoryview(payload), size, array)
+
+    def _fail(self, what: str) -> CodecError:
+        return CodecError(f"huff1 payload {what}", codec=self.name)
+
+    def _decode_numpy(self, view: memoryview, size: int, out: np.ndarray) -> np.ndarray:
+        if len(view) < 4:
+            raise self._fail("is shorter than its header")
+        version, buckets, segments, reserved = view[0], view[1], view[2], view[3]
+        if (
+            version != _VERSION
+            or reserved
+            or not 1 <= buckets <= MAX_BUCKETS
+            or not 1 <= segments <= MAX_SEGMENTS
+        ):
+            raise self._fail("header is corrupt")
+        head = header_size(buckets, segments)
+        if len(view) < head:
+            raise self._fail("is shorter than its header")
+        starts = [0, *view[4 : 4 + buckets - 1], 256]
+        if any(a >= b for a, b in itertools.pairwise(starts)):
+            raise self._fail("bucket starts are not ascending")
+        at = 3 + buckets
+        counts = list(struct.unpack_from(f"<{buckets}I", view, at))
+        sizes = list(struct.unpack_from(f"<{buckets}I", view, at + 4 * buckets))
+        at += 8 * buckets
+        if sum(counts) != size or sum(sizes) != len(view) - head:
+            raise self._fail(
+                f"declares {sum(counts)} bytes in {sum(sizes)} of frames, expected {size} in {len(view) - head}"
+            )
+        if any((c == 0) != (s == 0) for c, s in zip(counts, sizes, strict=True)):
+            raise self._fail("has a frame for an empty group or none for a full one")
+        spans = _segments(size, segments)
+        seg_counts = []
+        used = [0] * buckets
+        for s in range(segments):
+            if s + 1 < segments:
+                row = list(struct.unpack_from(f"<{buckets}I", view, at + 4 * buckets * s))
+            else:
+                row = [c - u for c, u in zip(counts, used, strict=True)]
+            used = [u + c for u, c in zip(used, row, strict=True)]
+            if any(u > c for u, c in zip(used, counts, strict=True)) or sum(row) != spans[s][1] - spans[s][0]:
+                raise self._fail("segment counts do not add up")
+            seg_counts.append(row)
+        groups, pos = [], head
+        for count, frame_size in zip(counts, sizes, strict=True):
+            frame = view[pos : pos + frame_size]
+            pos += frame_size
+            groups.append(_ZSTD.decode(frame, count).tolist() if count else [])
+        bucket_of = np.searchsorted(np.asarray(starts[1:-1]), np.arange(256), side="right").tolist()
+        result = bytearray(size)
+        offsets = [0] * buckets
+        for s, (a, b) in enumerate(spans):
+            ends = [o + c for o, c in zip(offsets, seg_counts[s], strict=True)]
+            ptr = list(offsets)
+            prev = 0
+            for i in range(a, b):
+                k = bucket_of[prev]
+                if ptr[k] >= ends[k]:
+                    raise self._fail("walk ran out of a group")
+                prev = result[i] = groups[k][ptr[k]]
+                ptr[k] += 1
+            offsets = ends
+        out[:] = np.frombuffer(bytes(result), np.uint8)
+        return out
