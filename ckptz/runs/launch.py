@@ -1,9 +1,11 @@
 """``--nproc N``: start N ckptz ranks on this machine, as ``torchrun --nproc-per-node N`` would.
 
-The launching process hosts the c10d store (on a port the kernel picks, so two launches
-never race for one) and starts ``python -m ckptz`` with the same arguments N times, each
-with the variables ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...) and
-``TORCHELASTIC_USE_AGENT_STORE`` so the ranks use that store. The ranks share stdout and
+The launcher starts ``python -m ckptz`` with the same arguments N times, each with the
+variables ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_PORT``, ...);
+rank 0 hosts the c10d store, on a port the kernel picked for the launcher a moment before.
+The launcher itself never imports torch: the ranks import it at once, side by side (on the
+H100 host ``import torch`` alone takes 4 s, which a launcher hosting the store had added
+before any rank started). The ranks share stdout and
 stderr (rank 0 alone prints the summary). A signal to the launcher goes on to the ranks;
 a rank killed outright takes the others down, as under ``torchrun``.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,17 +32,14 @@ def spawn(nproc: int, argv: Sequence[str]) -> int:
     The code is the first non-zero one by rank (they agree on it), 128 plus the signal for
     a rank that was killed, else 0.
     """
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(store.port),
+        "MASTER_PORT": str(_free_port()),
         "WORLD_SIZE": str(nproc),
         "LOCAL_WORLD_SIZE": str(nproc),
         "GROUP_RANK": "0",
-        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "CKPTZ_DISTRIBUTED": "1",
     }
     procs: list[subprocess.Popen[bytes]] = []
@@ -54,9 +54,15 @@ def spawn(nproc: int, argv: Sequence[str]) -> int:
         _stop(procs, sig)
     finally:
         _settle(procs)
-        del store  # the ranks are gone: close the port
     codes = [_code(p.returncode) for p in procs]
     return next((c for c in codes if c != 0), 0)
+
+
+def _free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now (rank 0 binds it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _wait(procs: list[subprocess.Popen[bytes]]) -> None:
