@@ -87,21 +87,37 @@ class PlainReference:
 
 
 class ContainerReference:
-    """A reference that is itself a container (and may have a reference of its own)."""
+    """A reference that is itself a container (and may have a reference of its own).
+
+    Each thread reads through a reader of its own (a reader decodes the frames a read
+    needs, in the calling thread), so the pipeline's threads restoring a delta read their
+    counterparts in parallel rather than one at a time.
+    """
 
     def __init__(self, path: Path) -> None:
         from ckptz.library.reader import ContainerReader
 
-        self.reader = ContainerReader(path, device="cpu")
+        self._open = lambda: ContainerReader(path, device="cpu")
+        self.reader = self._open()
+        self._local = threading.local()
+        self._local.reader = self.reader
+        self._readers = [self.reader]
         self._lock = threading.Lock()
 
     def read(self, offset: int, n: int) -> bytes:
-        with self._lock:
-            self.reader.seek(offset)
-            return self.reader.read(n) or b""
+        reader = getattr(self._local, "reader", None)
+        if reader is None:
+            reader = self._local.reader = self._open()
+            with self._lock:
+                self._readers.append(reader)
+        reader.seek(offset)
+        return reader.read(n) or b""
 
     def close(self) -> None:
-        self.reader.close()
+        with self._lock:
+            readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.close()
 
 
 def locate(fd: int, path: str) -> Path:
