@@ -64,26 +64,13 @@ class Skip(Exception):
 
 
 def _shapes(nbytes: int) -> list[tuple[str, tuple[int, ...]]]:
-    """A Llama-shaped model of at least ``nbytes / BYTES_PER_PARAM`` parameters."""
-    params = nbytes / BYTES_PER_PARAM
-    for d, vocab in ((4096, 32_000), (2048, 32_000), (1024, 32_000), (512, 8192), (256, 2048)):
-        if 2 * vocab * d <= params / 4:
-            break
-    f = 64 * math.ceil(8 * d / 3 / 64)
-    layers = max(1, math.ceil((params - 2 * vocab * d - d) / (4 * d * d + 3 * d * f + 2 * d)))
-    out: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (vocab, d))]
-    for i in range(layers):
-        p = f"layers.{i}."
-        out += [
-            (p + "input_layernorm.weight", (d,)),
-            (p + "self_attn.qkv_proj.weight", (3 * d, d)),
-            (p + "self_attn.o_proj.weight", (d, d)),
-            (p + "post_attention_layernorm.weight", (d,)),
-            (p + "mlp.gate_proj.weight", (f, d)),
-            (p + "mlp.up_proj.weight", (f, d)),
-            (p + "mlp.down_proj.weight", (d, f)),
-        ]
-    return [*out, ("norm.weight", (d,)), ("lm_head.weight", (vocab, d))]
+    """A Llama-shaped model of at least ``nbytes / BYTES_PER_PARAM`` parameters (the e2e
+    benchmark's shapes)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from e2e import _dims
+    from e2e import _shapes as llama_shapes
+
+    return llama_shapes(_dims(nbytes, BYTES_PER_PARAM))
 
 
 def make_state(nbytes: int, device: str, seed: int) -> dict[str, Any]:

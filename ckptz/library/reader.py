@@ -32,6 +32,7 @@ from ckptz.engines import open_engine
 from ckptz.engines.base import Engine
 from ckptz.errors import CorruptionError, UsageError
 from ckptz.pipeline.decoder import FrameDecoder
+from ckptz.pipeline.whole import seek_position
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -107,12 +108,7 @@ class ContainerReader(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         self._check_open()
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}.get(whence)
-        if base is None:
-            raise ValueError(f"invalid whence ({whence})")
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
+        self._pos = seek_position(self._pos, self._size, offset, whence)
         return self._pos
 
     def readinto(self, buffer: WriteableBuffer) -> int:

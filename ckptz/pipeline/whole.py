@@ -102,6 +102,20 @@ def restore_to_file(container: BinaryIO, path: str, out: BinaryIO) -> None:
         restore(container, path, engine, FileSink(out), index=index)
 
 
+def seek_position(pos: int, size: int, offset: int, whence: int) -> int:
+    """Where ``seek(offset, whence)`` lands in a file of ``size`` bytes read at ``pos``.
+
+    Raises:
+        ValueError: an unknown ``whence``, or a position before the start.
+    """
+    base = {os.SEEK_SET: 0, os.SEEK_CUR: pos, os.SEEK_END: size}.get(whence)
+    if base is None:
+        raise ValueError(f"invalid whence ({whence})")
+    if base + offset < 0:
+        raise ValueError(f"negative seek position {base + offset}")
+    return base + offset
+
+
 class MemoryFile(io.RawIOBase):
     """A read-only, seekable file over a uint8 array, without copying it (``io.BytesIO`` would)."""
 
@@ -121,12 +135,7 @@ class MemoryFile(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._data.size}.get(whence)
-        if base is None:
-            raise ValueError(f"invalid whence ({whence})")
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
+        self._pos = seek_position(self._pos, self._data.size, offset, whence)
         return self._pos
 
     def readinto(self, buffer: WriteableBuffer) -> int:
@@ -139,4 +148,4 @@ class MemoryFile(io.RawIOBase):
         return n
 
 
-__all__ = ["MemoryFile", "RangeSink", "restore_into", "restore_to_file", "restore_to_memory"]
+__all__ = ["MemoryFile", "RangeSink", "restore_into", "restore_to_file", "restore_to_memory", "seek_position"]
