@@ -56,7 +56,9 @@ def _nvcomp_installed() -> bool:
 def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
     reason = gpu_unavailable_reason()
     if reason is not None:
-        raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu")
+        what = f"codec {codec!r} runs only on a GPU" if want == "auto" else f"cannot use {want}"
+        hint = "use --codec zstd" if want == "auto" else "use --device cpu"
+        raise DeviceError(f"{what}: {reason}", hint=hint)
     from ckptz.engines.gpu import open_gpu_engine
 
     return open_gpu_engine(want, threads=threads, level=level, codec=codec, memory=memory)
