@@ -3,7 +3,9 @@ when its GPU does not come up. The GPU side runs in tests/test_gpu.py."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import sha256
@@ -79,4 +81,57 @@ def test_the_second_coder_joins_only_after_join_after_bytes(small_checkpoint: Pa
     assert len(started) == 2 and engine.frames["gpu"] > 0
     assert engine.frames["cpu"] + engine.frames["gpu"] == len(written.index.frames)
     api.decompress(tmp_path / "both.ckptz", tmp_path / "back.pt", device="cpu")
+    assert sha256(tmp_path / "back.pt") == sha256(src)
+
+
+def test_a_second_coder_slower_than_the_cpu_threads_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its first window, the joined coder's rate is held against the CPU threads' (here
+    a one-thread peer against two threads): the slower one gets no more frames, and later
+    engines in the process start from that verdict."""
+    import numpy as np
+    import torch
+
+    from ckptz.engines import hybrid
+
+    monkeypatch.setattr(hybrid, "_verdicts", {})
+    src = tmp_path / "big.pt"
+    gen = torch.Generator().manual_seed(0)
+    torch.save({"w": torch.randn(12 << 20, generator=gen).mul_(0.02)}, src)  # 48 MiB of fp32
+
+    class QueuedCpuEngine(CpuEngine):
+        """The CPU coder on one thread of its own, queued like the GPU engine's work."""
+
+        inline = False
+
+        def __init__(self) -> None:
+            super().__init__(1)
+            self.pool = ThreadPoolExecutor(1)
+
+        def encode(self, stream: Any, data: Any, checksum: int) -> Future[Any]:
+            return self.pool.submit(
+                lambda: super(QueuedCpuEngine, self).encode(stream, data, checksum).result()
+            )
+
+        def close(self) -> None:
+            self.pool.shutdown()
+
+    def start_peer() -> Engine:
+        return QueuedCpuEngine()
+
+    engine = HybridEngine(CpuEngine(2), start_peer, required=True)
+    assert engine.wait_for_gpu()
+    with open(tmp_path / "big.ckptz", "wb") as out:
+        compress_file(src, "big.pt", out, engine)
+    engine.close()
+    lane = engine.lanes["encode"]
+    assert lane.gpu_rate is not None and lane.cpu_rate is not None
+    assert lane.gpu_on == (lane.gpu_rate > lane.cpu_rate)
+    assert hybrid._verdicts == {("cpu", "encode"): lane.gpu_on}
+    frames, total = engine.frames["gpu"], int(np.ceil(src.stat().st_size / engine.frame_size))
+    assert frames > 0
+    if not lane.gpu_on:  # the usual case here: one thread against two
+        assert frames < total
+    api.decompress(tmp_path / "big.ckptz", tmp_path / "back.pt", device="cpu")
     assert sha256(tmp_path / "back.pt") == sha256(src)
