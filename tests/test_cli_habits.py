@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -222,8 +223,16 @@ def test_shell_completion() -> None:
     assert set(ckptz(env=env).stdout.split()) == {"--in-place", "--include"}
     env = {"_CKPTZ_COMPLETE": "complete_bash", "COMP_WORDS": "ckptz compress --codec ", "COMP_CWORD": "3"}
     assert set(ckptz(env=env).stdout.split()) == {"auto", "zstd", "ans"}
-    script = ckptz("--show-completion", "bash").stdout
-    assert "complete -o default -F _ckptz_completion ckptz" in script  # file names complete too
+    # --show-completion prints the script for the shell it runs under (found from its parent
+    # processes), so run it from bash: `; exit` keeps bash from exec'ing it in its place.
+    shown = subprocess.run(
+        ["bash", "-c", f"{shlex.quote(sys.executable)} -m ckptz --show-completion; exit $?"],
+        capture_output=True,
+        text=True,
+        env={**CLI_ENV},
+        timeout=120,
+    )
+    assert "complete -o default -F _ckptz_completion ckptz" in shown.stdout  # file names complete too
 
 
 def test_readme_quickstart_runs_twice(tmp_path: Path) -> None:
