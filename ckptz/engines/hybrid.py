@@ -129,9 +129,12 @@ class HybridEngine:
         thread.start()
 
     def _count(self, nbytes: int) -> None:
+        """Count a frame's bytes; start the bring-up once a job has coded :attr:`join_after`."""
         if self._start_gpu is not None:
-            self._seen += nbytes
-            if self._seen >= self.join_after:
+            with self._lock:
+                self._seen += nbytes
+                start = self._seen >= self.join_after
+            if start:
                 self._start()
 
     @property
@@ -177,7 +180,6 @@ class HybridEngine:
         """The GPU if it is up, still worth using, and has room for ``nbytes`` more."""
         if self._error is not None and self.required:
             raise _device_error(self._error)
-        self._count(nbytes)
         with self._lock:
             gpu = self._gpu
             if gpu is None or not lane.gpu_on or self._queued + nbytes > self._limit:
@@ -188,7 +190,8 @@ class HybridEngine:
         return gpu
 
     def _on_gpu(self, lane: Lane, nbytes: int, fut: Future[_T]) -> Future[_T]:
-        self.frames["gpu"] += 1
+        with self._lock:
+            self.frames["gpu"] += 1
 
         def done(_: Future[Any]) -> None:
             with self._lock:
@@ -205,11 +208,11 @@ class HybridEngine:
         return fut
 
     def _on_cpu(self, lane: Lane, nbytes: int, call: Callable[[], Future[_T]]) -> Future[_T]:
-        self.frames["cpu"] += 1
         t = time.perf_counter()
         fut = call()  # the CPU engine codes in this thread: the future is done
         seconds = time.perf_counter() - t
         with self._lock:
+            self.frames["cpu"] += 1
             lane.cpu_bytes += nbytes
             lane.cpu_seconds += seconds
         return fut
@@ -224,6 +227,7 @@ class HybridEngine:
 
     def encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> Future[EncodedFrame]:
         lane = self.lanes["encode"]
+        self._count(data.size)
         gpu = self._take_gpu(lane, data.size)
         if gpu is None:
             return self._on_cpu(lane, data.size, lambda: self.cpu.encode(stream, data, checksum))
@@ -238,9 +242,11 @@ class HybridEngine:
             self._up.wait()
             if self._gpu is None:
                 raise _device_error(self._error or DeviceError("the GPU engine did not start"))
-            self.frames["gpu"] += 1
+            with self._lock:
+                self.frames["gpu"] += 1
             return self._gpu.decode(stream, chunks, length, where)
         lane = self.lanes["decode"]
+        self._count(length)
         gpu = self._take_gpu(lane, length) if all(_decodes(c.codec, "gpu") for c in chunks) else None
         if gpu is None:
             return self._on_cpu(lane, length, lambda: self.cpu.decode(stream, chunks, length, where))
