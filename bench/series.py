@@ -59,7 +59,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import xxhash
 from torch import nn
 from torch.nn import functional as F
 
@@ -74,7 +73,6 @@ from ckptz.formats import read_layout  # noqa: E402
 GOALS = {"pretrain": 1.35, "finetune": 2.0}
 #: A single series container may exceed its plain one by its longer header, nothing more.
 SINGLE_SLACK = 1.001
-HASH_BLOCK = 32 << 20
 #: ZipNN's dtype names, by ckptz's.
 ZIPNN_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
@@ -307,11 +305,10 @@ def files_of(root: Path) -> list[Path]:
 
 
 def digest(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
+    """The whole-file digest ckptz records (xxh3_128, hex)."""
+    from ckptz.series.reference import file_digest
+
+    return file_digest(path)
 
 
 def digests(root: Path) -> dict[str, str]:
