@@ -135,3 +135,15 @@ def test_a_second_coder_slower_than_the_cpu_threads_is_dropped(
         assert frames < total
     api.decompress(tmp_path / "big.ckptz", tmp_path / "back.pt", device="cpu")
     assert sha256(tmp_path / "back.pt") == sha256(src)
+
+
+def test_the_join_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from ckptz.engines.hybrid import GPU_JOIN_BYTES
+    from ckptz.errors import UsageError
+
+    assert HybridEngine(CpuEngine(1), _no_gpu, required=False).join_after == GPU_JOIN_BYTES
+    monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", "0")
+    assert HybridEngine(CpuEngine(1), _no_gpu, required=False).join_after == 0
+    monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", "lots")
+    with pytest.raises(UsageError, match="CKPTZ_GPU_JOIN_BYTES"):
+        HybridEngine(CpuEngine(1), _no_gpu, required=False)

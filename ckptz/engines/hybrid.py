@@ -23,6 +23,7 @@ interpreter never stops in the middle of an import; the CLI leaves at once throu
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -36,11 +37,25 @@ from ckptz.codecs.table import by_id
 from ckptz.container import StreamInfo
 from ckptz.engines.base import EncodedFrame, Engine, StoredChunk
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import CkptzError, DeviceError
+from ckptz.errors import CkptzError, DeviceError, UsageError
 
 #: Bytes a job codes on the CPU before the GPU is brought up: ~10 s of the CPU coder on 16
 #: cores, so the bring-up's 4-5 s are a fraction of the job it may speed up.
 GPU_JOIN_BYTES = 32 << 30
+
+
+def join_bytes() -> int:
+    """:data:`GPU_JOIN_BYTES`, or ``$CKPTZ_GPU_JOIN_BYTES`` (0: bring the GPU up at once, e.g.
+    on a machine with few cores per GPU, where it may code faster than they do)."""
+    value = os.environ.get("CKPTZ_GPU_JOIN_BYTES", "").strip()
+    if not value:
+        return GPU_JOIN_BYTES
+    try:
+        return max(0, int(value))
+    except ValueError:
+        raise UsageError(f"CKPTZ_GPU_JOIN_BYTES={value!r} is not a number of bytes") from None
+
+
 #: Batches the GPU may have queued before frames go to the CPU instead: enough to keep its
 #: workers fed, few enough that a slow GPU never holds frames the CPU would finish first.
 GPU_QUEUE_BATCHES = 4
@@ -116,7 +131,7 @@ class HybridEngine:
         self._up = threading.Event()
         self._start_gpu: Callable[[], Engine] | None = start_gpu
         self._seen = 0  # bytes coded so far, until the bring-up starts
-        self.join_after = GPU_JOIN_BYTES
+        self.join_after = join_bytes()
 
     def _start(self) -> None:
         """Start bringing the GPU up (once)."""
@@ -287,4 +302,4 @@ def _device_error(exc: BaseException) -> CkptzError:
     return DeviceError(f"cannot use the GPU: {exc}", hint="use --device cpu")
 
 
-__all__ = ["GPU_JOIN_BYTES", "GPU_QUEUE_BATCHES", "HybridEngine", "Lane", "bring_up_pending"]
+__all__ = ["GPU_JOIN_BYTES", "GPU_QUEUE_BATCHES", "HybridEngine", "Lane", "bring_up_pending", "join_bytes"]
