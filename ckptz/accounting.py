@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.ma  # np.unique's lazy import of it can recurse when threads race it: import once
 
 from ckptz.codecs import PORTABLE, codec_name
 from ckptz.components import COMPONENTS

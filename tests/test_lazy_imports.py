@@ -52,3 +52,13 @@ def test_a_single_process_cpu_run_imports_no_torch(small_checkpoint: Path, tmp_p
     env = {"CKPTZ_DEVICE": "cpu"}
     assert _heavy("compress", str(small_checkpoint), "-o", str(out), "-q", **env) == "HEAVY [] 0"
     assert _heavy("verify", str(out), "--against", str(small_checkpoint), "-q", **env) == "HEAVY [] 0"
+
+
+def test_numpy_ma_is_imported_before_worker_threads_need_it() -> None:
+    """``np.unique`` imports ``numpy.ma`` lazily on first use; several worker threads racing
+    that import can recurse until RecursionError (seen once in the README quickstart), so
+    the modules that call it from workers import it up front."""
+    probe = "import sys, ckptz.accounting; print('numpy.ma' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "True"

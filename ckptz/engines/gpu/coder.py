@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Protocol
 
 import numpy as np
+import numpy.ma  # np.unique's lazy import of it can recurse when threads race it: import once
 import torch
 
 from ckptz.codecs.frames import NOISE_BITS, NOISE_ZERO_SHARE
