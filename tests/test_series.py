@@ -298,3 +298,16 @@ def test_bench_series_estimates_gain_per_component(
     assert data["series_ratio"] > data["plain_ratio"]
     one = CliRunner().invoke(app, ["bench", str(five / "checkpoint-10"), "--series"])
     assert one.exit_code == 2 and "step" in one.output
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_reference_that_cannot_be_opened_leaves_no_noise(tmp_path: Path) -> None:
+    """A plain reference that vanished raises; the half-made reader says nothing on stderr
+    when it is collected (it printed "Exception ignored ... no attribute '_fd'")."""
+    import gc
+
+    from ckptz.series.reference import PlainReference
+
+    with pytest.raises(FileNotFoundError):
+        PlainReference(tmp_path / "gone.pt")
+    gc.collect()

@@ -64,6 +64,7 @@ class PlainReference:
     """A reference that is a plain (uncompressed) file."""
 
     def __init__(self, path: Path) -> None:
+        self._fd = -1  # close() and __del__ see a descriptor even when opening fails
         self._fd = os.open(path, os.O_RDONLY)
 
     def read(self, offset: int, n: int) -> bytes:
