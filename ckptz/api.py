@@ -512,7 +512,9 @@ def inspect(path: str | Path | Sequence[str | Path]) -> Summary:
     others: list[str] = []
     several = len(trees) > 1
     for t in trees:
-        prefix = t.root.name + "/" if several and t.is_dir else ""
+        # Several sources (a shell glob over checkpoint-*/optimizer.pt) are told apart by the
+        # folder each is, or is in.
+        prefix = (t.root.name if t.is_dir else t.root.parent.name) + "/" if several else ""
         for e in t.entries:
             label = prefix + e.rel
             if e.kind == "container":

@@ -311,3 +311,22 @@ def test_a_reference_that_cannot_be_opened_leaves_no_noise(tmp_path: Path) -> No
     with pytest.raises(FileNotFoundError):
         PlainReference(tmp_path / "gone.pt")
     gc.collect()
+
+
+def test_inspect_of_several_files_names_each_by_its_folder(tmp_path: Path) -> None:
+    """``ckptz inspect run/checkpoint-*/x.ckptz`` labels rows ``checkpoint-N/x``, not ``x`` five times."""
+    import safetensors.torch
+    import torch
+
+    from ckptz import api
+
+    paths = []
+    for step in (10, 20):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        paths.append(tmp_path / f"checkpoint-{step}" / "model.safetensors")
+        safetensors.torch.save_file({"w": torch.full((64,), float(step))}, str(paths[-1]))
+    summary = api.inspect(paths)
+    assert [f.path for f in summary.files] == [
+        "checkpoint-10/model.safetensors",
+        "checkpoint-20/model.safetensors",
+    ]
