@@ -56,10 +56,6 @@ def join_bytes() -> int:
         raise UsageError(f"CKPTZ_GPU_JOIN_BYTES={value!r} is not a number of bytes") from None
 
 
-#: Batches the GPU may have queued before frames go to the CPU instead: enough to keep its
-#: workers fed, few enough that a slow GPU never holds frames the CPU would finish first.
-GPU_QUEUE_BATCHES = 4
-
 _pending: list[threading.Thread] = []
 #: What each direction on each GPU measured in this process: later engines start from it
 #: rather than measuring again (the GPU brought up only to lose the race would cost its
@@ -172,10 +168,10 @@ class HybridEngine:
             self._gpu, self._gpu_name = gpu, gpu.device
             for lane in self.lanes.values():
                 lane.gpu_on = _verdicts.get((gpu.device, lane.name), True)
-            # At most a quarter of the frames in flight: the CPU coder is the faster one on
-            # this bitstream, and must never wait for frames the GPU sits on.
-            batches = GPU_QUEUE_BATCHES * int(getattr(gpu, "batch_bytes", 64 << 20))
-            self._limit = min(batches, self.look_ahead * self.frame_size // 4)
+            # Bytes queued on the GPU before frames go to the CPU instead: what the GPU's own
+            # look-ahead asks for to keep its workers fed, but at most a quarter of the
+            # frames in flight, so that a slow GPU never holds frames the CPU would finish first.
+            self._limit = min(gpu.look_ahead * gpu.frame_size, self.look_ahead * self.frame_size // 4)
         self._up.set()
 
     def wait_for_gpu(self, timeout: float | None = None) -> bool:
@@ -302,4 +298,4 @@ def _device_error(exc: BaseException) -> CkptzError:
     return DeviceError(f"cannot use the GPU: {exc}", hint="use --device cpu")
 
 
-__all__ = ["GPU_JOIN_BYTES", "GPU_QUEUE_BATCHES", "HybridEngine", "Lane", "bring_up_pending", "join_bytes"]
+__all__ = ["GPU_JOIN_BYTES", "HybridEngine", "Lane", "bring_up_pending", "join_bytes"]
