@@ -55,8 +55,8 @@ from ckptz.container import SUFFIX, read_index
 from ckptz.engines import gpu_unavailable_reason, open_engine
 from ckptz.engines.base import Engine
 from ckptz.meta import FileMeta
-from ckptz.pipeline import FileSink, compress_file, restore
-from ckptz.pipeline.whole import MemoryFile, restore_to_memory
+from ckptz.pipeline import compress_file
+from ckptz.pipeline.whole import MemoryFile, restore_to_file, restore_to_memory
 from ckptz.safeio import atomic_output
 
 __all__ = ["CompressedReader", "CompressedWriter"]
@@ -192,38 +192,29 @@ class _DecodingFileSystem(FileSystem):
         plain = Path(path)
         container = plain.with_name(plain.name + SUFFIX)
         if "r" not in mode or plain.exists() or not container.exists():
-            with super().create_stream(path, mode) as stream:
-                yield stream
+            with super().create_stream(path, mode) as given:
+                yield given
             return
-        if container.stat().st_size <= self.memory_limit:
-            # Decoded in memory, in parallel: DCP then reads its items from there, and the
-            # original bytes never go to storage and back.
+        label = plain.name + SUFFIX
+        with contextlib.ExitStack() as stack:
             engine, _notice = open_engine(self.device)
-            try:
-                with container.open("rb") as c:
-                    data = restore_to_memory(c, plain.name + SUFFIX, engine)
-            finally:
-                engine.close()
-            with MemoryFile(data, str(plain)) as stream:
-                yield cast(io.IOBase, stream)
-            return
-        with tempfile.TemporaryFile(dir=self.tmp_dir) as out:
-            self._decode(container, plain.name, cast(BinaryIO, out))
-            out.seek(0)
-            yield cast(io.IOBase, out)
+            stack.callback(engine.close)
+            c = stack.enter_context(container.open("rb"))
+            index = read_index(c, label)
+            if index.source_size <= self.memory_limit:
+                # Decoded in memory, in parallel: DCP then reads its items from there, and the
+                # original bytes never go to storage and back.
+                data = restore_to_memory(c, label, engine, index=index)
+                stream: io.IOBase = stack.enter_context(MemoryFile(data, str(plain)))
+            else:
+                stream = stack.enter_context(tempfile.TemporaryFile(dir=self.tmp_dir))
+                restore_to_file(c, label, cast(BinaryIO, stream), index=index, engine=engine)
+                stream.seek(0)
+            yield stream
 
     def exists(self, path: str | os.PathLike[str]) -> bool:
         plain = Path(path)
         return plain.exists() or plain.with_name(plain.name + SUFFIX).exists()
-
-    def _decode(self, container: Path, name: str, out: BinaryIO) -> None:
-        engine, _notice = open_engine(self.device)
-        try:
-            with container.open("rb") as c:
-                index = read_index(c, name + SUFFIX)
-                restore(c, name + SUFFIX, engine, FileSink(out), index=index)
-        finally:
-            engine.close()
 
 
 class CompressedReader(FileSystemReader):

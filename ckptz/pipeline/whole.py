@@ -86,20 +86,28 @@ def restore_into(
     return index
 
 
-def restore_to_memory(container: BinaryIO, path: str, engine: Engine | None = None) -> np.ndarray:
+def restore_to_memory(
+    container: BinaryIO, path: str, engine: Engine | None = None, *, index: Index | None = None
+) -> np.ndarray:
     """The original file's bytes, decoded into one new uint8 array."""
-    index = read_index(container, path)
+    index = index or read_index(container, path)
     buf = np.empty(index.source_size, np.uint8)
     restore_into(container, path, [(0, buf)], index=index, engine=engine)
     return buf
 
 
-def restore_to_file(container: BinaryIO, path: str, out: BinaryIO) -> None:
-    """Decode the container into the empty file ``out`` (written at its offsets, in parallel)."""
-    index = read_index(container, path)
+def restore_to_file(
+    container: BinaryIO, path: str, out: BinaryIO, *, index: Index | None = None, engine: Engine | None = None
+) -> None:
+    """Decode the container into the empty file ``out`` (written at its offsets, in parallel),
+    with ``engine`` (default: the CPU's)."""
+    index = index or read_index(container, path)
     out.truncate(index.source_size)
-    with CpuEngine() as engine:
+    if engine is not None:
         restore(container, path, engine, FileSink(out), index=index)
+        return
+    with CpuEngine() as cpu:
+        restore(container, path, cpu, FileSink(out), index=index)
 
 
 def seek_position(pos: int, size: int, offset: int, whence: int) -> int:
