@@ -34,6 +34,7 @@ from ckptz.runs.results import Reporter, SilentReporter, Summary
 from ckptz.runs.run import (
     carry,
     check_codec,
+    decoding_codec,
     engine_for_plan,
     engine_session,
     ignore_progress,
@@ -420,8 +421,9 @@ def decompress(
     p = plan(trees, out, compress=False, selection=selection, force=force or discard)
     mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
+    codec = decoding_codec(mine.converts + mine.finishes, device)
     if discard:
-        return _discard(False, root, mine, device, threads, 3, "auto", memory, reporter, start)
+        return _discard(False, root, mine, device, threads, 3, codec, memory, reporter, start)
     if dry_run:
         files = [_container_stats(j.entry.path, j.label) for j in mine.converts + mine.finishes]
         return make_summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
@@ -432,7 +434,7 @@ def decompress(
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
         engine, notices = stack.enter_context(
-            engine_for_plan(mine, device, threads, 3, "auto", memory, reporter, False)
+            engine_for_plan(mine, device, threads, 3, codec, memory, reporter, False)
         )
         prepare(mine, stop, done)
         team.ready(p)

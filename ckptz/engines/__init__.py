@@ -33,7 +33,7 @@ def requested_device(device: str | None) -> str:
 
 def gpu_unavailable_reason() -> str | None:
     """Why no GPU engine can run here, or None if one can."""
-    if not _nvcomp_installed():
+    if not nvcomp_installed():
         return "nvCOMP is not installed (pip install 'ckptz[gpu]')"
     if importlib.util.find_spec("ckptz.engines.gpu") is None:
         return "this ckptz build has no GPU engine"
@@ -46,7 +46,7 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
-def _nvcomp_installed() -> bool:
+def nvcomp_installed() -> bool:
     return (
         importlib.util.find_spec("nvidia") is not None
         and importlib.util.find_spec("nvidia.nvcomp") is not None
@@ -80,7 +80,7 @@ def open_engine(
     """
     want = requested_device(device)
     codec = codec.lower()
-    if want != "cpu" and codec in PORTABLE_CODECS and _nvcomp_installed():
+    if want != "cpu" and codec in PORTABLE_CODECS and nvcomp_installed():
         # The portable bitstream: CPU threads start at once, the GPU joins when it is up.
         def start_gpu() -> Engine:
             return _open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory)

@@ -7,10 +7,11 @@ peers behind :class:`Engine`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -38,6 +39,39 @@ class StoredChunk:
     checksum: int
 
 
+@dataclass(frozen=True, slots=True)
+class SpanFrame:
+    """One frame of a span handed to :meth:`Engine.decode_span`.
+
+    Attributes:
+        stream: the frame's stream.
+        chunks: its checked payloads, one per plane (views of the span's buffer).
+        length: bytes it decodes to.
+        where: how errors name it.
+        at: where each chunk's payload starts in the span's buffer (16-byte aligned).
+    """
+
+    stream: StreamInfo
+    chunks: list[StoredChunk]
+    length: int
+    where: str
+    at: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedSpan:
+    """What :meth:`Engine.decode_span` gives back, frame by frame.
+
+    Attributes:
+        frames: each frame's decoded bytes in host memory, or the error that frame met.
+        device: the same bytes left on the engine's GPU (a uint8 tensor per frame, None for
+            a frame decoded on the CPU); None from an engine without a GPU.
+    """
+
+    frames: list[np.ndarray | BaseException]
+    device: list[Any] | None = None
+
+
 #: Bytes of original data per frame unless an engine prefers another size (the container
 #: records each stream's, so any reader decodes any size). Frames are the unit of
 #: parallelism and of checksums.
@@ -57,6 +91,8 @@ class Engine(Protocol):
         threads: CPU threads it uses.
         frame_size: bytes of original data per frame it codes best.
         look_ahead: frames a file should keep in flight to keep it busy.
+        span_bytes: stored bytes the restore loop reads at once and hands to
+            :meth:`decode_span` (frames whose payloads lie back to back); 0: a frame at a time.
         inline: ``encode`` and ``decode`` do their work in the calling thread and return a
             finished future (the CPU engine); callers that want ``threads``-fold
             parallelism call them from that many threads. Otherwise they queue the work and
@@ -69,6 +105,7 @@ class Engine(Protocol):
     threads: int
     frame_size: int
     look_ahead: int
+    span_bytes: int
     inline: bool
 
     def host_buffer(self, size: int) -> np.ndarray:
@@ -87,6 +124,12 @@ class Engine(Protocol):
         self, stream: StreamInfo, chunks: list[StoredChunk], length: int, where: str
     ) -> Future[np.ndarray]:
         """Decode one frame of ``length`` bytes from its checked payloads."""
+        ...
+
+    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame]) -> Future[DecodedSpan]:
+        """Decode consecutive frames whose payloads were read together into ``buffer`` (from
+        :meth:`host_buffer`; the caller frees it once the future is done). An error in one
+        frame is that frame's; the future fails only where the whole span did."""
         ...
 
     def codec_config(self) -> dict[str, dict[str, object]]:
@@ -112,9 +155,42 @@ def run_all(engine: Engine, calls: Sequence[Callable[[], Future[_T]]]) -> list[_
         return list(pool.map(lambda call: call().result(), calls))
 
 
+def decode_each(engine: Engine, frames: list[SpanFrame]) -> Future[DecodedSpan]:
+    """:meth:`Engine.decode_span` for an engine that decodes frame by frame."""
+    futures = [engine.decode(f.stream, f.chunks, f.length, f.where) for f in frames]
+    out: Future[DecodedSpan] = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_: Future[np.ndarray]) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            got: list[np.ndarray | BaseException] = []
+            for f in futures:
+                exc = f.exception()
+                got.append(exc if exc is not None else f.result())
+            out.set_result(DecodedSpan(got))
+
+    for f in futures:
+        f.add_done_callback(done)
+    return out
+
+
 def stream_dtype(stream: StreamInfo) -> DType:
     """The transform a stream was written with (its own record wins over the dtype table)."""
     return replace(lookup(stream.dtype), word=stream.word, is_float=stream.rotate)
 
 
-__all__ = ["FRAME_SIZE", "EncodedFrame", "Engine", "StoredChunk", "run_all", "stream_dtype"]
+__all__ = [
+    "FRAME_SIZE",
+    "DecodedSpan",
+    "EncodedFrame",
+    "Engine",
+    "SpanFrame",
+    "StoredChunk",
+    "decode_each",
+    "run_all",
+    "stream_dtype",
+]

@@ -35,7 +35,7 @@ import numpy as np
 
 from ckptz.codecs.table import by_id
 from ckptz.container import StreamInfo
-from ckptz.engines.base import EncodedFrame, Engine, StoredChunk
+from ckptz.engines.base import DecodedSpan, EncodedFrame, Engine, SpanFrame, StoredChunk, decode_each
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CkptzError, DeviceError, UsageError
 
@@ -108,6 +108,7 @@ class HybridEngine:
     """
 
     inline = True
+    span_bytes = 0
 
     def __init__(self, cpu: CpuEngine, start_gpu: Callable[[], Engine], *, required: bool) -> None:
         self.cpu = cpu
@@ -262,6 +263,9 @@ class HybridEngine:
         if gpu is None:
             return self._on_cpu(lane, length, lambda: self.cpu.decode(stream, chunks, length, where))
         return self._on_gpu(lane, length, gpu.decode(stream, chunks, length, where))
+
+    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame]) -> Future[DecodedSpan]:
+        return decode_each(self, frames)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         config = dict(self.cpu.codec_config())

@@ -1,6 +1,8 @@
 """``ckptz.load``: ``torch.load`` for containers and plain files alike.
 
-A container is decoded by the pipeline's restore loop (every check it makes) into one
+A ``torch.save`` container is decoded by the pipeline's restore loop (every check it makes)
+straight into the storages the loaded tensors use, on the GPU that ``map_location`` names
+or in host memory (:mod:`ckptz.library.storages`). Any other container is decoded into one
 buffer, which ``torch.load`` then reads as a file; with ``mmap=True`` it is decoded into an
 unlinked temporary file instead, which the loaded tensors map. Pickles are unpickled by
 ``torch.load`` itself with ``weights_only=True`` unless the caller passes ``False``: ckptz
@@ -56,6 +58,8 @@ def load(
     """
     import torch
 
+    from ckptz.library.storages import load_storages
+
     kwargs: dict[str, Any] = {"weights_only": weights_only, "mmap": mmap, **pickle_load_args}
     if pickle_module is not None:
         kwargs["pickle_module"] = pickle_module
@@ -64,6 +68,11 @@ def load(
             return torch.load(src.plain, map_location, **kwargs)  # type: ignore[arg-type]
         if mmap:
             return _load_mapped(src.container, src.name, map_location, kwargs)
+        done, obj = load_storages(
+            src.container, src.name, map_location, pickle_module, weights_only, pickle_load_args
+        )
+        if done:
+            return obj
         data = restore_to_memory(src.container, src.name)
         return torch.load(cast(IO[bytes], MemoryFile(data, src.name)), map_location, **kwargs)
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from itertools import accumulate
 
 import numpy as np
 
 from ckptz.container import Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
-from ckptz.engines.base import Engine, StoredChunk
+from ckptz.engines.base import DecodedSpan, Engine, SpanFrame, StoredChunk
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
 from ckptz.pipeline.transform import transform_for
@@ -77,12 +77,98 @@ class FrameDecoder:
                 yield self._pieces[j]
             j += 1
 
-    def start(self, i: int) -> Future[np.ndarray]:
-        """Read and check frame ``i``'s payloads and queue its decoding; :meth:`finish` the result.
+    def spans(self, limit: int) -> list[range]:
+        """Every frame, in runs of consecutive frames whose payloads lie back to back in the
+        container, of at most ``limit`` original bytes each (a lone frame may exceed it);
+        ``limit`` 0 gives one frame per run."""
+        out: list[range] = []
+        lo, size, end = 0, 0, -1
+        for i, frame in enumerate(self.frames):
+            bounds = self._extent(i) if limit else None
+            joins = bounds is not None and bounds[0] == end and size + frame.length <= limit
+            if not joins and i > lo:
+                out.append(range(lo, i))
+                lo, size = i, 0
+            size += frame.length
+            end = bounds[1] if bounds is not None else -1
+        if self.frames:
+            out.append(range(lo, len(self.frames)))
+        return out
+
+    def _extent(self, i: int) -> tuple[int, int] | None:
+        """Where frame ``i``'s payloads start and end (with padding) in the container, if
+        they lie back to back; None if they do not, or the index is inconsistent."""
+        frame = self.frames[i]
+        rows = self._rows[frame.stream]
+        if frame.number >= len(rows):
+            return None
+        row = int(rows[frame.number])
+        first = int(self._chunk_starts[row])
+        chunks = self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
+        if not len(chunks):
+            return None
+        offsets, sizes = chunks["offset"].astype(np.int64), chunks["size"].astype(np.int64)
+        ends = offsets + sizes + (-sizes % 16)
+        if not np.array_equal(offsets[1:], ends[:-1]):
+            return None
+        return int(offsets[0]), int(ends[-1])
+
+    def start_span(self, frames: range) -> tuple[Future[DecodedSpan], np.ndarray | None]:
+        """Read the payloads of ``frames`` (a run from :meth:`spans`) with one ``pread``
+        into a buffer of the engine's, check every payload, and queue the run's decoding.
+        Return the future and the buffer, for the caller to give back to the engine once
+        the future is done (None: the run was read frame by frame). :meth:`finish_span`
+        checks each frame's result.
 
         Raises:
             CorruptionError: the payloads are truncated, badly padded or fail their checksum.
         """
+        first = self._extent(frames[0]) if self.engine.span_bytes else None
+        last = self._extent(frames[-1]) if first is not None else None
+        if first is None or last is None:  # frame by frame (a run of one, from spans())
+            stored = [self._stored(i, None, 0) for i in frames]
+            return self.engine.decode_span(_NO_BUFFER, stored), None
+        lo, hi = first[0], last[1]
+        buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
+        try:
+            got = os.preadv(self.fd, [memoryview(buffer)[: hi - lo]], lo)  # type: ignore[arg-type]
+            with self._count_lock:
+                self.stored_bytes_read += got
+            if got != hi - lo:
+                raise CorruptionError(
+                    "container ends inside a chunk (truncated?)",
+                    path=self.path,
+                    chunk=self._first_chunk(frames[0]),
+                )
+            stored = [self._stored(i, buffer, lo) for i in frames]
+        except BaseException:
+            self.engine.free_buffer(buffer)
+            raise
+        return self.engine.decode_span(buffer, stored), buffer
+
+    def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> tuple[np.ndarray, object | None]:
+        """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
+        :meth:`finish` checks it; with its bytes on the engine's device where it left them
+        there (None where it did not, or where a series transform changes them after)."""
+        span = decoded.result() if decoded.exception() is None else None
+        device = span.device[k] if span is not None and span.device is not None else None
+
+        def frame_k() -> np.ndarray:
+            got = span.frames[k] if span is not None else decoded.exception()
+            if isinstance(got, BaseException):
+                raise got
+            return got  # type: ignore[return-value]
+
+        data = self._checked(i, frame_k)
+        return data, device if self.transform is None else None
+
+    def _first_chunk(self, i: int) -> int:
+        frame = self.frames[i]
+        return int(self._chunk_starts[int(self._rows[frame.stream][frame.number])])
+
+    def _stored(self, i: int, buffer: np.ndarray | None, base: int) -> SpanFrame:
+        """Frame ``i``'s payloads, checked: views of ``buffer`` (which holds the container from
+        offset ``base``), or read now where ``buffer`` is None."""
         frame = self.frames[i]
         rows = self._rows[frame.stream]
         if frame.number >= len(rows):
@@ -91,9 +177,14 @@ class FrameDecoder:
         first = int(self._chunk_starts[row])
         chunks = self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
         tensor = self.tensor_at(frame.start)
+        at: tuple[int, ...] = ()
+        if buffer is None:
+            payloads = self._payloads(chunks, first, tensor)
+        else:
+            payloads, at = self._views(chunks, first, tensor, buffer, base)
         stored = [
             StoredChunk(first + j, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"]))
-            for j, (c, payload) in enumerate(zip(chunks, self._payloads(chunks, first, tensor), strict=True))
+            for j, (c, payload) in enumerate(zip(chunks, payloads, strict=True))
         ]
         for c in stored:
             if checksum(c.payload) != c.checksum:
@@ -105,7 +196,34 @@ class FrameDecoder:
                 )
         with self._count_lock:
             self.frames_decoded += 1
-        return self.engine.decode(self.index.streams[frame.stream], stored, frame.length, self._where(i))
+        return SpanFrame(self.index.streams[frame.stream], stored, frame.length, self._where(i), at)
+
+    def _views(
+        self, chunks: np.ndarray, first: int, tensor: str | None, buffer: np.ndarray, base: int
+    ) -> tuple[list[memoryview], tuple[int, ...]]:
+        """Each chunk's payload as a view of ``buffer``, and where it starts there; the
+        padding after each must be zero."""
+        offsets = chunks["offset"].astype(np.int64) - base
+        sizes = chunks["size"].astype(np.int64)
+        pad = -sizes % 16
+        for m in np.flatnonzero(pad).tolist():
+            at = int(offsets[m] + sizes[m])
+            if buffer[at : at + int(pad[m])].any():
+                raise CorruptionError(
+                    "padding after a chunk is not zero", path=self.path, chunk=first + m, tensor=tensor
+                )
+        whole = memoryview(buffer)  # type: ignore[arg-type]
+        out = [whole[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist(), strict=True)]
+        return out, tuple(offsets.tolist())
+
+    def start(self, i: int) -> Future[np.ndarray]:
+        """Read and check frame ``i``'s payloads and queue its decoding; :meth:`finish` the result.
+
+        Raises:
+            CorruptionError: the payloads are truncated, badly padded or fail their checksum.
+        """
+        f = self._stored(i, None, 0)
+        return self.engine.decode(f.stream, f.chunks, f.length, f.where)
 
     def finish(self, i: int, decoded: Future[np.ndarray]) -> np.ndarray:
         """The bytes of frame ``i`` from :meth:`start`'s future, checked against the frame's checksum.
@@ -114,12 +232,15 @@ class FrameDecoder:
             CorruptionError: a payload does not decode, or the result fails its checksum.
             CodecUnavailableError: a bitstream cannot be decoded here.
         """
+        return self._checked(i, decoded.result)
+
+    def _checked(self, i: int, result: Callable[[], np.ndarray]) -> np.ndarray:
         frame = self.frames[i]
         row = int(self._rows[frame.stream][frame.number])
         first = int(self._chunk_starts[row])
         tensor = self.tensor_at(frame.start)
         try:
-            data = decoded.result()
+            data = result()
         except CorruptionError as exc:
             chunk = first if exc.chunk is None else exc.chunk
             raise CorruptionError(
@@ -186,6 +307,15 @@ class FrameDecoder:
                 out.append(block[at : at + sizes[m]])
             j = k
         return out
+
+
+_NO_BUFFER = np.zeros(0, np.uint8)
+
+
+def _buffer_size(n: int) -> int:
+    """Span buffers come in one size (the engine's span, in whole MiB), so a pool of them
+    is reused from span to span."""
+    return -(-n // (1 << 20)) << 20
 
 
 __all__ = ["FrameDecoder"]

@@ -1,36 +1,65 @@
 """Decoding a container straight into GPU memory, without writing the file anywhere.
 
-The pipeline's one restore loop (:func:`ckptz.pipeline.restore`) runs with a sink that
-copies every checked frame into one uint8 tensor on the device, so every check FORMAT.md
-promises runs here too. The result is the original file's bytes, ready for
-``safetensors``-style parsing or for slicing tensors out with ``.view(dtype)``.
+The pipeline's one restore loop (:func:`ckptz.pipeline.restore`) runs with a
+:class:`DeviceRanges` sink: each checked frame's bytes go to the buffers that hold their
+file offsets, GPU tensors or host arrays. On a GPU engine a frame's bytes are still on the
+device where the engine decoded them, so they reach a GPU tensor with a device-to-device
+copy; the host copy the engine also makes is what the restore loop checks (frame checksums,
+the whole-file digest), so every check FORMAT.md promises runs here too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from ckptz.container import read_index
-from ckptz.engines.gpu.engine import GpuEngine
-from ckptz.pipeline import Frame, restore
+from ckptz.pipeline.plan import Frame
+from ckptz.pipeline.restore import restore
+from ckptz.pipeline.whole import RangeSink
 
 
-class _DeviceSink:
-    """Copies each frame's pieces to their places in a device tensor."""
+class DeviceRanges(RangeSink):
+    """A :class:`~ckptz.pipeline.whole.RangeSink` whose targets may be uint8 GPU tensors.
 
-    def __init__(self, out: torch.Tensor) -> None:
-        self.out = out
+    Bytes decoded on the CPU reach a GPU target with a host-to-device copy; bytes an engine
+    left on the device, with a device-to-device copy on the calling thread's stream (which
+    :meth:`finish` waits for).
+    """
+
+    def __init__(self, targets: Sequence[tuple[int, Any]]) -> None:
+        super().__init__(targets)
+        self._devices = {t.device for _, t in targets if isinstance(t, torch.Tensor) and t.is_cuda}
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
-        src = torch.from_numpy(data)
-        for at, within, n in frame.pieces:
-            self.out[at : at + n].copy_(src[within : within + n])
+        for buf, dst, src in self.overlaps(frame):
+            if isinstance(buf, torch.Tensor):
+                buf[dst].copy_(torch.from_numpy(data[src]))
+            else:
+                buf[dst] = data[src]
+
+    def put_device(self, frame: Frame, data: np.ndarray, device: torch.Tensor) -> None:
+        stream = None
+        for buf, dst, src in self.overlaps(frame):
+            if isinstance(buf, torch.Tensor) and buf.device == device.device:
+                if stream is None:
+                    stream = torch.cuda.current_stream(device.device)
+                    # The engine's worker made these bytes on its own stream: keep its memory
+                    # from being reused there before this stream has copied them.
+                    device.record_stream(stream)
+                buf[dst].copy_(device[src], non_blocking=True)
+            elif isinstance(buf, torch.Tensor):
+                buf[dst].copy_(torch.from_numpy(data[src]))
+            else:
+                buf[dst] = data[src]
 
     def finish(self) -> None:
-        torch.cuda.synchronize(self.out.device)
+        for device in self._devices:
+            torch.cuda.synchronize(device)
 
 
 def restore_to_device(
@@ -42,14 +71,16 @@ def restore_to_device(
         ContainerError: the container is unreadable.
         CorruptionError: some bytes fail their checksum.
     """
+    from ckptz.engines.gpu.engine import GpuEngine
+
     path = str(container)
     dev = torch.device(device)
     index_no = dev.index if dev.index is not None else torch.cuda.current_device()
     with open(container, "rb") as f, GpuEngine(index_no, memory=memory) as engine:
         index = read_index(f, path)
         out = torch.empty(index.source_size, dtype=torch.uint8, device=f"cuda:{index_no}")
-        restore(f, path, engine, _DeviceSink(out), index=index)
+        restore(f, path, engine, DeviceRanges([(0, out)]), index=index)
         return out
 
 
-__all__ = ["restore_to_device"]
+__all__ = ["DeviceRanges", "restore_to_device"]

@@ -4,8 +4,9 @@ This is ckptz's one restore loop: decompressing to a file, comparing with an ori
 verifying, streaming to stdout and decoding into GPU memory all run it, on either engine,
 and differ only in their :class:`Sink`. Every check FORMAT.md promises runs on every path:
 
-- a reader thread ``pread``\\ s a frame's payloads with their padding, checks that the
-  padding is zero and every payload's checksum, and hands the frame to the engine;
+- a reader thread ``pread``\\ s a frame's payloads with their padding (on a GPU engine, a
+  whole run of frames at once, into one pinned buffer), checks that the padding is zero and
+  every payload's checksum, and hands the frame (or run) to the engine;
 - the engine decodes it;
 - a writer thread checks the decoded frame's length and checksum and gives it to the sink,
   which puts its pieces where they belong (``pwrite`` at file offsets, compare, copy);
@@ -20,13 +21,13 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from typing import BinaryIO, Protocol, cast
+from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
 
 import numpy as np
 
 from ckptz import safeio
 from ckptz.container import Index, read_index
-from ckptz.engines.base import Engine
+from ckptz.engines.base import DecodedSpan, Engine
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.plan import Frame
@@ -46,6 +47,14 @@ class Sink(Protocol):
     def put(self, frame: Frame, data: np.ndarray) -> None: ...
 
     def finish(self) -> None: ...
+
+
+@runtime_checkable
+class DeviceSink(Sink, Protocol):
+    """A sink that also takes a frame's bytes where the engine left them on its GPU: the
+    restore loop calls :meth:`put_device` instead of :meth:`put` for such frames."""
+
+    def put_device(self, frame: Frame, data: np.ndarray, device: Any) -> None: ...
 
 
 class FileSink:
@@ -166,10 +175,14 @@ class _Restore:
         self.workers, self.progress = workers, progress
         self.decoder = FrameDecoder(fd, path, index, engine)
         self.frames = self.decoder.frames
+        # Runs of frames read and decoded together (one frame each on a CPU engine).
+        self.spans = self.decoder.spans(engine.span_bytes)
+        self.on_device = isinstance(sink, DeviceSink)
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.users = [2] * len(self.frames)  # digest, sink
         self.lock = threading.Lock()
-        self.room = threading.Semaphore(slots_needed(self.frames, len(index.streams), engine.look_ahead))
+        room = slots_needed(self.frames, len(index.streams), engine.look_ahead)
+        self.room = threading.Semaphore(max([room, *(2 * len(s) for s in self.spans)]))
         self.failures = Failures()
         self.stopped = False
         # Every task queued on the shared threads for this file, all over before returning
@@ -218,34 +231,42 @@ class _Restore:
             self.room.release()
 
     def _feed(self) -> None:
-        for i in range(len(self.frames)):
-            self.room.acquire()
-            if self.stopped:
-                return
-            self.tasks.append(self.workers.read.submit(self._read, i))
+        for span in self.spans:
+            for _ in span:  # room for every frame of the run
+                self.room.acquire()
+                if self.stopped:
+                    return
+            self.tasks.append(self.workers.read.submit(self._read, span))
 
-    def _read(self, i: int) -> None:
-        """Read and check frame ``i``'s payloads, and queue its decoding."""
+    def _read(self, span: range) -> None:
+        """Read and check a run of frames' payloads, and queue its decoding."""
         try:
-            self.decoder.start(i).add_done_callback(lambda fut: self._queue_put(i, fut))
+            fut, buffer = self.decoder.start_span(span)
+            fut.add_done_callback(lambda f: self._queue_puts(span, f, buffer))
         except BaseException as exc:
             self._fail(exc)
 
-    def _queue_put(self, i: int, fut: Future[np.ndarray]) -> None:
+    def _queue_puts(self, span: range, fut: Future[DecodedSpan], buffer: np.ndarray | None) -> None:
+        if buffer is not None:  # decoded: the stored bytes are no longer needed
+            self.engine.free_buffer(buffer)
         try:
             with self.lock:
                 if self.stopped:  # a decode that ends after a failure: nothing to write
                     return
-                self.tasks.append(self.workers.write.submit(self._put, i, fut))
+                for k, i in enumerate(span):
+                    self.tasks.append(self.workers.write.submit(self._put, i, fut, k))
         except RuntimeError as exc:  # the pools were shut down: the run already failed
             self._fail(exc)
 
-    def _put(self, i: int, fut: Future[np.ndarray]) -> None:
+    def _put(self, i: int, fut: Future[DecodedSpan], k: int) -> None:
         """Check decoded frame ``i`` and hand it to the sink and the digest."""
         try:
-            data = self.decoder.finish(i, fut)
+            data, device = self.decoder.finish_span(i, fut, k)
             # The sink first: the digest, which ends the run, then waits for every frame's put.
-            self.sink.put(self.frames[i], data)
+            if device is not None and self.on_device:
+                cast(DeviceSink, self.sink).put_device(self.frames[i], data, device)
+            else:
+                self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)
             self.progress(self.frames[i].length)
             self._release(i)
@@ -257,4 +278,4 @@ _SPENT: Future[np.ndarray] = Future()
 _SPENT.set_result(np.zeros(0, np.uint8))
 
 
-__all__ = ["Comparer", "DiscardSink", "FileSink", "Sink", "restore"]
+__all__ = ["Comparer", "DeviceSink", "DiscardSink", "FileSink", "Sink", "restore"]

@@ -15,8 +15,8 @@ import bisect
 import io
 import itertools
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -33,28 +33,34 @@ if TYPE_CHECKING:
 class RangeSink:
     """Copies restored bytes into buffers that each hold one range of the original file.
 
-    ``targets`` are ``(file offset, uint8 array)`` pairs whose ranges do not overlap; bytes of
+    ``targets`` are ``(file offset, uint8 array)`` pairs whose ranges do not overlap (any
+    sliceable buffer with a length: :mod:`ckptz.pipeline.device` adds GPU tensors); bytes of
     the file outside them are dropped (they are still checked). Called from many threads at
     once: frames are disjoint, so no two threads write the same byte.
     """
 
-    def __init__(self, targets: Sequence[tuple[int, np.ndarray]]) -> None:
+    def __init__(self, targets: Sequence[tuple[int, Any]]) -> None:
         self._targets = sorted(targets, key=lambda t: t[0])
         self._starts = [at for at, _ in self._targets]
         for (a, buf), (b, _) in itertools.pairwise(self._targets):
-            if a + buf.size > b:
+            if a + len(buf) > b:
                 raise ValueError(f"target ranges overlap at byte {b}")
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
+        for buf, dst, src in self.overlaps(frame):
+            # numpy copies without the GIL, so frames land in parallel.
+            buf[dst] = data[src]
+
+    def overlaps(self, frame: Frame) -> Iterator[tuple[Any, slice, slice]]:
+        """Each target ``frame`` reaches, with the slice of it and of the frame's bytes that meet."""
         for at, within, n in frame.pieces:
             end = at + n
             k = max(0, bisect.bisect_right(self._starts, at) - 1)
             while k < len(self._targets) and self._starts[k] < end:
                 t_at, buf = self._targets[k]
-                s, e = max(at, t_at), min(end, t_at + buf.size)
+                s, e = max(at, t_at), min(end, t_at + len(buf))
                 if s < e:
-                    # numpy copies without the GIL, so frames land in parallel.
-                    buf[s - t_at : e - t_at] = data[within + s - at : within + e - at]
+                    yield buf, slice(s - t_at, e - t_at), slice(within + s - at, within + e - at)
                 k += 1
 
     def finish(self) -> None:

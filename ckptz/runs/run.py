@@ -15,9 +15,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ckptz.accounting import FileStats, total_components
-from ckptz.engines import CODECS_CPU, GPU_ONLY_CODECS, open_engine
+from ckptz.codecs.table import TABLE
+from ckptz.container import read_index
+from ckptz.engines import (
+    CODECS_CPU,
+    GPU_ONLY_CODECS,
+    gpu_unavailable_reason,
+    nvcomp_installed,
+    open_engine,
+    requested_device,
+)
 from ckptz.engines.base import Engine
-from ckptz.errors import StoppedError, UsageError
+from ckptz.errors import CkptzError, StoppedError, UsageError
 from ckptz.meta import FileMeta, apply_link, apply_path
 from ckptz.pipeline.workers import short_switches
 from ckptz.runs.jobs import Stop, run_jobs
@@ -52,6 +61,27 @@ def engine_session(
             yield engine, notices
     finally:
         engine.close()
+
+
+def decoding_codec(jobs: Sequence[Job], device: str | None) -> str:
+    """The coder a decompression opens: the GPU's where a container to decode holds a
+    bitstream only a GPU decodes (its engine then reads and decodes runs of frames in
+    batches), else ``auto``."""
+    if requested_device(device) == "cpu":
+        return "auto"
+    gpu_only = {b.id for b in TABLE if b.name in GPU_ONLY_CODECS}
+    for job in jobs:
+        try:
+            with open(job.entry.path, "rb") as f:
+                codecs = read_index(f, job.label).header.get("codecs", {})
+        except (CkptzError, OSError):
+            continue  # the run reports it when it gets there
+        for key in codecs if isinstance(codecs, dict) else ():
+            if key.isdigit() and int(key) in gpu_only:
+                # Without a usable GPU, the run decodes what it can and names what it cannot.
+                usable = nvcomp_installed() and gpu_unavailable_reason() is None
+                return next(b.name for b in TABLE if b.id == int(key)) if usable else "auto"
+    return "auto"
 
 
 @contextmanager

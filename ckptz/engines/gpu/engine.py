@@ -10,6 +10,12 @@ GPU work the other packs or copies, so copies and compute overlap across streams
 handed back are views of a private host copy of the block, so the staging buffers can be
 reused at once while the pipeline writes at its own pace.
 
+A restore hands over whole spans instead (:meth:`GpuEngine.decode_span`): frames whose
+payloads its reader read with one ``pread`` into a pinned buffer, where they already lie
+16-byte aligned as the coder wants them. Such a span is a batch of its own, with no packing:
+one host→device copy, the coder, one device→host copy for the pipeline's checks, and the
+decoded frames stay on the device too, for a caller that wants them there (``ckptz.load``).
+
 Memory: each worker holds at most one batch on the device (input, planes, payload bounds,
 block: about 3.1 × the batch) and about 2.5 × the batch of pinned host memory, so
 ``memory`` is split as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's
@@ -32,7 +38,7 @@ import torch
 
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
-from ckptz.engines.base import FRAME_SIZE, EncodedFrame, StoredChunk
+from ckptz.engines.base import FRAME_SIZE, DecodedSpan, EncodedFrame, SpanFrame, StoredChunk
 from ckptz.engines.cpu import decode_chunks
 from ckptz.engines.gpu.coder import (
     ANS_ID,
@@ -73,11 +79,13 @@ class _EncodeJob:
 
 @dataclass(slots=True)
 class _DecodeJob:
-    stream: StreamInfo
-    chunks: list[StoredChunk]
+    """Frames to decode: a span read into one pinned ``buffer`` (payloads at ``SpanFrame.at``),
+    or (``buffer`` None) frames whose payloads lie anywhere, packed by the worker."""
+
+    frames: list[SpanFrame]
+    buffer: np.ndarray | None
     length: int
-    where: str
-    future: Future[np.ndarray] = field(default_factory=Future)
+    future: Future[DecodedSpan] = field(default_factory=Future)
 
 
 _Job = _EncodeJob | _DecodeJob
@@ -119,6 +127,8 @@ class GpuEngine:
         #: Frames the pipeline keeps in flight: enough to fill every worker's batch twice
         #: over, so batches run full instead of with whatever a slow reader queued.
         self.look_ahead = max(4 * self.threads + 4, 2 * workers * self.batch_bytes // self.frame_size)
+        #: A restore hands over spans of about a batch: one read, one copy to the device.
+        self.span_bytes = self.batch_bytes
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -151,7 +161,25 @@ class GpuEngine:
         if any(c.codec not in GPU_CODECS for c in chunks):
             # A bitstream this engine has no GPU coder for (e.g. a newer CPU codec).
             return self._cpu.submit(decode_chunks, stream, chunks, length, where)
-        job = _DecodeJob(stream, chunks, length, where)
+        job = _DecodeJob([SpanFrame(stream, chunks, length, where, ())], None, length)
+        self._put(job)
+        out: Future[np.ndarray] = Future()
+
+        def done(fut: Future[DecodedSpan]) -> None:
+            exc = fut.exception()
+            got = exc if exc is not None else fut.result().frames[0]
+            if isinstance(got, BaseException):
+                out.set_exception(got)
+            else:
+                out.set_result(got)
+
+        job.future.add_done_callback(done)
+        return out
+
+    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame]) -> Future[DecodedSpan]:
+        """Queue a span: one host-to-device copy of ``buffer`` (pinned, from
+        :meth:`host_buffer`), one batch, and the frames left on the device as well."""
+        job = _DecodeJob(frames, buffer, sum(f.length for f in frames))
         self._put(job)
         return job.future
 
@@ -206,6 +234,8 @@ class GpuEngine:
                     if self._closed:
                         return None
                     self._cv.wait()
+                if _is_span(self._jobs[0]):  # a batch of its own, read into one pinned buffer
+                    return [self._jobs.popleft()]
                 # nvCOMP needs thousands of chunks in flight to fill the GPU: a batch of a few
                 # frames runs nearly serially. So wait briefly for the pipeline to queue more
                 # (it stops queueing when its look-ahead is full, hence the time limit).
@@ -220,7 +250,7 @@ class GpuEngine:
             first = self._jobs.popleft()
             batch: list[_Job] = [first]
             size = _job_bytes(first)
-            while self._jobs and type(self._jobs[0]) is type(first):
+            while self._jobs and type(self._jobs[0]) is type(first) and not _is_span(self._jobs[0]):
                 n = _job_bytes(self._jobs[0])
                 if size + n > self.batch_bytes:
                     break
@@ -284,40 +314,81 @@ class GpuEngine:
     def _decode(
         self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_DecodeJob]
     ) -> None:
-        good: list[_DecodeJob] = []
-        for j in jobs:
+        # Each frame's result, job by job: host bytes or an error, and device bytes.
+        results: list[list[np.ndarray | BaseException]] = [[] for _ in jobs]
+        on_device: list[list[torch.Tensor | None]] = [[None] * len(j.frames) for j in jobs]
+        gpu: list[tuple[int, int, SpanFrame]] = []
+        cpu: list[tuple[int, int, Future[np.ndarray]]] = []
+        for n, j in enumerate(jobs):
+            for k, f in enumerate(j.frames):
+                results[n].append(_NOT_YET)
+                try:
+                    _check_chunks(f)
+                except CorruptionError as exc:
+                    results[n][k] = exc
+                    continue
+                if all(c.codec in GPU_CODECS for c in f.chunks):
+                    gpu.append((n, k, f))
+                else:  # a bitstream without a GPU coder: the CPU threads decode it meanwhile
+                    cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
+        if gpu:
             try:
-                _check_chunks(j)
-            except CorruptionError as exc:
-                j.future.set_exception(exc)
-                continue
-            good.append(j)
-        if not good:
-            return
-        layout = plan_batch([_shape(j.stream, j.length) for j in good])
-        chunks = [c for j in good for c in j.chunks]
+                self._decode_on_gpu(codecs, stream, staging, jobs, gpu, results, on_device)
+            except CkptzError as exc:
+                error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
+                for n, k, _ in gpu:
+                    results[n][k] = error
+        for n, k, fut in cpu:
+            failed = fut.exception()
+            # A copy: the decoded bytes may be a view of a stored payload in the span's buffer,
+            # which its reader reuses once the span is done.
+            results[n][k] = failed if failed is not None else np.array(fut.result(), copy=True)
+        for n, j in enumerate(jobs):
+            j.future.set_result(DecodedSpan(results[n], on_device[n] if j.buffer is not None else None))
+
+    def _decode_on_gpu(
+        self,
+        codecs: NvcompCodecs,
+        stream: torch.cuda.Stream,
+        staging: _Staging,
+        jobs: list[_DecodeJob],
+        gpu: list[tuple[int, int, SpanFrame]],
+        results: list[list[np.ndarray | BaseException]],
+        on_device: list[list[torch.Tensor | None]],
+    ) -> None:
+        frames = [f for _, _, f in gpu]
+        layout = plan_batch([_shape(f.stream, f.length) for f in frames])
+        chunks = [c for f in frames for c in f.chunks]
         codec = np.array([c.codec for c in chunks], dtype=np.int64)
         const = codec == CONST_ID
         size = np.array([0 if k else len(c.payload) for c, k in zip(chunks, const, strict=True)], np.int64)
-        padded = padded_sizes(size)
-        offset = np.cumsum(padded) - padded
         const_value = np.array(
             [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
         )
-        pinned = staging.get("in", max(int(padded.sum()), 1))[: max(int(padded.sum()), 1)]
-        host = pinned.numpy()
-        for c, o, n in zip(chunks, offset.tolist(), size.tolist(), strict=True):
-            if n:
-                host[o : o + n] = np.frombuffer(c.payload, dtype=np.uint8)
-        payloads = pinned.to(self.device, non_blocking=True)
-        try:
-            data = decode_batch(codecs, payloads, layout, codec, offset, size, const_value)
-        except CkptzError as exc:
-            raise CorruptionError(f"{good[0].where} does not decode ({exc.message})") from None
+        buffer = jobs[0].buffer if len(jobs) == 1 else None
+        src = self._pinned.tensor(buffer) if buffer is not None else None
+        if src is not None:
+            # A span: its payloads already lie 16-byte aligned in pinned memory, as the
+            # container stores them. One copy moves them all.
+            offset = np.array([a for f in frames for a in f.at], dtype=np.int64)
+            end = int((offset + padded_sizes(size)).max(initial=1))
+            payloads = src[:end].to(self.device, non_blocking=True)
+        else:
+            padded = padded_sizes(size)
+            offset = np.cumsum(padded) - padded
+            total = max(int(padded.sum()), 1)
+            pinned = staging.get("in", total)[:total]
+            host = pinned.numpy()
+            for c, o, n in zip(chunks, offset.tolist(), size.tolist(), strict=True):
+                if n:
+                    host[o : o + n] = np.frombuffer(c.payload, dtype=np.uint8)
+            payloads = pinned.to(self.device, non_blocking=True)
+        data = decode_batch(codecs, payloads, layout, codec, offset, size, const_value)
         view = _to_host(data, stream)
         del payloads
-        for j, off in zip(good, layout.data_offsets, strict=True):
-            j.future.set_result(view[off : off + j.length])
+        for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
+            results[n][k] = view[off : off + f.length]
+            on_device[n][k] = data[off : off + f.length]
 
 
 class _PinnedPool:
@@ -391,7 +462,7 @@ def _to_host(data: torch.Tensor, stream: torch.cuda.Stream) -> np.ndarray:
     return host.numpy()
 
 
-def _check_chunks(j: _DecodeJob) -> None:
+def _check_chunks(j: SpanFrame) -> None:
     """Refuse chunks that do not fit the frame: nvCOMP assumes well-formed input."""
     if len(j.chunks) != max(j.stream.word, 1) or any(
         c.raw_size * len(j.chunks) != j.length for c in j.chunks
@@ -406,6 +477,13 @@ def _check_chunks(j: _DecodeJob) -> None:
 
 def _job_bytes(job: _Job) -> int:
     return int(job.data.size) if isinstance(job, _EncodeJob) else job.length
+
+
+def _is_span(job: _Job) -> bool:
+    return isinstance(job, _DecodeJob) and job.buffer is not None
+
+
+_NOT_YET = np.zeros(0, np.uint8)
 
 
 __all__ = ["DEFAULT_MEMORY", "BatchLayout", "GpuEngine"]

@@ -1,0 +1,183 @@
+"""The restore loop's runs of frames (what a GPU engine decodes as one batch), on the CPU.
+
+A GPU engine asks for runs of frames whose payloads lie back to back (``span_bytes``); the
+restore loop reads each run with one ``pread`` and checks it there. :class:`SpanningCpu` is
+the CPU engine asking for runs, so the run path's reading, checks and error reports are
+tested where there is no GPU. Also: ``ckptz.load`` decoding straight into the storages.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ckptz
+from ckptz import api
+from ckptz.container import read_index
+from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import CorruptionError
+from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
+from ckptz.pipeline.decoder import FrameDecoder
+
+
+class SpanningCpu(CpuEngine):
+    """The CPU engine with small frames, asking the restore loop for runs of frames."""
+
+    frame_size = 64 << 10
+    span_bytes = 1 << 20
+
+
+def _checkpoint(path: Path) -> Path:
+    gen = torch.Generator().manual_seed(3)
+    state = {
+        "w": torch.randn(300_000, generator=gen),
+        "m": (torch.randn(200_000, generator=gen) * 1e-3).to(torch.bfloat16),
+        "zeros": torch.zeros(70_000),
+        "step": 7,
+    }
+    torch.save(state, path)
+    return path
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> tuple[Path, Path]:
+    src = _checkpoint(tmp_path / "model.pt")
+    out = tmp_path / "model.pt.ckptz"
+    with open(out, "wb") as f, SpanningCpu(threads=4) as engine:
+        compress_file(src, "model.pt", f, engine)
+    return src, out
+
+
+def test_runs_join_back_to_back_frames_up_to_the_limit(packed: tuple[Path, Path]) -> None:
+    _, out = packed
+    with open(out, "rb") as f:
+        index = read_index(f, str(out))
+        decoder = FrameDecoder(f.fileno(), str(out), index, SpanningCpu())
+        runs = decoder.spans(SpanningCpu.span_bytes)
+        assert [i for r in runs for i in r] == list(range(len(decoder.frames)))
+        assert max(len(r) for r in runs) > 1
+        for r in runs:
+            if len(r) > 1:
+                assert sum(decoder.frames[i].length for i in r) <= SpanningCpu.span_bytes
+        assert all(len(r) == 1 for r in decoder.spans(0))
+
+
+def test_restore_by_runs_gives_the_original_bytes(packed: tuple[Path, Path], tmp_path: Path) -> None:
+    src, out = packed
+    back = tmp_path / "back.pt"
+    with open(out, "rb") as f, open(back, "wb") as sink, SpanningCpu(threads=4) as engine:
+        index = read_index(f, str(out))
+        sink.truncate(index.source_size)
+        restore(f, str(out), engine, FileSink(sink), index=index)
+    assert back.read_bytes() == src.read_bytes()
+
+
+def _payload_offsets(out: Path) -> tuple[int, int, int]:
+    """Offset, size and index of a coded chunk in the middle of the container."""
+    with open(out, "rb") as f:
+        chunks = read_index(f, str(out)).chunks
+    coded = np.flatnonzero((chunks["size"] > 64) & (chunks["size"] % 16 != 0))
+    k = int(coded[len(coded) // 2])
+    return int(chunks["offset"][k]), int(chunks["size"][k]), k
+
+
+@pytest.mark.parametrize("where", ["payload", "padding"])
+def test_a_damaged_run_names_the_chunk(packed: tuple[Path, Path], where: str) -> None:
+    _, out = packed
+    offset, size, k = _payload_offsets(out)
+    data = bytearray(out.read_bytes())
+    at = offset + size // 2 if where == "payload" else offset + size  # the first pad byte
+    data[at] ^= 0x5A
+    out.write_bytes(bytes(data))
+    with open(out, "rb") as f, SpanningCpu(threads=4) as engine, pytest.raises(CorruptionError) as err:
+        restore(f, str(out), engine, DiscardSink())
+    assert err.value.chunk == k
+    assert ("padding" in err.value.reason) == (where == "padding")
+
+
+def test_load_decodes_straight_into_the_storages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = torch.arange(40_000, dtype=torch.float32)
+    state = {
+        "a": base[:100],
+        "b": base[50:20_000].view(-1, 10),
+        "c": torch.ones(5, dtype=torch.int64),
+        "n": 3,
+    }
+    plain = tmp_path / "s.pt"
+    torch.save(state, plain)
+    ckptz.save(state, tmp_path / "s.pt.ckptz")
+    import ckptz.library.loading as loading
+
+    def whole_file(*_: object, **__: object) -> None:
+        raise AssertionError("decoded the whole file instead of into the storages")
+
+    monkeypatch.setattr(loading, "restore_to_memory", whole_file)
+    got = ckptz.load(tmp_path / "s.pt.ckptz")
+    want = torch.load(plain, weights_only=True)
+    assert got.keys() == want.keys() and got["n"] == 3
+    for k in ("a", "b", "c"):
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k])
+        assert got[k].stride() == want[k].stride()
+    # Views of one storage stay views of one storage.
+    assert got["a"].untyped_storage().data_ptr() == got["b"].untyped_storage().data_ptr()
+    assert got["b"].storage_offset() == 50
+
+
+def test_load_of_a_legacy_pickle_decodes_the_whole_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = {"w": torch.randn(1000)}
+    buf = io.BytesIO()
+    torch.save(state, buf, _use_new_zipfile_serialization=False)
+    (tmp_path / "old.pt").write_bytes(buf.getvalue())
+    api.compress(tmp_path / "old.pt", tmp_path / "old.pt.ckptz", device="cpu")
+    import ckptz.library.storages as storages
+
+    def no_storages(*_: object, **__: object) -> None:
+        raise AssertionError("a legacy file has no records to decode into")
+
+    monkeypatch.setattr(storages, "DeviceRanges", no_storages)
+    got = ckptz.load(tmp_path / "old.pt.ckptz")
+    assert torch.equal(got["w"], state["w"])
+    assert os.path.exists(tmp_path / "old.pt")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("codec", ["zstd", "ans"])
+def test_gpu_load_decodes_on_the_gpu_into_the_storages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str
+) -> None:
+    from ckptz.engines import gpu_unavailable_reason, nvcomp_installed
+
+    if not nvcomp_installed() or gpu_unavailable_reason() is not None:
+        pytest.skip("no GPU engine here")
+    gen = torch.Generator().manual_seed(5)
+    state = {f"l{i}": torch.randn(1 << 20, generator=gen) * (i + 1) for i in range(12)}
+    state["half"] = state["l0"].to(torch.bfloat16)
+    state["l0_view"] = state["l0"][10:20]
+    plain = tmp_path / "s.pt"
+    torch.save(state, plain)
+    api.compress(plain, tmp_path / "s.pt.ckptz", device="cuda" if codec == "ans" else "cpu", codec=codec)
+    import ckptz.library.loading as loading
+    import ckptz.library.storages as storages
+
+    monkeypatch.setattr(loading, "restore_to_memory", None)  # never the whole-file path
+    got = ckptz.load(tmp_path / "s.pt.ckptz", map_location="cuda:0")
+    engine = storages._engines[0]
+    assert engine.span_bytes > 0
+    for k, v in torch.load(plain, weights_only=True).items():
+        assert got[k].is_cuda and torch.equal(got[k].cpu(), v)
+    assert got["l0_view"].untyped_storage().data_ptr() == got["l0"].untyped_storage().data_ptr()
+    # A damaged payload is caught on this path too.
+    offset, size, k = _payload_offsets(tmp_path / "s.pt.ckptz")
+    data = bytearray((tmp_path / "s.pt.ckptz").read_bytes())
+    data[offset + size // 2] ^= 1
+    (tmp_path / "s.pt.ckptz").write_bytes(bytes(data))
+    with pytest.raises(CorruptionError) as err:
+        ckptz.load(tmp_path / "s.pt.ckptz", map_location="cuda:0")
+    assert err.value.chunk == k
