@@ -124,11 +124,12 @@ class GpuEngine:
         big = self.codec_id == ANS_ID and self.batch_bytes >= 4 * ANS_FRAME_SIZE
         self.frame_size = ANS_FRAME_SIZE if big else FRAME_SIZE
         self.threads = max(4, threads or os.cpu_count() or 4)
-        #: Frames the pipeline keeps in flight: enough to fill every worker's batch twice
-        #: over, so batches run full instead of with whatever a slow reader queued.
-        self.look_ahead = max(4 * self.threads + 4, 2 * workers * self.batch_bytes // self.frame_size)
         #: A restore hands over spans of about a batch: one read, one copy to the device.
         self.span_bytes = self.batch_bytes
+        #: Frames the pipeline keeps in flight: enough to fill every worker's batch twice
+        #: over, so batches run full instead of with whatever a slow reader queued; three
+        #: spans per worker in a restore, so that reads (one ``pread`` per span) overlap.
+        self.look_ahead = max(4 * self.threads + 4, 3 * workers * self.batch_bytes // self.frame_size)
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
