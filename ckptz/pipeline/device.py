@@ -27,8 +27,7 @@ class DeviceRanges(RangeSink):
     """A :class:`~ckptz.pipeline.whole.RangeSink` whose targets may be uint8 GPU tensors.
 
     Bytes decoded on the CPU reach a GPU target with a host-to-device copy; bytes an engine
-    left on the device, with a device-to-device copy on the calling thread's stream (which
-    :meth:`finish` waits for).
+    left on the device, with a device-to-device copy on the calling thread's stream.
     """
 
     def __init__(self, targets: Sequence[tuple[int, Any]]) -> None:
@@ -43,19 +42,19 @@ class DeviceRanges(RangeSink):
                 buf[dst] = data[src]
 
     def put_device(self, frame: Frame, data: np.ndarray, device: torch.Tensor) -> None:
-        stream = None
+        copied = False
         for buf, dst, src in self.overlaps(frame):
             if isinstance(buf, torch.Tensor) and buf.device == device.device:
-                if stream is None:
-                    stream = torch.cuda.current_stream(device.device)
-                    # The engine's worker made these bytes on its own stream: keep its memory
-                    # from being reused there before this stream has copied them.
-                    device.record_stream(stream)
                 buf[dst].copy_(device[src], non_blocking=True)
+                copied = True
             elif isinstance(buf, torch.Tensor):
                 buf[dst].copy_(torch.from_numpy(data[src]))
             else:
                 buf[dst] = data[src]
+        if copied:
+            # The engine's worker made these bytes on its own stream, which may reuse their
+            # memory once the frame is dropped: the copies must be over by then.
+            torch.cuda.current_stream(device.device).synchronize()
 
     def finish(self) -> None:
         for device in self._devices:

@@ -408,7 +408,9 @@ class _PinnedPool:
             spare = self._free.get(size)
             if spare:
                 return spare.pop().numpy()
-            t = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        # Pinning takes milliseconds: not under the lock, which every copy to the device takes.
+        t = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        with self._lock:
             at = bisect.bisect(self._starts, t.data_ptr())
             self._starts.insert(at, t.data_ptr())
             self._tensors.insert(at, t)
