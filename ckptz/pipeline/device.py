@@ -10,6 +10,7 @@ the whole-file digest), so every check FORMAT.md promises runs here too.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,34 +28,47 @@ class DeviceRanges(RangeSink):
     """A :class:`~ckptz.pipeline.whole.RangeSink` whose targets may be uint8 GPU tensors.
 
     Bytes decoded on the CPU reach a GPU target with a host-to-device copy; bytes an engine
-    left on the device, with a device-to-device copy on the calling thread's stream.
+    left on the device, with a device-to-device copy; both on a stream of the calling
+    thread's own.
     """
 
     def __init__(self, targets: Sequence[tuple[int, Any]]) -> None:
         super().__init__(targets)
         self._devices = {t.device for _, t in targets if isinstance(t, torch.Tensor) and t.is_cuda}
+        self._local = threading.local()
+
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        """This thread's copy stream on ``device``. Not the default stream: that one waits for
+        (and holds up) the engine's streams, so every copy would stall the decoding."""
+        streams = self._local.__dict__.setdefault("streams", {})
+        stream = streams.get(device)
+        if stream is None:
+            stream = streams[device] = torch.cuda.Stream(device)
+        return stream
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
-        for buf, dst, src in self.overlaps(frame):
-            if isinstance(buf, torch.Tensor):
-                buf[dst].copy_(torch.from_numpy(data[src]))
-            else:
-                buf[dst] = data[src]
+        self._copy(frame, data, None)
 
     def put_device(self, frame: Frame, data: np.ndarray, device: torch.Tensor) -> None:
-        copied = False
+        self._copy(frame, data, device)
+
+    def _copy(self, frame: Frame, data: np.ndarray, device: torch.Tensor | None) -> None:
+        stream = None
         for buf, dst, src in self.overlaps(frame):
-            if isinstance(buf, torch.Tensor) and buf.device == device.device:
-                buf[dst].copy_(device[src], non_blocking=True)
-                copied = True
-            elif isinstance(buf, torch.Tensor):
-                buf[dst].copy_(torch.from_numpy(data[src]))
-            else:
+            if not isinstance(buf, torch.Tensor):
                 buf[dst] = data[src]
-        if copied:
-            # The engine's worker made these bytes on its own stream, which may reuse their
-            # memory once the frame is dropped: the copies must be over by then.
-            torch.cuda.current_stream(device.device).synchronize()
+                continue
+            if stream is None:
+                stream = self._stream(buf.device)
+            with torch.cuda.stream(stream):
+                if device is not None and buf.device == device.device:
+                    buf[dst].copy_(device[src], non_blocking=True)
+                else:
+                    buf[dst].copy_(torch.from_numpy(data[src]))
+        if stream is not None:
+            # The engine's worker made the device bytes on its own stream, which may reuse
+            # their memory once the frame is dropped: the copies must be over by then.
+            stream.synchronize()
 
     def finish(self) -> None:
         for device in self._devices:
