@@ -71,6 +71,13 @@ class DecodedSpan:
     frames: list[np.ndarray | BaseException]
     device: list[Any] | None = None
 
+    def frame(self, k: int) -> np.ndarray:
+        """Frame ``k``'s host bytes, or its error raised."""
+        got = self.frames[k]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
 
 #: Bytes of original data per frame unless an engine prefers another size (the container
 #: records each stream's, so any reader decodes any size). Frames are the unit of

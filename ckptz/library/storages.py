@@ -97,9 +97,9 @@ def _loader_fits() -> bool:
     return list(params)[:3] == ["zip_file", "map_location", "pickle_module"]
 
 
-class _DeviceZip:
-    """A ``torch.save`` zip reader whose stored records come from GPU storages where one was
-    decoded for them (everything else is the wrapped reader's)."""
+class _StorageZip:
+    """A ``torch.save`` zip reader whose stored records come from the storages decoded for
+    them (everything else is the wrapped reader's)."""
 
     def __init__(self, reader: Any, storages: dict[int, torch.Tensor]) -> None:
         self._reader = reader
@@ -160,7 +160,7 @@ def load_storages(
     args = {"encoding": "utf-8", **pickle_load_args}
     try:
         return True, torch.serialization._load(
-            _DeviceZip(reader, storages), map_location, pickle_module, **args
+            _StorageZip(reader, storages), map_location, pickle_module, **args
         )
     except pickle.UnpicklingError as exc:
         if not weights_only:

@@ -19,7 +19,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from ckptz.container import Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
+from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
 from ckptz.engines.base import DecodedSpan, Engine, SpanFrame, StoredChunk
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
@@ -98,17 +98,12 @@ class FrameDecoder:
     def _extent(self, i: int) -> tuple[int, int] | None:
         """Where frame ``i``'s payloads start and end (with padding) in the container, if
         they lie back to back; None if they do not, or the index is inconsistent."""
-        frame = self.frames[i]
-        rows = self._rows[frame.stream]
-        if frame.number >= len(rows):
+        found = self._chunks(i)
+        if found is None or not len(found[2]):
             return None
-        row = int(rows[frame.number])
-        first = int(self._chunk_starts[row])
-        chunks = self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
-        if not len(chunks):
-            return None
+        chunks = found[2]
         offsets, sizes = chunks["offset"].astype(np.int64), chunks["size"].astype(np.int64)
-        ends = offsets + sizes + (-sizes % 16)
+        ends = offsets + sizes + (-sizes % ALIGN)
         if not np.array_equal(offsets[1:], ends[:-1]):
             return None
         return int(offsets[0]), int(ends[-1])
@@ -138,7 +133,7 @@ class FrameDecoder:
                 raise CorruptionError(
                     "container ends inside a chunk (truncated?)",
                     path=self.path,
-                    chunk=self._first_chunk(frames[0]),
+                    chunk=self._chunks(frames[0])[1],  # type: ignore[index]
                 )
             stored = [self._stored(i, buffer, lo) for i in frames]
         except BaseException:
@@ -150,32 +145,29 @@ class FrameDecoder:
         """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
         :meth:`finish` checks it; with its bytes on the engine's device where it left them
         there (None where it did not, or where a series transform changes them after)."""
-        span = decoded.result() if decoded.exception() is None else None
-        device = span.device[k] if span is not None and span.device is not None else None
+        data = self._checked(i, lambda: decoded.result().frame(k))
+        device = decoded.result().device
+        return data, device[k] if device is not None and self.transform is None else None
 
-        def frame_k() -> np.ndarray:
-            got = span.frames[k] if span is not None else decoded.exception()
-            if isinstance(got, BaseException):
-                raise got
-            return got  # type: ignore[return-value]
-
-        data = self._checked(i, frame_k)
-        return data, device if self.transform is None else None
-
-    def _first_chunk(self, i: int) -> int:
+    def _chunks(self, i: int) -> tuple[int, int, np.ndarray] | None:
+        """Frame ``i``'s row in the frame table, the index of its first chunk, and its chunk
+        rows; None where its stream has fewer frames than its segments need."""
         frame = self.frames[i]
-        return int(self._chunk_starts[int(self._rows[frame.stream][frame.number])])
+        rows = self._rows[frame.stream]
+        if frame.number >= len(rows):
+            return None
+        row = int(rows[frame.number])
+        first = int(self._chunk_starts[row])
+        return row, first, self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
 
     def _stored(self, i: int, buffer: np.ndarray | None, base: int) -> SpanFrame:
         """Frame ``i``'s payloads, checked: views of ``buffer`` (which holds the container from
         offset ``base``), or read now where ``buffer`` is None."""
         frame = self.frames[i]
-        rows = self._rows[frame.stream]
-        if frame.number >= len(rows):
+        found = self._chunks(i)
+        if found is None:
             raise CorruptionError("a stream has fewer frames than its segments need", path=self.path)
-        row = int(rows[frame.number])
-        first = int(self._chunk_starts[row])
-        chunks = self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
+        row, first, chunks = found
         tensor = self.tensor_at(frame.start)
         at: tuple[int, ...] = ()
         if buffer is None:
@@ -205,7 +197,7 @@ class FrameDecoder:
         padding after each must be zero."""
         offsets = chunks["offset"].astype(np.int64) - base
         sizes = chunks["size"].astype(np.int64)
-        pad = -sizes % 16
+        pad = -sizes % ALIGN
         for m in np.flatnonzero(pad).tolist():
             at = int(offsets[m] + sizes[m])
             if buffer[at : at + int(pad[m])].any():

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ckptz.accounting import FileStats, total_components
-from ckptz.codecs.table import TABLE
+from ckptz.codecs.table import by_id
 from ckptz.container import read_index
 from ckptz.engines import (
     CODECS_CPU,
@@ -69,7 +69,6 @@ def decoding_codec(jobs: Sequence[Job], device: str | None) -> str:
     batches), else ``auto``."""
     if requested_device(device) == "cpu":
         return "auto"
-    gpu_only = {b.id for b in TABLE if b.name in GPU_ONLY_CODECS}
     for job in jobs:
         try:
             with open(job.entry.path, "rb") as f:
@@ -77,10 +76,11 @@ def decoding_codec(jobs: Sequence[Job], device: str | None) -> str:
         except (CkptzError, OSError):
             continue  # the run reports it when it gets there
         for key in codecs if isinstance(codecs, dict) else ():
-            if key.isdigit() and int(key) in gpu_only:
+            bitstream = by_id(int(key)) if key.isdigit() else None
+            if bitstream is not None and bitstream.name in GPU_ONLY_CODECS:
                 # Without a usable GPU, the run decodes what it can and names what it cannot.
                 usable = nvcomp_installed() and gpu_unavailable_reason() is None
-                return next(b.name for b in TABLE if b.id == int(key)) if usable else "auto"
+                return bitstream.name if usable else "auto"
     return "auto"
 
 

@@ -167,12 +167,10 @@ class GpuEngine:
         out: Future[np.ndarray] = Future()
 
         def done(fut: Future[DecodedSpan]) -> None:
-            exc = fut.exception()
-            got = exc if exc is not None else fut.result().frames[0]
-            if isinstance(got, BaseException):
-                out.set_exception(got)
-            else:
-                out.set_result(got)
+            try:
+                out.set_result(fut.result().frame(0))
+            except BaseException as exc:
+                out.set_exception(exc)
 
         job.future.add_done_callback(done)
         return out
