@@ -521,3 +521,39 @@ def test_hybrid_engine_codes_the_portable_bitstream_on_cpu_and_gpu(
     assert engine.frames["gpu"] > 0 and written.index.header["device"].startswith("cuda:")
     api.decompress(tmp_path / "h.ckptz", tmp_path / "back.pt", device="cpu")
     assert sha256(tmp_path / "back.pt") == sha256(src)
+
+
+@gpu
+def test_pinned_leases_come_back_when_their_views_are_gone() -> None:
+    import gc
+
+    from ckptz.engines.gpu.pinned import GRAIN, PinnedPool
+
+    pool = PinnedPool()
+    lease = pool.take(3 * GRAIN + 5)
+    assert lease.size == 3 * GRAIN + 5 and lease.flags.writeable
+    start = lease.ctypes.data
+    lease[:] = np.arange(lease.size, dtype=np.uint64).astype(np.uint8)
+    view = lease[7:1000]
+    src = pool.tensor(view)
+    assert src is not None and src.is_pinned()
+    on_gpu = src.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert on_gpu.cpu().numpy().tobytes() == view.tobytes()
+    assert pool.tensor(np.zeros(16, np.uint8)) is None  # not pinned by the pool
+    del lease
+    gc.collect()
+    # The view still holds the region: a new lease gets other memory.
+    other = pool.take(3 * GRAIN)
+    start_b = other.ctypes.data
+    assert start_b != start
+    del view, src, other
+    gc.collect()
+    # Both regions are free again: each request gets the smallest one that fits.
+    x = pool.take(3 * GRAIN)
+    y = pool.take(3 * GRAIN + 5)
+    assert (x.ctypes.data, y.ctypes.data) == (start_b, start)
+    del x
+    gc.collect()
+    # A region far bigger than a request is not tied up by it.
+    assert pool.take(100).ctypes.data != start_b

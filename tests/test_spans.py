@@ -19,10 +19,12 @@ import torch
 import ckptz
 from ckptz import api
 from ckptz.container import read_index
+from ckptz.engines.base import Place, SpanFrame
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError
 from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
 from ckptz.pipeline.decoder import FrameDecoder
+from ckptz.pipeline.device import DeviceRanges
 
 
 class SpanningCpu(CpuEngine):
@@ -98,6 +100,48 @@ def test_a_damaged_run_names_the_chunk(packed: tuple[Path, Path], where: str) ->
         restore(f, str(out), engine, DiscardSink())
     assert err.value.chunk == k
     assert ("padding" in err.value.reason) == (where == "padding")
+
+
+class PlacingCpu(SpanningCpu):
+    """A CPU engine that, like a GPU engine, hands each decoded frame of a run to ``place``
+    before the restore loop checks it (here as a CPU tensor)."""
+
+    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None):  # type: ignore[no-untyped-def]
+        done = super().decode_span(buffer, frames, place)
+        if place is not None:
+            for k, got in enumerate(done.result().frames):
+                if not isinstance(got, BaseException):
+                    place(k, torch.from_numpy(np.array(got)))
+        return done
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_frames_placed_where_decoded_reach_their_targets_once(
+    packed: tuple[Path, Path], damaged: bool
+) -> None:
+    src, out = packed
+    if damaged:
+        offset, size, _ = _payload_offsets(out)
+        data = bytearray(out.read_bytes())
+        data[offset + size // 2] ^= 0x5A
+        out.write_bytes(bytes(data))
+    original = src.read_bytes()
+    head = len(original) // 3
+    # Two targets: a tensor (placed from the engine) and a host array (from put).
+    tensor = torch.zeros(len(original) - head, dtype=torch.uint8)
+    host = np.zeros(head, np.uint8)
+    sink = DeviceRanges([(0, host), (head, tensor)])
+    puts: list[int] = []
+    put = sink.put
+    sink.put = lambda frame, data: (puts.append(len(frame.pieces)), put(frame, data))[1]  # type: ignore[method-assign]
+    with open(out, "rb") as f, PlacingCpu(threads=4) as engine:
+        if damaged:
+            with pytest.raises(CorruptionError):
+                restore(f, str(out), engine, sink)
+            return
+        restore(f, str(out), engine, sink)
+    assert host.tobytes() + tensor.numpy().tobytes() == original
+    assert puts and not sink._placed  # every placed frame was also put (and checked)
 
 
 def test_load_decodes_straight_into_the_storages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,12 +64,9 @@ class DecodedSpan:
 
     Attributes:
         frames: each frame's decoded bytes in host memory, or the error that frame met.
-        device: the same bytes left on the engine's GPU (a uint8 tensor per frame, None for
-            a frame decoded on the CPU); None from an engine without a GPU.
     """
 
     frames: list[np.ndarray | BaseException]
-    device: list[Any] | None = None
 
     def frame(self, k: int) -> np.ndarray:
         """Frame ``k``'s host bytes, or its error raised."""
@@ -78,6 +75,11 @@ class DecodedSpan:
             raise got
         return got
 
+
+#: Called by an engine with the ``k``-th frame of a span and its decoded bytes on the
+#: engine's GPU (a uint8 tensor), from the engine's thread, on its CUDA stream, before any
+#: check of the frame: copies queued there are ordered before the engine reuses the memory.
+Place = Callable[[int, Any], None]
 
 #: Bytes of original data per frame unless an engine prefers another size (the container
 #: records each stream's, so any reader decodes any size). Frames are the unit of
@@ -133,10 +135,13 @@ class Engine(Protocol):
         """Decode one frame of ``length`` bytes from its checked payloads."""
         ...
 
-    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame]) -> Future[DecodedSpan]:
+    def decode_span(
+        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None
+    ) -> Future[DecodedSpan]:
         """Decode consecutive frames whose payloads were read together into ``buffer`` (from
         :meth:`host_buffer`; the caller frees it once the future is done). An error in one
-        frame is that frame's; the future fails only where the whole span did."""
+        frame is that frame's; the future fails only where the whole span did. An engine
+        that decodes a frame on a GPU also hands it to ``place`` there (:data:`Place`)."""
         ...
 
     def codec_config(self) -> dict[str, dict[str, object]]:
@@ -195,6 +200,7 @@ __all__ = [
     "DecodedSpan",
     "EncodedFrame",
     "Engine",
+    "Place",
     "SpanFrame",
     "StoredChunk",
     "decode_each",

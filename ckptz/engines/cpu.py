@@ -13,7 +13,15 @@ import numpy as np
 
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame
 from ckptz.container import StreamInfo
-from ckptz.engines.base import DecodedSpan, EncodedFrame, SpanFrame, StoredChunk, decode_each, stream_dtype
+from ckptz.engines.base import (
+    DecodedSpan,
+    EncodedFrame,
+    Place,
+    SpanFrame,
+    StoredChunk,
+    decode_each,
+    stream_dtype,
+)
 from ckptz.errors import CodecError, CorruptionError
 
 
@@ -94,8 +102,10 @@ class CpuEngine:
     ) -> Future[np.ndarray]:
         return _now(decode_chunks, stream, chunks, length, where)
 
-    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame]) -> Future[DecodedSpan]:
-        return decode_each(self, frames)
+    def decode_span(
+        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None
+    ) -> Future[DecodedSpan]:
+        return decode_each(self, frames)  # nothing is decoded on a GPU: ``place`` is not called
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         return {"zstd": {"level": self.options.level, "implementation": "zstandard"}}

@@ -35,7 +35,7 @@ import numpy as np
 
 from ckptz.codecs.table import by_id
 from ckptz.container import StreamInfo
-from ckptz.engines.base import DecodedSpan, EncodedFrame, Engine, SpanFrame, StoredChunk, decode_each
+from ckptz.engines.base import DecodedSpan, EncodedFrame, Engine, Place, SpanFrame, StoredChunk, decode_each
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CkptzError, DeviceError, UsageError
 
@@ -264,8 +264,10 @@ class HybridEngine:
             return self._on_cpu(lane, length, lambda: self.cpu.decode(stream, chunks, length, where))
         return self._on_gpu(lane, length, gpu.decode(stream, chunks, length, where))
 
-    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame]) -> Future[DecodedSpan]:
-        return decode_each(self, frames)
+    def decode_span(
+        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None
+    ) -> Future[DecodedSpan]:
+        return decode_each(self, frames)  # nothing is decoded on a GPU: ``place`` is not called
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         config = dict(self.cpu.codec_config())

@@ -20,7 +20,7 @@ from itertools import accumulate
 import numpy as np
 
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
-from ckptz.engines.base import DecodedSpan, Engine, SpanFrame, StoredChunk
+from ckptz.engines.base import DecodedSpan, Engine, Place, SpanFrame, StoredChunk
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
 from ckptz.pipeline.transform import transform_for
@@ -108,9 +108,13 @@ class FrameDecoder:
             return None
         return int(offsets[0]), int(ends[-1])
 
-    def start_span(self, frames: range) -> tuple[Future[DecodedSpan], np.ndarray | None]:
+    def start_span(
+        self, frames: range, place: Place | None = None
+    ) -> tuple[Future[DecodedSpan], np.ndarray | None]:
         """Read the payloads of ``frames`` (a run from :meth:`spans`) with one ``pread``
-        into a buffer of the engine's, check every payload, and queue the run's decoding.
+        into a buffer of the engine's, check every payload, and queue the run's decoding
+        (``place`` as in :meth:`~ckptz.engines.base.Engine.decode_span`; never with a
+        series transform, which changes the decoded bytes after).
         Return the future and the buffer, for the caller to give back to the engine once
         the future is done (None: the run was read frame by frame). :meth:`finish_span`
         checks each frame's result.
@@ -118,11 +122,12 @@ class FrameDecoder:
         Raises:
             CorruptionError: the payloads are truncated, badly padded or fail their checksum.
         """
+        place = place if self.transform is None else None
         first = self._extent(frames[0]) if self.engine.span_bytes else None
         last = self._extent(frames[-1]) if first is not None else None
         if first is None or last is None:  # frame by frame (a run of one, from spans())
             stored = [self._stored(i, None, 0) for i in frames]
-            return self.engine.decode_span(_NO_BUFFER, stored), None
+            return self.engine.decode_span(_NO_BUFFER, stored, place), None
         lo, hi = first[0], last[1]
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
         try:
@@ -139,15 +144,12 @@ class FrameDecoder:
         except BaseException:
             self.engine.free_buffer(buffer)
             raise
-        return self.engine.decode_span(buffer, stored), buffer
+        return self.engine.decode_span(buffer, stored, place), buffer
 
-    def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> tuple[np.ndarray, object | None]:
+    def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> np.ndarray:
         """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
-        :meth:`finish` checks it; with its bytes on the engine's device where it left them
-        there (None where it did not, or where a series transform changes them after)."""
-        data = self._checked(i, lambda: decoded.result().frame(k))
-        device = decoded.result().device
-        return data, device[k] if device is not None and self.transform is None else None
+        :meth:`finish` checks it."""
+        return self._checked(i, lambda: decoded.result().frame(k))
 
     def _chunks(self, i: int) -> tuple[int, int, np.ndarray] | None:
         """Frame ``i``'s row in the frame table, the index of its first chunk, and its chunk

@@ -1,11 +1,12 @@
 """Decoding a container straight into GPU memory, without writing the file anywhere.
 
 The pipeline's one restore loop (:func:`ckptz.pipeline.restore`) runs with a
-:class:`DeviceRanges` sink: each checked frame's bytes go to the buffers that hold their
-file offsets, GPU tensors or host arrays. On a GPU engine a frame's bytes are still on the
-device where the engine decoded them, so they reach a GPU tensor with a device-to-device
-copy; the host copy the engine also makes is what the restore loop checks (frame checksums,
-the whole-file digest), so every check FORMAT.md promises runs here too.
+:class:`DeviceRanges` sink: each frame's bytes go to the buffers that hold their file
+offsets, GPU tensors or host arrays. A frame a GPU engine decodes reaches a GPU tensor on
+that device with a device-to-device copy that the engine's worker queues on its own stream
+as soon as the frame is decoded (:meth:`DeviceRanges.place`: no wait of its own); the host
+copy the engine also makes is what the restore loop checks (frame checksums, the whole-file
+digest), so every check FORMAT.md promises runs here too, and a failed one fails the load.
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ from ckptz.pipeline.whole import RangeSink
 class DeviceRanges(RangeSink):
     """A :class:`~ckptz.pipeline.whole.RangeSink` whose targets may be uint8 GPU tensors.
 
-    Bytes decoded on the CPU reach a GPU target with a host-to-device copy; bytes an engine
-    left on the device, with a device-to-device copy; both on a stream of the calling
-    thread's own.
+    Frames an engine decodes on a GPU reach targets on that GPU from :meth:`place`, on the
+    engine's stream; everything else (host targets, frames decoded on the CPU) from
+    :meth:`put`, host-to-device copies on a stream of the calling thread's own.
     """
 
     def __init__(self, targets: Sequence[tuple[int, Any]]) -> None:
         super().__init__(targets)
         self._devices = {t.device for _, t in targets if isinstance(t, torch.Tensor) and t.is_cuda}
         self._local = threading.local()
+        self._placed: dict[int, torch.device] = {}  # id(frame) -> the device it was placed on
+        self._lock = threading.Lock()
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:
         """This thread's copy stream on ``device``. Not the default stream: that one waits for
@@ -46,29 +49,28 @@ class DeviceRanges(RangeSink):
             stream = streams[device] = torch.cuda.Stream(device)
         return stream
 
+    def place(self, frame: Frame, device: torch.Tensor) -> None:
+        """Copy the frame's bytes to the targets on ``device``'s GPU, queued on the current
+        (the engine's) stream."""
+        for buf, dst, src in self.overlaps(frame):
+            if isinstance(buf, torch.Tensor) and buf.device == device.device:
+                buf[dst].copy_(device[src], non_blocking=True)
+        with self._lock:
+            self._placed[id(frame)] = device.device
+
     def put(self, frame: Frame, data: np.ndarray) -> None:
-        self._copy(frame, data, None)
-
-    def put_device(self, frame: Frame, data: np.ndarray, device: torch.Tensor) -> None:
-        self._copy(frame, data, device)
-
-    def _copy(self, frame: Frame, data: np.ndarray, device: torch.Tensor | None) -> None:
+        with self._lock:
+            placed = self._placed.pop(id(frame), None)
         stream = None
         for buf, dst, src in self.overlaps(frame):
             if not isinstance(buf, torch.Tensor):
                 buf[dst] = data[src]
-                continue
-            if stream is None:
-                stream = self._stream(buf.device)
-            with torch.cuda.stream(stream):
-                if device is not None and buf.device == device.device:
-                    buf[dst].copy_(device[src], non_blocking=True)
-                else:
-                    buf[dst].copy_(torch.from_numpy(data[src]))
+            elif buf.device != placed:
+                stream = stream or self._stream(buf.device)
+                with torch.cuda.stream(stream):
+                    buf[dst].copy_(torch.from_numpy(data[src]), non_blocking=True)
         if stream is not None:
-            # The engine's worker made the device bytes on its own stream, which may reuse
-            # their memory once the frame is dropped: the copies must be over by then.
-            stream.synchronize()
+            stream.synchronize()  # ``data`` is the restore loop's, and may go once this returns
 
     def finish(self) -> None:
         for device in self._devices:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ckptz import safeio
 from ckptz.container import Index, read_index
-from ckptz.engines.base import DecodedSpan, Engine
+from ckptz.engines.base import DecodedSpan, Engine, Place
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.plan import Frame
@@ -51,10 +51,15 @@ class Sink(Protocol):
 
 @runtime_checkable
 class DeviceSink(Sink, Protocol):
-    """A sink that also takes a frame's bytes where the engine left them on its GPU: the
-    restore loop calls :meth:`put_device` instead of :meth:`put` for such frames."""
+    """A sink that also takes frames where an engine decodes them, on its GPU.
 
-    def put_device(self, frame: Frame, data: np.ndarray, device: Any) -> None: ...
+    :meth:`place` is called from the engine's thread, on its CUDA stream, with a frame's
+    decoded bytes there (a uint8 tensor), *before* the frame is checked; :meth:`put` follows
+    for every frame once it is checked, as for any sink, and does what :meth:`place` did
+    not. A check that fails still fails the whole restore, so unchecked bytes never reach
+    the caller; placing early spares a wait per frame."""
+
+    def place(self, frame: Frame, device: Any) -> None: ...
 
 
 class FileSink:
@@ -177,7 +182,12 @@ class _Restore:
         self.frames = self.decoder.frames
         # Runs of frames read and decoded together (one frame each on a CPU engine).
         self.spans = self.decoder.spans(engine.span_bytes)
-        self.on_device = isinstance(sink, DeviceSink)
+        # For a sink that takes frames where a GPU decodes them: span k's frames, by position.
+        self.place: Callable[[range], Place | None] = (
+            (lambda span: lambda k, device: sink.place(self.frames[span[k]], device))
+            if isinstance(sink, DeviceSink)
+            else lambda span: None
+        )
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.users = [2] * len(self.frames)  # digest, sink
         self.lock = threading.Lock()
@@ -241,7 +251,7 @@ class _Restore:
     def _read(self, span: range) -> None:
         """Read and check a run of frames' payloads, and queue its decoding."""
         try:
-            fut, buffer = self.decoder.start_span(span)
+            fut, buffer = self.decoder.start_span(span, self.place(span))
             fut.add_done_callback(lambda f: self._queue_puts(span, f, buffer))
         except BaseException as exc:
             self._fail(exc)
@@ -261,12 +271,9 @@ class _Restore:
     def _put(self, i: int, fut: Future[DecodedSpan], k: int) -> None:
         """Check decoded frame ``i`` and hand it to the sink and the digest."""
         try:
-            data, device = self.decoder.finish_span(i, fut, k)
+            data = self.decoder.finish_span(i, fut, k)
             # The sink first: the digest, which ends the run, then waits for every frame's put.
-            if device is not None and self.on_device:
-                cast(DeviceSink, self.sink).put_device(self.frames[i], data, device)
-            else:
-                self.sink.put(self.frames[i], data)
+            self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)
             self.progress(self.frames[i].length)
             self._release(i)

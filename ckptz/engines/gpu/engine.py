@@ -13,19 +13,20 @@ reused at once while the pipeline writes at its own pace.
 A restore hands over whole spans instead (:meth:`GpuEngine.decode_span`): frames whose
 payloads its reader read with one ``pread`` into a pinned buffer, where they already lie
 16-byte aligned as the coder wants them. Such a span is a batch of its own, with no packing:
-one host→device copy, the coder, one device→host copy for the pipeline's checks, and the
-decoded frames stay on the device too, for a caller that wants them there (``ckptz.load``).
+one host→device copy, the coder, one device→host copy for the pipeline's checks. A caller
+that wants the decoded frames on the device (``ckptz.load``) gets them there first, on the
+worker's stream (``place``), so their copies need no wait of their own.
 
 Memory: each worker holds at most one batch on the device (input, planes, payload bounds,
 block: about 3.1 × the batch) and about 2.5 × the batch of pinned host memory, so
 ``memory`` is split as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's
-scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames of ordinary
-host memory) comes on top, per file in flight.
+scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames) comes on
+top, per file in flight. All host buffers are leases from the process's pinned pool
+(:mod:`ckptz.engines.gpu.pinned`), which pins fast and keeps them for the next file.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 import threading
 import time
@@ -38,8 +39,9 @@ import torch
 
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
-from ckptz.engines.base import FRAME_SIZE, DecodedSpan, EncodedFrame, SpanFrame, StoredChunk
+from ckptz.engines.base import FRAME_SIZE, DecodedSpan, EncodedFrame, Place, SpanFrame, StoredChunk
 from ckptz.engines.cpu import decode_chunks
+from ckptz.engines.gpu import pinned
 from ckptz.engines.gpu.coder import (
     ANS_ID,
     CONST_ID,
@@ -80,11 +82,13 @@ class _EncodeJob:
 @dataclass(slots=True)
 class _DecodeJob:
     """Frames to decode: a span read into one pinned ``buffer`` (payloads at ``SpanFrame.at``),
-    or (``buffer`` None) frames whose payloads lie anywhere, packed by the worker."""
+    or (``buffer`` None) frames whose payloads lie anywhere, packed by the worker; ``place``
+    takes each frame's device bytes (:data:`~ckptz.engines.base.Place`)."""
 
     frames: list[SpanFrame]
     buffer: np.ndarray | None
     length: int
+    place: Place | None = None
     future: Future[DecodedSpan] = field(default_factory=Future)
 
 
@@ -134,7 +138,7 @@ class GpuEngine:
         self._cv = threading.Condition()
         self._closed = False
         self._cpu = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-gpu-cpu")
-        self._pinned = _PinnedPool()
+        self._pinned = pinned.pool()
         self._ready = threading.Barrier(workers + 1)
         self._errors: list[BaseException] = []
         self._workers = [
@@ -175,10 +179,13 @@ class GpuEngine:
         job.future.add_done_callback(done)
         return out
 
-    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame]) -> Future[DecodedSpan]:
+    def decode_span(
+        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None
+    ) -> Future[DecodedSpan]:
         """Queue a span: one host-to-device copy of ``buffer`` (pinned, from
-        :meth:`host_buffer`), one batch, and the frames left on the device as well."""
-        job = _DecodeJob(frames, buffer, sum(f.length for f in frames))
+        :meth:`host_buffer`), one batch, and each frame decoded here handed to ``place``
+        on the device before the copy back to the host."""
+        job = _DecodeJob(frames, buffer, sum(f.length for f in frames), place)
         self._put(job)
         return job.future
 
@@ -187,8 +194,8 @@ class GpuEngine:
         return self._pinned.take(size)
 
     def free_buffer(self, buf: np.ndarray) -> None:
-        """Keep a buffer from :meth:`host_buffer` for the next file (pinning memory is slow)."""
-        self._pinned.give(buf)
+        """Nothing to do: a buffer from :meth:`host_buffer` goes back to the process's pinned
+        pool by itself once the last view of it is gone."""
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         """What each bitstream was written with (recorded in the container)."""
@@ -313,9 +320,8 @@ class GpuEngine:
     def _decode(
         self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_DecodeJob]
     ) -> None:
-        # Each frame's result, job by job: host bytes or an error, and device bytes.
+        # Each frame's result, job by job: host bytes or an error.
         results: list[list[np.ndarray | BaseException]] = [[] for _ in jobs]
-        on_device: list[list[torch.Tensor | None]] = [[None] * len(j.frames) for j in jobs]
         gpu: list[tuple[int, int, SpanFrame]] = []
         cpu: list[tuple[int, int, Future[np.ndarray]]] = []
         for n, j in enumerate(jobs):
@@ -332,7 +338,7 @@ class GpuEngine:
                     cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
         if gpu:
             try:
-                self._decode_on_gpu(codecs, stream, staging, jobs, gpu, results, on_device)
+                self._decode_on_gpu(codecs, stream, staging, jobs, gpu, results)
             except CkptzError as exc:
                 error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
                 for n, k, _ in gpu:
@@ -343,7 +349,7 @@ class GpuEngine:
             # which its reader reuses once the span is done.
             results[n][k] = failed if failed is not None else np.array(fut.result(), copy=True)
         for n, j in enumerate(jobs):
-            j.future.set_result(DecodedSpan(results[n], on_device[n] if j.buffer is not None else None))
+            j.future.set_result(DecodedSpan(results[n]))
 
     def _decode_on_gpu(
         self,
@@ -353,7 +359,6 @@ class GpuEngine:
         jobs: list[_DecodeJob],
         gpu: list[tuple[int, int, SpanFrame]],
         results: list[list[np.ndarray | BaseException]],
-        on_device: list[list[torch.Tensor | None]],
     ) -> None:
         frames = [f for _, _, f in gpu]
         layout = plan_batch([_shape(f.stream, f.length) for f in frames])
@@ -376,62 +381,21 @@ class GpuEngine:
             padded = padded_sizes(size)
             offset = np.cumsum(padded) - padded
             total = max(int(padded.sum()), 1)
-            pinned = staging.get("in", total)[:total]
-            host = pinned.numpy()
+            staged = staging.get("in", total)[:total]
+            host = staged.numpy()
             for c, o, n in zip(chunks, offset.tolist(), size.tolist(), strict=True):
                 if n:
                     host[o : o + n] = np.frombuffer(c.payload, dtype=np.uint8)
-            payloads = pinned.to(self.device, non_blocking=True)
+            payloads = staged.to(self.device, non_blocking=True)
         data = decode_batch(codecs, payloads, layout, codec, offset, size, const_value)
+        for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
+            place = jobs[n].place
+            if place is not None:  # queued on this stream: over before the copy back
+                place(k, data[off : off + f.length])
         view = _to_host(data, stream)
         del payloads
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
             results[n][k] = view[off : off + f.length]
-            on_device[n][k] = data[off : off + f.length]
-
-
-class _PinnedPool:
-    """Pinned host buffers for the pipeline's frames, kept for reuse across files, and the
-    pinned tensor behind any view of one (so a worker copies a frame to the device straight
-    from where a reader put it)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._starts: list[int] = []
-        self._tensors: list[torch.Tensor] = []
-
-    def take(self, size: int) -> np.ndarray:
-        with self._lock:
-            spare = self._free.get(size)
-            if spare:
-                return spare.pop().numpy()
-        # Pinning takes milliseconds: not under the lock, which every copy to the device takes.
-        t = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-        with self._lock:
-            at = bisect.bisect(self._starts, t.data_ptr())
-            self._starts.insert(at, t.data_ptr())
-            self._tensors.insert(at, t)
-        return t.numpy()
-
-    def give(self, buf: np.ndarray) -> None:
-        t = self.tensor(buf)
-        if t is not None and t.data_ptr() == buf.ctypes.data and t.numel() == buf.size:
-            with self._lock:
-                self._free.setdefault(t.numel(), []).append(t)
-
-    def tensor(self, arr: np.ndarray) -> torch.Tensor | None:
-        """The pinned tensor holding ``arr`` (a contiguous uint8 view), or None."""
-        ptr = arr.ctypes.data
-        with self._lock:
-            at = bisect.bisect(self._starts, ptr) - 1
-            if at < 0 or not arr.flags.c_contiguous:
-                return None
-            base = self._tensors[at]
-        offset = ptr - self._starts[at]
-        if offset + arr.nbytes > base.numel():
-            return None
-        return base[offset : offset + arr.nbytes]
 
 
 class _Staging:
@@ -446,21 +410,22 @@ class _Staging:
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < size:
             # Grow with headroom: batch sizes vary a little from one batch to the next.
-            self._buffers[name] = buf = torch.empty(size + size // 4, dtype=torch.uint8, pin_memory=True)
+            self._buffers[name] = buf = torch.from_numpy(pinned.pool().take(size + size // 4))
         return buf
 
 
 def _to_host(data: torch.Tensor, stream: torch.cuda.Stream) -> np.ndarray:
-    """Copy a batch's device bytes into new pinned host memory and wait for it.
+    """Copy a batch's device bytes into a pinned lease and wait for it.
 
     The frames handed out are views of it and outlive the batch (the pipeline writes them
-    later): torch's caching host allocator takes the memory back once the last view is gone,
-    so there is no second copy and no pinning per batch after the first few.
+    later): the pool takes the memory back once the last view is gone, so there is no
+    second copy, and no pinning per batch once the pool holds what is in flight.
     """
-    host = torch.empty(data.numel(), dtype=torch.uint8, pin_memory=True)
-    host.copy_(data, non_blocking=True)
-    stream.synchronize()
-    return host.numpy()
+    host = pinned.pool().take(data.numel())
+    if host.size:
+        torch.from_numpy(host).copy_(data, non_blocking=True)
+        stream.synchronize()
+    return host
 
 
 def _check_chunks(j: SpanFrame) -> None:

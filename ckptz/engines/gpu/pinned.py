@@ -1,0 +1,143 @@
+"""Page-locked host memory for the GPU engine, pinned fast and kept for the process.
+
+Copies between host and GPU run asynchronously, at full PCIe speed, only from page-locked
+memory. torch's pinned allocator gets it from ``cudaHostAlloc``, which pins about 1 GB/s on
+the H100 host: a 5 GB restore spent 1.4 s of its 2.3 s pinning its buffers. Anonymous
+memory backed by transparent huge pages, touched once and then registered with
+``cudaHostRegister``, pins at about 14 GB/s there (both measured in one run, see
+BENCHMARKS.md). So this module maps its own regions, registers them, and hands out
+*leases*: numpy arrays over a region that give it back to the pool once the lease and every
+view of it are gone. The pool belongs to the process, so a second engine (another file,
+another ``ckptz.load``) finds its buffers already pinned.
+
+Memory: regions are kept for reuse up to :data:`KEEP` bytes free; beyond that a region is
+unregistered and unmapped when it comes back.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+#: Regions come in multiples of a huge page, so that leases of similar sizes share them.
+GRAIN = 2 << 20
+#: Free regions kept pinned for later leases; more than this goes back to the system.
+KEEP = 2 << 30
+#: ``cudaHostRegisterPortable``: the memory counts as pinned for every device.
+_PORTABLE = 1
+
+
+class _Region:
+    """One mapping, registered with CUDA (or, where that fails, a torch pinned tensor)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._map: mmap.mmap | None = None
+        self._tensor: torch.Tensor | None = None
+        try:
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+            self.array = np.frombuffer(self._map, dtype=np.uint8)
+            self.array[::4096] = 0  # fault the pages in here: registering them is then quick
+            err = torch.cuda.cudart().cudaHostRegister(self.array.ctypes.data, size, _PORTABLE)
+            if int(err) != 0:
+                raise RuntimeError(f"cudaHostRegister failed ({err})")
+        except (OSError, RuntimeError, AttributeError):
+            self._map = None
+            self._tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            self.array = self._tensor.numpy()
+        self.start = self.array.ctypes.data
+
+    def close(self) -> None:
+        """Unpin and unmap (no lease of it may be left)."""
+        if self._map is not None:
+            torch.cuda.cudart().cudaHostUnregister(self.start)
+        del self.array
+        self._map = self._tensor = None
+
+
+class PinnedPool:
+    """Pinned regions of the process, leased out as numpy arrays.
+
+    :meth:`take` leases a region (the smallest free one that fits, else a new one);
+    :meth:`tensor` finds the pinned memory behind any array, so a copy to the device can go
+    straight from where a reader put the bytes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[_Region] = []  # sorted by size
+        self._starts: list[int] = []  # every region, by address
+        self._regions: list[_Region] = []
+        self._kept = 0
+
+    def take(self, size: int) -> np.ndarray:
+        """A lease of at least ``size`` bytes, returned ``size`` long; its contents are
+        undefined. The region comes back to the pool when the lease and its views are gone."""
+        region = self._reuse(size)
+        if region is None:
+            # Pinning takes a moment: not under the lock, which every copy to the device takes.
+            region = _Region(max(GRAIN, -(-size // GRAIN) * GRAIN))
+            with self._lock:
+                at = bisect.bisect(self._starts, region.start)
+                self._starts.insert(at, region.start)
+                self._regions.insert(at, region)
+        # A fresh buffer object per lease: views of the lease keep it (not the region's own
+        # array) alive, so the finalizer runs when the last of them is gone.
+        lease = np.frombuffer(region.array.data[:size], dtype=np.uint8)
+        weakref.finalize(lease, self._give, region).atexit = False  # no CUDA calls at exit
+        return lease
+
+    def tensor(self, arr: np.ndarray) -> torch.Tensor | None:
+        """``arr`` (a contiguous uint8 array) as a tensor over pinned memory, or None when it
+        does not lie in this pool's memory."""
+        if not arr.flags.c_contiguous:
+            return None
+        ptr = arr.ctypes.data
+        with self._lock:
+            at = bisect.bisect(self._starts, ptr) - 1
+            if at < 0 or ptr + arr.nbytes > self._starts[at] + self._regions[at].size:
+                return None
+        return torch.from_numpy(arr) if arr.size else None
+
+    def _reuse(self, size: int) -> _Region | None:
+        with self._lock:
+            sizes = [r.size for r in self._free]
+            at = bisect.bisect_left(sizes, size)
+            if at == len(self._free) or self._free[at].size > 2 * size + GRAIN:
+                return None  # nothing fits, or only a region far too big to tie up for this
+            self._kept -= self._free[at].size
+            return self._free.pop(at)
+
+    def _give(self, region: _Region) -> None:
+        with self._lock:
+            if self._kept + region.size <= KEEP:
+                sizes = [r.size for r in self._free]
+                self._free.insert(bisect.bisect(sizes, region.size), region)
+                self._kept += region.size
+                return
+            at = bisect.bisect(self._starts, region.start) - 1
+            del self._starts[at], self._regions[at]
+        region.close()
+
+
+_POOL: PinnedPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> PinnedPool:
+    """The process's pinned memory."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = PinnedPool()
+        return _POOL
+
+
+__all__ = ["GRAIN", "KEEP", "PinnedPool", "pool"]
