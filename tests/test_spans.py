@@ -138,7 +138,7 @@ def test_frames_placed_where_decoded_reach_their_targets_once(
         puts.append(frame)
         put(frame, data)  # type: ignore[arg-type]
 
-    sink.put = counted  # type: ignore[method-assign, assignment]
+    sink.put = counted  # type: ignore[method-assign]
     with open(out, "rb") as f, PlacingCpu(threads=4) as engine:
         if damaged:
             with pytest.raises(CorruptionError):
