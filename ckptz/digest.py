@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ MIN_LEAF, MAX_LEAF = 1 << 12, 1 << 30
 _BLOCK = 8 << 20
 #: Leaf hashes a :class:`Hasher` gathers before handing them to the top-level hash.
 _PENDING = 4096
+#: Leaf hashes per block of a :class:`LeafHashes` (512 KiB of hashes for 8 GiB of file).
+_BLOCK_SHIFT = 16
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
@@ -188,6 +191,45 @@ class Hasher:
         return self.digest().hex
 
 
+class LeafHashes:
+    """The hashes of a file's leaves, by leaf number, set from any thread (each leaf once).
+
+    They are kept in blocks of 2^16, each made when a leaf in it is first set: memory
+    follows the leaves hashed (1/16384 of the bytes), so the size a hostile header claims
+    costs nothing up front.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._blocks: list[np.ndarray | None] = [None] * -(-count >> _BLOCK_SHIFT)
+        self._lock = threading.Lock()
+
+    def __setitem__(self, k: int, value: int) -> None:
+        block = self._blocks[k >> _BLOCK_SHIFT]
+        if block is None:
+            block = self._make(k >> _BLOCK_SHIFT)
+        block[k & ((1 << _BLOCK_SHIFT) - 1)] = value
+
+    def __getitem__(self, k: int) -> int:
+        block = self._blocks[k >> _BLOCK_SHIFT]
+        return 0 if block is None else int(block[k & ((1 << _BLOCK_SHIFT) - 1)])
+
+    def _make(self, b: int) -> np.ndarray:
+        with self._lock:
+            block = self._blocks[b]
+            if block is None:
+                block = np.zeros(min(1 << _BLOCK_SHIFT, self.count - (b << _BLOCK_SHIFT)), "<u8")
+                self._blocks[b] = block
+            return block
+
+    def hexdigest(self) -> str:
+        """The xxh3_128 of the hashes as little-endian u64, in leaf order."""
+        top = xxhash.xxh3_128()
+        for b, block in enumerate(self._blocks):
+            top.update((self._make(b) if block is None else block).data)
+        return top.hexdigest()
+
+
 class Piecewise:
     """The digest of a ``size``-byte file whose bytes come in pieces, in any order, from
     many threads (the pipelines' frames; see the module docstring).
@@ -198,14 +240,13 @@ class Piecewise:
     :meth:`hash_whole` does nothing and the walk hashes every byte.
 
     Attributes:
-        hashes: the leaf hashes (``<u8``, by leaf number); empty for :data:`SEQUENTIAL`.
+        hashes: the leaf hashes, by leaf number (none for :data:`SEQUENTIAL`).
     """
 
     def __init__(self, kind: Kind, size: int) -> None:
         self.kind, self.size = kind, size
         self._walked = Hasher(kind) if not kind.tree else None
-        # Zero-filled by calloc: a hostile header's size costs address space, not memory.
-        self.hashes = np.zeros(leaf_count(size, kind.leaf) if kind.tree else 0, "<u8")
+        self.hashes = LeafHashes(leaf_count(size, kind.leaf) if kind.tree else 0)
         self._open = xxhash.xxh3_64()  # the leaf the walk is inside, if any
         self._open_leaf = -1
 
@@ -260,7 +301,7 @@ class Piecewise:
         if self._walked is not None:
             return self._walked.digest()
         assert self._open_leaf < 0, "a leaf was left unfinished"
-        return Digest(self.kind, xxhash.xxh3_128_hexdigest(self.hashes.tobytes()))
+        return Digest(self.kind, self.hashes.hexdigest())
 
 
 def of_file(file: int | str | os.PathLike[str], kind: Kind = TREE, threads: int | None = None) -> Digest:
@@ -307,6 +348,7 @@ __all__ = [
     "Digest",
     "Hasher",
     "Kind",
+    "LeafHashes",
     "Piecewise",
     "leaf_count",
     "of_file",
