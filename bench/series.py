@@ -305,10 +305,10 @@ def files_of(root: Path) -> list[Path]:
 
 
 def digest(path: Path) -> str:
-    """The whole-file digest ckptz records (xxh3_128, hex)."""
-    from ckptz.series.reference import file_digest
+    """The whole-file digest ckptz records (``xxh3_tree``, hex)."""
+    from ckptz.digest import of_file
 
-    return file_digest(path)
+    return of_file(path).hex
 
 
 def digests(root: Path) -> dict[str, str]:

@@ -17,10 +17,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import xxhash
-
 from ckptz.accounting import FileStats, index_stats, layout_stats, total_components
 from ckptz.container import SUFFIX, read_index
+from ckptz.digest import Digest, of_file
 from ckptz.engines.base import Engine
 from ckptz.errors import BusyError, CkptzError, CorruptionError, StoppedError, UsageError
 from ckptz.formats import read_layout
@@ -472,12 +471,8 @@ def _restore_one(job: Job, engine: Engine, in_place: bool, reporter: Reporter, s
     return stats
 
 
-def _check_written(path: Path, digest: str, rel: str) -> None:
-    hasher = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            hasher.update(block)
-    if hasher.hexdigest() != digest:
+def _check_written(path: Path, digest: Digest, rel: str) -> None:
+    if of_file(path, digest.kind) != digest:
         raise CorruptionError("restored file read back differs from the original's digest", path=rel)
 
 

@@ -24,11 +24,12 @@ import numpy as np
 import xxhash
 import zstandard
 
+from ckptz.digest import Digest
 from ckptz.errors import ContainerError, CorruptionError, UnsupportedVersionError
 
 MAGIC = b"CKPTZ\x00\r\n"
 END_MAGIC = b"CKPTZEND"
-MAJOR, MINOR = 1, 3
+MAJOR, MINOR = 1, 4
 SUFFIX = ".ckptz"
 ALIGN = 16
 
@@ -105,8 +106,11 @@ class Index:
         return int(self.header["source"]["size"])
 
     @property
-    def source_digest(self) -> str:
-        return str(self.header["source"]["xxh3_128"])
+    def source_digest(self) -> Digest:
+        """The source file's whole-file digest (``xxh3_tree``, or ``xxh3_128`` before 1.4)."""
+        digest = Digest.from_json(self.header["source"])
+        assert digest is not None  # read_index refuses a header without one
+        return digest
 
 
 def checksum(data: bytes | memoryview | np.ndarray) -> int:
@@ -246,7 +250,7 @@ def _parse_index(raw: bytes, path: str, data_end: int) -> Index:
             for s in header["streams"]
         )
         source_size = int(header["source"]["size"])
-        str(header["source"]["xxh3_128"])
+        digest = Digest.from_json(header["source"])
     except (struct.error, ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise ContainerError(f"index header unreadable ({type(exc).__name__})", path=path) from None
     pos = 4 + jsize
@@ -257,6 +261,12 @@ def _parse_index(raw: bytes, path: str, data_end: int) -> Index:
         raise ContainerError("index tables do not match their counts", path=path)
     if not 0 <= source_size <= MAX_SOURCE_BYTES:
         raise ContainerError("index claims an impossible source size", path=path)
+    if digest is None:
+        raise ContainerError(
+            "index records no whole-file digest this ckptz knows (xxh3_tree or xxh3_128)",
+            path=path,
+            hint="a newer ckptz may read it; upgrade ckptz",
+        )
     tables = []
     for nbytes, dtype in zip(sizes, (SEGMENT_DTYPE, FRAME_DTYPE, CHUNK_DTYPE), strict=True):
         tables.append(np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=pos))

@@ -14,7 +14,7 @@ Where coding happens: DCP copies every tensor, CUDA-resident or not, to host mem
 writes the staged file, and the rank's engine codes those host bytes, on its ``LOCAL_RANK``
 GPU (frames sent back through pinned buffers) or on the CPU. Coding on the GPU *before*
 staging, so that only coded bytes cross PCIe, is not done: the container records the xxh3_64
-of every frame's original bytes and the xxh3_128 of the whole file, and the ``.distcp`` bytes
+of every frame's original bytes and the whole file's digest (``xxh3_tree``), and the ``.distcp`` bytes
 themselves hold ``torch.save``'s CRC-32 of every tensor. All three are computed on the host,
 so the original bytes must reach host memory whichever device codes them; coding from device
 memory would save only the host-to-device copy, at the price of a second container writer.

@@ -68,10 +68,10 @@ def test_header_and_footer_layout(tmp_path: Path) -> None:
     _write(path)
     data = path.read_bytes()
     assert data[:8] == MAGIC == b"CKPTZ\x00\r\n"
-    assert struct.unpack("<HH", data[8:12]) == (1, 3)
+    assert struct.unpack("<HH", data[8:12]) == (1, 4)
     assert data[-8:] == b"CKPTZEND"
     off, size, _raw, isum, major, minor, _flags, _end = FOOTER.unpack(data[-FOOTER.size :])
-    assert off + size == len(data) - FOOTER.size and (major, minor) == (1, 3)
+    assert off + size == len(data) - FOOTER.size and (major, minor) == (1, 4)
     assert checksum(data[off : off + size]) == isum
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from ckptz.api import Reporter, SilentReporter
 from ckptz.bench.measure import Runner
 from ckptz.container import SUFFIX, StreamInfo
+from ckptz.digest import TREE, Digest
 from ckptz.errors import UsageError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
@@ -141,7 +142,7 @@ def _open_pair(old: Path, rel: str, new: Path, new_rel: str) -> _Pair:
     layout = read_layout(old, rel)
     new_layout = read_layout(new, new_rel)
     ref = PlainReference(new)
-    spec = RefSpec(new.name + SUFFIX, new_layout.size, "")  # only read through, never written
+    spec = RefSpec(new.name + SUFFIX, new_layout.size, Digest(TREE, ""))  # only read through, never written
     delta = delta_for(layout, old, spec, ref, layout_tensors(new_layout))
     plan = plan_streams(layout, source=old, apart=delta.apart if delta else frozenset())
     segments = [(sid, s.length) for s, sid in zip(layout.segments, plan.segment_streams, strict=True)]

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
-import xxhash
 
 from ckptz.container import MAGIC, read_index
+from ckptz.digest import Hasher
 from ckptz.engines import open_engine
 from ckptz.engines.base import Engine
 from ckptz.errors import CorruptionError, UsageError
@@ -91,7 +91,7 @@ class ContainerReader(io.RawIOBase):
         self._cache_bytes = cache_bytes
         self._lock = threading.Lock()
         # The whole-file digest, over the bytes read so far if they were read in order.
-        self._hasher = xxhash.xxh3_128()
+        self._hasher = Hasher(self.index.source_digest.kind)
         self._hashed = 0
 
     # -- io.RawIOBase ---------------------------------------------------------------------
@@ -223,7 +223,7 @@ class ContainerReader(io.RawIOBase):
             return
         self._hasher.update(data)
         self._hashed += len(data)
-        if self._hashed == self._size and self._hasher.hexdigest() != self.index.source_digest:
+        if self._hashed == self._size and self._hasher.digest() != self.index.source_digest:
             raise CorruptionError("restored file does not match the original's digest", path=self.name)
 
 

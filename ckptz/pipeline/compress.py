@@ -8,8 +8,10 @@ Frames (:func:`ckptz.pipeline.plan.frame_map`) flow through three stages that ru
 - **write**: this thread gives each coded frame its place in the container, in frame order,
   and a writer thread ``pwritev``\\ s its payloads there.
 
-Beside them one thread hashes the file in order (the container's whole-file digest) from
-the frame buffers as they fill. A buffer goes back to the pool once it is hashed and coded,
+The whole-file digest (``xxh3_tree``, :mod:`ckptz.digest`) is taken where the bytes are: a
+reader hashes the leaves that lie whole inside the pieces it read, and beside the stages one
+thread walks the frame buffers in file order as they fill, hashing only the leaves that
+straddle pieces. A buffer goes back to the pool once it is walked and coded,
 so memory stays at :func:`~ckptz.pipeline.workers.slots_needed` frames per file, plus the
 coded frames waiting for a writer (at most :data:`WRITE_DEPTH` per writer).
 
@@ -45,6 +47,7 @@ from ckptz.container import (
     padded_size,
     read_index,
 )
+from ckptz.digest import TREE, Digest, Kind, Piecewise
 from ckptz.engines.base import EncodedFrame, Engine, StoredChunk
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
@@ -83,6 +86,7 @@ def compress_file(
     verify: bool = False,
     source_fields: Mapping[str, object] | None = None,
     transform: Callable[[FileLayout], FrameTransform | None] | None = None,
+    digest: Kind = TREE,
 ) -> WrittenContainer:
     """Compress ``src`` into the open, empty file ``out`` (``None``: code everything and
     write nothing, to measure the pipeline without storage).
@@ -97,6 +101,8 @@ def compress_file(
         source_fields: more fields for the header's ``source`` object (e.g. metadata).
         transform: makes, from the file's layout, the transform its frames are coded
             through (:mod:`ckptz.pipeline.transform`; a series delta).
+        digest: the kind of whole-file digest to record (re-coding a container keeps its
+            own, so the containers coded against it still match it).
 
     Raises:
         FormatError: the source changed while being read.
@@ -109,7 +115,7 @@ def compress_file(
     pools = workers or Workers.shared(engine.threads if engine.inline else 0)
     fd = os.open(src, os.O_RDONLY)
     try:
-        run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify, change)
+        run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify, change, digest)
         return run.run(source_fields or {})
     finally:
         os.close(fd)
@@ -130,8 +136,10 @@ class _Compression:
         progress: Progress,
         verify: bool,
         change: FrameTransform | None = None,
+        digest: Kind = TREE,
     ) -> None:
         self.change = change
+        self.digest = Piecewise(digest, layout.size)
         self.fd, self.relpath, self.layout, self.plan = fd, relpath, layout, plan
         self.stream = out if out is not None and not _regular(out) else None
         self.out = out.fileno() if out is not None and self.stream is None else None
@@ -161,7 +169,7 @@ class _Compression:
 
     def run(self, source_fields: Mapping[str, object]) -> WrittenContainer:
         feeder = threading.Thread(target=self._guard, args=(self._feed,), name="ckptz-feed", daemon=True)
-        digest: Future[str] = Future()
+        digest: Future[Digest] = Future()
         hasher = threading.Thread(target=self._hash, args=(digest,), name="ckptz-digest", daemon=True)
         feeder.start()
         hasher.start()
@@ -223,6 +231,7 @@ class _Compression:
             for at, within, n in frame.pieces:
                 if os.preadv(self.fd, [view.data[within : within + n]], at) != n:
                     raise FormatError("file changed or was truncated while being read", path=self.relpath)
+            self.digest.hash_whole(frame.pieces, view)  # while the bytes are in cache
             coded = view if self.change is None else self.change.forward(frame, view)
             self.sums[i] = checksum(coded)  # of the bytes coded; the file digest is of ``view``
             self.coded[i] = self.engine.encode(self.plan.streams[frame.stream], coded, self.sums[i])
@@ -231,9 +240,9 @@ class _Compression:
         except BaseException as exc:
             self._fail(exc)
 
-    def _hash(self, digest: Future[str]) -> None:
+    def _hash(self, digest: Future[Digest]) -> None:
         try:
-            digest.set_result(file_digest(self.frames, self.read, self._release))
+            digest.set_result(file_digest(self.frames, self.read, self._release, self.digest))
         except BaseException as exc:
             digest.set_exception(exc)
 
@@ -375,7 +384,7 @@ class _Compression:
         for task in [self.workers.read.submit(check, lo, hi) for lo, hi in ranges]:
             task.result()
 
-    def _header(self, digest: str, chunks: list[tuple[int, int, int, int, int, int]]) -> dict[str, object]:
+    def _header(self, digest: Digest, chunks: list[tuple[int, int, int, int, int, int]]) -> dict[str, object]:
         from ckptz.codecs import codec_name
 
         used = sorted({c[4] for c in chunks})
@@ -384,7 +393,7 @@ class _Compression:
             "source": {
                 "name": Path(self.relpath).name,
                 "size": self.layout.size,
-                "xxh3_128": digest,
+                **digest.to_json(),
                 "format": self.layout.format,
                 "notes": list(self.layout.notes),
             },

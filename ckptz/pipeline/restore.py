@@ -10,7 +10,9 @@ and differ only in their :class:`Sink`. Every check FORMAT.md promises runs on e
 - the engine decodes it;
 - a writer thread checks the decoded frame's length and checksum and gives it to the sink,
   which puts its pieces where they belong (``pwrite`` at file offsets, compare, copy);
-- one thread hashes the restored bytes in file order and compares the whole-file digest.
+- the writer thread also hashes the leaves of the whole-file digest lying whole inside the
+  frame, and one thread walks the restored bytes in file order, hashes the rest (all of an
+  ``xxh3_128`` digest) and compares the digest (:mod:`ckptz.digest`).
 
 Memory stays at :func:`~ckptz.pipeline.workers.slots_needed` decoded frames.
 """
@@ -27,6 +29,7 @@ import numpy as np
 
 from ckptz import safeio
 from ckptz.container import Index, read_index
+from ckptz.digest import Piecewise
 from ckptz.engines.base import DecodedSpan, Engine, Place
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline.decoder import FrameDecoder
@@ -189,6 +192,7 @@ class _Restore:
             else lambda span: None
         )
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
+        self.digest = Piecewise(index.source_digest.kind, index.source_size)
         self.users = [2] * len(self.frames)  # digest, sink
         self.lock = threading.Lock()
         room = slots_needed(self.frames, len(index.streams), engine.look_ahead)
@@ -204,7 +208,7 @@ class _Restore:
         feeder.start()
         ordered = self.sink.write if isinstance(self.sink, _Ordered) else None
         try:
-            digest = file_digest(self.frames, self.data, self._release, ordered)
+            digest = file_digest(self.frames, self.data, self._release, self.digest, ordered)
         except BaseException as exc:
             self._fail(exc)
             raise self.failures.first() from None
@@ -272,6 +276,7 @@ class _Restore:
         """Check decoded frame ``i`` and hand it to the sink and the digest."""
         try:
             data = self.decoder.finish_span(i, fut, k)
+            self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
             # The sink first: the digest, which ends the run, then waits for every frame's put.
             self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)

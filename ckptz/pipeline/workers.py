@@ -3,8 +3,8 @@
 Reading, writing, hashing and numpy copies release the GIL, so plain threads run them in
 parallel: :class:`Workers` holds a pool of readers and one of writers for every file of a
 run, so one large file uses the whole machine and many small ones share it.
-:class:`FrameSlots` bounds the frames a file holds in memory, and :func:`file_digest` hashes
-a file's bytes in file order from frames that arrive in any order.
+:class:`FrameSlots` bounds the frames a file holds in memory, and :func:`file_digest` walks
+a file's bytes in file order from frames that arrive in any order, for its whole-file digest.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 
 import numpy as np
-import xxhash
 
+from ckptz.digest import Digest, Piecewise
 from ckptz.pipeline.plan import Frame
 
 #: Reader threads by default: page-cache reads reach ~20 GB/s on eight threads (FACTS: 3 GB/s
@@ -209,27 +209,30 @@ def file_digest(
     frames: Sequence[Frame],
     data: Sequence[Future[np.ndarray]],
     on_done: Callable[[int], None],
+    digest: Piecewise,
     each: Callable[[memoryview], object] | None = None,
-) -> str:
-    """The xxh3_128 of a file's bytes, hashed in file order from its frames.
+) -> Digest:
+    """A file's whole-file digest, walked in file order from its frames.
 
-    ``data[i]`` resolves to frame ``i``'s bytes; ``on_done(i)`` is called once frame ``i``
-    has been hashed to its end. Frames resolve in any order: this walks the file and waits
-    for each frame as it reaches it, so it runs beside the readers and coders. ``each``, if
-    given, receives the file's bytes in order too (a sink that needs them so, like stdout).
+    ``data[i]`` resolves to frame ``i``'s bytes, once whoever set it has given them to
+    ``digest.hash_whole``; ``on_done(i)`` is called once frame ``i`` has been walked to its
+    end. Frames resolve in any order: this walks the file and waits for each frame as it
+    reaches it, so it runs beside the readers and coders. The walk hashes what
+    :meth:`~ckptz.digest.Piecewise.walk` leaves to it (every byte for an ``xxh3_128``
+    digest; for ``xxh3_tree`` only the leaves that straddle pieces). ``each``, if given,
+    receives the file's bytes in order too (a sink that needs them so, like stdout).
     """
     pieces = sorted((p[0], i, p[1], p[2]) for i, f in enumerate(frames) for p in f.pieces)
     left = [len(f.pieces) for f in frames]
-    hasher = xxhash.xxh3_128()
-    for _, i, within, n in pieces:
+    for at, i, within, n in pieces:
         piece = data[i].result().data[within : within + n]
-        hasher.update(piece)
+        digest.walk(at, piece)
         if each is not None:
             each(piece)
         left[i] -= 1
         if not left[i]:
             on_done(i)
-    return hasher.hexdigest()
+    return digest.digest()
 
 
 __all__ = [

@@ -9,11 +9,12 @@ tensors are paired is decided by :func:`choose_pairs` from a sample of each (XOR
 it measures smaller than plain), and written to the container's header::
 
     "reference": {"path": "../checkpoint-50/model.safetensors.ckptz", "size": N,
-                  "xxh3_128": "<the reference's original digest>",
+                  "xxh3_tree": {"leaf": 131072, "digest": "<the reference's original digest>"},
                   "pairs": [[segment index, offset of the counterpart in the reference], ...]}
 
 A paired segment and its counterpart have the same length; segments not named are stored
-as they are. See docs/FORMAT.md (1.2).
+as they are. The reference's digest is recorded in its own kind (``xxh3_128`` for a 1.0-1.3
+container). See docs/FORMAT.md (1.2, 1.4).
 """
 
 from __future__ import annotations

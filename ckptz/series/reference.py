@@ -5,7 +5,8 @@ checkpoint's container, ``../checkpoint-50/model.safetensors.ckptz``) and by the
 original size and whole-file digest. The reference is used in whichever form it has now:
 the container it names, or, once that was decompressed, the plain file beside it without
 the ``.ckptz`` suffix. Either must have the recorded digest (a container's header says it; a
-plain file is hashed), so a wrong or changed reference is an error, never a wrong restore.
+plain file is hashed, with the recorded digest's kind), so a wrong or changed reference is
+an error, never a wrong restore.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-import xxhash
-
 from ckptz.container import SUFFIX
+from ckptz.digest import TREE, Digest, Hasher, Kind, of_file
 from ckptz.errors import ContainerError, ReferenceChangedError, ReferenceMissingError
 
 #: References followed at once (a chain is at most ``--keyframe-every`` long; a hostile
@@ -35,21 +35,23 @@ class RefSpec:
 
     path: str
     size: int
-    digest: str
+    digest: Digest
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> RefSpec:
         try:
-            path, size, digest = str(obj["path"]), int(obj["size"]), str(obj["xxh3_128"])
+            path, size, digest = str(obj["path"]), int(obj["size"]), Digest.from_json(obj)
         except (KeyError, TypeError, ValueError) as exc:
             raise ContainerError(f"reference unreadable ({type(exc).__name__})", path=where) from None
+        if digest is None:
+            raise ContainerError("reference records no digest this ckptz knows", path=where)
         pure = PurePosixPath(path)
         if not path or "\x00" in path or pure.is_absolute() or not pure.name.endswith(SUFFIX) or size < 0:
             raise ContainerError("reference names an impossible path or size", path=where)
         return cls(path, size, digest)
 
     def to_json(self) -> dict[str, object]:
-        return {"path": self.path, "size": self.size, "xxh3_128": self.digest}
+        return {"path": self.path, "size": self.size, **self.digest.to_json()}
 
 
 class ReferenceBytes(Protocol):
@@ -70,13 +72,9 @@ class PlainReference:
     def read(self, offset: int, n: int) -> bytes:
         return os.pread(self._fd, n, offset)
 
-    def digest(self) -> str:
-        """The file's whole-file digest (xxh3_128, hex), read through the open descriptor."""
-        hasher, at = xxhash.xxh3_128(), 0
-        while block := os.pread(self._fd, _HASH_BLOCK, at):
-            hasher.update(block)
-            at += len(block)
-        return hasher.hexdigest()
+    def digest(self, kind: Kind = TREE) -> Digest:
+        """The file's whole-file digest, read through the open descriptor."""
+        return of_file(self._fd, kind)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -169,21 +167,45 @@ def _open(target: Path, spec: RefSpec, label: str) -> ReferenceBytes:
         except FileNotFoundError:
             pass  # decompressed meanwhile: the plain file below
         else:
-            index = ref.reader.index
-            if index.source_digest != spec.digest or index.source_size != spec.size:
+            try:
+                same = ref.reader.index.source_size == spec.size and _same(ref, spec.digest)
+            except BaseException:
+                ref.close()
+                raise
+            if not same:
                 ref.close()
                 raise _changed(spec, label)
             return ref
     if _is_file(plain):
-        if os.stat(plain).st_size != spec.size or file_digest(plain) != spec.digest:
+        if os.stat(plain).st_size != spec.size:
             raise _changed(spec, label)
-        return PlainReference(plain)
+        ref_plain = PlainReference(plain)
+        if ref_plain.digest(spec.digest.kind) != spec.digest:
+            ref_plain.close()
+            raise _changed(spec, label)
+        return ref_plain
     raise ReferenceMissingError(
         f"needs its reference {spec.path}, which is missing",
         reference=spec.path,
         path=label,
         hint="put it back; to delete a checkpoint, first `ckptz detach` the next older one",
     )
+
+
+def _same(ref: ContainerReference, digest: Digest) -> bool:
+    """Whether the reference container's original has ``digest``. Its header says so when it
+    records a digest of the same kind; a container re-made since (a 1.3 container
+    decompressed and compressed again records the other kind) is read through to hash its
+    original with ``digest``'s kind (its own digest is checked on the way)."""
+    recorded = ref.reader.index.source_digest
+    if recorded.kind == digest.kind:
+        return recorded == digest
+    hasher, reader = Hasher(digest.kind), ref.reader
+    reader.seek(0)
+    while block := reader.read(_HASH_BLOCK):
+        hasher.update(block)
+    reader.seek(0)
+    return hasher.digest() == digest
 
 
 def _shown(path: Path) -> Path:
@@ -209,22 +231,12 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def file_digest(path: Path) -> str:
-    """The whole-file digest containers record (xxh3_128, hex) of a plain file."""
-    hasher = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            hasher.update(block)
-    return hasher.hexdigest()
-
-
 __all__ = [
     "MAX_CHAIN",
     "ContainerReference",
     "PlainReference",
     "RefSpec",
     "ReferenceBytes",
-    "file_digest",
     "locate",
     "open_reference",
 ]

@@ -16,7 +16,8 @@ keyframes are never touched again; deleting old checkpoints only shortens chains
 **Re-coding** (and ``detach``) is safe at every instant: the container is restored to a
 temporary file beside it (its digest checked), coded again into a temporary container,
 checked, renamed over the old one, and the temporary file removed. Its original bytes, hence
-its digest, do not change, so the older files coded against it still restore.
+its digest, do not change (it keeps its digest's kind, even an ``xxh3_128`` of format 1.3), so
+the older files coded against it still restore.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptz.container import SUFFIX, Index, read_index
+from ckptz.digest import Digest
 from ckptz.engines.base import Engine
 from ckptz.errors import CorruptionError
 from ckptz.formats.layout import FileLayout
@@ -160,7 +162,7 @@ def _resolves(node: Node, newer: Node) -> bool:
     return named == os.path.normpath(newer.source_container)
 
 
-def _open_current(where: list[Path]) -> tuple[ReferenceBytes, list[Tensor], str, int]:
+def _open_current(where: list[Path]) -> tuple[ReferenceBytes, list[Tensor], Digest, int]:
     """The reference's bytes from the first of ``where`` that exists: its plain source while
     that exists (faster to read), else its container (an in-place run may have just replaced
     it)."""
@@ -229,6 +231,7 @@ def recode(
                     verify=True,
                     source_fields=meta.to_json() if meta else None,
                     transform=make,
+                    digest=old.source_digest.kind,  # what the containers coded against it recorded
                 )
                 if written.index.source_digest != old.source_digest:
                     raise CorruptionError("re-coded container holds another file", path=label)

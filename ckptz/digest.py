@@ -1,0 +1,356 @@
+"""Whole-file digests: the one a container records of its source, and how it is computed.
+
+Two kinds exist (docs/FORMAT.md, *Integrity*):
+
+- ``xxh3_128`` (containers 1.0-1.3): xxh3_128, seed 0, of the file's bytes in order. One
+  thread must hash every byte in order, which on a many-core host is the slowest stage.
+- ``xxh3_tree`` (1.4): the file is cut at fixed offsets into *leaves* of ``leaf`` bytes (the
+  last one shorter; an empty file has none); each leaf's hash is its xxh3_64, seed 0; the
+  digest is the xxh3_128, seed 0, of the leaf hashes as little-endian u64, in leaf order.
+  Leaves are independent, so any thread holding a leaf's bytes can hash it.
+
+:class:`Digest` is the recorded value, :class:`Hasher` computes either kind from bytes in
+order, :func:`of_file` hashes a plain file's leaves in parallel, and :class:`Piecewise`
+serves the pipelines, whose frames hold the file in *pieces* that arrive in any order: the
+thread that holds a piece hashes the leaves lying whole inside it (:meth:`Piecewise.hash_whole`),
+and an in-order walk over all pieces (:meth:`Piecewise.walk`) hashes only the rest, at most
+one leaf per piece boundary. :func:`whole_leaves` alone decides which leaves those are, for
+both sides.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import xxhash
+
+#: Bytes per leaf that ckptz writes. python-xxhash releases the GIL only for inputs above
+#: 100 000 bytes, so leaves of 128 KiB are hashed in parallel by plain threads.
+LEAF = 1 << 17
+#: Leaf sizes a reader accepts: a power of two in this range (a tiny leaf would make the
+#: leaf table of a hostile header's claimed size huge; a huge one, hashing sequential).
+MIN_LEAF, MAX_LEAF = 1 << 12, 1 << 30
+#: Bytes one :func:`of_file` task reads and hashes at once.
+_BLOCK = 8 << 20
+#: Leaf hashes a :class:`Hasher` gathers before handing them to the top-level hash.
+_PENDING = 4096
+#: Leaf hashes per block of a :class:`LeafHashes` (512 KiB of hashes for 8 GiB of file).
+_BLOCK_SHIFT = 16
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """How a whole-file digest is computed.
+
+    Attributes:
+        name: ``xxh3_128`` (sequential) or ``xxh3_tree`` (leaves).
+        leaf: bytes per leaf for ``xxh3_tree``; 0 for ``xxh3_128``.
+    """
+
+    name: Literal["xxh3_128", "xxh3_tree"]
+    leaf: int = 0
+
+    @property
+    def tree(self) -> bool:
+        return self.name == "xxh3_tree"
+
+    def __str__(self) -> str:
+        return f"xxh3_tree, {self.leaf // 1024} KiB leaves" if self.tree else self.name
+
+
+#: The digest of containers 1.0-1.3 (still read, and kept when such a container is re-coded).
+SEQUENTIAL = Kind("xxh3_128")
+#: The digest ckptz writes (1.4).
+TREE = Kind("xxh3_tree", LEAF)
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """A whole-file digest as a container records it. Digests of different kinds are
+    simply unequal (one file's two digests cannot be compared without its bytes).
+
+    Attributes:
+        kind: how it was computed.
+        hex: the digest, 32 lowercase hex characters.
+    """
+
+    kind: Kind
+    hex: str
+
+    def to_json(self) -> dict[str, object]:
+        """The fields that hold it in a header's ``source`` (or ``reference``) object."""
+        if self.kind.tree:
+            return {"xxh3_tree": {"leaf": self.kind.leaf, "digest": self.hex}}
+        return {"xxh3_128": self.hex}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Digest | None:
+        """The digest recorded in ``obj`` (a ``source`` or ``reference`` object); None when it
+        records neither kind. ``xxh3_tree`` wins where, against FORMAT.md, both are present.
+
+        Raises:
+            ValueError: a digest is present but malformed.
+            TypeError: ``obj`` is not an object.
+        """
+        if not isinstance(obj, Mapping):
+            raise TypeError("not an object")
+        tree = obj.get("xxh3_tree")
+        if tree is not None:
+            if not isinstance(tree, Mapping):
+                raise ValueError("xxh3_tree is not an object")
+            leaf, hexdigest = tree.get("leaf"), tree.get("digest")
+            if not isinstance(leaf, int) or isinstance(leaf, bool) or not MIN_LEAF <= leaf <= MAX_LEAF:
+                raise ValueError("xxh3_tree leaf size out of range")
+            if leaf & (leaf - 1) or not isinstance(hexdigest, str) or not _HEX32.fullmatch(hexdigest):
+                raise ValueError("xxh3_tree leaf size or digest malformed")
+            return cls(Kind("xxh3_tree", leaf), hexdigest)
+        if "xxh3_128" in obj:
+            # Read as leniently as 1.0-1.3 readers did: a malformed value just never matches.
+            return cls(SEQUENTIAL, str(obj["xxh3_128"]))
+        return None
+
+    def __str__(self) -> str:
+        return f"{self.hex} ({self.kind})"
+
+
+def leaf_count(size: int, leaf: int) -> int:
+    """Leaves of a ``size``-byte file: the last one may be shorter; an empty file has none."""
+    return -(-size // leaf)
+
+
+def whole_leaves(at: int, n: int, leaf: int, size: int) -> range:
+    """The leaves lying entirely inside bytes ``[at, at + n)`` of a ``size``-byte file.
+
+    This is the one rule that splits the work: whoever holds such a piece hashes these
+    leaves; every other leaf is hashed from the in-order walk. The file's last leaf ends at
+    ``size``, so it lies inside a piece that reaches the end.
+    """
+    first = -(-at // leaf)
+    end = at + n
+    stop = leaf_count(end, leaf) if end == size else end // leaf
+    return range(first, max(first, stop))
+
+
+class Hasher:
+    """A whole-file digest of bytes given in order, of either kind.
+
+    Args:
+        kind: :data:`TREE` (the default) or :data:`SEQUENTIAL`.
+    """
+
+    def __init__(self, kind: Kind = TREE) -> None:
+        self.kind = kind
+        self._top = xxhash.xxh3_128()
+        self._leaf = xxhash.xxh3_64()
+        self._in_leaf = 0  # bytes of the current leaf given so far
+        self._pending = bytearray()  # leaf hashes not yet given to ``_top``
+
+    def update(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Hash the next bytes of the file."""
+        view = (data.data if isinstance(data, np.ndarray) else memoryview(data)).cast("B")
+        if not self.kind.tree:
+            self._top.update(view)
+            return
+        leaf = self.kind.leaf
+        while view:
+            take = min(len(view), leaf - self._in_leaf)
+            if take == leaf:  # a whole leaf at once: no streaming state
+                self._pending += xxhash.xxh3_64_intdigest(view[:take]).to_bytes(8, "little")
+            else:
+                self._leaf.update(view[:take])
+                self._in_leaf += take
+                if self._in_leaf == leaf:
+                    self._pending += self._leaf.intdigest().to_bytes(8, "little")
+                    self._leaf.reset()
+                    self._in_leaf = 0
+            view = view[take:]
+            if len(self._pending) >= 8 * _PENDING:
+                self._top.update(self._pending)
+                self._pending.clear()
+
+    def digest(self) -> Digest:
+        """The digest of the bytes given so far (more may follow)."""
+        if not self.kind.tree:
+            return Digest(self.kind, self._top.hexdigest())
+        top = self._top.copy()
+        top.update(self._pending)
+        if self._in_leaf:
+            top.update(self._leaf.intdigest().to_bytes(8, "little"))
+        return Digest(self.kind, top.hexdigest())
+
+    def hexdigest(self) -> str:
+        """:meth:`digest`'s hex."""
+        return self.digest().hex
+
+
+class LeafHashes:
+    """The hashes of a file's leaves, by leaf number, set from any thread (each leaf once).
+
+    They are kept in blocks of 2^16, each made when a leaf in it is first set: memory
+    follows the leaves hashed (1/16384 of the bytes), so the size a hostile header claims
+    costs nothing up front.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._blocks: list[np.ndarray | None] = [None] * -(-count >> _BLOCK_SHIFT)
+        self._lock = threading.Lock()
+
+    def __setitem__(self, k: int, value: int) -> None:
+        block = self._blocks[k >> _BLOCK_SHIFT]
+        if block is None:
+            block = self._make(k >> _BLOCK_SHIFT)
+        block[k & ((1 << _BLOCK_SHIFT) - 1)] = value
+
+    def __getitem__(self, k: int) -> int:
+        block = self._blocks[k >> _BLOCK_SHIFT]
+        return 0 if block is None else int(block[k & ((1 << _BLOCK_SHIFT) - 1)])
+
+    def _make(self, b: int) -> np.ndarray:
+        with self._lock:
+            block = self._blocks[b]
+            if block is None:
+                block = np.zeros(min(1 << _BLOCK_SHIFT, self.count - (b << _BLOCK_SHIFT)), "<u8")
+                self._blocks[b] = block
+            return block
+
+    def hexdigest(self) -> str:
+        """The xxh3_128 of the hashes as little-endian u64, in leaf order."""
+        top = xxhash.xxh3_128()
+        for b, block in enumerate(self._blocks):
+            top.update((self._make(b) if block is None else block).data)
+        return top.hexdigest()
+
+
+class Piecewise:
+    """The digest of a ``size``-byte file whose bytes come in pieces, in any order, from
+    many threads (the pipelines' frames; see the module docstring).
+
+    Every piece must be given to :meth:`walk` once, in file order, and :meth:`hash_whole`
+    must have returned for a piece before :meth:`walk` is given it (the pipelines hand a
+    frame to the walk through a future set after hashing it). For :data:`SEQUENTIAL`,
+    :meth:`hash_whole` does nothing and the walk hashes every byte.
+
+    Attributes:
+        hashes: the leaf hashes, by leaf number (none for :data:`SEQUENTIAL`).
+    """
+
+    def __init__(self, kind: Kind, size: int) -> None:
+        self.kind, self.size = kind, size
+        self._walked = Hasher(kind) if not kind.tree else None
+        self.hashes = LeafHashes(leaf_count(size, kind.leaf) if kind.tree else 0)
+        self._open = xxhash.xxh3_64()  # the leaf the walk is inside, if any
+        self._open_leaf = -1
+
+    def hash_whole(self, pieces: Iterable[tuple[int, int, int]], data: np.ndarray | memoryview) -> None:
+        """Hash the leaves lying whole inside ``pieces``: ``(file offset, offset in data,
+        bytes)`` of ``data``'s bytes (a frame's pieces). Safe from any thread."""
+        if self._walked is not None:
+            return
+        buf = data.data if isinstance(data, np.ndarray) else data
+        leaf, size, hashes = self.kind.leaf, self.size, self.hashes
+        for at, within, n in pieces:
+            base = within - at
+            for k in whole_leaves(at, n, leaf, size):
+                lo = k * leaf
+                hashes[k] = xxhash.xxh3_64_intdigest(buf[base + lo : base + min(lo + leaf, size)])
+
+    def walk(self, at: int, piece: memoryview) -> None:
+        """Hash what :meth:`hash_whole` leaves of the piece at file offset ``at``: its bytes
+        outside the leaves lying whole inside it. Pieces come in file order, from one thread."""
+        if self._walked is not None:
+            self._walked.update(piece)
+            return
+        whole = whole_leaves(at, len(piece), self.kind.leaf, self.size)
+        if not whole:
+            self._fragment(at, piece)
+            return
+        head = whole.start * self.kind.leaf
+        tail = min(whole.stop * self.kind.leaf, self.size)
+        self._fragment(at, piece[: head - at])
+        self._fragment(tail, piece[tail - at :])
+
+    def _fragment(self, at: int, data: memoryview) -> None:
+        """Stream bytes of leaves that straddle pieces into their leaf's state."""
+        leaf = self.kind.leaf
+        while data:
+            k = at // leaf
+            end = min((k + 1) * leaf, self.size)
+            take = min(len(data), end - at)
+            if self._open_leaf != k:
+                assert self._open_leaf < 0, "pieces walked out of order"
+                self._open.reset()
+                self._open_leaf = k
+            self._open.update(data[:take])
+            at += take
+            data = data[take:]
+            if at == end:
+                self.hashes[k] = self._open.intdigest()
+                self._open_leaf = -1
+
+    def digest(self) -> Digest:
+        """The file's digest, once every piece was walked."""
+        if self._walked is not None:
+            return self._walked.digest()
+        assert self._open_leaf < 0, "a leaf was left unfinished"
+        return Digest(self.kind, self.hashes.hexdigest())
+
+
+def of_file(file: int | str | os.PathLike[str], kind: Kind = TREE, threads: int | None = None) -> Digest:
+    """The digest of a plain file (an open descriptor, read with ``pread``, or a path).
+
+    :data:`TREE` leaves are read and hashed by ``threads`` threads (default: one per core,
+    at most 8), blocks of leaves at a time; :data:`SEQUENTIAL` is read in order by one.
+    The file's size is taken once, at the start.
+    """
+    if not isinstance(file, int):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            return of_file(fd, kind, threads)
+        finally:
+            os.close(fd)
+    size = os.fstat(file).st_size
+    if not kind.tree:
+        hasher, at = Hasher(kind), 0
+        while block := os.pread(file, _BLOCK, at):
+            hasher.update(block)
+            at += len(block)
+        return hasher.digest()
+    leaves = Piecewise(kind, size)
+    step = max(kind.leaf, _BLOCK // kind.leaf * kind.leaf)
+
+    def hash_block(at: int) -> None:
+        data = os.pread(file, min(step, size - at), at)
+        # A short read (the file shrank) leaves leaves unhashed: the digest then cannot match.
+        leaves.hash_whole([(at, 0, len(data))], memoryview(data))
+
+    workers = threads or max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers, thread_name_prefix="ckptz-digest") as pool:
+        for _ in pool.map(hash_block, range(0, size, step)):
+            pass  # re-raises a task's error
+    return leaves.digest()
+
+
+__all__ = [
+    "LEAF",
+    "MAX_LEAF",
+    "MIN_LEAF",
+    "SEQUENTIAL",
+    "TREE",
+    "Digest",
+    "Hasher",
+    "Kind",
+    "LeafHashes",
+    "Piecewise",
+    "leaf_count",
+    "of_file",
+    "whole_leaves",
+]
