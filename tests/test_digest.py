@@ -69,11 +69,12 @@ def tree_digest(data: bytes, leaf: int = LEAF) -> str:
 
 def test_known_answers() -> None:
     """Pinned values: a change here changes the format."""
-    data = bytes(range(256)) * 1025  # two whole leaves and a short one
-    assert Hasher(TREE).hexdigest() == "99aa06d3014798d86001c324468d497f"  # no leaves
-    h = Hasher(TREE)
+    data = bytes(range(256)) * 1025  # two whole 128 KiB leaves and a short one
+    kind = Kind("xxh3_tree", 1 << 17)
+    assert Hasher(kind).hexdigest() == "99aa06d3014798d86001c324468d497f"  # no leaves
+    h = Hasher(kind)
     h.update(data)
-    assert h.hexdigest() == tree_digest(data) == "85d774a4ad6ee040898a83908d1d2461"
+    assert h.hexdigest() == tree_digest(data, kind.leaf) == "85d774a4ad6ee040898a83908d1d2461"
     h = Hasher(SEQUENTIAL)
     h.update(data)
     assert h.hexdigest() == xxhash.xxh3_128_hexdigest(data)
@@ -91,13 +92,13 @@ def test_whole_leaves() -> None:
 
 def test_json_forms() -> None:
     tree = Digest(TREE, "0123456789abcdef0123456789abcdef")
-    assert tree.to_json() == {"xxh3_tree": {"leaf": 131072, "digest": tree.hex}}
+    assert tree.to_json() == {"xxh3_tree": {"leaf": LEAF, "digest": tree.hex}}
     assert Digest.from_json({"name": "x", **tree.to_json()}) == tree
     old = Digest.from_json({"xxh3_128": "00"})
     assert old == Digest(SEQUENTIAL, "00") and old.to_json() == {"xxh3_128": "00"}
     assert old != Digest(TREE, "00")  # kinds never compare equal
     assert Digest.from_json({"name": "x"}) is None
-    assert str(tree) == f"{tree.hex} (xxh3_tree, 128 KiB leaves)"
+    assert str(tree) == f"{tree.hex} (xxh3_tree, 512 KiB leaves)"
     assert str(old) == "00 (xxh3_128)"
     for bad in (
         {"leaf": 1000, "digest": tree.hex},  # not a power of two
@@ -266,7 +267,8 @@ def test_frozen_containers_keep_their_kind(version: str, tmp_path: Path) -> None
     for container in sorted((FIXTURES / version).glob("*.ckptz")):
         with open(container, "rb") as f:
             index = read_index(f, container.name)
-        assert index.source_digest.kind == (TREE if version == "v1.4" else SEQUENTIAL)
+        # fixtures/v1.4 were written with 128 KiB leaves, before ckptz moved to 512 KiB.
+        assert index.source_digest.kind == (Kind("xxh3_tree", 1 << 17) if version == "v1.4" else SEQUENTIAL)
         work = tmp_path / container.name
         work.write_bytes(container.read_bytes())
         api.decompress(work, in_place=True, device="cpu")  # the read-back hashes with its kind
@@ -316,7 +318,11 @@ def _forge(path: Path, offset: int) -> None:
     _rewrite_index(path, edit)
 
 
-@pytest.mark.parametrize("kind", [TREE, SEQUENTIAL], ids=lambda k: k.name)
+# Small leaves, so that the test file's 600 kB tensor holds whole ones.
+SMALL = Kind("xxh3_tree", 1 << 17)
+
+
+@pytest.mark.parametrize("kind", [SMALL, SEQUENTIAL], ids=lambda k: k.name)
 @pytest.mark.parametrize("where", ["whole leaf", "straddling leaf", "short last leaf"])
 def test_a_forged_frame_is_caught_by_the_digest(kind: Kind, where: str, tmp_path: Path) -> None:
     src = _mixed_safetensors(tmp_path / "m.safetensors")
@@ -330,13 +336,13 @@ def test_a_forged_frame_is_caught_by_the_digest(kind: Kind, where: str, tmp_path
     )
     (p1, _, n1), (p2, _, n2) = next(f.pieces for f in frames if len(f.pieces) == 2)
     assert p1 + n1 == p2 and p2 + n2 == size
-    inside = whole_leaves(p1, n1, LEAF, size)
+    inside = whole_leaves(p1, n1, SMALL.leaf, size)
     offset = {
-        "whole leaf": inside.start * LEAF + 5,  # hashed where the frame is checked
+        "whole leaf": inside.start * SMALL.leaf + 5,  # hashed where the frame is checked
         "straddling leaf": p2 - 3,  # its leaf spans both pieces: hashed by the walk
         "short last leaf": size - 2,
     }[where]
-    assert (offset // LEAF in inside) == (where == "whole leaf")
+    assert (offset // SMALL.leaf in inside) == (where == "whole leaf")
     _forge(container, offset)
     with pytest.raises(CorruptionError, match="digest"):
         api.decompress(container, tmp_path / "out.safetensors", device="cpu")

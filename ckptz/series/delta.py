@@ -9,7 +9,7 @@ tensors are paired is decided by :func:`choose_pairs` from a sample of each (XOR
 it measures smaller than plain), and written to the container's header::
 
     "reference": {"path": "../checkpoint-50/model.safetensors.ckptz", "size": N,
-                  "xxh3_tree": {"leaf": 131072, "digest": "<the reference's original digest>"},
+                  "xxh3_tree": {"leaf": 524288, "digest": "<the reference's original digest>"},
                   "pairs": [[segment index, offset of the counterpart in the reference], ...]}
 
 A paired segment and its counterpart have the same length; segments not named are stored
