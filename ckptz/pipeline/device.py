@@ -61,15 +61,16 @@ class DeviceRanges(RangeSink):
     def put(self, frame: Frame, data: np.ndarray) -> None:
         with self._lock:
             placed = self._placed.pop(id(frame), None)
-        stream = None
+        used: set[torch.cuda.Stream] = set()
         for buf, dst, src in self.overlaps(frame):
             if not isinstance(buf, torch.Tensor):
                 buf[dst] = data[src]
             elif buf.device != placed:
-                stream = stream or self._stream(buf.device)
+                stream = self._stream(buf.device)  # the target's own GPU's
+                used.add(stream)
                 with torch.cuda.stream(stream):
                     buf[dst].copy_(torch.from_numpy(data[src]), non_blocking=True)
-        if stream is not None:
+        for stream in used:
             stream.synchronize()  # ``data`` is the restore loop's, and may go once this returns
 
     def finish(self) -> None:

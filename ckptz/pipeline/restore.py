@@ -185,12 +185,6 @@ class _Restore:
         self.frames = self.decoder.frames
         # Runs of frames read and decoded together (one frame each on a CPU engine).
         self.spans = self.decoder.spans(engine.span_bytes)
-        # For a sink that takes frames where a GPU decodes them: span k's frames, by position.
-        self.place: Callable[[range], Place | None] = (
-            (lambda span: lambda k, device: sink.place(self.frames[span[k]], device))
-            if isinstance(sink, DeviceSink)
-            else lambda span: None
-        )
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.digest = Piecewise(index.source_digest.kind, index.source_size)
         self.users = [2] * len(self.frames)  # digest, sink
@@ -252,10 +246,18 @@ class _Restore:
                     return
             self.tasks.append(self.workers.read.submit(self._read, span))
 
+    def _placer(self, span: range) -> Place | None:
+        """For a sink that takes frames where a GPU decodes them: the run's ``k``-th frame to
+        the sink's :meth:`~DeviceSink.place`."""
+        sink = self.sink
+        if not isinstance(sink, DeviceSink):
+            return None
+        return lambda k, device: sink.place(self.frames[span[k]], device)
+
     def _read(self, span: range) -> None:
         """Read and check a run of frames' payloads, and queue its decoding."""
         try:
-            fut, buffer = self.decoder.start_span(span, self.place(span))
+            fut, buffer = self.decoder.start_span(span, self._placer(span))
             fut.add_done_callback(lambda f: self._queue_puts(span, f, buffer))
         except BaseException as exc:
             self._fail(exc)
