@@ -1128,8 +1128,12 @@ class Bench:
 
     def startup_task(self) -> Task:
         tiny = self.tmpfs / "data" / "tiny" / "tiny.pt"
+        # On cuda the GPU-coded bitstream (ans): the portable one is coded on the CPU threads
+        # at this size, so a `--device cuda` run of it would not start the GPU at all.
         rows = {
-            dev: self.row("startup", "ckptz", "startup", "compress-tiny", device=dev)
+            dev: self.row(
+                "startup", "ckptz", "startup", "compress-tiny", device=dev, codec="ans" if dev == "cuda" else "auto"
+            )
             for dev in self.devices
             if dev in ("cpu", "cuda")
         }
@@ -1148,6 +1152,8 @@ class Bench:
                 str(out),
                 "--device",
                 name,
+                "--codec",
+                rows[name].codec or "auto",
                 "--force",
             ]
 

@@ -31,6 +31,8 @@ from typing import Any, Literal
 import numpy as np
 import xxhash
 
+from ckptz.checksums import xxh3_64, xxh3_64_ranges
+
 #: Bytes per leaf that ckptz writes. python-xxhash releases the GIL only for inputs above
 #: 100 000 bytes, so leaves are hashed in parallel by plain threads; but each leaf is one
 #: release and one wait for the GIL, and on the 16-core H100 host 128 KiB leaves cost the
@@ -166,7 +168,7 @@ class Hasher:
         while view:
             take = min(len(view), leaf - self._in_leaf)
             if take == leaf:  # a whole leaf at once: no streaming state
-                self._pending += xxhash.xxh3_64_intdigest(view[:take]).to_bytes(8, "little")
+                self._pending += xxh3_64(view[:take]).to_bytes(8, "little")
             else:
                 self._leaf.update(view[:take])
                 self._in_leaf += take
@@ -213,6 +215,15 @@ class LeafHashes:
             block = self._make(k >> _BLOCK_SHIFT)
         block[k & ((1 << _BLOCK_SHIFT) - 1)] = value
 
+    def set_many(self, numbers: np.ndarray, values: np.ndarray) -> None:
+        """Set the leaves ``numbers`` (ascending) to ``values``."""
+        for b in np.unique(numbers >> _BLOCK_SHIFT).tolist():
+            block = self._blocks[b]
+            if block is None:
+                block = self._make(b)
+            inside = (numbers >> _BLOCK_SHIFT) == b
+            block[numbers[inside] & ((1 << _BLOCK_SHIFT) - 1)] = values[inside]
+
     def __getitem__(self, k: int) -> int:
         block = self._blocks[k >> _BLOCK_SHIFT]
         return 0 if block is None else int(block[k & ((1 << _BLOCK_SHIFT) - 1)])
@@ -258,13 +269,18 @@ class Piecewise:
         bytes)`` of ``data``'s bytes (a frame's pieces). Safe from any thread."""
         if self._walked is not None:
             return
-        buf = data.data if isinstance(data, np.ndarray) else data
-        leaf, size, hashes = self.kind.leaf, self.size, self.hashes
+        leaf, size = self.kind.leaf, self.size
+        numbers, starts = [], []
         for at, within, n in pieces:
-            base = within - at
-            for k in whole_leaves(at, n, leaf, size):
-                lo = k * leaf
-                hashes[k] = xxhash.xxh3_64_intdigest(buf[base + lo : base + min(lo + leaf, size)])
+            whole = whole_leaves(at, n, leaf, size)
+            numbers.append(np.arange(whole.start, whole.stop, dtype=np.int64))
+            starts.append(numbers[-1] * leaf + (within - at))
+        if not numbers:
+            return
+        k = np.concatenate(numbers)
+        if k.size:  # one call for the frame's leaves, without the GIL
+            sizes = np.minimum((k + 1) * leaf, size) - k * leaf
+            self.hashes.set_many(k, xxh3_64_ranges(data, np.concatenate(starts), sizes))
 
     def walk(self, at: int, piece: memoryview) -> None:
         """Hash what :meth:`hash_whole` leaves of the piece at file offset ``at``: its bytes

@@ -62,3 +62,32 @@ def test_numpy_ma_is_imported_before_worker_threads_need_it() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "True"
+
+
+def _help_with(tmp_path: Path, fake_torch: bool, **env: str) -> Path:
+    """Run ``python -m ckptz --help`` where Python may not write bytecode; the cache folder."""
+    path = [str(Path(__file__).parent.parent)]
+    if fake_torch:  # a torch without bytecode beside it, found first (never imported by --help)
+        (tmp_path / "site" / "torch").mkdir(parents=True)
+        (tmp_path / "site" / "torch" / "__init__.py").write_text("")
+        path.insert(0, str(tmp_path / "site"))
+    run_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    run_env["PYTHONPATH"] = os.pathsep.join(path)
+    out = subprocess.run(
+        [sys.executable, "-m", "ckptz", "--help"], capture_output=True, env={**run_env, **env}, check=True
+    )
+    assert b"compress" in out.stdout
+    return tmp_path / "cache" / "ckptz" / "bytecode"
+
+
+def test_bytecode_is_cached_where_python_may_not_write_it(tmp_path: Path) -> None:
+    cache = _help_with(tmp_path, fake_torch=True)
+    assert cache.stat().st_mode & 0o777 == 0o700
+    compiled = {part for p in cache.rglob("*.pyc") for part in (p.parent.name, p.name.split(".")[0])}
+    assert {"cli", "typer", "rich"} <= compiled  # ckptz's modules and its libraries
+    assert not list((tmp_path / "site").rglob("*.pyc"))  # nothing beside the sources
+
+
+def test_bytecode_cache_stays_off_where_it_is_not_needed(tmp_path: Path) -> None:
+    assert not _help_with(tmp_path / "a", fake_torch=True, CKPTZ_BYTECODE_CACHE="0").exists()
+    assert not _help_with(tmp_path / "b", fake_torch=True, PYTHONDONTWRITEBYTECODE="").exists()

@@ -38,9 +38,16 @@ def test_extension_is_built() -> None:
 
 
 def test_module_includes_every_source() -> None:
-    """setup.py compiles native_src/module.c alone: every other C file must be included there."""
+    """setup.py compiles native_src/module.c alone: every other C file must be included from
+    there (directly, or by a file it includes, as hash.c includes the vendored xxHash)."""
     source = Path(__file__).resolve().parent.parent / "ckptz" / "native_src"
-    included = re.findall(r'^#include "([^"]+)"', (source / "module.c").read_text(), re.MULTILINE)
+    included: set[str] = set()
+    todo = ["module.c"]
+    while todo:
+        text = (source / todo.pop()).read_text()
+        found = set(re.findall(r'^\s*#\s*include "([^"]+)"', text, re.MULTILINE)) - included
+        included |= found
+        todo += sorted(found)
     assert sorted(included) == sorted(p.name for p in source.glob("*.[ch]") if p.name != "module.c")
 
 
@@ -501,3 +508,28 @@ def test_frame_decoder_decodes_order1_planes() -> None:
     assert native.decode_frame(damaged, out, room, 4, True) is False
     with pytest.raises(CodecError):
         decode_frame(damaged, dtype, np.empty(raw.size, np.uint8))
+
+
+@pytest.mark.parametrize("use_native", [pytest.param(True, marks=needs_native), False])
+def test_checksums_are_xxh3_64_on_both_paths(use_native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vendored xxHash and python xxhash agree on every length class of xxh3_64 (0-16,
+    17-128, 129-240, long with and without a partial stripe and block), one range at a time
+    or many at once, and both refuse a range outside the buffer."""
+    import xxhash
+
+    from ckptz import checksums
+
+    if not use_native:
+        monkeypatch.setattr(checksums, "native", None)
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, 3 << 20, dtype=np.uint8)
+    sizes = [0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 16 << 10, (1 << 20) + 7]
+    offsets = [int(o) for o in rng.integers(0, 1 << 20, len(sizes))]
+    want = [xxhash.xxh3_64_intdigest(data[o : o + n].tobytes()) for o, n in zip(offsets, sizes, strict=True)]
+    assert [checksums.xxh3_64(data[o : o + n]) for o, n in zip(offsets, sizes, strict=True)] == want
+    got = checksums.xxh3_64_ranges(data, np.array(offsets), np.array(sizes))
+    assert got.dtype == np.uint64 and got.tolist() == want
+    assert checksums.xxh3_64_ranges(memoryview(data.tobytes()), np.array(offsets), np.array(sizes)).tolist() == want
+    for o, n in ((0, data.size + 1), (data.size, 1), (-1, 2), (5, -1)):
+        with pytest.raises(ValueError, match="outside"):
+            checksums.xxh3_64_ranges(data, np.array([0, o]), np.array([1, n]))

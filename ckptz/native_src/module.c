@@ -16,6 +16,8 @@
  *                                       the preceding byte's bucket), or None
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
+ *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
+ *   xxh3_64_ranges(data, offsets, sizes, out)  the same of many ranges of data, into out
  *
  * Every function checks its arguments, raises ValueError on bad ones, and releases the GIL
  * while it works.
@@ -57,6 +59,7 @@
  *   bitpack.c           bit packing by 8x8 bit transposes (SSE2, AVX2)
  *   order1.c            order-1 exponent coding: bytes grouped by context, literal frames
  *   frame.c             a whole frame's planes decoded and merged
+ *   hash.c              xxh3_64 without the GIL (vendored xxHash: xxhash.h, xxh_x86dispatch.c)
  *   module.c            the Python functions above (argument checks, the GIL) and the module
  */
 #define PY_SSIZE_T_CLEAN
@@ -71,6 +74,7 @@
 #include "bitpack.c"
 #include "order1.c"
 #include "frame.c"
+#include "hash.c"
 
 /* ---------------------------------------------------------------- split and merge */
 
@@ -445,7 +449,61 @@ static PyObject *native_copy(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* ---------------------------------------------------------------- checksums */
+
+/* Below this, releasing and taking back the GIL costs more than the hash. */
+#define HASH_WITHOUT_GIL (16 << 10)
+
+static PyObject *native_xxh3_64(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
+    uint64_t h;
+    if (src.len >= HASH_WITHOUT_GIL) {
+        Py_BEGIN_ALLOW_THREADS;
+        h = CKPTZ_XXH3_64(src.buf, (size_t)src.len);
+        Py_END_ALLOW_THREADS;
+    } else {
+        h = CKPTZ_XXH3_64(src.buf, (size_t)src.len);
+    }
+    PyBuffer_Release(&src);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *native_xxh3_64_ranges(PyObject *self, PyObject *args) {
+    Py_buffer src, offsets, sizes, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &src, &offsets, &sizes, &out)) return NULL;
+    PyObject *result = NULL;
+    size_t count = (size_t)offsets.len / sizeof(int64_t);
+    if (offsets.len % sizeof(int64_t) || sizes.len != offsets.len || out.len != offsets.len) {
+        PyErr_SetString(PyExc_ValueError, "xxh3_64_ranges: offsets, sizes and out must be int64/uint64 of one length");
+        goto done;
+    }
+    const int64_t *off = offsets.buf, *len = sizes.buf;
+    for (size_t i = 0; i < count; i++) {
+        if (off[i] < 0 || len[i] < 0 || off[i] > src.len || len[i] > src.len - off[i]) {
+            PyErr_Format(PyExc_ValueError, "xxh3_64_ranges: range %zu (%lld, %lld) outside %zd bytes", i,
+                         (long long)off[i], (long long)len[i], src.len);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    hash_ranges(src.buf, off, len, out.buf, count);
+    Py_END_ALLOW_THREADS;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"xxh3_64", native_xxh3_64, METH_VARARGS, "xxh3_64(data) -> int: xxh3_64 (seed 0), without the GIL for large data."},
+    {"xxh3_64_ranges", native_xxh3_64_ranges, METH_VARARGS,
+     "xxh3_64_ranges(data, offsets, sizes, out): xxh3_64 of each range of data (int64 offsets and sizes)\n"
+     "into out (uint64), without the GIL."},
     {"copy", native_copy, METH_VARARGS, "copy(data) -> bytes, copied without holding the GIL."},
     {"split", native_split, METH_VARARGS,
      "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"

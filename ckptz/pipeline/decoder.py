@@ -19,6 +19,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from ckptz.checksums import xxh3_64_ranges
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
 from ckptz.engines.base import DecodedSpan, Engine, Place, SpanFrame, StoredChunk
 from ckptz.errors import CodecError, CorruptionError
@@ -174,14 +175,16 @@ class FrameDecoder:
         at: tuple[int, ...] = ()
         if buffer is None:
             payloads = self._payloads(chunks, first, tensor)
+            sums = [checksum(p) for p in payloads]
         else:
             payloads, at = self._views(chunks, first, tensor, buffer, base)
+            sums = xxh3_64_ranges(buffer, np.array(at, np.int64), chunks["size"]).tolist()
         stored = [
             StoredChunk(first + j, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"]))
             for j, (c, payload) in enumerate(zip(chunks, payloads, strict=True))
         ]
-        for c in stored:
-            if checksum(c.payload) != c.checksum:
+        for c, got in zip(stored, sums, strict=True):
+            if got != c.checksum:
                 raise CorruptionError(
                     f"stored bytes of frame {row} of stream {frame.stream} fail their checksum",
                     path=self.path,

@@ -10,11 +10,13 @@ the container stores it. :func:`decode_batch` is its inverse: nvCOMP decodes the
 chunks, and one merge per frame shape reads each plane from wherever it lies. Both work on
 device memory only: the engine moves bytes between host and device, and a caller that wants
 decoded bytes on the GPU keeps them there. The kernels are Triton's
-(:mod:`ckptz.engines.gpu.kernels`) on CUDA, torch's (:mod:`ckptz.engines.gpu.transform`) elsewhere.
+(:mod:`ckptz.engines.gpu.kernels`) on CUDA once :data:`KERNELS` has compiled them, torch's
+(:mod:`ckptz.engines.gpu.transform`) before that and elsewhere.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -175,18 +177,52 @@ def _c_log2_c(largest: int) -> np.ndarray:
     return _C_LOG2_C
 
 
-def _ops(device: torch.device) -> ModuleType:
-    """The Triton kernels for CUDA tensors where Triton imports, else the torch versions."""
-    if device.type == "cuda":
+class _Kernels:
+    """The Triton kernels, once compiled (or loaded from Triton's cache) off the critical
+    path: :meth:`warm` starts that on a thread, and until it ends :meth:`ops` hands out the
+    torch versions, which give the same bytes (and the same coding decisions). A run never
+    waits for a compiler, and a short one never starts Triton at all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._ready: ModuleType | None = None
+
+    def warm(self, device: torch.device) -> None:
+        with self._lock:
+            if self._thread is None and device.type == "cuda":
+                self._thread = threading.Thread(
+                    target=self._compile, args=(device,), name="ckptz-kernels", daemon=True
+                )
+                self._thread.start()
+
+    def wait(self) -> bool:
+        """Wait for the warm-up started by :meth:`warm`; whether the kernels are in use."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+        return self._ready is not None
+
+    def _compile(self, device: torch.device) -> None:
         try:
             from ckptz.engines.gpu import kernels
-        except ImportError:  # pragma: no cover - CUDA builds of torch ship Triton
-            pass
-        else:
-            return kernels
-    from ckptz.engines.gpu import transform
 
-    return transform
+            kernels.warm(device)
+        except Exception:  # no Triton, or it cannot compile here: the torch versions stay
+            return
+        self._ready = kernels
+
+    def ops(self, device: torch.device) -> ModuleType:
+        """The Triton kernels for CUDA tensors once warm, else the torch versions."""
+        if device.type == "cuda" and self._ready is not None:
+            return self._ready
+        from ckptz.engines.gpu import transform
+
+        return transform
+
+
+#: The process's kernels (Triton compiles each once per process).
+KERNELS = _Kernels()
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +303,7 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
         layout: from :func:`plan_batch`.
     """
     dev = data.device
-    ops = _ops(dev)
+    ops = KERNELS.ops(dev)
     table = chunk_table(layout)
     n = table.raw_size.size
     stats = torch.zeros((n, STATS), dtype=torch.int32, device=dev)
@@ -334,7 +370,7 @@ def decode_batch(
         CodecError: nvCOMP rejected a payload.
     """
     dev = payloads.device
-    ops = _ops(dev)
+    ops = KERNELS.ops(dev)
     table = chunk_table(layout)
     raw = table.raw_size
     coded = (codec != RAW_ID) & (codec != CONST_ID)
