@@ -1132,7 +1132,12 @@ class Bench:
         # at this size, so a `--device cuda` run of it would not start the GPU at all.
         rows = {
             dev: self.row(
-                "startup", "ckptz", "startup", "compress-tiny", device=dev, codec="ans" if dev == "cuda" else "auto"
+                "startup",
+                "ckptz",
+                "startup",
+                "compress-tiny",
+                device=dev,
+                codec="ans" if dev == "cuda" else None,
             )
             for dev in self.devices
             if dev in ("cpu", "cuda")

@@ -10,8 +10,8 @@ the container stores it. :func:`decode_batch` is its inverse: nvCOMP decodes the
 chunks, and one merge per frame shape reads each plane from wherever it lies. Both work on
 device memory only: the engine moves bytes between host and device, and a caller that wants
 decoded bytes on the GPU keeps them there. The kernels are Triton's
-(:mod:`ckptz.engines.gpu.kernels`) on CUDA once :data:`KERNELS` has compiled them, torch's
-(:mod:`ckptz.engines.gpu.transform`) before that and elsewhere.
+(:mod:`ckptz.engines.gpu.kernels`) on CUDA for large batches (:data:`KERNELS`), torch's
+(:mod:`ckptz.engines.gpu.transform`) for small ones and elsewhere.
 """
 
 from __future__ import annotations
@@ -177,45 +177,50 @@ def _c_log2_c(largest: int) -> np.ndarray:
     return _C_LOG2_C
 
 
+#: Batches from this size up run Triton's kernels (compiled, or loaded from Triton's cache,
+#: by the first such batch); smaller ones run the torch versions (several passes, a launch
+#: per plane row), so a small job never starts Triton (0.5 s with its cache, seconds
+#: without).
+WAIT_FOR_KERNELS = 32 << 20
+
+
 class _Kernels:
-    """The Triton kernels, once compiled (or loaded from Triton's cache) off the critical
-    path: :meth:`warm` starts that on a thread, and until it ends :meth:`ops` hands out the
-    torch versions, which give the same bytes (and the same coding decisions). A run never
-    waits for a compiler, and a short one never starts Triton at all."""
+    """The transform's kernels for a batch: Triton's, or the torch versions, which give the
+    same bytes and the same coding decisions.
+
+    Triton compiles in the thread of the first batch that needs it, while the others wait:
+    compiling on a thread of its own beside running batches broke CUDA calls elsewhere in
+    the process (the GPU suite caught it), so the compiler never runs beside them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._tried = False
         self._ready: ModuleType | None = None
+        #: Why the kernels are not in use, if compiling them failed.
+        self.error: BaseException | None = None
 
-    def warm(self, device: torch.device) -> None:
+    def load(self, device: torch.device) -> bool:
+        """Compile the kernels (once per process); whether they are in use."""
         with self._lock:
-            if self._thread is None and device.type == "cuda":
-                self._thread = threading.Thread(
-                    target=self._compile, args=(device,), name="ckptz-kernels", daemon=True
-                )
-                self._thread.start()
+            if not self._tried:
+                try:
+                    from ckptz.engines.gpu import kernels
 
-    def wait(self) -> bool:
-        """Wait for the warm-up started by :meth:`warm`; whether the kernels are in use."""
-        thread = self._thread
-        if thread is not None:
-            thread.join()
+                    kernels.warm(device)
+                except Exception as exc:  # no Triton, or it cannot compile here: torch's stay
+                    self.error = exc
+                else:
+                    self._ready = kernels
+                self._tried = True
         return self._ready is not None
 
-    def _compile(self, device: torch.device) -> None:
-        try:
-            from ckptz.engines.gpu import kernels
-
-            kernels.warm(device)
-        except Exception:  # no Triton, or it cannot compile here: the torch versions stay
-            return
-        self._ready = kernels
-
-    def ops(self, device: torch.device) -> ModuleType:
-        """The Triton kernels for CUDA tensors once warm, else the torch versions."""
-        if device.type == "cuda" and self._ready is not None:
-            return self._ready
+    def ops(self, device: torch.device, size: int) -> ModuleType:
+        """The kernels for a batch of ``size`` bytes on ``device``: Triton's on CUDA from
+        :data:`WAIT_FOR_KERNELS` up (and for any batch once they are loaded), else torch's."""
+        if device.type == "cuda" and (
+            self._ready is not None or (size >= WAIT_FOR_KERNELS and self.load(device))
+        ):
+            return self._ready  # type: ignore[return-value]
         from ckptz.engines.gpu import transform
 
         return transform
@@ -303,7 +308,7 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
         layout: from :func:`plan_batch`.
     """
     dev = data.device
-    ops = KERNELS.ops(dev)
+    ops = KERNELS.ops(dev, layout.data_bytes)
     table = chunk_table(layout)
     n = table.raw_size.size
     stats = torch.zeros((n, STATS), dtype=torch.int32, device=dev)
@@ -370,7 +375,7 @@ def decode_batch(
         CodecError: nvCOMP rejected a payload.
     """
     dev = payloads.device
-    ops = KERNELS.ops(dev)
+    ops = KERNELS.ops(dev, layout.data_bytes)
     table = chunk_table(layout)
     raw = table.raw_size
     coded = (codec != RAW_ID) & (codec != CONST_ID)

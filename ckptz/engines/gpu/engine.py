@@ -46,7 +46,6 @@ from ckptz.engines.gpu.coder import (
     ANS_ID,
     CONST_ID,
     GPU_CODECS,
-    KERNELS,
     RAW_ID,
     ZSTD_ID,
     BatchLayout,
@@ -140,7 +139,6 @@ class GpuEngine:
         self._closed = False
         self._cpu = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-gpu-cpu")
         self._pinned = pinned.pool()
-        KERNELS.warm(torch.device(self.device))
         self._ready = threading.Barrier(workers + 1)
         self._errors: list[BaseException] = []
         self._workers = [
