@@ -10,8 +10,8 @@ the container stores it. :func:`decode_batch` is its inverse: nvCOMP decodes the
 chunks, and one merge per frame shape reads each plane from wherever it lies. Both work on
 device memory only: the engine moves bytes between host and device, and a caller that wants
 decoded bytes on the GPU keeps them there. The kernels are Triton's
-(:mod:`ckptz.engines.gpu.kernels`) on CUDA for large batches (:data:`KERNELS`), torch's
-(:mod:`ckptz.engines.gpu.transform`) for small ones and elsewhere.
+(:mod:`ckptz.engines.gpu.kernels`) on CUDA (:data:`KERNELS`), torch's
+(:mod:`ckptz.engines.gpu.transform`) elsewhere.
 """
 
 from __future__ import annotations
@@ -177,20 +177,14 @@ def _c_log2_c(largest: int) -> np.ndarray:
     return _C_LOG2_C
 
 
-#: Batches from this size up run Triton's kernels (compiled, or loaded from Triton's cache,
-#: by the first such batch); smaller ones run the torch versions (several passes, a launch
-#: per plane row), so a small job never starts Triton (0.5 s with its cache, seconds
-#: without).
-WAIT_FOR_KERNELS = 32 << 20
-
-
 class _Kernels:
-    """The transform's kernels for a batch: Triton's, or the torch versions, which give the
-    same bytes and the same coding decisions.
+    """The transform's kernels: Triton's on CUDA, compiled (or loaded from Triton's cache)
+    by the first batch, in its thread, while the others wait; torch's elsewhere, or where
+    Triton cannot compile.
 
-    Triton compiles in the thread of the first batch that needs it, while the others wait:
-    compiling on a thread of its own beside running batches broke CUDA calls elsewhere in
-    the process (the GPU suite caught it), so the compiler never runs beside them."""
+    Small batches on CUDA do not run the torch versions while Triton loads: in the GPU
+    suite, doing so broke a later, unrelated copy to the device ("invalid argument"),
+    reproducibly, whether Triton compiled beside them or not (not yet explained)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -214,12 +208,9 @@ class _Kernels:
                 self._tried = True
         return self._ready is not None
 
-    def ops(self, device: torch.device, size: int) -> ModuleType:
-        """The kernels for a batch of ``size`` bytes on ``device``: Triton's on CUDA from
-        :data:`WAIT_FOR_KERNELS` up (and for any batch once they are loaded), else torch's."""
-        if device.type == "cuda" and (
-            self._ready is not None or (size >= WAIT_FOR_KERNELS and self.load(device))
-        ):
+    def ops(self, device: torch.device) -> ModuleType:
+        """The kernels for a batch on ``device``."""
+        if device.type == "cuda" and (self._ready is not None or self.load(device)):
             return self._ready  # type: ignore[return-value]
         from ckptz.engines.gpu import transform
 
@@ -308,7 +299,7 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
         layout: from :func:`plan_batch`.
     """
     dev = data.device
-    ops = KERNELS.ops(dev, layout.data_bytes)
+    ops = KERNELS.ops(dev)
     table = chunk_table(layout)
     n = table.raw_size.size
     stats = torch.zeros((n, STATS), dtype=torch.int32, device=dev)
@@ -375,7 +366,7 @@ def decode_batch(
         CodecError: nvCOMP rejected a payload.
     """
     dev = payloads.device
-    ops = KERNELS.ops(dev, layout.data_bytes)
+    ops = KERNELS.ops(dev)
     table = chunk_table(layout)
     raw = table.raw_size
     coded = (codec != RAW_ID) & (codec != CONST_ID)
