@@ -10,13 +10,11 @@ the container stores it. :func:`decode_batch` is its inverse: nvCOMP decodes the
 chunks, and one merge per frame shape reads each plane from wherever it lies. Both work on
 device memory only: the engine moves bytes between host and device, and a caller that wants
 decoded bytes on the GPU keeps them there. The kernels are Triton's
-(:mod:`ckptz.engines.gpu.kernels`) on CUDA (:data:`KERNELS`), torch's
-(:mod:`ckptz.engines.gpu.transform`) elsewhere.
+(:mod:`ckptz.engines.gpu.kernels`) on CUDA, torch's (:mod:`ckptz.engines.gpu.transform`) elsewhere.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -177,48 +175,18 @@ def _c_log2_c(largest: int) -> np.ndarray:
     return _C_LOG2_C
 
 
-class _Kernels:
-    """The transform's kernels: Triton's on CUDA, compiled (or loaded from Triton's cache)
-    by the first batch, in its thread, while the others wait; torch's elsewhere, or where
-    Triton cannot compile.
+def _ops(device: torch.device) -> ModuleType:
+    """The Triton kernels for CUDA tensors where Triton imports, else the torch versions."""
+    if device.type == "cuda":
+        try:
+            from ckptz.engines.gpu import kernels
+        except ImportError:  # pragma: no cover - CUDA builds of torch ship Triton
+            pass
+        else:
+            return kernels
+    from ckptz.engines.gpu import transform
 
-    Small batches on CUDA do not run the torch versions while Triton loads: in the GPU
-    suite, doing so broke a later, unrelated copy to the device ("invalid argument"),
-    reproducibly, whether Triton compiled beside them or not (not yet explained)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tried = False
-        self._ready: ModuleType | None = None
-        #: Why the kernels are not in use, if compiling them failed.
-        self.error: BaseException | None = None
-
-    def load(self, device: torch.device) -> bool:
-        """Compile the kernels (once per process); whether they are in use."""
-        with self._lock:
-            if not self._tried:
-                try:
-                    from ckptz.engines.gpu import kernels
-
-                    kernels.warm(device)
-                except Exception as exc:  # no Triton, or it cannot compile here: torch's stay
-                    self.error = exc
-                else:
-                    self._ready = kernels
-                self._tried = True
-        return self._ready is not None
-
-    def ops(self, device: torch.device) -> ModuleType:
-        """The kernels for a batch on ``device``."""
-        if device.type == "cuda" and (self._ready is not None or self.load(device)):
-            return self._ready  # type: ignore[return-value]
-        from ckptz.engines.gpu import transform
-
-        return transform
-
-
-#: The process's kernels (Triton compiles each once per process).
-KERNELS = _Kernels()
+    return transform
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +267,7 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
         layout: from :func:`plan_batch`.
     """
     dev = data.device
-    ops = KERNELS.ops(dev)
+    ops = _ops(dev)
     table = chunk_table(layout)
     n = table.raw_size.size
     stats = torch.zeros((n, STATS), dtype=torch.int32, device=dev)
@@ -366,7 +334,7 @@ def decode_batch(
         CodecError: nvCOMP rejected a payload.
     """
     dev = payloads.device
-    ops = KERNELS.ops(dev)
+    ops = _ops(dev)
     table = chunk_table(layout)
     raw = table.raw_size
     coded = (codec != RAW_ID) & (codec != CONST_ID)

@@ -41,9 +41,7 @@ _STORAGE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MAX_Y = 65535
 
 
-# Sizes are not specialised on (Triton compiles a variant per divisibility of each int):
-# one compiled kernel per word size serves every batch, compiled once by :func:`warm`.
-@triton.jit(do_not_specialize=["m", "stride"])
+@triton.jit
 def _split_kernel(
     src,
     planes,
@@ -79,7 +77,7 @@ def _split_kernel(
             tl.atomic_add(at + 2 + tl.arange(0, 256), tl.histogram(vi, 256))
 
 
-@triton.jit(do_not_specialize=["m"])
+@triton.jit
 def _merge_kernel(
     stored,
     decoded,
@@ -253,25 +251,4 @@ def gather(
         )
 
 
-def warm(device: torch.device) -> None:
-    """Compile every kernel variant the coder launches (or load it from Triton's cache) by
-    running each once on a few bytes of ``device``."""
-    from ckptz.engines.gpu.transform import aligned
-
-    with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
-        for word in (1, 2, 4, 8):
-            for rotate in (False, True) if word > 1 else (False,):
-                n = 64 * word
-                raw = torch.zeros(n, dtype=torch.uint8, device=device)
-                planes = torch.zeros((1, word, aligned(n // word)), dtype=torch.uint8, device=device)
-                stats = torch.zeros((word, STATS), dtype=torch.int32, device=device)
-                split_rows(raw, planes, stats, word, rotate)
-                rows = torch.zeros(word, dtype=torch.int64, device=device)
-                merge_rows(planes.view(-1), planes.view(-1), rows, rows + DECODED, raw, word, rotate)
-        one = torch.zeros(1, dtype=torch.int64, device=device)
-        buf = torch.zeros(64, dtype=torch.uint8, device=device)
-        gather(buf, one, one + 16, buf, one, one + 16, 16)
-        torch.cuda.current_stream(device).synchronize()
-
-
-__all__ = ["gather", "merge_rows", "split_rows", "warm"]
+__all__ = ["gather", "merge_rows", "split_rows"]
