@@ -269,44 +269,60 @@ def _sample(row: np.ndarray) -> np.ndarray:
     return np.bincount(row[: full * 4096].reshape(full, 4096)[::8].reshape(-1), minlength=256)
 
 
-@pytest.mark.parametrize("impl", [pytest.param("triton", marks=pytest.mark.gpu), "torch"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_transform_kernels_match_cpu_transform(dtype: str, impl: str) -> None:
-    """Triton's kernels and the torch versions that run while they compile (on a GPU, or
-    on the CPU here) give the same planes and the same statistics, so the coder decides
-    alike on either."""
-    device = "cuda" if impl == "triton" or torch.cuda.is_available() else "cpu"
-    if impl == "triton":
-        from ckptz.engines.gpu import kernels
-    else:
-        from ckptz.engines.gpu import transform as kernels  # type: ignore[no-redef]
-    from ckptz.engines.gpu.transform import DECODED, STATS, STORED
+def test_torch_split_rows_takes_the_kernels_sample(dtype: str) -> None:
+    """The torch split (CPU tensors) gives the planes, and the same statistics as the
+    Triton kernel: min, max and the histogram of every 8th full 4096-byte block."""
+    from ckptz.engines.gpu import transform
+    from ckptz.engines.gpu.transform import STATS
 
     dt = lookup(dtype)
     raw = _trained_bytes(dtype, 4 * dt.word * (9 * 4096 + 100))  # rows of 9 blocks and a bit
     k, n = 4, raw.size // 4
+    m, word = n // dt.word, dt.word
+    planes = torch.zeros((k, word, (m + 15) // 16 * 16), dtype=torch.uint8)
+    stats = torch.zeros((k * word, STATS), dtype=torch.int32)
+    transform.split_rows(torch.from_numpy(raw), planes, stats, word, dt.is_float)
+    got, mm = planes.numpy(), stats.numpy()
+    for f in range(k):
+        for p, want in enumerate(split(raw[f * n : (f + 1) * n], dt)):
+            assert got[f, p, :m].tobytes() == want.tobytes(), (dtype, f, p)
+            assert tuple(mm[f * word + p, :2]) == (want.min(), want.max())
+            assert (mm[f * word + p, 2:] == _sample(want)).all()  # blocks 0 and 8
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_kernels_match_cpu_transform(dtype: str) -> None:
+    from ckptz.engines.gpu import kernels
+    from ckptz.engines.gpu.transform import DECODED, STATS, STORED
+
+    dt = lookup(dtype)
+    raw = _trained_bytes(dtype, 1 << 16)
+    k, n = 4, raw.size // 4
     raw[:n] = 0  # frame 0: every plane constant
     m, word = n // dt.word, dt.word
     stride = (m + 15) // 16 * 16
-    planes = torch.full((k, word, stride), 7, dtype=torch.uint8, device=device)
-    stats = torch.zeros((k * word, STATS), dtype=torch.int32, device=device)
+    planes = torch.full((k, word, stride), 7, dtype=torch.uint8, device="cuda")
+    stats = torch.zeros((k * word, STATS), dtype=torch.int32, device="cuda")
     stats[:, 0] = 255
-    kernels.split_rows(torch.from_numpy(raw).to(device), planes, stats, word, dt.is_float)
+    kernels.split_rows(torch.from_numpy(raw).cuda(), planes, stats, word, dt.is_float)
     got, mm = planes.cpu().numpy(), stats.cpu().numpy()
+    assert m >= 4096  # one full block at least: the sample is the row's first 4096 bytes
     for f in range(k):
         for p, want in enumerate(split(raw[f * n : (f + 1) * n], dt)):
             assert got[f, p, :m].tobytes() == want.tobytes(), (dtype, f, p)
             assert (got[f, p, m:] == 7).all()  # padding untouched
             assert tuple(mm[f * word + p, :2]) == (want.min(), want.max())
-            assert (mm[f * word + p, 2:] == _sample(want)).all()  # blocks 0 and 8
+            assert (mm[f * word + p, 2:] == np.bincount(want[:4096], minlength=256)).all()
     # Merge back from a mix of sources: frame 0 from its constants, the rest alternately
     # from the "stored" and the "decoded" buffer (both the planes here).
     flat = planes.view(-1)
-    offsets = torch.arange(k * word, dtype=torch.int64, device=device) * (stride // 16)
+    offsets = torch.arange(k * word, dtype=torch.int64, device="cuda") * (stride // 16)
     sources = [int(mm[r, 0]) if r < word else (STORED if r % 2 else DECODED) for r in range(k * word)]
-    back = torch.zeros(raw.size, dtype=torch.uint8, device=device)
+    back = torch.zeros(raw.size, dtype=torch.uint8, device="cuda")
     kernels.merge_rows(
-        flat, flat, offsets, torch.tensor(sources, dtype=torch.int64, device=device), back, word, dt.is_float
+        flat, flat, offsets, torch.tensor(sources, dtype=torch.int64, device="cuda"), back, word, dt.is_float
     )
     assert back.cpu().numpy().tobytes() == raw.tobytes()
 

@@ -529,7 +529,10 @@ def test_checksums_are_xxh3_64_on_both_paths(use_native: bool, monkeypatch: pyte
     assert [checksums.xxh3_64(data[o : o + n]) for o, n in zip(offsets, sizes, strict=True)] == want
     got = checksums.xxh3_64_ranges(data, np.array(offsets), np.array(sizes))
     assert got.dtype == np.uint64 and got.tolist() == want
-    assert checksums.xxh3_64_ranges(memoryview(data.tobytes()), np.array(offsets), np.array(sizes)).tolist() == want
+    assert (
+        checksums.xxh3_64_ranges(memoryview(data.tobytes()), np.array(offsets), np.array(sizes)).tolist()
+        == want
+    )
     for o, n in ((0, data.size + 1), (data.size, 1), (-1, 2), (5, -1)):
         with pytest.raises(ValueError, match="outside"):
             checksums.xxh3_64_ranges(data, np.array([0, o]), np.array([1, n]))
