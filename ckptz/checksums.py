@@ -42,11 +42,11 @@ def xxh3_64_ranges(data: Buffer, offsets: np.ndarray, sizes: np.ndarray) -> np.n
     if native is not None:
         native.xxh3_64_ranges(view, offsets, sizes, out)
         return out
-    total = memoryview(view).nbytes
+    flat = memoryview(view).cast("B")
     for i, (at, n) in enumerate(zip(offsets.tolist(), sizes.tolist(), strict=True)):
-        if at < 0 or n < 0 or at + n > total:
-            raise ValueError(f"xxh3_64_ranges: range {i} ({at}, {n}) outside {total} bytes")
-        out[i] = xxhash.xxh3_64_intdigest(memoryview(view).cast("B")[at : at + n])
+        if at < 0 or n < 0 or at + n > len(flat):
+            raise ValueError(f"xxh3_64_ranges: range {i} ({at}, {n}) outside {len(flat)} bytes")
+        out[i] = xxhash.xxh3_64_intdigest(flat[at : at + n])
     return out
 
 
