@@ -11,9 +11,9 @@ times in this process, median of ``--repeats``:
 - **load, warm page cache:** ``torch.load(plain, map_location=DEV)`` against
   ``ckptz.load(container, map_location=DEV)``;
 - **load, cold cache:** the same after ``posix_fadvise(DONTNEED)`` on the file;
-- **save:** ``torch.save`` against ``ckptz.save`` (the time until the call returns, which is
-  the stall a training loop sees: both take the state from memory and return once the file
-  is on its way to storage).
+- **save:** ``torch.save`` against ``ckptz.save`` with each of ``--codecs`` (the time until
+  the call returns, which is the stall a training loop sees: both take the state from
+  memory and return once the file is on its way to storage).
 
 Every load is compared with the original state tensor by tensor. JSON goes to
 ``$OUT/load.json`` (else ``bench/out/load.json``); a markdown table is printed last.
@@ -91,6 +91,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=Path("/dev/shm/ckptz-load"))
     ap.add_argument("--disk", type=Path, default=Path.home() / "ckptz-load", help="folder for the cold rows")
+    ap.add_argument("--codecs", default="auto,ans", help="ckptz.save codecs, comma-separated (ans: GPU only)")
     a = ap.parse_args(argv)
     import torch
     from e2e import _dims, _optimizer_state  # the e2e benchmark's generator
@@ -102,52 +103,48 @@ def main(argv: list[str]) -> int:
     a.dir.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=dev).manual_seed(0)
     state, _ = _optimizer_state(_dims(int(size * GB), 12), gen, dev, weights=False)
-    plain, packed = a.dir / "optimizer.pt", a.dir / "optimizer.pt.ckptz"
-    rows: dict[str, Any] = {"device": dev, "torch": torch.__version__, "repeats": a.repeats}
+    plain = a.dir / "optimizer.pt"
+    codecs = [c for c in a.codecs.split(",") if c and (dev == "cuda" or c in ("auto", "zstd"))]
+    rows: dict[str, Any] = {"device": dev, "torch": torch.__version__, "repeats": a.repeats, "codecs": codecs}
     rows["torch.save"] = timed(lambda: torch.save(state, plain), a.repeats)
-    rows["ckptz.save"] = timed(lambda: ckptz.save(state, packed), a.repeats)
-    rows["bytes"] = {"plain": plain.stat().st_size, "container": packed.stat().st_size}
+    rows["bytes"] = {"plain": plain.stat().st_size}
     want = torch.load(plain, map_location="cpu", weights_only=True)
-    loads = {
-        "torch.load": lambda: torch.load(plain, map_location=dev, weights_only=True),
-        "ckptz.load": lambda: ckptz.load(packed, map_location=dev),
-    }
-    rows["correct"] = all(same(want, fn()) for fn in loads.values())
-    for name, fn in loads.items():
-        rows[f"{name} warm"] = timed(fn, a.repeats)
+    loads = {"torch.load": (plain, lambda p: torch.load(p, map_location=dev, weights_only=True))}
+    for codec in codecs:
+        packed = a.dir / f"optimizer.pt.{codec}.ckptz"
+        rows[f"ckptz.save {codec}"] = timed(
+            lambda p=packed, c=codec: ckptz.save(state, p, codec=c), a.repeats
+        )
+        rows["bytes"][codec] = packed.stat().st_size
+        loads[f"ckptz.load {codec}"] = (packed, lambda p: ckptz.load(p, map_location=dev))
+    rows["correct"] = all(same(want, fn(path)) for path, fn in loads.values())
+    for name, (path, fn) in loads.items():
+        rows[f"{name} warm"] = timed(lambda f=fn, p=path: f(p), a.repeats)
     a.disk.mkdir(parents=True, exist_ok=True)
-    cold = {"torch.load": a.disk / plain.name, "ckptz.load": a.disk / packed.name}
-    for name, path in cold.items():
-        path.write_bytes((plain if name == "torch.load" else packed).read_bytes())
-    if evict(cold["torch.load"]):
-        rows["torch.load cold"] = timed(
-            lambda: torch.load(cold["torch.load"], map_location=dev, weights_only=True),
-            a.repeats,
-            lambda: evict(cold["torch.load"]),
-        )
-        rows["ckptz.load cold"] = timed(
-            lambda: ckptz.load(cold["ckptz.load"], map_location=dev),
-            a.repeats,
-            lambda: evict(cold["ckptz.load"]),
-        )
-    for path in cold.values():
-        path.unlink()
+    for name, (path, fn) in loads.items():
+        cold = a.disk / path.name
+        cold.write_bytes(path.read_bytes())
+        if evict(cold):
+            rows[f"{name} cold"] = timed(lambda f=fn, p=cold: f(p), a.repeats, lambda p=cold: evict(p))
+        cold.unlink()
     out = Path(os.environ.get("OUT") or Path(__file__).parent / "out")
     out.mkdir(parents=True, exist_ok=True)
     (out / "load.json").write_text(json.dumps(rows, indent=1))
     n = rows["bytes"]["plain"]
     print(f"\n{size:g} GB optimizer.pt, map_location={dev}, median of {a.repeats} (GB/s of the plain file)")
-    print("| operation | seconds | GB/s | vs torch |\n|---|---:|---:|---:|")
+    print("| operation | seconds | GB/s | vs torch | ratio |\n|---|---:|---:|---:|---:|")
     for op in ("save", "load warm", "load cold"):
         ref = rows.get(f"torch.{op}")
-        for lib in ("torch", "ckptz"):
-            got = rows.get(f"{lib}.{op}")
+        for lib in ("torch", *(f"ckptz.{op.split()[0]} {c}" for c in codecs)):
+            key = f"torch.{op}" if lib == "torch" else f"{lib}{op[4:]}"
+            got = rows.get(key)
             if got:
                 med = statistics.median(got)
                 vs = statistics.median(ref) / med if ref else float("nan")
-                print(f"| {lib}.{op} | {med:.2f} | {n / med / GB:.2f} | {vs:.2f}× |")
-    ratio = rows["bytes"]["plain"] / rows["bytes"]["container"]
-    print(f"ratio {ratio:.3f}; every load equal to the original: {rows['correct']}")
+                codec = key.split()[1] if lib != "torch" else ""
+                ratio = f"{n / rows['bytes'][codec]:.3f}" if codec else ""
+                print(f"| {key} | {med:.2f} | {n / med / GB:.2f} | {vs:.2f}× | {ratio} |")
+    print(f"every load equal to the original: {rows['correct']}")
     return 0 if rows["correct"] else 1
 
 

@@ -10,10 +10,11 @@ The original keeps the target's own file name inside that folder, because the na
 of what some writers write: ``torch.save`` names its zip archive after the file.
 
 With ``memory=True`` the original is written into an anonymous file in memory instead
-(``memfd_create``; Linux), so no uncompressed byte reaches a disk: for writers that write
-through a file object (where the path's name does not matter), and callers that already
-hold that much memory free (Lightning's ``TorchCheckpointIO`` buffers the whole checkpoint
-in memory too). Elsewhere it falls back to the folder.
+(``memfd_create``; Linux), so no uncompressed byte reaches a disk: for writers that do not
+take the file's name from the path they are given (a file object; ``ckptz.save``'s image
+builder, which names its archive itself), and callers that have that much memory free
+(:func:`fits_in_memory`; Lightning's ``TorchCheckpointIO`` buffers the whole checkpoint in
+memory too). Elsewhere it falls back to the folder.
 """
 
 from __future__ import annotations
@@ -65,6 +66,30 @@ def _in_memory(name: str) -> Iterator[Path]:
         os.close(fd)
 
 
+@contextmanager
+def _scratch(folder: Path | None, name: str, memory: bool) -> Iterator[Path]:
+    """Where the original is written: in memory if asked and possible, else a private folder."""
+    if memory and hasattr(os, "memfd_create"):
+        with _in_memory(name) as raw:
+            yield raw
+    else:
+        with _original(folder, name) as raw:
+            yield raw
+
+
+def fits_in_memory(size: int) -> bool:
+    """Whether ``size`` bytes of scratch take at most half the memory the kernel says is free
+    (``MemAvailable``); False where that is unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return size <= int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def compress_to_path(
     target: Path,
     write: Writer,
@@ -105,11 +130,20 @@ def compress_to_path(
 
 
 def compress_to_stream(
-    out: IO[bytes], name: str, write: Writer, *, device: str | None, codec: str, level: int, verify: bool
+    out: IO[bytes],
+    name: str,
+    write: Writer,
+    *,
+    device: str | None,
+    codec: str,
+    level: int,
+    verify: bool,
+    memory: bool = False,
 ) -> None:
-    """Have ``write`` write the original (in ``$TMPDIR``), then compress it into ``out`` from
-    its current position, in order; ``name`` classifies it (``optimizer.pt``)."""
-    with _original(None, _relpath(name)) as raw:
+    """Have ``write`` write the original (in ``$TMPDIR``, or in memory with ``memory``), then
+    compress it into ``out`` from its current position, in order; ``name`` classifies it
+    (``optimizer.pt``)."""
+    with _scratch(None, _relpath(name), memory) as raw:
         write(raw)
         with _engine(device, codec, level) as engine:
             compress_file(raw, _relpath(name), cast(BinaryIO, _InOrder(out)), engine, verify=verify)
@@ -131,4 +165,4 @@ def _relpath(name: str) -> str:
     return Path(name).name.removesuffix(".ckptz") or "checkpoint"
 
 
-__all__ = ["Writer", "compress_to_path", "compress_to_stream"]
+__all__ = ["Writer", "compress_to_path", "compress_to_stream", "fits_in_memory"]

@@ -1,0 +1,174 @@
+"""``ckptz.library.torch_image``: the bytes ``torch.save`` writes, made from its skip_data archive."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from corpus import _dtypes, _rng_state, _trained
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ckptz
+from ckptz.library import torch_image
+from ckptz.library.torch_image import Unsupported, crc32_combine
+
+
+def _built(obj: Any, name: str, **kw: Any) -> bytes:
+    fd = os.memfd_create("image")
+    try:
+        torch_image.build(obj, fd, name, kw)
+        return os.pread(fd, 1 << 30, 0) if os.fstat(fd).st_size else b""
+    finally:
+        os.close(fd)
+
+
+def _torch_saved(obj: Any, tmp_path: Path, name: str, **kw: Any) -> bytes:
+    path = tmp_path / "torch" / name
+    path.parent.mkdir(exist_ok=True)
+    torch.save(obj, path, **kw)
+    return path.read_bytes()
+
+
+def _shared() -> dict[str, Any]:
+    base = torch.arange(64, dtype=torch.float32)
+    return {
+        "base": base,
+        "view": base[8:24],  # one storage, two tensors
+        "strided": base.view(8, 8).t(),
+        "storage": torch.arange(6, dtype=torch.uint8).untyped_storage(),
+        "typed": torch.arange(5, dtype=torch.int16).storage(),  # a TypedStorage
+        "empty": torch.empty(0),
+        "empty2": torch.zeros(0, 3, dtype=torch.bfloat16),
+        "scalar": torch.tensor(3.5),
+        "nested": [[torch.ones(2, 2)], (torch.zeros(3),), {"x": None, "y": 1.5, "z": "text"}],
+    }
+
+
+def _optimizer() -> dict[str, Any]:
+    model, opt, sched = _trained(torch.Generator().manual_seed(5))
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+
+
+OBJECTS: dict[str, Callable[[], Any]] = {
+    "dtypes": lambda: _dtypes(torch.Generator().manual_seed(3)),
+    "shared": _shared,
+    "optimizer": _optimizer,
+    "rng": _rng_state,
+    "no tensors": lambda: {"step": 7, "names": ["a", "b"]},
+    "one tensor": lambda: torch.randn(1000, 33, generator=torch.Generator().manual_seed(4)),
+    "module": lambda: torch.nn.Linear(5, 3),
+    "sparse": lambda: {"s": torch.eye(4).to_sparse(), "csr": torch.eye(3).to_sparse_csr()},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OBJECTS))
+@pytest.mark.parametrize("name", ["model.pt", "optimizer.pt.ckptz", "archive", "no_suffix"])
+def test_build_writes_exactly_torch_saves_bytes(tmp_path: Path, kind: str, name: str) -> None:
+    obj = OBJECTS[kind]()
+    assert _built(obj, name) == _torch_saved(obj, tmp_path, name)
+
+
+def test_archive_is_what_torch_save_writes_to_a_file_object() -> None:
+    obj = _shared()
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    assert _built(obj, "archive") == buf.getvalue()
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_save_arguments_are_torch_saves(tmp_path: Path, protocol: int) -> None:
+    obj = _optimizer()
+    kw = {"pickle_protocol": protocol, "pickle_module": pickle}
+    assert _built(obj, "p.pt", **kw) == _torch_saved(obj, tmp_path, "p.pt", **kw)
+
+
+def test_chunks_smaller_than_records_combine_to_the_records_crc(tmp_path: Path) -> None:
+    obj = {"a": torch.randn(10_000), "b": torch.arange(999, dtype=torch.int8), "c": torch.ones(1)}
+    with_chunks = tmp_path / "chunks"
+    with_chunks.mkdir()
+    skel = torch_image.skeleton(obj, with_chunks, "c.pt", {})
+    fd = os.memfd_create("image")
+    try:
+        torch_image.fill(skel, fd, threads=4, chunk=1000)  # 41 chunks, some records in one
+        assert os.pread(fd, skel.size, 0) == _torch_saved(obj, tmp_path, "c.pt")
+    finally:
+        os.close(fd)
+
+
+def test_crcs_stay_zero_where_torch_is_told_not_to_compute_them(tmp_path: Path) -> None:
+    from torch.utils.serialization import config
+
+    obj = _shared()
+    config.save.compute_crc32 = False
+    try:
+        assert _built(obj, "n.pt") == _torch_saved(obj, tmp_path, "n.pt")
+    finally:
+        config.save.compute_crc32 = True
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=300), st.binary(max_size=3000))
+def test_crc32_combine_is_zlibs(a: bytes, b: bytes) -> None:
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_the_legacy_format_is_left_to_torch(tmp_path: Path) -> None:
+    with pytest.raises(Unsupported):
+        torch_image.skeleton({"a": torch.ones(2)}, tmp_path, "l.pt", {"_use_new_zipfile_serialization": False})
+
+
+def test_a_skeleton_unlike_the_model_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If torch changed how it makes the serialization id, the check against the skeleton
+    itself catches it, before a byte of the image is written."""
+    real = torch_image.serialization_id
+
+    def other(skel: Any, f: Any, crcs: dict[str, int]) -> bytes:
+        return real(skel, f, crcs)[:-1] + b"0"
+
+    monkeypatch.setattr(torch_image, "serialization_id", other)
+    with pytest.raises(Unsupported, match="serialization_id"):
+        torch_image.skeleton({"a": torch.ones(2)}, tmp_path, "x.pt", {})
+
+
+def test_tensors_that_cannot_skip_their_data_are_saved_by_torch(tmp_path: Path) -> None:
+    obj = {"q": torch.quantize_per_tensor(torch.randn(40), 0.1, 3, torch.qint8), "w": torch.ones(3)}
+    with pytest.raises(Unsupported, match="skip data"):
+        torch_image.skeleton(obj, tmp_path, "q.pt", {})
+    ckptz.save(obj, tmp_path / "q.pt", device="cpu")
+    with ckptz.open(tmp_path / "q.pt") as f:
+        assert f.read() == _torch_saved(obj, tmp_path, "q.pt")
+
+
+def test_save_falls_back_to_torch_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise Unsupported("test")
+
+    monkeypatch.setattr(torch_image, "skeleton", refuse)
+    obj = _optimizer()
+    ckptz.save(obj, tmp_path / "f.pt", device="cpu")
+    with ckptz.open(tmp_path / "f.pt") as f:
+        assert f.read() == _torch_saved(obj, tmp_path, "f.pt")
+
+
+def test_save_keeps_the_original_off_the_disk_when_it_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In memory (memfd) when it fits, else a private folder beside the target: same bytes."""
+    from ckptz.library import saving
+
+    obj = _shared()
+    want = _torch_saved(obj, tmp_path, "m.pt")
+    for fits in (True, False):
+        monkeypatch.setattr(saving, "fits_in_memory", lambda _size, fits=fits: fits)
+        out = tmp_path / str(fits) / "m.pt"
+        out.parent.mkdir()
+        ckptz.save(obj, out, device="cpu")
+        with ckptz.open(out) as f:
+            assert f.read() == want
+        assert [p.name for p in out.parent.iterdir()] == ["m.pt"]
