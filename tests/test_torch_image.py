@@ -1,4 +1,5 @@
-"""``ckptz.library.torch_image``: the bytes ``torch.save`` writes, made from its skip_data archive."""
+"""``ckptz.library.torch_skeleton`` and ``torch_image``: the bytes ``torch.save`` writes,
+served from its skip_data archive and the tensors themselves."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ckptz
-from ckptz.library import torch_image
-from ckptz.library.torch_image import Unsupported, crc32_combine
+from ckptz.library import torch_image, torch_skeleton
+from ckptz.library.torch_image import Image
+from ckptz.library.torch_skeleton import Unsupported, crc32_combine
 
 
 def _built(obj: Any, name: str, **kw: Any) -> bytes:
@@ -94,7 +96,7 @@ def test_chunks_smaller_than_records_combine_to_the_records_crc(tmp_path: Path) 
     obj = {"a": torch.randn(10_000), "b": torch.arange(999, dtype=torch.int8), "c": torch.ones(1)}
     with_chunks = tmp_path / "chunks"
     with_chunks.mkdir()
-    skel = torch_image.skeleton(obj, with_chunks, "c.pt", {})
+    skel = torch_skeleton.skeleton(obj, with_chunks, "c.pt", {})
     fd = os.memfd_create("image")
     try:
         torch_image.fill(skel, fd, threads=4, chunk=1000)  # 41 chunks, some records in one
@@ -122,26 +124,28 @@ def test_crc32_combine_is_zlibs(a: bytes, b: bytes) -> None:
 
 def test_the_legacy_format_is_left_to_torch(tmp_path: Path) -> None:
     with pytest.raises(Unsupported):
-        torch_image.skeleton({"a": torch.ones(2)}, tmp_path, "l.pt", {"_use_new_zipfile_serialization": False})
+        torch_skeleton.skeleton(
+            {"a": torch.ones(2)}, tmp_path, "l.pt", {"_use_new_zipfile_serialization": False}
+        )
 
 
 def test_a_skeleton_unlike_the_model_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """If torch changed how it makes the serialization id, the check against the skeleton
     itself catches it, before a byte of the image is written."""
-    real = torch_image.serialization_id
+    real = torch_skeleton.serialization_id
 
     def other(skel: Any, f: Any, crcs: dict[str, int]) -> bytes:
         return real(skel, f, crcs)[:-1] + b"0"
 
-    monkeypatch.setattr(torch_image, "serialization_id", other)
+    monkeypatch.setattr(torch_skeleton, "serialization_id", other)
     with pytest.raises(Unsupported, match="serialization_id"):
-        torch_image.skeleton({"a": torch.ones(2)}, tmp_path, "x.pt", {})
+        torch_skeleton.skeleton({"a": torch.ones(2)}, tmp_path, "x.pt", {})
 
 
 def test_tensors_that_cannot_skip_their_data_are_saved_by_torch(tmp_path: Path) -> None:
     obj = {"q": torch.quantize_per_tensor(torch.randn(40), 0.1, 3, torch.qint8), "w": torch.ones(3)}
     with pytest.raises(Unsupported, match="skip data"):
-        torch_image.skeleton(obj, tmp_path, "q.pt", {})
+        torch_skeleton.skeleton(obj, tmp_path, "q.pt", {})
     ckptz.save(obj, tmp_path / "q.pt", device="cpu")
     with ckptz.open(tmp_path / "q.pt") as f:
         assert f.read() == _torch_saved(obj, tmp_path, "q.pt")
@@ -151,24 +155,47 @@ def test_save_falls_back_to_torch_save(tmp_path: Path, monkeypatch: pytest.Monke
     def refuse(*_a: Any, **_k: Any) -> Any:
         raise Unsupported("test")
 
-    monkeypatch.setattr(torch_image, "skeleton", refuse)
+    from ckptz.library import saving
+
+    monkeypatch.setattr(saving, "skeleton", refuse)
     obj = _optimizer()
     ckptz.save(obj, tmp_path / "f.pt", device="cpu")
     with ckptz.open(tmp_path / "f.pt") as f:
         assert f.read() == _torch_saved(obj, tmp_path, "f.pt")
 
 
-def test_save_keeps_the_original_off_the_disk_when_it_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In memory (memfd) when it fits, else a private folder beside the target: same bytes."""
-    from ckptz.library import saving
+def test_reads_at_any_offset_give_the_images_bytes(tmp_path: Path) -> None:
+    """The pipeline reads pieces that straddle structure and records, from many threads."""
+    obj = {"a": torch.randn(3000), "e": torch.empty(0), "b": torch.arange(77, dtype=torch.int8)}
+    want = _torch_saved(obj, tmp_path, "r.pt")
+    image = Image(torch_skeleton.skeleton(obj, tmp_path, "r.pt", {}), threads=3, chunk=500)
+    assert image.size == len(want)
+    for offset, n in [(0, len(want)), (0, 1), (5, 700), (600, 11_000), (len(want) - 3, 10), (len(want), 4)]:
+        buf = bytearray(n)
+        got = image.readinto(memoryview(buf), offset)
+        assert got == min(n, len(want) - offset)
+        assert bytes(buf[:got]) == want[offset : offset + got]
 
-    obj = _shared()
-    want = _torch_saved(obj, tmp_path, "m.pt")
-    for fits in (True, False):
-        monkeypatch.setattr(saving, "fits_in_memory", lambda _size, fits=fits: fits)
-        out = tmp_path / str(fits) / "m.pt"
-        out.parent.mkdir()
-        ckptz.save(obj, out, device="cpu")
-        with ckptz.open(out) as f:
-            assert f.read() == want
-        assert [p.name for p in out.parent.iterdir()] == ["m.pt"]
+
+def test_save_writes_no_uncompressed_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensors go straight into the pipeline: nothing beside the container, nothing in
+    ``$TMPDIR`` but the skeleton (holes where the tensors go)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    seen: list[int] = []
+    real = torch_skeleton._read
+
+    def spy(path: Path, *a: Any) -> Any:
+        seen.append(os.stat(path).st_blocks * 512)
+        return real(path, *a)
+
+    monkeypatch.setattr(torch_skeleton, "_read", spy)
+    obj = {"w": torch.randn(1 << 20)}  # 4 MiB
+    out = tmp_path / "out" / "m.pt"
+    out.parent.mkdir()
+    ckptz.save(obj, out, device="cpu")
+    with ckptz.open(out) as f:
+        assert f.read() == _torch_saved(obj, tmp_path, "m.pt")
+    assert [p.name for p in out.parent.iterdir()] == ["m.pt"]
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert seen and seen[0] < 1 << 20  # the skeleton held no tensor bytes (sparse)

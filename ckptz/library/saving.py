@@ -1,26 +1,30 @@
 """``ckptz.save``: ``torch.save`` into a compressed container.
 
-The original bytes, exactly those ``torch.save(obj, f)`` writes to the same ``f``, are made
-by :mod:`ckptz.library.torch_image` (``torch.save``'s own archive with the storages copied
-in on many threads), in memory when they fit (:mod:`ckptz.library.writing` says where
-otherwise), and the pipeline compresses them. Where that builder does not apply (an old
-torch, the legacy format, an archive it does not know), ``torch.save`` itself writes them.
+The pipeline compresses exactly the bytes ``torch.save(obj, f)`` writes to the same ``f``,
+read straight from the tensors (:mod:`ckptz.library.torch_image`: ``torch.save``'s own
+archive, written without its tensor bytes, with them served from the storages), so no
+uncompressed copy is written anywhere. Where that does not apply (an old torch, the legacy
+format, tensors that cannot skip their data, an archive it does not know), ``torch.save``
+itself writes the original into a private folder (:mod:`ckptz.library.writing`).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import IO, Any, cast
 
-from ckptz.library import torch_image
 from ckptz.library.sources import Source, source_name
-from ckptz.library.torch_image import Skeleton
-from ckptz.library.writing import compress_to_path, compress_to_stream, fits_in_memory
+from ckptz.library.torch_image import Image
+from ckptz.library.torch_skeleton import Unsupported, skeleton
+from ckptz.library.writing import (
+    Options,
+    compress_into_path,
+    compress_into_stream,
+    compress_to_path,
+    compress_to_stream,
+)
 
 
 def save(
@@ -37,8 +41,9 @@ def save(
 
     ``ckptz.load`` (or ``ckptz decompress``) gives back exactly the bytes ``torch.save(obj,
     f)`` writes. A path is written atomically: until the container is complete, an existing
-    file keeps its old content. Tensors on a GPU are copied to the host, on several threads,
-    before they are coded (coding them on the GPU before the copy is not implemented yet).
+    file keeps its old content. The tensors must not change until the call returns. Tensors
+    on a GPU are read twice by device-to-host copies (for their CRC-32s, then for coding);
+    coding them on the GPU without the copies is not implemented yet.
 
     Args:
         obj: what to save (anything ``torch.save`` takes).
@@ -58,49 +63,41 @@ def save(
         DeviceError: the device asked for cannot be used.
         WriteError: the target cannot be written (``OutOfSpaceError``: the disk is full).
     """
-    options: dict[str, Any] = {"device": device, "codec": codec, "level": level, "verify": verify}
+    options = Options(device, codec, level, verify)
     stream = None if isinstance(f, str | os.PathLike) else _writable(f)
-    name = "archive" if stream is not None else Path(cast(str, f)).name
-    with _image(obj, name, torch_save_args) as skel:
-        if skel is not None:
-            write, memory = partial(_fill, skel), fits_in_memory(skel.size)
-        else:
-            write, memory = partial(_torch_save, obj, torch_save_args, stream is not None), False
-        if stream is None:
-            compress_to_path(Path(cast(str, f)), write, memory=memory, **options)
-        else:
-            compress_to_stream(stream, source_name(f), write, memory=memory, **options)
-
-
-@contextmanager
-def _image(obj: object, name: str, save_args: dict[str, Any]) -> Iterator[Skeleton | None]:
-    """``obj``'s skeleton archive for the block, or None where ``torch.save`` must write it."""
+    target = Path(cast(str, f)) if stream is None else None
     with tempfile.TemporaryDirectory(prefix=".ckptz-save-") as folder:
         try:
-            skel = torch_image.skeleton(obj, Path(folder), name, save_args)
-        except torch_image.Unsupported:
-            skel = None
-        yield skel
+            skel = skeleton(obj, Path(folder), target.name if target else "archive", torch_save_args)
+        except Unsupported:
+            _fallback(obj, f, options, torch_save_args)
+            return
+        image = Image(skel)
+        if target is not None:
+            compress_into_path(target, skel.path, options, source=image)
+        else:
+            compress_into_stream(cast(IO[bytes], stream), source_name(f), skel.path, options, source=image)
 
 
-def _fill(skel: Skeleton, raw: Path) -> None:
-    # Created as torch.save creates its file: 0666 less the umask.
-    fd = os.open(raw, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-    try:
-        torch_image.fill(skel, fd)
-    finally:
-        os.close(fd)
-
-
-def _torch_save(obj: object, save_args: dict[str, Any], as_stream: bool, raw: Path) -> None:
+def _fallback(obj: object, f: Source, options: Options, save_args: dict[str, Any]) -> None:
+    """``torch.save`` writes the original into a private folder, and it is compressed from there."""
     import torch
 
-    if as_stream:
+    def write_path(raw: Path) -> None:
+        torch.save(obj, raw, **save_args)
+
+    def write_file(raw: Path) -> None:
         # A file object, as the caller's: torch.save names the zip archive "archive" then.
         with open(raw, "wb") as out:
             torch.save(obj, out, **save_args)
+
+    device, codec, level, verify = options.device, options.codec, options.level, options.verify
+    if isinstance(f, str | os.PathLike):
+        compress_to_path(Path(f), write_path, device=device, codec=codec, level=level, verify=verify)
     else:
-        torch.save(obj, raw, **save_args)
+        compress_to_stream(
+            _writable(f), source_name(f), write_file, device=device, codec=codec, level=level, verify=verify
+        )
 
 
 def _writable(f: IO[bytes]) -> IO[bytes]:

@@ -1,375 +1,187 @@
-"""The bytes ``torch.save`` writes, built without ``torch.save``'s copy of every tensor.
+"""The bytes ``torch.save`` writes, read straight from the tensors being saved.
 
-``torch.save`` copies each storage to the host one at a time (pageable for a GPU tensor),
-checksums it with one thread and writes it with one more copy. :func:`build` makes the same
-bytes in three steps:
+``torch.save`` copies each storage to the host one at a time (pageable, for a GPU tensor),
+checksums it on one thread and copies it once more into the file. An :class:`Image` serves
+the same bytes on demand instead, to many readers at once:
 
-1. **Skeleton.** ``torch.save`` itself runs under ``torch.serialization.skip_data``: it
-   pickles the object and writes the whole archive (records, alignment, zip structure) but
-   leaves every storage record's bytes out (a hole in a sparse file) and its CRC-32 zero.
-   A recording ``pickle_module`` notes which storage each ``data/<key>`` record holds, from
-   torch's own ``persistent_id`` answers, so the keys are torch's.
-2. **Fill.** The skeleton's bytes are copied into the target and every storage is copied
-   into its record there, in chunks, on several threads (a GPU storage straight from the
-   device), each chunk CRC-32'd as it lands.
-3. **Patch.** What depends on those bytes is written in: each data record's CRC-32 (in its
-   data descriptor or local header, and its central-directory entry) and the
-   ``.data/serialization_id`` record. PyTorch's writer (``caffe2/serialize/
-   inline_container.cc``) makes that id from a hash of the record names (unchanged) and
-   ``hash_combine`` of the CRC-32 of every record with bytes, in write order, 20 decimal
-   digits each; the record's own CRC-32 follows.
+- the archive's structure (pickle, headers, alignment, central directory) from the
+  :mod:`skeleton <ckptz.library.torch_skeleton>` that ``torch.save`` wrote without its
+  tensor bytes, kept in memory and patched with the CRC-32s and serialization id that the
+  tensor bytes give;
+- each record's bytes from its storage: ``memcpy`` for a host tensor, a device-to-host copy
+  for a GPU one (at full speed into the pipeline's pinned buffers).
 
-The model of step 3 is checked against the skeleton before it is trusted: the id recomputed
-from the skeleton's own CRCs must equal the one torch wrote, every data record must be
-stored, zero-CRC and as long as its storage, and every record must be accounted for.
-Anything else raises :class:`Unsupported`, and the caller falls back to ``torch.save``.
+The CRC-32s are needed before any reader asks for the structure that holds them, so they
+are taken first, in one pass over the storages on several threads (a GPU storage through a
+small pinned buffer per thread). The tensors must not change until the image is read.
 """
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import struct
 import tempfile
-import types
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckptz.formats.torchzip import ZipEntry, read_directory
+from ckptz.library.torch_skeleton import Skeleton, crc32_combine, serialization_id, skeleton
 
 if TYPE_CHECKING:
     import torch
 
-#: Bytes copied and checksummed as one piece of work.
-CHUNK = 64 << 20
-_DESCRIPTOR = b"PK\x07\x08"
-_CD_CRC = 16  # offset of the CRC-32 in a central-directory entry
-_LFH_FLAGS, _LFH_CRC = 6, 14
-_HAS_DESCRIPTOR = 0x08
-_U64 = (1 << 64) - 1
-_ID_RECORD = ".data/serialization_id"
-_ID_DIGITS = 20
+#: Bytes of one storage checksummed (or copied, by :func:`fill`) as one piece of work.
+CHUNK = 16 << 20
 
 
-class Unsupported(Exception):
-    """The skeleton is not what this module knows how to fill; use ``torch.save``."""
+def _threads(threads: int | None) -> int:
+    return threads or min(16, os.cpu_count() or 1)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One zip record of the skeleton, and where its CRC-32 lives.
+class Image:
+    """The finished archive's bytes (see the module docstring); a pipeline ``Source``.
 
-    Attributes:
-        entry: the record (name, offsets, size).
-        crc: its CRC-32 as the skeleton has it.
-        crc_at: the offsets of every copy of its CRC-32 (descriptor or local header, and
-            central directory).
+    Args:
+        skel: the skeleton; its storages must stay unchanged while the image is read.
+        threads: threads for the CRC-32 pass (default: the CPUs, at most 16).
+        chunk: bytes per CRC-32 job.
     """
 
-    entry: ZipEntry
-    crc: int
-    crc_at: tuple[int, ...]
+    def __init__(self, skel: Skeleton, *, threads: int | None = None, chunk: int = CHUNK) -> None:
+        import torch
 
-
-@dataclass(frozen=True, slots=True)
-class Skeleton:
-    """A ``skip_data`` archive and the storages its holes stand for.
-
-    Attributes:
-        path: the sparse skeleton file.
-        size: its length, which is the length of the finished image.
-        records: every record, in file order.
-        storages: ``data/<key>`` record name -> the storage to fill it with.
-        compute_crc: whether torch computed CRC-32s (``torch.utils.serialization.config``).
-    """
-
-    path: Path
-    size: int
-    records: tuple[Record, ...]
-    storages: dict[str, torch.UntypedStorage]
-    compute_crc: bool
-
-    @property
-    def data_bytes(self) -> int:
-        """How many bytes the storages fill."""
-        return sum(s.nbytes() for s in self.storages.values())
-
-
-def _recording(module: Any, seen: dict[str, Any]) -> types.ModuleType:
-    """``module`` with a ``Pickler`` that notes every storage torch's ``persistent_id`` names."""
-    base = module.Pickler
-    setter = getattr(base, "persistent_id", None)
-
-    class Pickler(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            inner = self.persistent_id  # type: ignore[has-type]
-
-            def record(obj: Any) -> Any:
-                pid = inner(obj)
-                if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage":
-                    seen.setdefault(str(pid[2]), getattr(obj, "_untyped_storage", obj))
-                return pid
-
-            # torch's subclass defines persistent_id as a method; the C pickler took it at
-            # __init__, so the new one goes in through the base class's own descriptor.
-            if hasattr(setter, "__set__"):
-                setter.__set__(self, record)  # type: ignore[union-attr]
-            else:
-                self.persistent_id = record
-
-    proxy = types.ModuleType(module.__name__)
-    proxy.__dict__.update(vars(module))
-    proxy.Pickler = Pickler  # type: ignore[attr-defined]
-    return proxy
-
-
-def skeleton(obj: object, folder: Path, name: str, save_args: dict[str, Any]) -> Skeleton:
-    """Write ``obj``'s ``skip_data`` archive as ``folder/name`` (the name is part of the archive).
-
-    Raises:
-        Unsupported: this torch cannot skip data (or not for ``obj``), the arguments ask
-            for the legacy format, or the archive is not one :func:`fill` knows.
-    """
-    import pickle
-
-    import torch
-
-    skip = getattr(torch.serialization, "skip_data", None)
-    if skip is None or not save_args.get("_use_new_zipfile_serialization", True):
-        raise Unsupported("this torch.save cannot skip data")
-    seen: dict[str, Any] = {}
-    args = dict(save_args)
-    args["pickle_module"] = _recording(args.get("pickle_module", pickle), seen)
-    path = folder / name
-    try:
-        with skip():
-            torch.save(obj, path, **args)
-    except Exception as exc:
-        # Some tensors refuse to skip their data (quantized ones); an object torch.save
-        # cannot save at all fails again, with torch's own error, in the fallback.
-        raise Unsupported(f"torch.save could not skip data: {exc}") from None
-    from torch.utils.serialization import config
-
-    return _read(path, seen, bool(config.save.compute_crc32))
-
-
-def _read(path: Path, seen: dict[str, Any], compute_crc: bool) -> Skeleton:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        try:
-            _base, entries = read_directory(f, size)
-        except Exception as exc:  # a skeleton this module cannot parse is torch's business
-            raise Unsupported(f"unexpected skeleton: {exc}") from None
-        central = _central_offsets(f, size)
-        records = tuple(_record(f, e, central) for e in entries)
-    prefix = entries[0].name.split("/", 1)[0] + "/" if entries else ""
-    storages = {}
-    for rec in records:
-        rel = rec.entry.name.removeprefix(prefix)
-        if rel.startswith("data/"):
-            storage = seen.get(rel[5:])
-            if storage is None or storage.nbytes() != rec.entry.size or rec.entry.method != 0:
-                raise Unsupported(f"record {rec.entry.name} does not match a storage")
-            if rec.crc:
-                raise Unsupported(f"record {rec.entry.name} has a CRC without its data")
-            storages[rec.entry.name] = storage
-    if len(storages) != len(seen):
-        raise Unsupported("a storage has no record")
-    skel = Skeleton(path, size, records, storages, compute_crc)
-    with open(path, "rb") as f:
-        if serialization_id(skel, f, {}) != _read_id(skel, f):
-            raise Unsupported("serialization_id is not made as this module expects")
-    return skel
-
-
-def _record(f: Any, e: ZipEntry, central_at: dict[str, int]) -> Record:
-    f.seek(e.header)
-    head = f.read(30)
-    (flags,) = struct.unpack_from("<H", head, _LFH_FLAGS)
-    if flags & _HAS_DESCRIPTOR:
-        f.seek(e.end)
-        sig = f.read(4)
-        first = e.end + 4 if sig == _DESCRIPTOR else e.end
-    else:
-        first = e.header + _LFH_CRC
-    central = central_at.get(e.name)
-    if central is None:
-        raise Unsupported(f"record {e.name} is missing from the central directory")
-    f.seek(central + _CD_CRC)
-    (crc,) = struct.unpack("<I", f.read(4))
-    f.seek(first)
-    (local,) = struct.unpack("<I", f.read(4))
-    if local != crc:
-        raise Unsupported(f"record {e.name}: CRC-32 copies disagree")
-    return Record(e, crc, (first, central + _CD_CRC))
-
-
-def _central_offsets(f: Any, size: int) -> dict[str, int]:
-    tail = min(size, 1 << 16)
-    f.seek(size - tail)
-    end = f.read(tail)
-    eocd = end.rfind(b"PK\x05\x06")
-    if eocd < 0:
-        raise Unsupported("no end of central directory")
-    cd_off = struct.unpack_from("<I", end, eocd + 16)[0]
-    z64 = end.rfind(b"PK\x06\x06", 0, eocd)
-    if z64 >= 0:
-        cd_off = struct.unpack_from("<Q", end, z64 + 48)[0]
-    f.seek(cd_off)
-    cd = f.read(size - cd_off)
-    out, pos = {}, 0
-    while cd.startswith(b"PK\x01\x02", pos):
-        nlen, elen, clen = struct.unpack_from("<HHH", cd, pos + 28)
-        out[cd[pos + 46 : pos + 46 + nlen].decode("utf-8", "surrogateescape")] = cd_off + pos
-        pos += 46 + nlen + elen + clen
-    return out
-
-
-def _id_record(skel: Skeleton) -> Record:
-    for rec in skel.records:
-        if rec.entry.name.endswith("/" + _ID_RECORD):
-            return rec
-    raise Unsupported("no serialization_id record")
-
-
-def _read_id(skel: Skeleton, f: Any) -> bytes:
-    rec = _id_record(skel)
-    f.seek(rec.entry.data)
-    return bytes(f.read(rec.entry.size))
-
-
-def serialization_id(skel: Skeleton, f: Any, crcs: dict[str, int]) -> bytes:
-    """The id record's bytes with every record's CRC-32 (``crcs`` over the skeleton's)."""
-    rec = _id_record(skel)
-    combined = 0
-    for other in skel.records:
-        if other is rec:
-            break
-        if not other.entry.size:  # the writer combines only records with bytes
-            continue
-        crc = crcs.get(other.entry.name, other.crc)
-        # c10::hash_combine on size_t
-        combined ^= (crc + 0x9E3779B9 + ((combined << 6) & _U64) + (combined >> 2)) & _U64
-    old = _read_id(skel, f)
-    if len(old) != 2 * _ID_DIGITS or not old.isdigit():
-        raise Unsupported("serialization_id is not 40 digits")
-    return old[:_ID_DIGITS] + str(combined).zfill(_ID_DIGITS).encode()
-
-
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC-32 of ``a + b`` from ``crc32(a)``, ``crc32(b)`` and ``len(b)`` (zlib's method)."""
-    if len2 <= 0:
-        return crc1
-    odd = [0xEDB88320] + [1 << n for n in range(31)]  # the operator for one zero bit
-    even = _gf2_square(odd)  # two zero bits
-    odd = _gf2_square(even)  # four
-    while True:
-        even = _gf2_square(odd)  # first pass: one zero byte
-        if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
-        len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
-    return crc1 ^ crc2
-
-
-def _gf2_times(mat: list[int], vec: int) -> int:
-    out, i = 0, 0
-    while vec:
-        if vec & 1:
-            out ^= mat[i]
-        vec >>= 1
-        i += 1
-    return out
-
-
-def _gf2_square(mat: list[int]) -> list[int]:
-    return [_gf2_times(mat, mat[n]) for n in range(32)]
-
-
-def fill(skel: Skeleton, fd: int, *, threads: int | None = None, chunk: int = CHUNK) -> None:
-    """Write the finished image into ``fd`` (an empty regular or memory file).
-
-    Raises:
-        OSError: ``fd`` cannot be grown or mapped.
-    """
-    os.ftruncate(fd, skel.size)
-    holes = sorted((r.entry.data, r.entry.end) for r in skel.records if r.entry.name in skel.storages)
-    with open(skel.path, "rb") as src:
-        pos = 0
-        for start, end in [*holes, (skel.size, skel.size)]:
-            _copy(src.fileno(), fd, pos, start - pos)
-            pos = end
-    if not skel.size:
-        return
-    with mmap.mmap(fd, skel.size) as image:
-        crcs = _fill_storages(skel, image, threads or min(16, os.cpu_count() or 1), chunk)
+        self.size = skel.size
+        self._tensors = {name: _bytes_of(s) for name, s in skel.storages.items()}
+        self._local = threading.local()
+        crcs = self._crcs(skel, _threads(threads), chunk)
+        # The regions partition the file: structure bytes (in memory) and storage records.
+        regions: list[tuple[int, int, bytearray | torch.Tensor]] = []
+        holes = sorted(
+            (r.entry.data, r.entry.end, r.entry.name) for r in skel.records if r.entry.name in crcs
+        )
         with open(skel.path, "rb") as f:
+            pos = 0
+            for start, end, name in [*holes, (skel.size, skel.size, "")]:
+                if start > pos:
+                    regions.append((pos, start, bytearray(os.pread(f.fileno(), start - pos, pos))))
+                if end > start:
+                    regions.append((start, end, self._tensors[name]))
+                pos = end
             sid = serialization_id(skel, f, crcs)
-        rec = _id_record(skel)
-        image[rec.entry.data : rec.entry.end] = sid
+        self._regions = regions
+        self._starts = [r[0] for r in regions]
+        rec = next(r for r in skel.records if r.entry.name.endswith("/.data/serialization_id"))
+        self._patch(rec.entry.data, sid)
         crcs[rec.entry.name] = zlib.crc32(sid) if skel.compute_crc else 0
         for r in skel.records:
             if r.entry.name in crcs:
                 for at in r.crc_at:
-                    image[at : at + 4] = struct.pack("<I", crcs[r.entry.name])
+                    self._patch(at, struct.pack("<I", crcs[r.entry.name]))
+        self._gpu = any(t.device.type == "cuda" for t in self._tensors.values())
+        self._torch = torch
+
+    def _crcs(self, skel: Skeleton, threads: int, chunk: int) -> dict[str, int]:
+        """Every data record's CRC-32 (0 where torch does not compute them)."""
+        if not skel.compute_crc:
+            return dict.fromkeys(skel.storages, 0)
+        jobs = [
+            (name, start, min(chunk, t.numel() - start))
+            for name, t in self._tensors.items()
+            for start in range(0, t.numel(), chunk)
+        ]
+
+        def one(job: tuple[str, int, int]) -> int:
+            name, start, length = job
+            t = self._tensors[name][start : start + length]
+            if t.device.type != "cpu":
+                staging = self._staging(chunk)[:length]
+                self._copy(staging, t)
+                t = staging
+            return zlib.crc32(t.numpy().data)
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="ckptz-crc") as pool:
+            parts = list(pool.map(one, jobs))
+        crcs = dict.fromkeys(skel.storages, 0)
+        for (name, start, length), crc in zip(jobs, parts, strict=True):
+            crcs[name] = crc32_combine(crcs[name], crc, length) if start else crc
+        return crcs
+
+    def _staging(self, size: int) -> torch.Tensor:
+        import torch
+
+        buf = getattr(self._local, "staging", None)
+        if buf is None or buf.numel() < size:
+            buf = self._local.staging = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        return buf
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst.copy_(src)``, a device's copy on this thread's own stream (threads overlap)."""
+        if src.device.type != "cuda":
+            dst.copy_(src)
+            return
+        import torch
+
+        stream = getattr(self._local, "stream", None)
+        if stream is None or stream.device != src.device:
+            stream = self._local.stream = torch.cuda.Stream(src.device)
+        with torch.cuda.stream(stream):
+            dst.copy_(src)  # to host memory: returns once the bytes are there
+
+    def _patch(self, at: int, data: bytes) -> None:
+        i = bisect.bisect_right(self._starts, at) - 1
+        start, end, part = self._regions[i]
+        if not isinstance(part, bytearray) or at + len(data) > end:
+            raise AssertionError("a CRC-32 or the serialization id lies outside the structure")
+        part[at - start : at - start + len(data)] = data
+
+    def readinto(self, view: memoryview, offset: int) -> int:
+        """Fill ``view`` with the image's bytes from ``offset``; how many (fewer past the end)."""
+        done, n = 0, len(view)
+        i = bisect.bisect_right(self._starts, offset) - 1
+        while done < n and offset + done < self.size:
+            start, end, part = self._regions[i]
+            at = offset + done
+            k = min(end - at, n - done)
+            if isinstance(part, bytearray):
+                view[done : done + k] = part[at - start : at - start + k]
+            else:
+                dst = self._torch.frombuffer(view[done : done + k], dtype=self._torch.uint8)
+                self._copy(dst, part[at - start : at - start + k])
+            done += k
+            i += 1
+        return done
 
 
-def _copy(src: int, dst: int, offset: int, length: int) -> None:
-    while length > 0:
-        data = os.pread(src, min(length, 1 << 24), offset)
-        if not data:
-            raise Unsupported("skeleton is shorter than its directory says")
-        os.pwrite(dst, data, offset)
-        offset += len(data)
-        length -= len(data)
+def fill(skel: Skeleton, fd: int, *, threads: int | None = None, chunk: int = CHUNK) -> None:
+    """Write the whole image into ``fd`` (an empty regular or memory file)."""
+    image = Image(skel, threads=threads, chunk=chunk)
+    os.ftruncate(fd, skel.size)
+    if not skel.size:
+        return
+    with mmap.mmap(fd, skel.size) as m:
+        view = memoryview(m)
+        try:
+            with ThreadPoolExecutor(_threads(threads), thread_name_prefix="ckptz-fill") as pool:
+                starts = range(0, skel.size, chunk)
+                for got in pool.map(lambda a: image.readinto(view[a : a + chunk], a), starts):
+                    assert got > 0
+        finally:
+            view.release()
 
 
-def _fill_storages(skel: Skeleton, image: mmap.mmap, threads: int, chunk: int) -> dict[str, int]:
-    """Copy every storage into its record, ``chunk`` bytes a job; each record's CRC-32."""
-    jobs = [
-        (r.entry.name, start, min(chunk, r.entry.size - start), r.entry.data + start)
-        for r in skel.records
-        if r.entry.name in skel.storages
-        for start in range(0, r.entry.size, chunk)
-    ]
-    parts = _copy_jobs(skel, image, jobs, threads)
-    crcs = dict.fromkeys(skel.storages, 0)
-    for (name, start, length, _at), crc in zip(jobs, parts, strict=True):
-        crcs[name] = crc32_combine(crcs[name], crc, length) if start else crc
-    return crcs
+def build(obj: object, fd: int, name: str, save_args: dict[str, Any]) -> None:
+    """Write exactly what ``torch.save(obj, <a file named name>, **save_args)`` writes into ``fd``.
 
-
-def _copy_jobs(
-    skel: Skeleton, image: mmap.mmap, jobs: list[tuple[str, int, int, int]], threads: int
-) -> list[int]:
-    import torch
-
-    # The views below hold the map open until this function returns.
-    whole = torch.frombuffer(image, dtype=torch.uint8)
-    view = memoryview(image)
-
-    def one(job: tuple[str, int, int, int]) -> int:
-        name, start, length, at = job
-        # A GPU storage is copied straight from the device (pageable: it waits for the copy).
-        whole[at : at + length].copy_(_bytes_of(skel.storages[name])[start : start + length])
-        return zlib.crc32(view[at : at + length]) if skel.compute_crc else 0
-
-    try:
-        with ThreadPoolExecutor(threads, thread_name_prefix="ckptz-save") as pool:
-            return list(pool.map(one, jobs))
-    finally:
-        view.release()
+    Raises:
+        Unsupported: see :func:`~ckptz.library.torch_skeleton.skeleton`; nothing was
+            written to ``fd`` then.
+    """
+    with tempfile.TemporaryDirectory(prefix=".ckptz-skeleton-") as d:
+        fill(skeleton(obj, Path(d), name, save_args), fd)
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -378,23 +190,4 @@ def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
-def build(obj: object, fd: int, name: str, save_args: dict[str, Any]) -> None:
-    """Write exactly what ``torch.save(obj, <a file named name>, **save_args)`` writes into ``fd``.
-
-    Raises:
-        Unsupported: see :func:`skeleton`; nothing was written to ``fd`` then.
-    """
-    with tempfile.TemporaryDirectory(prefix=".ckptz-skeleton-") as d:
-        fill(skeleton(obj, Path(d), name, save_args), fd)
-
-
-__all__ = [
-    "CHUNK",
-    "Skeleton",
-    "Unsupported",
-    "build",
-    "crc32_combine",
-    "fill",
-    "serialization_id",
-    "skeleton",
-]
+__all__ = ["CHUNK", "Image", "build", "fill"]

@@ -6,15 +6,18 @@ on the same file system and in the page cache when it is read back); the pipelin
 (:func:`ckptz.safeio.atomic_output`: a crash leaves the old file or the new one, never a
 half-written one), in order for a file object; then the temporary folder goes.
 
+:func:`compress_into_path` and :func:`compress_into_stream` compress bytes that are already
+somewhere (``ckptz.save``'s :class:`~ckptz.library.torch_image.Image` serves them straight
+from the tensors).
+
 The original keeps the target's own file name inside that folder, because the name is part
 of what some writers write: ``torch.save`` names its zip archive after the file.
 
 With ``memory=True`` the original is written into an anonymous file in memory instead
-(``memfd_create``; Linux), so no uncompressed byte reaches a disk: for writers that do not
-take the file's name from the path they are given (a file object; ``ckptz.save``'s image
-builder, which names its archive itself), and callers that have that much memory free
-(:func:`fits_in_memory`; Lightning's ``TorchCheckpointIO`` buffers the whole checkpoint in
-memory too). Elsewhere it falls back to the folder.
+(``memfd_create``; Linux), so no uncompressed byte reaches a disk: for writers that write
+through a file object (where the path's name does not matter), and callers that already
+hold that much memory free (Lightning's ``TorchCheckpointIO`` buffers the whole checkpoint
+in memory too). Elsewhere it falls back to the folder.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO, cast
 
@@ -30,15 +34,28 @@ from ckptz.engines import open_engine
 from ckptz.engines.base import Engine
 from ckptz.meta import FileMeta
 from ckptz.pipeline import compress_file
+from ckptz.pipeline.compress import Source
 from ckptz.safeio import atomic_output, os_error
 
 #: Writes the original file at the path it is given.
 Writer = Callable[[Path], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How the library compresses: ``ckptz.save``'s and ``save_file``'s keyword arguments."""
+
+    device: str | None
+    codec: str
+    level: int
+    verify: bool
+
+
 @contextmanager
-def _engine(device: str | None, codec: str, level: int) -> Iterator[Engine]:
-    engine, _notice = open_engine(device, codec=codec, level=level)  # the library never prints
+def _engine(options: Options) -> Iterator[Engine]:
+    engine, _notice = open_engine(
+        options.device, codec=options.codec, level=options.level
+    )  # the library never prints
     try:
         yield engine
     finally:
@@ -66,30 +83,6 @@ def _in_memory(name: str) -> Iterator[Path]:
         os.close(fd)
 
 
-@contextmanager
-def _scratch(folder: Path | None, name: str, memory: bool) -> Iterator[Path]:
-    """Where the original is written: in memory if asked and possible, else a private folder."""
-    if memory and hasattr(os, "memfd_create"):
-        with _in_memory(name) as raw:
-            yield raw
-    else:
-        with _original(folder, name) as raw:
-            yield raw
-
-
-def fits_in_memory(size: int) -> bool:
-    """Whether ``size`` bytes of scratch take at most half the memory the kernel says is free
-    (``MemAvailable``); False where that is unknown."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return size <= int(line.split()[1]) * 1024 // 2
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
 def compress_to_path(
     target: Path,
     write: Writer,
@@ -110,43 +103,60 @@ def compress_to_path(
         WriteError: the target's folder is not writable.
         OutOfSpaceError: the disk filled up (nothing is left behind).
     """
+    options = Options(device, codec, level, verify)
     if memory and hasattr(os, "memfd_create"):
         with _in_memory(target.name) as raw:
             write(raw)
-            with _engine(device, codec, level) as engine, atomic_output(target) as (out, _tmp):
-                # Created as the original would have been: the umask's bits, now, this user.
-                meta = FileMeta.of(os.fstat(out.fileno()))
-                compress_file(
-                    raw, _relpath(target.name), out, engine, verify=verify, source_fields=meta.to_json()
-                )
+            compress_into_path(target, raw, options)
         return
     with _original(target.parent, target.name) as raw:
         write(raw)
-        meta = FileMeta.of(raw.stat())
-        with _engine(device, codec, level) as engine, atomic_output(target, meta.container()) as (out, _tmp):
-            compress_file(
-                raw, _relpath(target.name), out, engine, verify=verify, source_fields=meta.to_json()
-            )
+        compress_into_path(target, raw, options, FileMeta.of(raw.stat()))
+
+
+def compress_into_path(
+    target: Path, layout: Path, options: Options, meta: FileMeta | None = None, source: Source | None = None
+) -> None:
+    """Compress the file ``layout`` (or, with ``source``, the bytes it serves, laid out as
+    ``layout`` is) into ``target`` atomically, with ``meta``'s bits and mtime, else those of
+    a new file (the umask's bits, now, this user)."""
+    with _engine(options) as engine, atomic_output(target, meta.container() if meta else None) as (out, _tmp):
+        fields = (meta or FileMeta.of(os.fstat(out.fileno()))).to_json()
+        compress_file(
+            layout,
+            _relpath(target.name),
+            out,
+            engine,
+            verify=options.verify,
+            source_fields=fields,
+            source=source,
+        )
 
 
 def compress_to_stream(
-    out: IO[bytes],
-    name: str,
-    write: Writer,
-    *,
-    device: str | None,
-    codec: str,
-    level: int,
-    verify: bool,
-    memory: bool = False,
+    out: IO[bytes], name: str, write: Writer, *, device: str | None, codec: str, level: int, verify: bool
 ) -> None:
-    """Have ``write`` write the original (in ``$TMPDIR``, or in memory with ``memory``), then
-    compress it into ``out`` from its current position, in order; ``name`` classifies it
-    (``optimizer.pt``)."""
-    with _scratch(None, _relpath(name), memory) as raw:
+    """Have ``write`` write the original (in ``$TMPDIR``), then compress it into ``out`` from
+    its current position, in order; ``name`` classifies it (``optimizer.pt``)."""
+    with _original(None, _relpath(name)) as raw:
         write(raw)
-        with _engine(device, codec, level) as engine:
-            compress_file(raw, _relpath(name), cast(BinaryIO, _InOrder(out)), engine, verify=verify)
+        compress_into_stream(out, name, raw, Options(device, codec, level, verify))
+
+
+def compress_into_stream(
+    out: IO[bytes], name: str, layout: Path, options: Options, source: Source | None = None
+) -> None:
+    """Compress the file ``layout`` (or ``source``, see :func:`compress_into_path`) into
+    ``out`` from its current position, in order."""
+    with _engine(options) as engine:
+        compress_file(
+            layout,
+            _relpath(name),
+            cast(BinaryIO, _InOrder(out)),
+            engine,
+            verify=options.verify,
+            source=source,
+        )
 
 
 class _InOrder:
@@ -165,4 +175,11 @@ def _relpath(name: str) -> str:
     return Path(name).name.removesuffix(".ckptz") or "checkpoint"
 
 
-__all__ = ["Writer", "compress_to_path", "compress_to_stream", "fits_in_memory"]
+__all__ = [
+    "Options",
+    "Writer",
+    "compress_into_path",
+    "compress_into_stream",
+    "compress_to_path",
+    "compress_to_stream",
+]

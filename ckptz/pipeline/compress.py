@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import numpy as np
 
@@ -67,6 +67,23 @@ def _no_progress(_: int) -> None:
     pass
 
 
+class Source(Protocol):
+    """Where a file's bytes are read from, if not from the file itself."""
+
+    def readinto(self, view: memoryview, offset: int) -> int:
+        """Fill ``view`` from ``offset``; how many bytes there were (fewer past the end).
+        Called from several threads at once."""
+        ...
+
+
+class _FileSource:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def readinto(self, view: memoryview, offset: int) -> int:
+        return os.preadv(self.fd, [view], offset)
+
+
 @dataclass(frozen=True, slots=True)
 class WrittenContainer:
     """What compressing one file produced."""
@@ -88,6 +105,7 @@ def compress_file(
     source_fields: Mapping[str, object] | None = None,
     transform: Callable[[FileLayout], FrameTransform | None] | None = None,
     digest: Kind = TREE,
+    source: Source | None = None,
 ) -> WrittenContainer:
     """Compress ``src`` into the open, empty file ``out`` (``None``: code everything and
     write nothing, to measure the pipeline without storage).
@@ -104,6 +122,9 @@ def compress_file(
             through (:mod:`ckptz.pipeline.transform`; a series delta).
         digest: the kind of whole-file digest to record (re-coding a container keeps its
             own, so the containers coded against it still match it).
+        source: where the bytes are read from; ``src`` then only gives the layout, so it
+            may be a file of the same structure whose tensor bytes are holes
+            (:mod:`ckptz.library.torch_image`).
 
     Raises:
         FormatError: the source changed while being read.
@@ -114,12 +135,16 @@ def compress_file(
     change = transform(layout) if transform is not None else None
     plan = plan_streams(layout, engine.frame_size, src, change.apart if change else frozenset())
     pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-    fd = os.open(src, os.O_RDONLY)
+    fd = os.open(src, os.O_RDONLY) if source is None else -1
     try:
-        run = _Compression(fd, relpath, layout, plan, out, engine, pools, progress, verify, change, digest)
+        reader = source if source is not None else _FileSource(fd)
+        run = _Compression(
+            reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
+        )
         return run.run(source_fields or {})
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 class _Compression:
@@ -127,7 +152,7 @@ class _Compression:
 
     def __init__(
         self,
-        fd: int,
+        source: Source,
         relpath: str,
         layout: FileLayout,
         plan: StreamPlan,
@@ -141,7 +166,7 @@ class _Compression:
     ) -> None:
         self.change = change
         self.digest = Piecewise(digest, layout.size)
-        self.fd, self.relpath, self.layout, self.plan = fd, relpath, layout, plan
+        self.source, self.relpath, self.layout, self.plan = source, relpath, layout, plan
         self.stream = out if out is not None and not _regular(out) else None
         self.out = out.fileno() if out is not None and self.stream is None else None
         self.out_path = getattr(out, "name", None)
@@ -189,7 +214,7 @@ class _Compression:
             hasher.join()
             wait(self.tasks)
             self.slots.close()
-        if os.pread(self.fd, 1, self.layout.size):
+        if self.source.readinto(memoryview(bytearray(1)), self.layout.size):
             raise FormatError("file grew while being read", path=self.relpath)
         rows = [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in chunks]  # checksums are in now
         header = self._header(source_digest, rows)
@@ -230,7 +255,7 @@ class _Compression:
         try:
             view = buf[: frame.length]
             for at, within, n in frame.pieces:
-                if os.preadv(self.fd, [view.data[within : within + n]], at) != n:
+                if self.source.readinto(view.data[within : within + n], at) != n:
                     raise FormatError("file changed or was truncated while being read", path=self.relpath)
             self.digest.hash_whole(frame.pieces, view)  # while the bytes are in cache
             coded = view if self.change is None else self.change.forward(frame, view)
@@ -441,4 +466,4 @@ def _frame_ranges(index: Index) -> list[tuple[int, int]]:
     return ranges
 
 
-__all__ = ["WrittenContainer", "compress_file"]
+__all__ = ["Source", "WrittenContainer", "compress_file"]
