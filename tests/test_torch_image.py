@@ -199,3 +199,23 @@ def test_save_writes_no_uncompressed_copy(tmp_path: Path, monkeypatch: pytest.Mo
     assert [p.name for p in out.parent.iterdir()] == ["m.pt"]
     assert list((tmp_path / "tmp").iterdir()) == []
     assert seen and seen[0] < 1 << 20  # the skeleton held no tensor bytes (sparse)
+
+
+@pytest.mark.gpu
+def test_gpu_tensors_are_read_from_the_device(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(6)
+    obj: dict[str, Any] = {k: v.cuda() for k, v in _dtypes(gen).items()}
+    obj["big"] = torch.randn(3_000_000, generator=gen).cuda()
+    obj["view"] = obj["big"][10:20]
+    obj["host"] = torch.arange(100)
+    want = _torch_saved(obj, tmp_path, "g.pt")
+    image = Image(torch_skeleton.skeleton(obj, tmp_path, "g.pt", {}), threads=4, chunk=1 << 20)
+    buf = bytearray(len(want))
+    assert image.readinto(memoryview(buf), 0) == len(want)
+    assert bytes(buf) == want
+    fd = os.memfd_create("image")
+    try:
+        torch_image.fill(torch_skeleton.skeleton(obj, tmp_path, "g.pt", {}), fd, threads=4, chunk=1 << 20)
+        assert os.pread(fd, len(want) + 1, 0) == want
+    finally:
+        os.close(fd)
