@@ -30,6 +30,8 @@ GRAIN = 2 << 20
 KEEP = 2 << 30
 #: ``cudaHostRegisterPortable``: the memory counts as pinned for every device.
 _PORTABLE = 1
+#: Regions CUDA would not unregister, kept mapped (see :meth:`_Region.close`).
+_UNRELEASED: list[_Region] = []
 
 
 class _Region:
@@ -56,8 +58,12 @@ class _Region:
 
     def close(self) -> None:
         """Unpin and unmap (no lease of it may be left)."""
-        if self._map is not None:
-            torch.cuda.cudart().cudaHostUnregister(self.start)
+        if self._map is not None and int(torch.cuda.cudart().cudaHostUnregister(self.start)) != 0:
+            # CUDA still counts these pages as pinned: unmapped, their addresses could come
+            # back in a later allocation that the driver would then take for pinned memory.
+            # Keep the mapping for the process instead.
+            _UNRELEASED.append(self)
+            return
         del self.array
         self._map = self._tensor = None
 
