@@ -1,10 +1,10 @@
 """``ckptz.open``: a seekable, read-only file object over a container's original bytes.
 
 Frames are decoded only when a read reaches them (:class:`~ckptz.pipeline.decoder.FrameDecoder`
-finds the frames under a byte range and checks each one), and the last few are kept, so a
-library that reads a file object (``torch.load``, a safetensors header parser, ``zipfile``)
-works on a container as it does on the original file, and reading one tensor costs the frames
-that hold it. The frames a read needs are decoded in parallel on the engine.
+finds the frames under a byte range and checks each one), and the last few that a read used
+only in part are kept, so a library that reads a file object (``torch.load``, a safetensors
+header parser, ``zipfile``) works on a container as it does on the original file, and reading
+one tensor costs the frames that hold it. The frames a read needs are decoded in parallel on the engine.
 
 Every payload and every frame is checked before its bytes are returned. The whole file's
 digest can only be checked over every byte in order: a reader that reads the file from its
@@ -200,8 +200,18 @@ class ContainerReader(io.RawIOBase):
             while queue:
                 i, got = queue.popleft()
                 top_up()
-                data = got if isinstance(got, np.ndarray) else self._keep(i, self._decoder.finish(i, got))
-                for at, within, n in self._decoder.frames[i].pieces:
+                pieces = self._decoder.frames[i].pieces
+                if isinstance(got, np.ndarray):
+                    data = got
+                else:
+                    data = self._decoder.finish(i, got)
+                    # Only a frame this read leaves bytes of is kept. One it covers whole is
+                    # done with, and keeping it would evict the frames that the neighbours of
+                    # a large tensor, in other streams, still share (a 100 MB tensor's frames
+                    # would flush the whole cache).
+                    if any(at < lo or at + n > hi for at, _, n in pieces):
+                        self._keep(i, data)
+                for at, within, n in pieces:
                     s, e = max(lo, at), min(hi, at + n)
                     if s < e:
                         out[s - lo : e - lo] = data.data[within + s - at : within + e - at]
@@ -210,13 +220,12 @@ class ContainerReader(io.RawIOBase):
                 if isinstance(got, Future):
                     got.cancel()
 
-    def _keep(self, i: int, data: np.ndarray) -> np.ndarray:
+    def _keep(self, i: int, data: np.ndarray) -> None:
         self._cache[i] = data
         self._cached += data.size
         while self._cached > self._cache_bytes and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
             self._cached -= old.size
-        return data
 
     def _digest(self, data: memoryview, lo: int) -> None:
         if lo != self._hashed or self._hashed >= self._size:
