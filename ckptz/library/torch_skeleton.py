@@ -42,7 +42,7 @@ _ID_DIGITS = 20
 
 
 class Unsupported(Exception):
-    """The skeleton is not what this module knows how to fill; use ``torch.save``."""
+    """The skeleton is not one this module can model; ``torch.save`` must write the bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +82,6 @@ class Skeleton:
     storages: dict[str, torch.UntypedStorage]
     compute_crc: bool
 
-    @property
-    def data_bytes(self) -> int:
-        """How many bytes the storages fill."""
-        return sum(s.nbytes() for s in self.storages.values())
-
 
 def _recording(module: Any, seen: dict[str, Any]) -> types.ModuleType:
     """``module`` with a ``Pickler`` that notes every storage torch's ``persistent_id`` names."""
@@ -122,7 +117,7 @@ def skeleton(obj: object, folder: Path, name: str, save_args: dict[str, Any]) ->
 
     Raises:
         Unsupported: this torch cannot skip data (or not for ``obj``), the arguments ask
-            for the legacy format, or the archive is not one :func:`fill` knows.
+            for the legacy format, or the archive is not one :mod:`ckptz.library.torch_image` knows how to fill.
     """
     import pickle
 
