@@ -219,3 +219,27 @@ def test_gpu_tensors_are_read_from_the_device(tmp_path: Path) -> None:
         assert os.pread(fd, len(want) + 1, 0) == want
     finally:
         os.close(fd)
+
+
+def test_save_plans_streams_on_the_tensors_bytes(tmp_path: Path) -> None:
+    """The stream plan samples the bytes that are coded, not the skeleton's holes: fp32
+    tensors holding bf16 values get a stream apart from true fp32 ones, as when the file
+    itself is compressed, and the container comes out the same size."""
+    from ckptz import api
+    from ckptz.container import read_index
+
+    gen = torch.Generator().manual_seed(0)
+    obj = {
+        "master": torch.randn(300_000, generator=gen).bfloat16().float(),
+        "true": torch.randn(300_000, generator=gen),
+    }
+    ckptz.save(obj, tmp_path / "a.pt", device="cpu")
+    (tmp_path / "ref").mkdir()
+    torch.save(obj, tmp_path / "ref" / "a.pt")
+    api.compress(tmp_path / "ref" / "a.pt", tmp_path / "file.ckptz", device="cpu")
+    streams = []
+    for path in (tmp_path / "a.pt", tmp_path / "file.ckptz"):
+        with open(path, "rb") as f:
+            streams.append([(s.component, s.dtype, s.length) for s in read_index(f, "a.pt").streams])
+    assert streams[0] == streams[1] and len(streams[0]) == 3
+    assert (tmp_path / "a.pt").stat().st_size == (tmp_path / "file.ckptz").stat().st_size

@@ -138,6 +138,11 @@ class Image:
             raise AssertionError("a CRC-32 or the serialization id lies outside the structure")
         part[at - start : at - start + len(data)] = data
 
+    def read_at(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` of the image's bytes from ``offset``."""
+        buf = bytearray(n)
+        return bytes(buf[: self.readinto(memoryview(buf), offset)])
+
     def readinto(self, view: memoryview, offset: int) -> int:
         """Fill ``view`` with the image's bytes from ``offset``; how many (fewer past the end)."""
         done, n = 0, len(view)

@@ -75,6 +75,10 @@ class Source(Protocol):
         Called from several threads at once."""
         ...
 
+    def read_at(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes from ``offset`` (the stream plan's samples)."""
+        ...
+
 
 class _FileSource:
     def __init__(self, fd: int) -> None:
@@ -82,6 +86,9 @@ class _FileSource:
 
     def readinto(self, view: memoryview, offset: int) -> int:
         return os.preadv(self.fd, [view], offset)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return os.pread(self.fd, n, offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +140,14 @@ def compress_file(
     """
     layout = read_layout(src, relpath)
     change = transform(layout) if transform is not None else None
-    plan = plan_streams(layout, engine.frame_size, src, change.apart if change else frozenset())
-    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
     fd = os.open(src, os.O_RDONLY) if source is None else -1
     try:
         reader = source if source is not None else _FileSource(fd)
+        # Streams are planned on samples of the bytes that are coded, wherever they are.
+        plan = plan_streams(
+            layout, engine.frame_size, reader.read_at, change.apart if change else frozenset()
+        )
+        pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         run = _Compression(
             reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
         )
@@ -214,7 +224,7 @@ class _Compression:
             hasher.join()
             wait(self.tasks)
             self.slots.close()
-        if self.source.readinto(memoryview(bytearray(1)), self.layout.size):
+        if self.source.read_at(self.layout.size, 1):
             raise FormatError("file grew while being read", path=self.relpath)
         rows = [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in chunks]  # checksums are in now
         header = self._header(source_digest, rows)

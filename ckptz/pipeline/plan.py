@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import numpy as np
 
@@ -32,18 +32,23 @@ class StreamPlan:
     segment_streams: tuple[int, ...]
 
 
+#: Reads ``n`` bytes at an offset of the file being planned.
+ReadAt = Callable[[int, int], bytes]
+
+
 def plan_streams(
     layout: FileLayout,
     frame_size: int = FRAME_SIZE,
-    source: Path | None = None,
+    source: Path | ReadAt | None = None,
     apart: frozenset[int] = frozenset(),
 ) -> StreamPlan:
     """Group segments into streams of one (component, dtype), numbered by first appearance.
 
     Tensor streams are cut into ``frame_size`` frames (an engine may prefer larger ones:
     the container records each stream's, so any reader decodes any size). Given the
-    ``source`` file, float tensors are also sorted by :func:`value_class` of a small
-    sample, so that fp32 tensors holding bf16 values do not share frames with true fp32
+    ``source`` file (or a function that reads it: the bytes may not be in ``layout``'s
+    file, :mod:`ckptz.library.torch_image`), float tensors are also sorted by
+    :func:`value_class` of a small sample, so that fp32 tensors holding bf16 values do not share frames with true fp32
     ones: a few KB of full mantissas in a frame cost its low planes their constant and
     bit-packed codes. Segments whose index is in ``apart`` (those a series delta codes as
     an XOR, :mod:`ckptz.series`) get streams of their own.
@@ -53,9 +58,10 @@ def plan_streams(
     lengths: list[int] = []
     tensors: list[int] = []
     seg_streams: list[int] = []
-    with open(source, "rb", buffering=0) if source is not None else nullcontext() as f:
+    with open(source, "rb", buffering=0) if isinstance(source, Path) else nullcontext() as f:
+        read = _read_at(f) if f is not None else cast(ReadAt | None, source)
         for i, seg in enumerate(layout.segments):
-            key = (*_stream_key(seg, f), i in apart)
+            key = (*_stream_key(seg, read), i in apart)
             sid = ids.setdefault(key, len(keys))
             if sid == len(keys):
                 keys.append(key)
@@ -71,14 +77,18 @@ def plan_streams(
     return StreamPlan(tuple(streams), tuple(seg_streams))
 
 
-def _stream_key(seg: Segment, source: BinaryIO | None) -> tuple[str, str, int, bool, int]:
+def _read_at(f: BinaryIO) -> ReadAt:
+    fd = f.fileno()
+    return lambda at, n: os.pread(fd, n, at)
+
+
+def _stream_key(seg: Segment, read: ReadAt | None) -> tuple[str, str, int, bool, int]:
     dt = lookup(seg.dtype) if seg.kind == "tensor" else lookup("uint8")
     if seg.length % dt.word:
         dt = lookup("uint8")
     cls = 0
-    if source is not None:
-        fd = source.fileno()
-        cls = sampled_class(lambda at, n: os.pread(fd, n, seg.offset + at), seg.length, dt)
+    if read is not None:
+        cls = sampled_class(lambda at, n: read(seg.offset + at, n), seg.length, dt)
     return (seg.component, dt.name, dt.word, dt.is_float, cls)
 
 
