@@ -55,6 +55,8 @@ class ZipEntry:
         size: compressed size from the central directory (the payload's length in the file).
         header: offset of the local file header.
         data: offset of the first payload byte.
+        flags: the general-purpose bit flags (bit 3: a data descriptor follows the payload).
+        directory: offset of the record's central-directory entry.
     """
 
     name: str
@@ -62,6 +64,8 @@ class ZipEntry:
     size: int
     header: int
     data: int
+    flags: int
+    directory: int
 
     @property
     def end(self) -> int:
@@ -163,11 +167,20 @@ def read_directory(f: BinaryIO, end: int, start: int = 0) -> tuple[int, list[Zip
         h = _CDH.unpack_from(cd, pos)
         if h[0] != b"PK\x01\x02":
             raise FormatError("bad central directory entry signature")
-        method, csize, usize, nlen, elen, clen, lho = h[4], h[8], h[9], h[10], h[11], h[12], h[16]
+        flags, method, csize, usize, nlen, elen, clen, lho = (
+            h[3],
+            h[4],
+            h[8],
+            h[9],
+            h[10],
+            h[11],
+            h[12],
+            h[16],
+        )
         name_end = pos + _CDH.size + nlen
         name = cd[pos + _CDH.size : name_end].decode("utf-8", "surrogateescape")
         usize, csize, lho = _zip64_extra(cd[name_end : name_end + elen], usize, csize, lho)
-        pos = name_end + elen + clen
+        directory, pos = cd_abs + pos, name_end + elen + clen
         header = base + lho
         if header < base or header + _LFH.size > cd_abs:
             raise FormatError(f"record {name!r} has its local header outside the zip")
@@ -177,7 +190,7 @@ def read_directory(f: BinaryIO, end: int, start: int = 0) -> tuple[int, list[Zip
         data = header + _LFH.size + lfh[9] + lfh[10]
         if data + csize > cd_abs:
             raise FormatError(f"record {name!r} claims {csize} bytes past the central directory")
-        entries.append(ZipEntry(name, method, csize, header, data))
+        entries.append(ZipEntry(name, method, csize, header, data, flags, directory))
     entries.sort(key=lambda e: e.header)
     for a, b in itertools.pairwise(entries):
         if a.end > b.header:

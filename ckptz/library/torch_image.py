@@ -19,27 +19,20 @@ small pinned buffer per thread). The tensors must not change until the image is 
 from __future__ import annotations
 
 import bisect
-import mmap
 import os
 import struct
-import tempfile
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ckptz.library.torch_skeleton import Skeleton, crc32_combine, serialization_id, skeleton
+from ckptz.library.torch_skeleton import Skeleton, crc32_combine, serialization_id
 
 if TYPE_CHECKING:
     import torch
 
-#: Bytes of one storage checksummed (or copied, by :func:`fill`) as one piece of work.
+#: Bytes of one storage checksummed as one piece of work.
 CHUNK = 16 << 20
-
-
-def _threads(threads: int | None) -> int:
-    return threads or min(16, os.cpu_count() or 1)
 
 
 class Image:
@@ -57,7 +50,7 @@ class Image:
         self.size = skel.size
         self._tensors = {name: _bytes_of(s) for name, s in skel.storages.items()}
         self._local = threading.local()
-        crcs = self._crcs(skel, _threads(threads), chunk)
+        crcs = self._crcs(skel, threads or min(16, os.cpu_count() or 1), chunk)
         # The regions partition the file: structure bytes (in memory) and storage records.
         regions: list[tuple[int, int, bytearray | torch.Tensor]] = []
         holes = sorted(
@@ -71,17 +64,15 @@ class Image:
                 if end > start:
                     regions.append((start, end, self._tensors[name]))
                 pos = end
-            sid = serialization_id(skel, f, crcs)
         self._regions = regions
         self._starts = [r[0] for r in regions]
-        rec = next(r for r in skel.records if r.entry.name.endswith("/.data/serialization_id"))
+        sid, rec = serialization_id(skel, crcs), skel.id_record
         self._patch(rec.entry.data, sid)
         crcs[rec.entry.name] = zlib.crc32(sid) if skel.compute_crc else 0
         for r in skel.records:
             if r.entry.name in crcs:
                 for at in r.crc_at:
                     self._patch(at, struct.pack("<I", crcs[r.entry.name]))
-        self._gpu = any(t.device.type == "cuda" for t in self._tensors.values())
         self._torch = torch
 
     def _crcs(self, skel: Skeleton, threads: int, chunk: int) -> dict[str, int]:
@@ -161,38 +152,10 @@ class Image:
         return done
 
 
-def fill(skel: Skeleton, fd: int, *, threads: int | None = None, chunk: int = CHUNK) -> None:
-    """Write the whole image into ``fd`` (an empty regular or memory file)."""
-    image = Image(skel, threads=threads, chunk=chunk)
-    os.ftruncate(fd, skel.size)
-    if not skel.size:
-        return
-    with mmap.mmap(fd, skel.size) as m:
-        view = memoryview(m)
-        try:
-            with ThreadPoolExecutor(_threads(threads), thread_name_prefix="ckptz-fill") as pool:
-                starts = range(0, skel.size, chunk)
-                for got in pool.map(lambda a: image.readinto(view[a : a + chunk], a), starts):
-                    assert got > 0
-        finally:
-            view.release()
-
-
-def build(obj: object, fd: int, name: str, save_args: dict[str, Any]) -> None:
-    """Write exactly what ``torch.save(obj, <a file named name>, **save_args)`` writes into ``fd``.
-
-    Raises:
-        Unsupported: see :func:`~ckptz.library.torch_skeleton.skeleton`; nothing was
-            written to ``fd`` then.
-    """
-    with tempfile.TemporaryDirectory(prefix=".ckptz-skeleton-") as d:
-        fill(skeleton(obj, Path(d), name, save_args), fd)
-
-
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     import torch
 
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
-__all__ = ["CHUNK", "Image", "build", "fill"]
+__all__ = ["CHUNK", "Image"]

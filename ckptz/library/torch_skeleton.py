@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 _DESCRIPTOR = b"PK\x07\x08"
 _CD_CRC = 16  # offset of the CRC-32 in a central-directory entry
-_LFH_FLAGS, _LFH_CRC = 6, 14
+_LFH_CRC = 14
 _HAS_DESCRIPTOR = 0x08
 _U64 = (1 << 64) - 1
 _ID_RECORD = ".data/serialization_id"
@@ -74,6 +74,8 @@ class Skeleton:
         records: every record, in file order.
         storages: ``data/<key>`` record name -> the storage to fill it with.
         compute_crc: whether torch computed CRC-32s (``torch.utils.serialization.config``).
+        id_record: the ``.data/serialization_id`` record.
+        id: its bytes as torch wrote them (from the skeleton's CRCs).
     """
 
     path: Path
@@ -81,6 +83,8 @@ class Skeleton:
     records: tuple[Record, ...]
     storages: dict[str, torch.UntypedStorage]
     compute_crc: bool
+    id_record: Record
+    id: bytes
 
 
 def _recording(module: Any, seen: dict[str, Any]) -> types.ModuleType:
@@ -149,8 +153,12 @@ def _read(path: Path, seen: dict[str, Any], compute_crc: bool) -> Skeleton:
             _base, entries = read_directory(f, size)
         except Exception as exc:  # a skeleton this module cannot parse is torch's business
             raise Unsupported(f"unexpected skeleton: {exc}") from None
-        central = _central_offsets(f, size)
-        records = tuple(_record(f, e, central) for e in entries)
+        records = tuple(_record(f, e) for e in entries)
+        id_record = next((r for r in records if r.entry.name.endswith("/" + _ID_RECORD)), None)
+        if id_record is None:
+            raise Unsupported("no serialization_id record")
+        f.seek(id_record.entry.data)
+        sid = f.read(id_record.entry.size)
     prefix = entries[0].name.split("/", 1)[0] + "/" if entries else ""
     storages = {}
     for rec in records:
@@ -164,85 +172,43 @@ def _read(path: Path, seen: dict[str, Any], compute_crc: bool) -> Skeleton:
             storages[rec.entry.name] = storage
     if len(storages) != len(seen):
         raise Unsupported("a storage has no record")
-    skel = Skeleton(path, size, records, storages, compute_crc)
-    with open(path, "rb") as f:
-        if serialization_id(skel, f, {}) != _read_id(skel, f):
-            raise Unsupported("serialization_id is not made as this module expects")
+    if len(sid) != 2 * _ID_DIGITS or not sid.isdigit():
+        raise Unsupported("serialization_id is not 40 digits")
+    skel = Skeleton(path, size, records, storages, compute_crc, id_record, sid)
+    if serialization_id(skel, {}) != sid:
+        raise Unsupported("serialization_id is not made as this module expects")
     return skel
 
 
-def _record(f: Any, e: ZipEntry, central_at: dict[str, int]) -> Record:
-    f.seek(e.header)
-    head = f.read(30)
-    (flags,) = struct.unpack_from("<H", head, _LFH_FLAGS)
-    if flags & _HAS_DESCRIPTOR:
+def _record(f: Any, e: ZipEntry) -> Record:
+    """``e`` and where its CRC-32 lives: its data descriptor (after an optional signature)
+    or its local header, and its central-directory entry; the two copies must agree."""
+    if e.flags & _HAS_DESCRIPTOR:
         f.seek(e.end)
-        sig = f.read(4)
-        first = e.end + 4 if sig == _DESCRIPTOR else e.end
+        first = e.end + 4 if f.read(4) == _DESCRIPTOR else e.end
     else:
         first = e.header + _LFH_CRC
-    central = central_at.get(e.name)
-    if central is None:
-        raise Unsupported(f"record {e.name} is missing from the central directory")
-    f.seek(central + _CD_CRC)
-    (crc,) = struct.unpack("<I", f.read(4))
-    f.seek(first)
-    (local,) = struct.unpack("<I", f.read(4))
-    if local != crc:
+    crcs = []
+    for at in (first, e.directory + _CD_CRC):
+        f.seek(at)
+        crcs.append(struct.unpack("<I", f.read(4))[0])
+    if crcs[0] != crcs[1]:
         raise Unsupported(f"record {e.name}: CRC-32 copies disagree")
-    return Record(e, crc, (first, central + _CD_CRC))
+    return Record(e, crcs[1], (first, e.directory + _CD_CRC))
 
 
-def _central_offsets(f: Any, size: int) -> dict[str, int]:
-    tail = min(size, 1 << 16)
-    f.seek(size - tail)
-    end = f.read(tail)
-    eocd = end.rfind(b"PK\x05\x06")
-    if eocd < 0:
-        raise Unsupported("no end of central directory")
-    cd_off = struct.unpack_from("<I", end, eocd + 16)[0]
-    z64 = end.rfind(b"PK\x06\x06", 0, eocd)
-    if z64 >= 0:
-        cd_off = struct.unpack_from("<Q", end, z64 + 48)[0]
-    f.seek(cd_off)
-    cd = f.read(size - cd_off)
-    out, pos = {}, 0
-    while cd.startswith(b"PK\x01\x02", pos):
-        nlen, elen, clen = struct.unpack_from("<HHH", cd, pos + 28)
-        out[cd[pos + 46 : pos + 46 + nlen].decode("utf-8", "surrogateescape")] = cd_off + pos
-        pos += 46 + nlen + elen + clen
-    return out
-
-
-def _id_record(skel: Skeleton) -> Record:
-    for rec in skel.records:
-        if rec.entry.name.endswith("/" + _ID_RECORD):
-            return rec
-    raise Unsupported("no serialization_id record")
-
-
-def _read_id(skel: Skeleton, f: Any) -> bytes:
-    rec = _id_record(skel)
-    f.seek(rec.entry.data)
-    return bytes(f.read(rec.entry.size))
-
-
-def serialization_id(skel: Skeleton, f: Any, crcs: dict[str, int]) -> bytes:
+def serialization_id(skel: Skeleton, crcs: dict[str, int]) -> bytes:
     """The id record's bytes with every record's CRC-32 (``crcs`` over the skeleton's)."""
-    rec = _id_record(skel)
     combined = 0
     for other in skel.records:
-        if other is rec:
+        if other is skel.id_record:
             break
         if not other.entry.size:  # the writer combines only records with bytes
             continue
         crc = crcs.get(other.entry.name, other.crc)
         # c10::hash_combine on size_t
         combined ^= (crc + 0x9E3779B9 + ((combined << 6) & _U64) + (combined >> 2)) & _U64
-    old = _read_id(skel, f)
-    if len(old) != 2 * _ID_DIGITS or not old.isdigit():
-        raise Unsupported("serialization_id is not 40 digits")
-    return old[:_ID_DIGITS] + str(combined).zfill(_ID_DIGITS).encode()
+    return skel.id[:_ID_DIGITS] + str(combined).zfill(_ID_DIGITS).encode()
 
 
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
