@@ -226,7 +226,8 @@ def test_gpu_tensors_are_read_from_the_device(tmp_path: Path) -> None:
 def test_save_plans_streams_on_the_tensors_bytes(tmp_path: Path) -> None:
     """The stream plan samples the bytes that are coded, not the skeleton's holes: fp32
     tensors holding bf16 values get a stream apart from true fp32 ones, as when the file
-    itself is compressed, and the container comes out the same size."""
+    itself is compressed, and the payloads come out the same size (the headers differ by
+    the file metadata they record)."""
     from ckptz import api
     from ckptz.container import read_index
 
@@ -239,9 +240,11 @@ def test_save_plans_streams_on_the_tensors_bytes(tmp_path: Path) -> None:
     (tmp_path / "ref").mkdir()
     torch.save(obj, tmp_path / "ref" / "a.pt")
     api.compress(tmp_path / "ref" / "a.pt", tmp_path / "file.ckptz", device="cpu")
-    streams = []
+    streams, payloads = [], []
     for path in (tmp_path / "a.pt", tmp_path / "file.ckptz"):
         with open(path, "rb") as f:
-            streams.append([(s.component, s.dtype, s.length) for s in read_index(f, "a.pt").streams])
+            index = read_index(f, "a.pt")
+        streams.append([(s.component, s.dtype, s.length) for s in index.streams])
+        payloads.append(int(index.chunks["size"].sum()))
     assert streams[0] == streams[1] and len(streams[0]) == 3
-    assert (tmp_path / "a.pt").stat().st_size == (tmp_path / "file.ckptz").stat().st_size
+    assert payloads[0] == payloads[1]
