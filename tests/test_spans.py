@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,13 @@ import torch
 import ckptz
 from ckptz import api
 from ckptz.container import read_index
-from ckptz.engines.base import Place, SpanFrame
+from ckptz.engines.base import EncodedSpan, FrameToCode, Place, SpanFrame
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError
 from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.device import DeviceRanges
+from ckptz.pipeline.plan import frame_map, frame_runs
 
 
 class SpanningCpu(CpuEngine):
@@ -77,6 +79,47 @@ def test_restore_by_runs_gives_the_original_bytes(packed: tuple[Path, Path], tmp
         sink.truncate(index.source_size)
         restore(f, str(out), engine, FileSink(sink), index=index)
     assert back.read_bytes() == src.read_bytes()
+
+
+class BlockCpu(SpanningCpu):
+    """The CPU engine handing back each run's data area as one block, as a GPU engine does."""
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None):  # type: ignore[no-untyped-def]
+        span = super().encode_span(frames, buffer).result()
+        parts = []
+        for frame in span.frames:
+            for chunk in frame.chunks:
+                payload = bytes(chunk.payload)
+                parts.append(payload + bytes(-len(payload) % 16))
+        done: Future[EncodedSpan] = Future()
+        done.set_result(EncodedSpan(span.frames, np.frombuffer(b"".join(parts), np.uint8)))
+        return done
+
+
+def test_frame_runs_are_consecutive_and_bounded() -> None:
+    frames = frame_map([(0, 5000), (1, 3000), (0, 900), (1, 7000)], [1000, 2048])
+    for limit in (0, 1, 2048, 4096, 1 << 20):
+        runs = frame_runs(frames, limit)
+        assert [i for r in runs for i in r] == list(range(len(frames)))
+        for r in runs:
+            assert len(r) == 1 or sum(frames[i].length for i in r) <= limit
+    assert len(frame_runs(frames, 1 << 20)) == 1
+    assert all(len(r) == 1 for r in frame_runs(frames, 0))
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_run_written_from_the_engines_block_is_the_same_container(
+    packed: tuple[Path, Path], tmp_path: Path, verify: bool
+) -> None:
+    src, out = packed
+    again = tmp_path / "again.ckptz"
+    with open(again, "wb+") as f, BlockCpu(threads=4) as engine:
+        compress_file(src, "model.pt", f, engine, verify=verify)
+    assert again.read_bytes() == out.read_bytes()
+    piped = io.BytesIO()
+    with BlockCpu(threads=4) as engine:
+        compress_file(src, "model.pt", piped, engine)
+    assert piped.getvalue() == out.read_bytes()
 
 
 def _payload_offsets(out: Path) -> tuple[int, int, int]:

@@ -29,6 +29,31 @@ class EncodedFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class FrameToCode:
+    """One frame handed to :meth:`Engine.encode_span`: its bytes and their xxh3_64."""
+
+    stream: StreamInfo
+    data: np.ndarray
+    checksum: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedSpan:
+    """What :meth:`Engine.encode_span` gives back.
+
+    Attributes:
+        frames: each frame coded, in the order given.
+        block: where the engine has it, every payload of the span in frame-then-plane
+            order, each at a 16-byte boundary and zero-padded to the next: exactly the
+            container's data area for the span, written as it is (``None``: the payloads
+            lie anywhere).
+    """
+
+    frames: list[EncodedFrame]
+    block: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredChunk:
     """Where one chunk of a frame lies in a container, as the decoder needs it."""
 
@@ -100,8 +125,9 @@ class Engine(Protocol):
         threads: CPU threads it uses.
         frame_size: bytes of original data per frame it codes best.
         look_ahead: frames a file should keep in flight to keep it busy.
-        span_bytes: stored bytes the restore loop reads at once and hands to
-            :meth:`decode_span` (frames whose payloads lie back to back); 0: a frame at a time.
+        span_bytes: bytes the pipeline reads at once and hands over as one unit: original
+            frames to :meth:`encode_span`, stored payloads lying back to back to
+            :meth:`decode_span`; 0: a frame at a time.
         inline: ``encode`` and ``decode`` do their work in the calling thread and return a
             finished future (the CPU engine); callers that want ``threads``-fold
             parallelism call them from that many threads. Otherwise they queue the work and
@@ -127,6 +153,12 @@ class Engine(Protocol):
 
     def encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> Future[EncodedFrame]:
         """Code one frame (``checksum`` is its xxh3_64, carried into the result)."""
+        ...
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+        """Code consecutive frames as one unit. Where ``buffer`` (from :meth:`host_buffer`)
+        holds every frame's bytes, a GPU engine copies it to the device at once; the caller
+        frees it once the future is done."""
         ...
 
     def decode(
@@ -156,6 +188,7 @@ class Engine(Protocol):
 
 
 _T = TypeVar("_T")
+_U = TypeVar("_U")
 
 
 def run_all(engine: Engine, calls: Sequence[Callable[[], Future[_T]]]) -> list[_T]:
@@ -167,24 +200,50 @@ def run_all(engine: Engine, calls: Sequence[Callable[[], Future[_T]]]) -> list[_
         return list(pool.map(lambda call: call().result(), calls))
 
 
+def encode_each(engine: Engine, frames: list[FrameToCode]) -> Future[EncodedSpan]:
+    """:meth:`Engine.encode_span` for an engine that codes frame by frame."""
+    return _gather(
+        [engine.encode(f.stream, f.data, f.checksum) for f in frames],
+        lambda done: EncodedSpan([f.result() for f in done]),
+        fail_whole=True,
+    )
+
+
 def decode_each(engine: Engine, frames: list[SpanFrame]) -> Future[DecodedSpan]:
     """:meth:`Engine.decode_span` for an engine that decodes frame by frame."""
-    futures = [engine.decode(f.stream, f.chunks, f.length, f.where) for f in frames]
-    out: Future[DecodedSpan] = Future()
+
+    def each(done: list[Future[np.ndarray]]) -> DecodedSpan:
+        return DecodedSpan([f.exception() or f.result() for f in done])
+
+    return _gather([engine.decode(f.stream, f.chunks, f.length, f.where) for f in frames], each)
+
+
+def _gather(
+    futures: list[Future[_T]], combine: Callable[[list[Future[_T]]], _U], fail_whole: bool = False
+) -> Future[_U]:
+    """One future for many: ``combine`` of them once all are done (``fail_whole``: the
+    first error, if any, fails it instead)."""
+    out: Future[_U] = Future()
     left = [len(futures)]
     lock = threading.Lock()
 
-    def done(_: Future[np.ndarray]) -> None:
+    def done(_: Future[_T]) -> None:
         with lock:
             left[0] -= 1
             last = left[0] == 0
-        if last:
-            got: list[np.ndarray | BaseException] = []
-            for f in futures:
-                exc = f.exception()
-                got.append(exc if exc is not None else f.result())
-            out.set_result(DecodedSpan(got))
+        if not last:
+            return
+        failed = next((e for f in futures if (e := f.exception()) is not None), None) if fail_whole else None
+        if failed is not None:
+            out.set_exception(failed)
+            return
+        try:
+            out.set_result(combine(futures))
+        except BaseException as exc:
+            out.set_exception(exc)
 
+    if not futures:
+        out.set_result(combine(futures))
     for f in futures:
         f.add_done_callback(done)
     return out
@@ -199,11 +258,14 @@ __all__ = [
     "FRAME_SIZE",
     "DecodedSpan",
     "EncodedFrame",
+    "EncodedSpan",
     "Engine",
+    "FrameToCode",
     "Place",
     "SpanFrame",
     "StoredChunk",
     "decode_each",
+    "encode_each",
     "run_all",
     "stream_dtype",
 ]

@@ -16,10 +16,13 @@ from ckptz.container import StreamInfo
 from ckptz.engines.base import (
     DecodedSpan,
     EncodedFrame,
+    EncodedSpan,
+    FrameToCode,
     Place,
     SpanFrame,
     StoredChunk,
     decode_each,
+    encode_each,
     stream_dtype,
 )
 from ckptz.errors import CodecError, CorruptionError
@@ -101,6 +104,9 @@ class CpuEngine:
         self, stream: StreamInfo, chunks: list[StoredChunk], length: int, where: str
     ) -> Future[np.ndarray]:
         return _now(decode_chunks, stream, chunks, length, where)
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+        return encode_each(self, frames)
 
     def decode_span(
         self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None

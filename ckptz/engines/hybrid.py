@@ -35,7 +35,18 @@ import numpy as np
 
 from ckptz.codecs.table import by_id
 from ckptz.container import StreamInfo
-from ckptz.engines.base import DecodedSpan, EncodedFrame, Engine, Place, SpanFrame, StoredChunk, decode_each
+from ckptz.engines.base import (
+    DecodedSpan,
+    EncodedFrame,
+    EncodedSpan,
+    Engine,
+    FrameToCode,
+    Place,
+    SpanFrame,
+    StoredChunk,
+    decode_each,
+    encode_each,
+)
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CkptzError, DeviceError, UsageError
 
@@ -263,6 +274,9 @@ class HybridEngine:
         if gpu is None:
             return self._on_cpu(lane, length, lambda: self.cpu.decode(stream, chunks, length, where))
         return self._on_gpu(lane, length, gpu.decode(stream, chunks, length, where))
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+        return encode_each(self, frames)
 
     def decode_span(
         self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -49,17 +50,22 @@ from ckptz.container import (
     read_index,
 )
 from ckptz.digest import TREE, Digest, Kind, Piecewise
-from ckptz.engines.base import EncodedFrame, Engine, StoredChunk
+from ckptz.engines.base import EncodedFrame, EncodedSpan, Engine, FrameToCode, StoredChunk
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
-from ckptz.pipeline.plan import Frame, StreamPlan, frame_map, plan_streams
+from ckptz.pipeline.plan import Frame, StreamPlan, frame_map, frame_runs, plan_streams
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.pipeline.workers import Failures, FrameSlots, Stopped, Workers, file_digest, slots_needed
 
 Progress = Callable[[int], None]
 #: Coded frames queued per writer thread before the pipeline waits for the storage.
 WRITE_DEPTH = 8
+#: Runs of frames a file keeps in flight at least (the engine's look-ahead in bytes is cut
+#: into this many runs): reading, coding and placing each hold some, and a run's buffer
+#: comes back only once every stage is done with it. With fewer, larger runs the pipeline
+#: ran dry between them (H100 host, GPU ``ans``: readers and GPU both half idle).
+RUNS_AHEAD = 24
 _ZEROS = bytes(ALIGN)
 
 
@@ -186,16 +192,32 @@ class _Compression:
         segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
         self.segments = segments
         self.frames = frame_map(segments, [s.frame_size for s in plan.streams])
+        # Runs of consecutive frames are read into one buffer and coded as one unit (one
+        # copy to a GPU, one write), so the per-frame Python of each stage runs per run. A
+        # run is at most the engine's span, and small enough that RUNS_AHEAD of them, and
+        # every stream's open frame holding one while the in-order digest walks
+        # (``slots_needed``), fit the engine's look-ahead.
+        budget = engine.look_ahead * max(engine.frame_size, 1)
+        ahead = max(len(plan.streams) + 2, RUNS_AHEAD)
+        limit = min(engine.span_bytes, budget // ahead) if engine.span_bytes else 0
+        self.runs = frame_runs(self.frames, limit)
+        self.run_of = [r for r, run in enumerate(self.runs) for _ in run]
+        self.at = [a for run in self.runs for a in _run_offsets([self.frames[i].length for i in run])]
         self.read: list[Future[np.ndarray]] = [Future() for _ in self.frames]
-        self.coded: list[Future[EncodedFrame] | None] = [None] * len(self.frames)
+        self.coded: list[Future[EncodedSpan] | None] = [None] * len(self.runs)
         self.sums = [0] * len(self.frames)
-        self.buffers: list[np.ndarray | None] = [None] * len(self.frames)
-        self.users = [3] * len(self.frames)  # digest, writer stage, verification
+        self.buffers: list[np.ndarray | None] = [None] * len(self.runs)
+        # Each frame has three users of its run's buffer: the digest, the writer stage, verification.
+        self.users = [3 * len(run) for run in self.runs]
         self.lock = threading.Lock()
-        size = max((f.length for f in self.frames), default=1)
-        count = slots_needed(self.frames, len(plan.streams), engine.look_ahead)
+        size = max((_run_bytes([self.frames[i].length for i in run]) for run in self.runs), default=1)
+        ahead = max(1, budget // size) if limit else engine.look_ahead
+        count = slots_needed(len(self.runs), len(plan.streams), ahead)
         self.slots = FrameSlots(count, size, engine.host_buffer, engine.free_buffer)
-        self.write_room = threading.Semaphore(WRITE_DEPTH * workers.writers)
+        # Coded runs queued for the writers: WRITE_DEPTH frames' worth per writer, and at
+        # least a run per writer.
+        depth = max(workers.writers, WRITE_DEPTH * workers.writers * engine.frame_size // size)
+        self.write_room = threading.Semaphore(depth)
         self.failures = Failures()
         # Every task queued on the shared threads for this file: all must be over before the
         # file's descriptors are closed, or a late one could use a number reused by another file.
@@ -254,25 +276,40 @@ class _Compression:
         self.slots.stop()
 
     def _feed(self) -> None:
-        """Take a buffer for each frame in order, and queue its read."""
-        for i in range(len(self.frames)):
+        """Take a buffer for each run of frames in order, and queue its read."""
+        for r in range(len(self.runs)):
             buf = self.slots.take()
-            self.buffers[i] = buf
-            self.tasks.append(self.workers.read.submit(self._read, i, buf))
+            self.buffers[r] = buf
+            self.tasks.append(self.workers.read.submit(self._read, r, buf))
 
-    def _read(self, i: int, buf: np.ndarray) -> None:
-        frame = self.frames[i]
+    def _read(self, r: int, buf: np.ndarray) -> None:
+        run = self.runs[r]
         try:
-            view = buf[: frame.length]
-            for at, within, n in frame.pieces:
-                if self.source.readinto(view.data[within : within + n], at) != n:
-                    raise FormatError("file changed or was truncated while being read", path=self.relpath)
-            self.digest.hash_whole(frame.pieces, view)  # while the bytes are in cache
-            coded = view if self.change is None else self.change.forward(frame, view)
-            self.sums[i] = checksum(coded)  # of the bytes coded; the file digest is of ``view``
-            self.coded[i] = self.engine.encode(self.plan.streams[frame.stream], coded, self.sums[i])
-            self.read[i].set_result(view)
-            self.progress(frame.length)
+            pieces, views = [], []
+            for i in run:
+                frame, base = self.frames[i], self.at[i]
+                for at, within, n in frame.pieces:
+                    start = base + within
+                    if self.source.readinto(buf.data[start : start + n], at) != n:
+                        raise FormatError("file changed or was truncated while being read", path=self.relpath)
+                    pieces.append((at, start, n))
+                views.append(buf[base : base + frame.length])
+            self.digest.hash_whole(pieces, buf)  # while the bytes are in cache
+            if self.change is None:
+                coded = views
+                lengths = np.array([v.size for v in views], np.int64)
+                sums = xxh3_64_ranges(buf, np.array([self.at[i] for i in run], np.int64), lengths).tolist()
+            else:
+                coded = [self.change.forward(self.frames[i], v) for i, v in zip(run, views, strict=True)]
+                sums = [checksum(c) for c in coded]  # of the bytes coded; the digest is of the file's
+            todo = []
+            for i, data, crc in zip(run, coded, sums, strict=True):
+                self.sums[i] = crc
+                todo.append(FrameToCode(self.plan.streams[self.frames[i].stream], data, crc))
+            self.coded[r] = self.engine.encode_span(todo, buf if self.change is None else None)
+            for i, view in zip(run, views, strict=True):
+                self.read[i].set_result(view)
+            self.progress(sum(v.size for v in views))
         except BaseException as exc:
             self._fail(exc)
 
@@ -283,12 +320,13 @@ class _Compression:
             digest.set_exception(exc)
 
     def _release(self, i: int) -> None:
-        """One user of frame ``i``'s buffer is done; the last gives it back."""
+        """One user of frame ``i``'s bytes is done; the last of its run gives the buffer back."""
+        r = self.run_of[i]
         with self.lock:
-            self.users[i] -= 1
-            free = self.users[i] == 0
+            self.users[r] -= 1
+            free = self.users[r] == 0
         if free:
-            buf, self.buffers[i] = self.buffers[i], None
+            buf, self.buffers[r] = self.buffers[r], None
             if buf is not None:
                 self.slots.give(buf)
 
@@ -301,42 +339,48 @@ class _Compression:
         list[Future[None]],
         int,
     ]:
-        """Give each coded frame, in order, its place in the container and queue its write."""
+        """Give each coded frame, in order, its place in the container and queue its write
+        (a run of frames at a time)."""
         frames: list[tuple[int, int, int, int]] = []
         chunks: list[list[int]] = []
         writes: list[Future[None]] = []
         checks: list[Future[None]] = []
         pos = len(PREFIX)
-        for i, frame in enumerate(self.frames):
-            self.read[i].result()
-            fut, self.coded[i] = self.coded[i], None  # a coded frame lives until it is written
-            assert fut is not None  # set before the read resolves
-            coded = fut.result()
-            start, parts, rows = pos, list[bytes | memoryview](), []
-            for plane, ch in enumerate(coded.chunks):
-                n = len(ch.payload)
-                rows.append([pos, n, ch.raw_size, 0, ch.codec, plane])
-                parts.append(ch.payload)
-                if -n % ALIGN:
-                    parts.append(_ZEROS[: -n % ALIGN])
-                pos += padded_size(n)
-            chunks.extend(rows)
-            frames.append((frame.stream, len(coded.chunks), frame.length, self.sums[i]))
-            self._release(i)
-            if self.verify:
-                checks.append(self._check(i, frame, coded, len(chunks) - len(rows)))
-            else:
+        for r, run in enumerate(self.runs):
+            self.read[run[0]].result()
+            fut, self.coded[r] = self.coded[r], None  # a coded run lives until it is written
+            assert fut is not None  # set before the reads resolve
+            span = fut.result()
+            start, parts, payloads = pos, list[bytes | memoryview](), list[bytes | memoryview]()
+            rows: list[list[int]] = []
+            for i, coded in zip(run, span.frames, strict=True):
+                frame = self.frames[i]
+                first = len(chunks) + len(rows)
+                for plane, ch in enumerate(coded.chunks):
+                    n = len(ch.payload)
+                    rows.append([pos, n, ch.raw_size, 0, ch.codec, plane])
+                    payloads.append(ch.payload)
+                    parts.append(ch.payload)
+                    if -n % ALIGN:
+                        parts.append(_ZEROS[: -n % ALIGN])
+                    pos += padded_size(n)
+                frames.append((frame.stream, len(coded.chunks), frame.length, self.sums[i]))
                 self._release(i)
+                if self.verify:
+                    checks.append(self._check(i, frame, coded, first))
+                else:
+                    self._release(i)
+            chunks.extend(rows)
+            # The engine's block is the run's data area as it is written: one write of it.
+            block = span.block if span.block is not None and span.block.size == pos - start else None
             if self.stream is not None:  # a pipe takes its bytes in order, from this thread
-                self._store(rows, [ch.payload for ch in coded.chunks], [], start)
-                for part in parts:
+                self._store(rows, payloads, [], start, block)
+                for part in [block.data] if block is not None else parts:
                     self.stream.write(part)
                 continue
             # Payload checksums and the write run on a writer thread: this one only places.
             self.write_room.acquire()
-            w = self.workers.write.submit(
-                self._store, rows, [ch.payload for ch in coded.chunks], parts, start
-            )
+            w = self.workers.write.submit(self._store, rows, payloads, parts, start, block)
             w.add_done_callback(lambda _: self.write_room.release())
             writes.append(w)
             self.tasks.append(w)
@@ -348,11 +392,20 @@ class _Compression:
         payloads: list[bytes | memoryview],
         parts: list[bytes | memoryview],
         at: int,
+        block: np.ndarray | None = None,
     ) -> None:
-        """Take each payload's checksum into its chunk row, and write the frame's payloads."""
-        for row, payload in zip(rows, payloads, strict=True):
-            row[3] = checksum(payload)
-        if self.out is not None:
+        """Take each payload's checksum into its chunk row, and write the payloads (from
+        ``block``, the run's data area, where the engine gave one)."""
+        if block is not None:
+            where = np.array([row[0] - at for row in rows], np.int64)
+            sizes = np.array([row[1] for row in rows], np.int64)
+            for row, crc in zip(rows, xxh3_64_ranges(block, where, sizes).tolist(), strict=True):
+                row[3] = crc
+            parts = [block.data]
+        else:
+            for row, payload in zip(rows, payloads, strict=True):
+                row[3] = checksum(payload)
+        if self.out is not None and parts:
             safeio.pwrite_all(self.out, parts, at)
 
     def _check(self, i: int, frame: Frame, coded: EncodedFrame, first: int) -> Future[None]:
@@ -445,6 +498,15 @@ class _Compression:
         if self.change is not None:
             header.update(self.change.header())
         return header
+
+
+def _run_offsets(lengths: list[int]) -> list[int]:
+    """Where each frame of a run lies in its buffer: back to back, 16-byte aligned."""
+    return list(accumulate((n + (-n % ALIGN) for n in lengths[:-1]), initial=0))
+
+
+def _run_bytes(lengths: list[int]) -> int:
+    return sum(n + (-n % ALIGN) for n in lengths) or 1
 
 
 def _regular(out: BinaryIO) -> bool:

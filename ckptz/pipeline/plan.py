@@ -177,3 +177,17 @@ def frame_map(segments: Sequence[tuple[int, int]], frame_sizes: Sequence[int]) -
             file_pos += take
             length -= take
     return [Frame(sid, k, sum(p[2] for p in runs), tuple(runs)) for (sid, k), runs in pieces.items()]
+
+
+def frame_runs(frames: Sequence[Frame], limit: int) -> list[range]:
+    """``frames`` cut into runs of consecutive frames of at most ``limit`` bytes (a frame
+    longer than that is a run of its own; ``limit`` 0: a frame per run)."""
+    runs, first, size = [], 0, 0
+    for i, frame in enumerate(frames):
+        if i > first and size + frame.length > limit:
+            runs.append(range(first, i))
+            first, size = i, 0
+        size += frame.length
+    if frames:
+        runs.append(range(first, len(frames)))
+    return runs

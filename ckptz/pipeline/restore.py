@@ -189,7 +189,7 @@ class _Restore:
         self.digest = Piecewise(index.source_digest.kind, index.source_size)
         self.users = [2] * len(self.frames)  # digest, sink
         self.lock = threading.Lock()
-        room = slots_needed(self.frames, len(index.streams), engine.look_ahead)
+        room = slots_needed(len(self.frames), len(index.streams), engine.look_ahead)
         self.room = threading.Semaphore(max([room, *(2 * len(s) for s in self.spans)]))
         self.failures = Failures()
         self.stopped = False

@@ -198,11 +198,12 @@ class FrameSlots:
             self._cv.notify_all()
 
 
-def slots_needed(frames: Sequence[Frame], streams: int, look_ahead: int) -> int:
-    """Frames a file keeps in memory: the engine's look-ahead, and never fewer than one
-    open frame per stream plus one, which the in-order digest needs to make progress (it
-    holds each stream's current frame while it reads the others)."""
-    return max(1, min(len(frames), max(look_ahead, streams + 2)))
+def slots_needed(units: int, streams: int, look_ahead: int) -> int:
+    """Buffers a file keeps in memory, each holding a frame or a run of frames (``units`` in
+    all): the engine's look-ahead, and never fewer than one per stream plus one, which the
+    in-order digest needs to make progress (it holds each stream's open frame while it
+    reads the others)."""
+    return max(1, min(units, max(look_ahead, streams + 2)))
 
 
 def file_digest(

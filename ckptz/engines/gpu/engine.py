@@ -39,7 +39,16 @@ import torch
 
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
-from ckptz.engines.base import FRAME_SIZE, DecodedSpan, EncodedFrame, Place, SpanFrame, StoredChunk
+from ckptz.engines.base import (
+    FRAME_SIZE,
+    DecodedSpan,
+    EncodedFrame,
+    EncodedSpan,
+    FrameToCode,
+    Place,
+    SpanFrame,
+    StoredChunk,
+)
 from ckptz.engines.cpu import decode_chunks
 from ckptz.engines.gpu import pinned
 from ckptz.engines.gpu.coder import (
@@ -73,10 +82,13 @@ def _shape(stream: StreamInfo, length: int) -> FrameShape:
 
 @dataclass(slots=True)
 class _EncodeJob:
-    stream: StreamInfo
-    data: np.ndarray
-    checksum: int
-    future: Future[EncodedFrame] = field(default_factory=Future)
+    """Frames to code: a span whose frames all lie in one pinned ``buffer`` (one copy to
+    the device), or frames whose bytes lie anywhere (``buffer`` None)."""
+
+    frames: list[FrameToCode]
+    buffer: np.ndarray | None
+    length: int
+    future: Future[EncodedSpan] = field(default_factory=Future)
 
 
 @dataclass(slots=True)
@@ -155,7 +167,23 @@ class GpuEngine:
 
     def encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> Future[EncodedFrame]:
         """Queue one frame for coding."""
-        job = _EncodeJob(stream, data, checksum)
+        job = _EncodeJob([FrameToCode(stream, data, checksum)], None, data.size)
+        self._put(job)
+        out: Future[EncodedFrame] = Future()
+
+        def done(fut: Future[EncodedSpan]) -> None:
+            try:
+                out.set_result(fut.result().frames[0])
+            except BaseException as exc:
+                out.set_exception(exc)
+
+        job.future.add_done_callback(done)
+        return out
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+        """Queue a span: with ``buffer`` (pinned, from :meth:`host_buffer`, holding every
+        frame), one host-to-device copy; the result's ``block`` is the span's data area."""
+        job = _EncodeJob(frames, buffer, sum(f.data.size for f in frames))
         self._put(job)
         return job.future
 
@@ -295,27 +323,76 @@ class GpuEngine:
     def _encode(
         self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_EncodeJob]
     ) -> None:
-        layout = plan_batch([_shape(j.stream, j.data.size) for j in jobs])
-        data = torch.empty(max(layout.data_bytes, 1), dtype=torch.uint8, device=self.device)
-        packed = None
-        for j, off in zip(jobs, layout.data_offsets, strict=True):
-            src = self._pinned.tensor(j.data)
-            if src is None:  # not one of this engine's buffers: stage it through pinned memory
-                packed = packed if packed is not None else staging.get("in", layout.data_bytes)
-                packed[off : off + j.data.size].numpy()[:] = j.data
-                src = packed[off : off + j.data.size]
-            data[off : off + j.data.size].copy_(src, non_blocking=True)
+        frames = [f for j in jobs for f in j.frames]
+        layout = plan_batch([_shape(f.stream, f.data.size) for f in frames])
+        data = self._upload(staging, jobs, layout)
         batch = encode_batch(codecs, self.codec_id, data, layout)
         # One copy back: the batch's payloads, already laid out as the container stores them.
-        view = memoryview(_to_host(batch.block, stream))  # type: ignore[arg-type]
+        host = _to_host(batch.block, stream)
+        view = memoryview(host)  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
+        end = (batch.offset + padded_sizes(batch.size)).tolist()
         raw = batch.table.raw_size.tolist()
-        for j, shape, first in zip(jobs, layout.shapes, batch.table.starts.tolist(), strict=True):
-            out = [
-                EncodedChunk(codec[c], raw[c], view[offset[c] : offset[c] + size[c]])  # type: ignore[arg-type]
-                for c in range(first, first + shape.word)
-            ]
-            j.future.set_result(EncodedFrame(j.checksum, out))
+        c = 0  # chunks in frame-then-plane order, jobs one after another
+        for j in jobs:
+            first, coded = c, []
+            for x in j.frames:
+                n = max(x.stream.word, 1)
+                chunks = [
+                    EncodedChunk(codec[k], raw[k], view[offset[k] : offset[k] + size[k]])  # type: ignore[arg-type]
+                    for k in range(c, c + n)
+                ]
+                coded.append(EncodedFrame(x.checksum, chunks))
+                c += n
+            # A job's chunks lie back to back in the block: the container's data area for
+            # its frames.
+            block = host[offset[first] : end[c - 1]] if c > first else host[:0]
+            j.future.set_result(EncodedSpan(coded, block))
+
+    def _upload(self, staging: _Staging, jobs: list[_EncodeJob], layout: BatchLayout) -> torch.Tensor:
+        """The batch's frames on the device, laid out as ``layout`` says: each span's pinned
+        buffer in one copy, then one concatenation per frame shape; other frames one by one
+        (through the staging buffer where they are not in pinned memory)."""
+        sources: list[torch.Tensor] = []
+        for j in jobs:
+            on_device = self._span_on_device(j)
+            if on_device is not None:
+                sources.extend(on_device)
+                continue
+            for x in j.frames:
+                src = self._pinned.tensor(x.data)
+                if src is None:  # not one of this engine's buffers: a pinned copy first
+                    src = staging.take(x.data.size)
+                    src.numpy()[:] = x.data
+                sources.append(src)
+        data = torch.empty(max(layout.data_bytes, 1), dtype=torch.uint8, device=self.device)
+        for g in layout.groups:
+            parts = [sources[i] for i in g.members]
+            out = data[g.data_offset : g.data_offset + len(g.members) * g.shape.length]
+            if len(parts) > 1 and all(p.is_cuda for p in parts):
+                torch.cat(parts, out=out)
+                continue
+            for i, p in zip(g.members, parts, strict=True):
+                at = layout.data_offsets[i]
+                data[at : at + p.numel()].copy_(p, non_blocking=True)
+        staging.reset()
+        return data
+
+    def _span_on_device(self, job: _EncodeJob) -> list[torch.Tensor] | None:
+        """Each frame of a span as a slice of its buffer copied to the device at once, if
+        the buffer is pinned and holds every frame."""
+        if job.buffer is None or not job.frames:
+            return None
+        src = self._pinned.tensor(job.buffer)
+        if src is None:
+            return None
+        base = job.buffer.ctypes.data
+        starts = [x.data.ctypes.data - base for x in job.frames]
+        end = max(a + x.data.size for a, x in zip(starts, job.frames, strict=True))
+        if min(starts) < 0 or end > job.buffer.size:
+            return None
+        device = src[:end].to(self.device, non_blocking=True)
+        return [device[a : a + x.data.size] for a, x in zip(starts, job.frames, strict=True)]
 
     def _decode(
         self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_DecodeJob]
@@ -404,6 +481,7 @@ class _Staging:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self._used = 0
 
     def get(self, name: str, size: int) -> torch.Tensor:
         """A pinned uint8 tensor of at least ``size`` bytes (its contents are undefined)."""
@@ -412,6 +490,19 @@ class _Staging:
             # Grow with headroom: batch sizes vary a little from one batch to the next.
             self._buffers[name] = buf = torch.from_numpy(pinned.pool().take(size + size // 4))
         return buf
+
+    def take(self, size: int) -> torch.Tensor:
+        """The next ``size`` bytes of the ``in`` buffer, until :meth:`reset` (a batch's
+        frames staged one after another)."""
+        buf = self.get("in", self._used + size)
+        if buf.numel() < self._used + size:  # pragma: no cover - get grows it to fit
+            raise AssertionError("staging buffer too small")
+        out = buf[self._used : self._used + size]
+        self._used += size
+        return out
+
+    def reset(self) -> None:
+        self._used = 0
 
 
 def _to_host(data: torch.Tensor, stream: torch.cuda.Stream) -> np.ndarray:
@@ -442,7 +533,7 @@ def _check_chunks(j: SpanFrame) -> None:
 
 
 def _job_bytes(job: _Job) -> int:
-    return int(job.data.size) if isinstance(job, _EncodeJob) else job.length
+    return job.length
 
 
 def _is_span(job: _Job) -> bool:
