@@ -269,13 +269,19 @@ class _Restore:
             with self.lock:
                 if self.stopped:  # a decode that ends after a failure: nothing to write
                     return
-                for k, i in enumerate(span):
-                    self.tasks.append(self.workers.write.submit(self._put, i, fut, k))
+                # One task per run: its frames' checks and puts, in a thread of its own.
+                self.tasks.append(self.workers.write.submit(self._put_run, span, fut))
         except RuntimeError as exc:  # the pools were shut down: the run already failed
             self._fail(exc)
 
-    def _put(self, i: int, fut: Future[DecodedSpan], k: int) -> None:
-        """Check decoded frame ``i`` and hand it to the sink and the digest."""
+    def _put_run(self, span: range, fut: Future[DecodedSpan]) -> None:
+        for k, i in enumerate(span):
+            if not self._put(i, fut, k):
+                return
+
+    def _put(self, i: int, fut: Future[DecodedSpan], k: int) -> bool:
+        """Check decoded frame ``i`` and hand it to the sink and the digest; False once the
+        run has failed."""
         try:
             data = self.decoder.finish_span(i, fut, k)
             self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
@@ -286,6 +292,8 @@ class _Restore:
             self._release(i)
         except BaseException as exc:
             self._fail(exc)
+            return False
+        return True
 
 
 _SPENT: Future[np.ndarray] = Future()
