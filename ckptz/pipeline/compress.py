@@ -1,19 +1,28 @@
 """Compressing one file: read → code → write, every stage in parallel.
 
-Frames (:func:`ckptz.pipeline.plan.frame_map`) flow through three stages that run at once:
+Frames (:func:`ckptz.pipeline.plan.frame_map`) flow through three stages that run at once,
+a run of consecutive frames at a time (:func:`~ckptz.pipeline.plan.frame_runs`: up to the
+engine's ``span_bytes``, a frame at a time where that is 0):
 
-- **read**: a reader thread takes a free frame buffer, ``pread``\\ s the frame's pieces into
-  it, takes its checksum while the bytes are in cache, and hands it to the engine;
-- **code**: the engine (CPU threads or GPU batches) codes the frame;
+- **read**: a reader thread takes a free run buffer, ``pread``\\ s the run's pieces into it,
+  takes every frame's checksum in one call while the bytes are in cache, and hands the run
+  to the engine (:meth:`~ckptz.engines.base.Engine.encode_span`: on a GPU, one copy to the
+  device);
+- **code**: the engine (CPU threads or GPU batches) codes the frames;
 - **write**: this thread gives each coded frame its place in the container, in frame order,
-  and a writer thread ``pwritev``\\ s its payloads there.
+  and a writer thread takes the run's payload checksums and ``pwritev``\\ s them there (the
+  GPU's block, the run's data area as written, in one call).
+
+Per-frame Python in every stage was what held a GPU compression to ~3.5 GB/s on the H100
+host (the GIL, not the GPU, BENCHMARKS.md); runs take it to one call per run.
 
 The whole-file digest (``xxh3_tree``, :mod:`ckptz.digest`) is taken where the bytes are: a
 reader hashes the leaves that lie whole inside the pieces it read, and beside the stages one
 thread walks the frame buffers in file order as they fill, hashing only the leaves that
-straddle pieces. A buffer goes back to the pool once it is walked and coded,
-so memory stays at :func:`~ckptz.pipeline.workers.slots_needed` frames per file, plus the
-coded frames waiting for a writer (at most :data:`WRITE_DEPTH` per writer).
+straddle pieces. A run's buffer goes back to the pool once its frames are walked and
+coded, so memory stays at :func:`~ckptz.pipeline.workers.slots_needed` runs per file (the
+engine's look-ahead in bytes), plus the coded runs waiting for a writer (about
+:data:`WRITE_DEPTH` frames' worth per writer).
 
 With ``verify``, every coded frame is also decoded again from the very payloads that are
 written, and must give back the frame's checksum; the written container is then read back

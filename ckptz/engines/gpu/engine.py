@@ -1,24 +1,28 @@
-"""The GPU engine: the pipeline's per-frame jobs, batched into nvCOMP calls on one GPU.
+"""The GPU engine: the pipeline's frames, batched into nvCOMP calls on one GPU.
 
-``encode``/``decode`` queue a job and return a future at once. Worker threads (two by
-default, each with its own CUDA stream and nvCOMP codecs) take whatever jobs are queued,
-up to a batch of :attr:`GpuEngine.batch_bytes`, and run them as one batch: pack into the
-worker's pinned staging buffer (hashing on the way), one host→device copy, the coder
-(:mod:`ckptz.engines.gpu.coder`: split kernel, batched nvCOMP, gather into the container's layout),
-one device→host copy of that block, then resolve the futures. While one worker waits on its
-GPU work the other packs or copies, so copies and compute overlap across streams. Payloads
-handed back are views of a private host copy of the block, so the staging buffers can be
-reused at once while the pipeline writes at its own pace.
+``encode_span``/``decode_span`` (and the one-frame ``encode``/``decode``) queue a job and
+return a future at once. Worker threads (two by default, each with its own CUDA stream and
+nvCOMP codecs) take whatever jobs are queued, up to a batch of
+:attr:`GpuEngine.batch_bytes`, and run them as one batch: each span's pinned buffer copied
+to the device at once (a frame from anywhere else through the worker's pinned staging
+buffer), one concatenation per frame shape into the coder's layout, the coder
+(:mod:`ckptz.engines.gpu.coder`: split kernel, batched nvCOMP, gather into the container's
+layout), one device→host copy of that block, then resolve the futures. A span's result
+carries its slice of the block: its data area, as the container stores it, which the
+pipeline writes and checksums in one call each. While one worker waits on its GPU work the
+other copies, so copies and compute overlap across streams. Payloads handed back are views
+of a private host copy of the block, so the staging buffers can be reused at once while the
+pipeline writes at its own pace.
 
-A restore hands over whole spans instead (:meth:`GpuEngine.decode_span`): frames whose
+A restore hands over whole spans too (:meth:`GpuEngine.decode_span`): frames whose
 payloads its reader read with one ``pread`` into a pinned buffer, where they already lie
 16-byte aligned as the coder wants them. Such a span is a batch of its own, with no packing:
 one host→device copy, the coder, one device→host copy for the pipeline's checks. A caller
 that wants the decoded frames on the device (``ckptz.load``) gets them there first, on the
 worker's stream (``place``), so their copies need no wait of their own.
 
-Memory: each worker holds at most one batch on the device (input, planes, payload bounds,
-block: about 3.1 × the batch) and about 2.5 × the batch of pinned host memory, so
+Memory: each worker holds at most one batch on the device (spans as copied, input, planes,
+payload bounds, block: about 4.1 × the batch) and about 2.5 × the batch of pinned host memory, so
 ``memory`` is split as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's
 scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames) comes on
 top, per file in flight. All host buffers are leases from the process's pinned pool
