@@ -7,6 +7,7 @@ container left (RELIABILITY.md, *Crash safety*).
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from conftest import tree_digests
 from ckptz import api, safeio
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
-from ckptz.engines.base import EncodedFrame
+from ckptz.engines.base import EncodedFrame, EncodedSpan, FrameToCode
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError
 from ckptz.pipeline import compress_file
@@ -38,6 +39,21 @@ class _LyingEngine(CpuEngine):
         return EncodedFrame(frame.checksum, chunks)
 
 
+class _LyingRuns(_LyingEngine):
+    """The lying coder over runs of frames, handing back each run's block (as a GPU does):
+    the run's verification must catch it too."""
+
+    frame_size = 64 << 10
+    span_bytes = 1 << 20
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+        span = super().encode_span(frames, buffer).result()
+        parts = [bytes(c.payload) + bytes(-len(c.payload) % 16) for f in span.frames for c in f.chunks]
+        done: Future[EncodedSpan] = Future()
+        done.set_result(EncodedSpan(span.frames, np.frombuffer(b"".join(parts), np.uint8)))
+        return done
+
+
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     from safetensors.numpy import save_file
@@ -49,8 +65,9 @@ def model(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_payload_that_does_not_decode_back_is_caught(model: Path, tmp_path: Path) -> None:
-    with open(tmp_path / "out.ckptz", "w+b") as f, _LyingEngine(2) as engine:
+@pytest.mark.parametrize("liar", [_LyingEngine, _LyingRuns])
+def test_a_payload_that_does_not_decode_back_is_caught(model: Path, tmp_path: Path, liar: type) -> None:
+    with open(tmp_path / "out.ckptz", "w+b") as f, liar(2) as engine:
         with pytest.raises(CorruptionError, match="does not decode back"):
             compress_file(model, model.name, f, engine, verify=True)
         # Without verification the same coder would have written a wrong container.

@@ -59,11 +59,18 @@ from ckptz.container import (
     read_index,
 )
 from ckptz.digest import TREE, Digest, Kind, Piecewise
-from ckptz.engines.base import EncodedFrame, EncodedSpan, Engine, FrameToCode, StoredChunk
+from ckptz.engines.base import (
+    DecodedSpan,
+    EncodedSpan,
+    Engine,
+    FrameToCode,
+    SpanFrame,
+    StoredChunk,
+)
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
-from ckptz.pipeline.plan import Frame, StreamPlan, frame_map, frame_runs, plan_streams
+from ckptz.pipeline.plan import StreamPlan, frame_map, frame_runs, plan_streams
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.pipeline.workers import Failures, FrameSlots, Stopped, Workers, file_digest, slots_needed
 
@@ -76,6 +83,7 @@ WRITE_DEPTH = 8
 #: ran dry between them (H100 host, GPU ``ans``: readers and GPU both half idle).
 RUNS_AHEAD = 24
 _ZEROS = bytes(ALIGN)
+_NO_BLOCK = np.zeros(0, np.uint8)
 
 
 def _no_progress(_: int) -> None:
@@ -362,9 +370,11 @@ class _Compression:
             span = fut.result()
             start, parts, payloads = pos, list[bytes | memoryview](), list[bytes | memoryview]()
             rows: list[list[int]] = []
+            firsts = []
             for i, coded in zip(run, span.frames, strict=True):
                 frame = self.frames[i]
                 first = len(chunks) + len(rows)
+                firsts.append(first)
                 for plane, ch in enumerate(coded.chunks):
                     n = len(ch.payload)
                     rows.append([pos, n, ch.raw_size, 0, ch.codec, plane])
@@ -375,13 +385,13 @@ class _Compression:
                     pos += padded_size(n)
                 frames.append((frame.stream, len(coded.chunks), frame.length, self.sums[i]))
                 self._release(i)
-                if self.verify:
-                    checks.append(self._check(i, frame, coded, first))
-                else:
+                if not self.verify:
                     self._release(i)
             chunks.extend(rows)
             # The engine's block is the run's data area as it is written: one write of it.
             block = span.block if span.block is not None and span.block.size == pos - start else None
+            if self.verify:
+                checks.append(self._check(run, span, firsts, block))
             if self.stream is not None:  # a pipe takes its bytes in order, from this thread
                 self._store(rows, payloads, [], start, block)
                 for part in [block.data] if block is not None else parts:
@@ -417,34 +427,54 @@ class _Compression:
         if self.out is not None and parts:
             safeio.pwrite_all(self.out, parts, at)
 
-    def _check(self, i: int, frame: Frame, coded: EncodedFrame, first: int) -> Future[None]:
-        """Decode frame ``i`` again from its payloads; its checksum must come back."""
+    def _check(
+        self, run: range, span: EncodedSpan, firsts: list[int], block: np.ndarray | None
+    ) -> Future[None]:
+        """Decode a run's frames again from the payloads that are written (one span: on a
+        GPU, one copy of ``block``); each frame's checksum must come back."""
         # These payloads are the ones in memory, not yet stored: there is no stored checksum
         # to check (engines decode what they are given; the read-back checks the file).
-        stored = [
-            StoredChunk(first + p, c.codec, c.raw_size, c.payload, 0) for p, c in enumerate(coded.chunks)
-        ]
-        where = f"frame {i} of {self.relpath}"
+        frames, at = [], 0
+        for i, coded, first in zip(run, span.frames, firsts, strict=True):
+            stored, where = [], []
+            for p, c in enumerate(coded.chunks):
+                stored.append(StoredChunk(first + p, c.codec, c.raw_size, c.payload, 0))
+                where.append(at)
+                at += padded_size(len(c.payload))
+            stream = self.plan.streams[self.frames[i].stream]
+            name = f"frame {i} of {self.relpath}"
+            frames.append(
+                SpanFrame(
+                    stream, stored, self.frames[i].length, name, tuple(where) if block is not None else ()
+                )
+            )
         done: Future[None] = Future()
 
-        def compare(fut: Future[np.ndarray]) -> None:
+        def compare(fut: Future[DecodedSpan]) -> None:
             try:
-                data = fut.result()
-                if data.size != frame.length or checksum(data) != self.sums[i]:
-                    raise CorruptionError(f"{where} does not decode back to its original", path=self.relpath)
+                got = fut.result()
+                for k, i in enumerate(run):
+                    data = got.frame(k)
+                    if data.size != self.frames[i].length or checksum(data) != self.sums[i]:
+                        raise CorruptionError(
+                            f"{frames[k].where} does not decode back to its original", path=self.relpath
+                        )
             except BaseException as exc:
-                self._release(i)
                 done.set_exception(exc)
             else:
-                self._release(i)
                 done.set_result(None)
+            finally:
+                for i in run:
+                    self._release(i)
 
         def decode() -> None:  # on a reader: an inline engine decodes in the caller's thread
             try:
-                stream = self.plan.streams[frame.stream]
-                self.engine.decode(stream, stored, frame.length, where).add_done_callback(compare)
+                self.engine.decode_span(_NO_BLOCK if block is None else block, frames).add_done_callback(
+                    compare
+                )
             except BaseException as exc:
-                self._release(i)
+                for i in run:
+                    self._release(i)
                 done.set_exception(exc)
 
         self.tasks.append(self.workers.read.submit(decode))
