@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from ckptz.cli import app
@@ -92,38 +91,3 @@ def test_bytecode_is_cached_where_python_may_not_write_it(tmp_path: Path) -> Non
 def test_bytecode_cache_stays_off_where_it_is_not_needed(tmp_path: Path) -> None:
     assert not _help_with(tmp_path / "a", fake_torch=True, CKPTZ_BYTECODE_CACHE="0").exists()
     assert not _help_with(tmp_path / "b", fake_torch=True, PYTHONDONTWRITEBYTECODE="").exists()
-
-
-def test_the_compiler_key_is_started_on_a_thread_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-    import sys
-    import threading
-    import types
-
-    from ckptz.engines import gpu
-
-    calls: list[str] = []
-    cache = types.ModuleType("triton.runtime.cache")
-    cache.triton_key = lambda: calls.append(threading.current_thread().name)  # type: ignore[attr-defined]
-    for name, module in (
-        ("triton", types.ModuleType("triton")),
-        ("triton.runtime", types.ModuleType("triton.runtime")),
-        ("triton.runtime.cache", cache),
-    ):
-        monkeypatch.setitem(sys.modules, name, module)
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "triton" else real(n, *a))
-    thread = gpu.start_compiler_key()
-    assert thread is not None
-    thread.join(5)
-    assert calls == ["ckptz-triton-key"]
-
-
-def test_no_compiler_key_without_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-
-    from ckptz.engines import gpu
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "triton" else real(n, *a))
-    assert gpu.start_compiler_key() is None

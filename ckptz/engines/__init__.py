@@ -54,10 +54,6 @@ def nvcomp_installed() -> bool:
 
 
 def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
-    if nvcomp_installed():
-        from ckptz.engines.gpu import start_compiler_key
-
-        start_compiler_key()  # beside the import of torch that comes next
     reason = gpu_unavailable_reason()
     if reason is not None:
         what = f"codec {codec!r} runs only on a GPU" if want == "auto" else f"cannot use {want}"

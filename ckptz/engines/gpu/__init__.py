@@ -7,8 +7,6 @@ pipeline's (:mod:`ckptz.pipeline.device`).
 
 from __future__ import annotations
 
-import importlib.util
-import threading
 from typing import TYPE_CHECKING
 
 from ckptz.codecs.table import CHOOSABLE
@@ -29,33 +27,6 @@ def _codec_name(codec: str, level: int) -> str:
     if name not in GPU_CODECS:
         raise UsageError(f"codec {codec!r} has no GPU implementation", hint="use --codec zstd or ans")
     return name
-
-
-def start_compiler_key() -> threading.Thread | None:
-    """Start computing Triton's cache key on a thread of its own, beside ``import torch``.
-
-    A process's first kernel launch computes it: a SHA-256 of Triton's compiler sources and
-    of its ~0.5 GB ``libtriton`` (0.43 s of a GPU run's start-up on the H100 host,
-    BENCHMARKS.md). The hashing and file reads release the GIL, so it costs the import
-    beside it little; the launch then finds it cached (``functools.lru_cache``). Not a
-    daemon: an interpreter never exits in the middle of its imports.
-    """
-    if importlib.util.find_spec("triton") is None:
-        return None
-    thread = threading.Thread(target=_compiler_key, name="ckptz-triton-key")
-    thread.start()
-    return thread
-
-
-def _compiler_key() -> None:
-    try:
-        try:
-            from triton.runtime.cache import triton_key  # where newer Triton keeps it
-        except ImportError:
-            from triton.compiler.compiler import triton_key
-        triton_key()
-    except Exception:  # only a head start: the first launch computes it anyway
-        pass
 
 
 def open_gpu_engine(
@@ -103,4 +74,4 @@ def raw_codec(algorithm: str, device: str = "cuda") -> RawNvcomp:
     return RawNvcomp(algorithm, device)
 
 
-__all__ = ["GPU_CODECS", "open_gpu_engine", "raw_codec", "start_compiler_key"]
+__all__ = ["GPU_CODECS", "open_gpu_engine", "raw_codec"]
