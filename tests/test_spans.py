@@ -22,7 +22,7 @@ from ckptz import api
 from ckptz.container import read_index
 from ckptz.engines.base import EncodedSpan, FrameToCode, Place, SpanFrame
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import CorruptionError
+from ckptz.errors import CorruptionError, FormatError
 from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.device import DeviceRanges
@@ -273,3 +273,34 @@ def test_gpu_load_decodes_on_the_gpu_into_the_storages(
     with pytest.raises(CorruptionError) as err:
         ckptz.load(tmp_path / "s.pt.ckptz", map_location="cuda:0")
     assert err.value.chunk == k
+
+
+class _Shrunk:
+    """The checkpoint's bytes, cut short after ``end`` (the file shrank while read)."""
+
+    def __init__(self, path: Path, end: int) -> None:
+        self.data, self.end = path.read_bytes(), end
+
+    def readinto(self, views: list[memoryview], offset: int) -> int:
+        done = 0
+        for view in views:
+            part = self.data[offset + done : min(offset + done + len(view), self.end)]
+            view[: len(part)] = part
+            done += len(part)
+            if len(part) < len(view):
+                break
+        return done
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return self.data[offset : min(offset + n, self.end)]
+
+
+@pytest.mark.parametrize("engine_type", [CpuEngine, SpanningCpu])
+def test_a_file_that_shrinks_while_read_is_refused(tmp_path: Path, engine_type: type[CpuEngine]) -> None:
+    src = _checkpoint(tmp_path / "model.pt")
+    with (
+        open(tmp_path / "out.ckptz", "wb") as f,
+        engine_type(threads=2) as engine,
+        pytest.raises(FormatError, match="changed or was truncated"),
+    ):
+        compress_file(src, "model.pt", f, engine, source=_Shrunk(src, src.stat().st_size * 2 // 3))

@@ -4,6 +4,7 @@ served from its skip_data archive and the tensors themselves."""
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import pickle
 import tempfile
@@ -32,7 +33,7 @@ def _read_whole(image: Image, threads: int = 4, piece: int = 1000) -> bytes:
     view = memoryview(buf)
     with ThreadPoolExecutor(threads) as pool:
         got = list(
-            pool.map(lambda at: image.readinto(view[at : at + piece], at), range(0, image.size, piece))
+            pool.map(lambda at: image.readinto([view[at : at + piece]], at), range(0, image.size, piece))
         )
     assert sum(got) == image.size
     return bytes(buf)
@@ -179,9 +180,14 @@ def test_reads_at_any_offset_give_the_images_bytes(tmp_path: Path) -> None:
     assert image.size == len(want)
     for offset, n in [(0, len(want)), (0, 1), (5, 700), (600, 11_000), (len(want) - 3, 10), (len(want), 4)]:
         buf = bytearray(n)
-        got = image.readinto(memoryview(buf), offset)
+        got = image.readinto([memoryview(buf)], offset)
         assert got == min(n, len(want) - offset)
         assert bytes(buf[:got]) == want[offset : offset + got]
+    # A scatter read fills its buffers one after another, across structure and records.
+    cuts = [0, 1, 64, 700, 701, 5000, 12_000, len(want) + 9]
+    bufs = [bytearray(b - a) for a, b in itertools.pairwise(cuts)]
+    assert image.readinto([memoryview(b) for b in bufs], 0) == len(want)
+    assert b"".join(bufs)[: len(want)] == want
 
 
 def test_save_writes_no_uncompressed_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,7 +224,7 @@ def test_gpu_tensors_are_read_from_the_device(tmp_path: Path) -> None:
     want = _torch_saved(obj, tmp_path, "g.pt")
     image = Image(torch_skeleton.skeleton(obj, tmp_path, "g.pt", {}), threads=4, chunk=1 << 20)
     buf = bytearray(len(want))
-    assert image.readinto(memoryview(buf), 0) == len(want)
+    assert image.readinto([memoryview(buf)], 0) == len(want)
     assert bytes(buf) == want
     assert _read_whole(image, threads=4, piece=1 << 20) == want  # from several threads
 

@@ -23,6 +23,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -132,10 +133,20 @@ class Image:
     def read_at(self, offset: int, n: int) -> bytes:
         """Up to ``n`` of the image's bytes from ``offset``."""
         buf = bytearray(n)
-        return bytes(buf[: self.readinto(memoryview(buf), offset)])
+        return bytes(buf[: self.readinto([memoryview(buf)], offset)])
 
-    def readinto(self, view: memoryview, offset: int) -> int:
-        """Fill ``view`` with the image's bytes from ``offset``; how many (fewer past the end)."""
+    def readinto(self, views: Sequence[memoryview], offset: int) -> int:
+        """Fill ``views``, one after another, with the image's bytes from ``offset``; how
+        many (fewer past the end)."""
+        done = 0
+        for view in views:
+            got = self._fill(view, offset + done)
+            done += got
+            if got < len(view):
+                break
+        return done
+
+    def _fill(self, view: memoryview, offset: int) -> int:
         done, n = 0, len(view)
         i = bisect.bisect_right(self._starts, offset) - 1
         while done < n and offset + done < self.size:

@@ -36,7 +36,7 @@ import fcntl
 import os
 import stat
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from itertools import accumulate
@@ -84,6 +84,8 @@ WRITE_DEPTH = 8
 RUNS_AHEAD = 24
 _ZEROS = bytes(ALIGN)
 _NO_BLOCK = np.zeros(0, np.uint8)
+#: Buffers one ``preadv`` may fill (the system's limit, usually 1024).
+_IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 1024
 
 
 def _no_progress(_: int) -> None:
@@ -93,9 +95,9 @@ def _no_progress(_: int) -> None:
 class Source(Protocol):
     """Where a file's bytes are read from, if not from the file itself."""
 
-    def readinto(self, view: memoryview, offset: int) -> int:
-        """Fill ``view`` from ``offset``; how many bytes there were (fewer past the end).
-        Called from several threads at once."""
+    def readinto(self, views: Sequence[memoryview], offset: int) -> int:
+        """Fill ``views``, one after another, from ``offset`` (a scatter read); how many
+        bytes there were (fewer past the end). Called from several threads at once."""
         ...
 
     def read_at(self, offset: int, n: int) -> bytes:
@@ -107,8 +109,8 @@ class _FileSource:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def readinto(self, view: memoryview, offset: int) -> int:
-        return os.preadv(self.fd, [view], offset)
+    def readinto(self, views: Sequence[memoryview], offset: int) -> int:
+        return os.preadv(self.fd, views, offset)
 
     def read_at(self, offset: int, n: int) -> bytes:
         return os.pread(self.fd, n, offset)
@@ -302,15 +304,11 @@ class _Compression:
     def _read(self, r: int, buf: np.ndarray) -> None:
         run = self.runs[r]
         try:
-            pieces, views = [], []
-            for i in run:
-                frame, base = self.frames[i], self.at[i]
-                for at, within, n in frame.pieces:
-                    start = base + within
-                    if self.source.readinto(buf.data[start : start + n], at) != n:
-                        raise FormatError("file changed or was truncated while being read", path=self.relpath)
-                    pieces.append((at, start, n))
-                views.append(buf[base : base + frame.length])
+            pieces = sorted(
+                (at, self.at[i] + within, n) for i in run for at, within, n in self.frames[i].pieces
+            )
+            self._scatter_read(pieces, buf)
+            views = [buf[self.at[i] : self.at[i] + self.frames[i].length] for i in run]
             self.digest.hash_whole(pieces, buf)  # while the bytes are in cache
             if self.change is None:
                 coded = views
@@ -329,6 +327,24 @@ class _Compression:
             self.progress(sum(v.size for v in views))
         except BaseException as exc:
             self._fail(exc)
+
+    def _scatter_read(self, pieces: list[tuple[int, int, int]], buf: np.ndarray) -> None:
+        """Read ``pieces`` (file offset, offset in ``buf``, bytes; in file order): one
+        ``preadv`` for each stretch of the file they cover back to back."""
+        whole = buf.data
+        group: list[memoryview] = []
+        first = end = 0
+        for at, start, n in [*pieces, (-1, 0, 0)]:
+            if group and (at != end or len(group) == _IOV_MAX):
+                if self.source.readinto(group, first) != end - first:
+                    raise FormatError("file changed or was truncated while being read", path=self.relpath)
+                group = []
+            if at < 0:
+                break
+            if not group:
+                first = at
+            group.append(whole[start : start + n])
+            end = at + n
 
     def _hash(self, digest: Future[Digest]) -> None:
         try:
