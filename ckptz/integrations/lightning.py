@@ -40,7 +40,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ckptz.library import load, save
-from ckptz.library.writing import compress_to_path
+from ckptz.library.writing import Options, compress_to_path
 from ckptz.runs.run import check_codec
 from ckptz.safeio import remove_temp, stale_temps
 
@@ -107,7 +107,7 @@ class CompressedCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, f)
 
         # ckptz.save's atomic write, with torch.save's bytes in memory rather than on disk.
-        compress_to_path(Path(path), write, memory=True, **options)
+        compress_to_path(Path(path), write, Options(**options), memory=True)
 
     def load_checkpoint(
         self,

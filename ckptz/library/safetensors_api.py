@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ckptz.errors import FormatError, UsageError
 from ckptz.library import reader
 from ckptz.library.safetensors_header import Header, TensorInfo, read_header
-from ckptz.library.writing import compress_to_path
+from ckptz.library.writing import Options, compress_to_path
 from ckptz.pipeline.whole import restore_into
 
 if TYPE_CHECKING:
@@ -60,10 +60,7 @@ def save_file(
     compress_to_path(
         Path(filename),
         lambda raw: write(tensors, raw, metadata=metadata),
-        device=device,
-        codec=codec,
-        level=level,
-        verify=verify,
+        Options(device, codec, level, verify),
     )
 
 

@@ -91,13 +91,10 @@ def _fallback(obj: object, f: Source, options: Options, save_args: dict[str, Any
         with open(raw, "wb") as out:
             torch.save(obj, out, **save_args)
 
-    device, codec, level, verify = options.device, options.codec, options.level, options.verify
     if isinstance(f, str | os.PathLike):
-        compress_to_path(Path(f), write_path, device=device, codec=codec, level=level, verify=verify)
+        compress_to_path(Path(f), write_path, options)
     else:
-        compress_to_stream(
-            _writable(f), source_name(f), write_file, device=device, codec=codec, level=level, verify=verify
-        )
+        compress_to_stream(_writable(f), source_name(f), write_file, options)
 
 
 def _writable(f: IO[bytes]) -> IO[bytes]:

@@ -83,16 +83,7 @@ def _in_memory(name: str) -> Iterator[Path]:
         os.close(fd)
 
 
-def compress_to_path(
-    target: Path,
-    write: Writer,
-    *,
-    device: str | None,
-    codec: str,
-    level: int,
-    verify: bool,
-    memory: bool = False,
-) -> None:
+def compress_to_path(target: Path, write: Writer, options: Options, *, memory: bool = False) -> None:
     """Have ``write`` write the original, then compress it into ``target`` atomically.
 
     The container gets the permission bits and mtime the original got (so the umask applies
@@ -103,7 +94,6 @@ def compress_to_path(
         WriteError: the target's folder is not writable.
         OutOfSpaceError: the disk filled up (nothing is left behind).
     """
-    options = Options(device, codec, level, verify)
     if memory and hasattr(os, "memfd_create"):
         with _in_memory(target.name) as raw:
             write(raw)
@@ -133,14 +123,12 @@ def compress_into_path(
         )
 
 
-def compress_to_stream(
-    out: IO[bytes], name: str, write: Writer, *, device: str | None, codec: str, level: int, verify: bool
-) -> None:
+def compress_to_stream(out: IO[bytes], name: str, write: Writer, options: Options) -> None:
     """Have ``write`` write the original (in ``$TMPDIR``), then compress it into ``out`` from
     its current position, in order; ``name`` classifies it (``optimizer.pt``)."""
     with _original(None, _relpath(name)) as raw:
         write(raw)
-        compress_into_stream(out, name, raw, Options(device, codec, level, verify))
+        compress_into_stream(out, name, raw, options)
 
 
 def compress_into_stream(
