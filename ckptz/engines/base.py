@@ -106,6 +106,10 @@ class DecodedSpan:
 #: check of the frame: copies queued there are ordered before the engine reuses the memory.
 Place = Callable[[int, Any], None]
 
+#: The ``buffer`` of a :meth:`Engine.decode_span` whose frames' payloads lie anywhere (each
+#: chunk's own ``payload``), not in one buffer read for the span.
+NO_BUFFER = np.zeros(0, np.uint8)
+
 #: Bytes of original data per frame unless an engine prefers another size (the container
 #: records each stream's, so any reader decodes any size). Frames are the unit of
 #: parallelism and of checksums.
@@ -256,6 +260,7 @@ def stream_dtype(stream: StreamInfo) -> DType:
 
 __all__ = [
     "FRAME_SIZE",
+    "NO_BUFFER",
     "DecodedSpan",
     "EncodedFrame",
     "EncodedSpan",

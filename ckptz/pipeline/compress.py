@@ -60,6 +60,7 @@ from ckptz.container import (
 )
 from ckptz.digest import TREE, Digest, Kind, Piecewise
 from ckptz.engines.base import (
+    NO_BUFFER,
     DecodedSpan,
     EncodedSpan,
     Engine,
@@ -83,7 +84,6 @@ WRITE_DEPTH = 8
 #: ran dry between them (H100 host, GPU ``ans``: readers and GPU both half idle).
 RUNS_AHEAD = 24
 _ZEROS = bytes(ALIGN)
-_NO_BLOCK = np.zeros(0, np.uint8)
 #: Buffers one ``preadv`` may fill (the system's limit, usually 1024).
 _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 1024
 
@@ -217,8 +217,8 @@ class _Compression:
         # every stream's open frame holding one while the in-order digest walks
         # (``slots_needed``), fit the engine's look-ahead.
         budget = engine.look_ahead * max(engine.frame_size, 1)
-        ahead = max(len(plan.streams) + 2, RUNS_AHEAD)
-        limit = min(engine.span_bytes, budget // ahead) if engine.span_bytes else 0
+        runs_ahead = max(len(plan.streams) + 2, RUNS_AHEAD)
+        limit = min(engine.span_bytes, budget // runs_ahead) if engine.span_bytes else 0
         self.runs = frame_runs(self.frames, limit)
         self.run_of = [r for r, run in enumerate(self.runs) for _ in run]
         self.at = [a for run in self.runs for a in _run_offsets([self.frames[i].length for i in run])]
@@ -485,7 +485,7 @@ class _Compression:
 
         def decode() -> None:  # on a reader: an inline engine decodes in the caller's thread
             try:
-                self.engine.decode_span(_NO_BLOCK if block is None else block, frames).add_done_callback(
+                self.engine.decode_span(NO_BUFFER if block is None else block, frames).add_done_callback(
                     compare
                 )
             except BaseException as exc:
@@ -557,11 +557,11 @@ class _Compression:
 
 def _run_offsets(lengths: list[int]) -> list[int]:
     """Where each frame of a run lies in its buffer: back to back, 16-byte aligned."""
-    return list(accumulate((n + (-n % ALIGN) for n in lengths[:-1]), initial=0))
+    return list(accumulate(map(padded_size, lengths[:-1]), initial=0))
 
 
 def _run_bytes(lengths: list[int]) -> int:
-    return sum(n + (-n % ALIGN) for n in lengths) or 1
+    return sum(map(padded_size, lengths)) or 1
 
 
 def _regular(out: BinaryIO) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ckptz.checksums import xxh3_64_ranges
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
-from ckptz.engines.base import DecodedSpan, Engine, Place, SpanFrame, StoredChunk
+from ckptz.engines.base import NO_BUFFER, DecodedSpan, Engine, Place, SpanFrame, StoredChunk
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
 from ckptz.pipeline.transform import transform_for
@@ -128,7 +128,7 @@ class FrameDecoder:
         last = self._extent(frames[-1]) if first is not None else None
         if first is None or last is None:  # frame by frame (a run of one, from spans())
             stored = [self._stored(i, None, 0) for i in frames]
-            return self.engine.decode_span(_NO_BUFFER, stored, place), None
+            return self.engine.decode_span(NO_BUFFER, stored, place), None
         lo, hi = first[0], last[1]
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
         try:
@@ -304,9 +304,6 @@ class FrameDecoder:
                 out.append(block[at : at + sizes[m]])
             j = k
         return out
-
-
-_NO_BUFFER = np.zeros(0, np.uint8)
 
 
 def _buffer_size(n: int) -> int:
