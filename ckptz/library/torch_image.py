@@ -51,6 +51,14 @@ class Image:
         self.size = skel.size
         self._tensors = {name: _bytes_of(s) for name, s in skel.storages.items()}
         self._local = threading.local()
+        # The caller's streams may still be writing its GPU tensors (a pageable upload, the
+        # last optimizer step): every copy this image makes waits for them, as torch.save's
+        # own copies (on the caller's stream) do.
+        self._ready = {
+            t.device: torch.cuda.current_stream(t.device).record_event()
+            for t in self._tensors.values()
+            if t.device.type == "cuda"
+        }
         crcs = self._crcs(skel, threads or min(16, os.cpu_count() or 1), chunk)
         # The regions partition the file: structure bytes (in memory) and storage records.
         regions: list[tuple[int, int, bytearray | torch.Tensor]] = []
@@ -120,6 +128,7 @@ class Image:
         stream = getattr(self._local, "stream", None)
         if stream is None or stream.device != src.device:
             stream = self._local.stream = torch.cuda.Stream(src.device)
+            stream.wait_event(self._ready[src.device])
         with torch.cuda.stream(stream):
             dst.copy_(src)  # to host memory: returns once the bytes are there
 

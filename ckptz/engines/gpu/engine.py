@@ -357,6 +357,7 @@ class GpuEngine:
         """The batch's frames on the device, laid out as ``layout`` says: each span's pinned
         buffer in one copy, then one concatenation per frame shape; other frames one by one
         (through the staging buffer where they are not in pinned memory)."""
+        staging.reset()
         sources: list[torch.Tensor] = []
         for j in jobs:
             on_device = self._span_on_device(j)
@@ -379,7 +380,6 @@ class GpuEngine:
             for i, p in zip(g.members, parts, strict=True):
                 at = layout.data_offsets[i]
                 data[at : at + p.numel()].copy_(p, non_blocking=True)
-        staging.reset()
         return data
 
     def _span_on_device(self, job: _EncodeJob) -> list[torch.Tensor] | None:
@@ -486,6 +486,7 @@ class _Staging:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._used = 0
+        self._retired: list[torch.Tensor] = []
 
     def get(self, name: str, size: int) -> torch.Tensor:
         """A pinned uint8 tensor of at least ``size`` bytes (its contents are undefined)."""
@@ -498,13 +499,20 @@ class _Staging:
     def take(self, size: int) -> torch.Tensor:
         """The next ``size`` bytes of the ``in`` buffer, until :meth:`reset` (a batch's
         frames staged one after another)."""
+        old = self._buffers.get("in")
+        if old is not None and self._used and old.numel() < self._used + size:
+            # Frames staged in it may still be on their way to the device: the pool must
+            # not hand it out again before the batch is over.
+            self._retired.append(old)
         buf = self.get("in", self._used + size)
         out = buf[self._used : self._used + size]
         self._used += size
         return out
 
     def reset(self) -> None:
+        """Start a batch: the last one is over (its copies done), so its buffers are free."""
         self._used = 0
+        self._retired.clear()
 
 
 def _to_host(data: torch.Tensor, stream: torch.cuda.Stream) -> np.ndarray:
