@@ -668,6 +668,7 @@ def test_gpu_save_waits_for_the_callers_stream(tmp_path: Path) -> None:
     torch.cuda._sleep(2_000_000_000)  # ~1 s of the caller's stream before the fill
     x.fill_(1.5)
     ckptz.save({"x": x}, tmp_path / "x.pt", device="cpu")
-    torch.save({"x": x}, tmp_path / "ref.pt")
+    (tmp_path / "ref").mkdir()
+    torch.save({"x": x}, tmp_path / "ref" / "x.pt")  # the archive's name is the file's
     with ckptz.open(tmp_path / "x.pt") as f:
-        assert f.read() == (tmp_path / "ref.pt").read_bytes()
+        assert f.read() == (tmp_path / "ref" / "x.pt").read_bytes()
