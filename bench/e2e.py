@@ -1308,7 +1308,7 @@ class Bench:
 
     def warm_cli(self, config: tuple[str, str]) -> None:
         """Once per GPU configuration: an untimed round trip of the warm-up folder, so that
-        kernels are compiled and cached (~/.triton) before a timed whole command."""
+        kernels are compiled and cached (~/.cache/ckptz/kernels) before a timed whole command."""
         if config[0] != "cuda" or config in self.warmed:
             return
         work = self.work("tmpfs", "warm")

@@ -401,7 +401,7 @@ def e2e(name: str, args: list[str], size: int) -> dict[str, Any]:
     if not lines:
         return {"name": name, "error": f"rc {proc.returncode}: {proc.stderr[-2000:]}"}
     r = json.loads(lines[-1])
-    # GBps: the work in a started process (CUDA, nvCOMP and Triton start-up included);
+    # GBps: the work in a started process (CUDA, nvCOMP and kernel start-up included);
     # process_GBps: the whole command, interpreter and imports too.
     r.update(
         name=name,

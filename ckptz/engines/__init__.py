@@ -54,6 +54,11 @@ def nvcomp_installed() -> bool:
 
 
 def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
+    if nvcomp_installed():
+        from ckptz.engines.gpu import driver
+
+        # The CUDA context comes up on a thread of its own while torch imports.
+        driver.warm(int(want[5:]) if want.startswith("cuda:") else 0)
     reason = gpu_unavailable_reason()
     if reason is not None:
         what = f"codec {codec!r} runs only on a GPU" if want == "auto" else f"cannot use {want}"

@@ -9,7 +9,7 @@ with one batched nvCOMP call, and gathers every payload into one device buffer l
 the container stores it. :func:`decode_batch` is its inverse: nvCOMP decodes the coded
 chunks, and one merge per frame shape reads each plane from wherever it lies. Both work on
 device memory only: the engine moves bytes between host and device, and a caller that wants
-decoded bytes on the GPU keeps them there. The kernels are Triton's
+decoded bytes on the GPU keeps them there. The kernels are ckptz's own CUDA kernels
 (:mod:`ckptz.engines.gpu.kernels`) on CUDA, torch's (:mod:`ckptz.engines.gpu.transform`) elsewhere.
 """
 
@@ -176,13 +176,12 @@ def _c_log2_c(largest: int) -> np.ndarray:
 
 
 def _ops(device: torch.device) -> ModuleType:
-    """The Triton kernels for CUDA tensors where Triton imports, else the torch versions."""
+    """The CUDA kernels for CUDA tensors where they load (NVRTC compiles them once per
+    machine), else the torch versions."""
     if device.type == "cuda":
-        try:
-            from ckptz.engines.gpu import kernels
-        except ImportError:  # pragma: no cover - CUDA builds of torch ship Triton
-            pass
-        else:
+        from ckptz.engines.gpu import kernels
+
+        if kernels.available(device) is None:
             return kernels
     from ckptz.engines.gpu import transform
 

@@ -1,4 +1,4 @@
-"""Triton kernels for the GPU coder: split, merge and chunk gathering, one pass each.
+"""CUDA kernels for the GPU coder: split, merge and chunk gathering, one pass each.
 
 The torch transform (:mod:`ckptz.engines.gpu.transform`) takes six passes over the data to split a
 batch (four for the rotation, one permuting copy, two for the constant check) and a launch
@@ -15,124 +15,313 @@ per chunk to gather payloads; these kernels do each job in one pass:
   whole batch, in one launch.
 
 Every kernel produces exactly the bytes of the CPU transform (:mod:`ckptz.codecs.planes`);
-the GPU tests compare them. Only :mod:`ckptz.engines.gpu.coder` imports this module, and only for
-CUDA tensors when Triton is importable; elsewhere the torch operations stand in.
+the GPU tests compare them.
+
+**Compiled once per machine.** The source below is compiled by NVRTC (the runtime compiler
+that ships with torch's CUDA libraries) for the device's architecture, and the cubin kept
+in ``$XDG_CACHE_HOME/ckptz/kernels`` under a hash of the source, compiler and
+architecture. A later process loads it straight into the CUDA context
+(:class:`ckptz.engines.gpu.driver.Module`): no Python JIT, no compiler in the process.
+Triton's kernels, which these replace, cost every GPU run 0.75 s of start-up on the H100
+host (``import triton``, hashing its own libraries for its cache key, loading its
+launchers; BENCHMARKS.md, session 18). Where NVRTC or the cache cannot be used,
+:func:`available` says why and the coder takes the torch transform.
 """
 
 from __future__ import annotations
 
-import torch
-import triton
-import triton.language as tl
+import ctypes
+import glob
+import hashlib
+import importlib.util
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from typing import Any
 
+import torch
+
+from ckptz.engines.gpu import driver
 from ckptz.engines.gpu.transform import DECODED, SAMPLE_BLOCK, SAMPLE_EVERY, STATS, STORED
 
-#: Words per program: 4096 fp32 words is 16 KiB in, four 4 KiB plane rows out; each
-#: program's plane row block is one histogram sample block.
+#: Words per block of threads (a block's plane rows are one histogram sample block).
 _BLOCK = SAMPLE_BLOCK
-#: Every this many full blocks of a plane row, :func:`split_rows` adds the block's byte
-#: histogram to the row's sample (1/8 of a 256 KiB row: 32 K bytes).
-_SAMPLE_EVERY = SAMPLE_EVERY
-#: 4-byte words per program in :func:`gather`.
-_COPY_BLOCK = 4096
-
-_STORAGE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_THREADS = 256
 #: CUDA's limit on a grid's second dimension (frames or chunks per launch).
 _MAX_Y = 65535
+_WORDS = (1, 2, 4, 8)
+
+_DEFINES = f"""
+#define BLOCK {_BLOCK}
+#define THREADS {_THREADS}
+#define NSTATS {STATS}
+#define SAMPLE_EVERY {SAMPLE_EVERY}
+#define STORED ({STORED})
+#define DECODED ({DECODED})
+"""
+
+_SOURCE = (
+    _DEFINES
+    + r"""
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define PER (BLOCK / THREADS)
+
+template <int W> struct Word;
+template <> struct Word<1> { typedef u8 T; };
+template <> struct Word<2> { typedef u16 T; };
+template <> struct Word<4> { typedef u32 T; };
+template <> struct Word<8> { typedef u64 T; };
+
+/* Split frame blockIdx.y's words [blockIdx.x * BLOCK, +BLOCK) into their byte planes
+   (row f * W + p of `planes`, `stride` bytes apart), folding each row's min and max byte
+   into stats[row][0..1] and, for every SAMPLE_EVERY-th full block, its byte histogram
+   into stats[row][2..257]. */
+template <int W, bool ROT>
+__device__ void split(const typename Word<W>::T* src, u8* planes, int* stats, i64 m, i64 stride) {
+  typedef typename Word<W>::T T;
+  __shared__ int hist[W][256];
+  __shared__ int lo[W], hi[W];
+  const i64 b = blockIdx.x, f = blockIdx.y;
+  const int t = threadIdx.x;
+  const bool sample = (b % SAMPLE_EVERY == 0) && ((b + 1) * BLOCK <= m);
+  if (t < W) { lo[t] = 255; hi[t] = 0; }
+  if (sample) for (int k = t; k < W * 256; k += THREADS) (&hist[0][0])[k] = 0;
+  __syncthreads();
+  int mn[W], mx[W];
+#pragma unroll
+  for (int p = 0; p < W; ++p) { mn[p] = 255; mx[p] = 0; }
+  const T* s = src + f * m;
+#pragma unroll 4
+  for (int k = 0; k < PER; ++k) {
+    const i64 i = b * BLOCK + (i64)k * THREADS + t;
+    if (i < m) {
+      u64 x = s[i];
+      if (ROT) x = ((x << 1) | (x >> (8 * W - 1))) & (W == 8 ? ~0ull : (1ull << (8 * (W % 8))) - 1);
+#pragma unroll
+      for (int p = 0; p < W; ++p) {
+        const int v = (int)((x >> (8 * p)) & 0xFF);
+        planes[(f * W + p) * stride + i] = (u8)v;
+        mn[p] = min(mn[p], v);
+        mx[p] = max(mx[p], v);
+        if (sample) atomicAdd(&hist[p][v], 1);
+      }
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < W; ++p) { atomicMin(&lo[p], mn[p]); atomicMax(&hi[p], mx[p]); }
+  __syncthreads();
+  if (t < W) {
+    int* at = stats + (f * W + t) * NSTATS;
+    atomicMin(at, lo[t]);
+    atomicMax(at + 1, hi[t]);
+  }
+  if (sample)
+    for (int k = t; k < W * 256; k += THREADS) {
+      const int c = (&hist[0][0])[k];
+      if (c) atomicAdd(stats + (f * W + k / 256) * NSTATS + 2 + k % 256, c);
+    }
+}
+
+/* Interleave frame blockIdx.y's plane rows back into words: row r lies at offsets[r] * 16
+   in `stored` (sources[r] == STORED) or `decoded` (DECODED), or is the byte sources[r]. */
+template <int W, bool ROT>
+__device__ void merge(const u8* stored, const u8* decoded, const i64* offsets, const i64* sources,
+                      typename Word<W>::T* out, i64 m) {
+  typedef typename Word<W>::T T;
+  __shared__ i64 off[W], src[W];
+  const i64 b = blockIdx.x, f = blockIdx.y;
+  const int t = threadIdx.x;
+  if (t < W) { off[t] = offsets[f * W + t] * 16; src[t] = sources[f * W + t]; }
+  __syncthreads();
+#pragma unroll 4
+  for (int k = 0; k < PER; ++k) {
+    const i64 i = b * BLOCK + (i64)k * THREADS + t;
+    if (i < m) {
+      u64 acc = 0;
+#pragma unroll
+      for (int p = 0; p < W; ++p) {
+        const i64 c = src[p];
+        const u64 v = c == STORED ? stored[off[p] + i] : c == DECODED ? decoded[off[p] + i] : (u64)(c & 0xFF);
+        acc |= v << (8 * p);
+      }
+      if (ROT) acc = (acc >> 1) | (acc << (8 * W - 1));
+      out[f * m + i] = (T)acc;
+    }
+  }
+}
+
+#define SPLIT(W, R) extern "C" __global__ void __launch_bounds__(THREADS) \
+  split_##W##_##R(const Word<W>::T* s, u8* p, int* st, i64 m, i64 stride) { split<W, R>(s, p, st, m, stride); }
+#define MERGE(W, R) extern "C" __global__ void __launch_bounds__(THREADS) \
+  merge_##W##_##R(const u8* a, const u8* d, const i64* o, const i64* s, Word<W>::T* out, i64 m) { \
+    merge<W, R>(a, d, o, s, out, m); }
+SPLIT(1, 0) SPLIT(2, 0) SPLIT(2, 1) SPLIT(4, 0) SPLIT(4, 1) SPLIT(8, 0) SPLIT(8, 1)
+MERGE(1, 0) MERGE(2, 0) MERGE(2, 1) MERGE(4, 0) MERGE(4, 1) MERGE(8, 0) MERGE(8, 1)
+
+/* Copy range blockIdx.y (sizes[c] bytes at src_offsets[c] * 16) to dst_offsets[c] * 16,
+   zero-filled to padded[c] bytes; in 4-byte words (ranges start 16-byte aligned). */
+extern "C" __global__ void __launch_bounds__(THREADS)
+gather(const u32* src, const i64* src_offsets, const i64* sizes, u32* dst, const i64* dst_offsets,
+       const i64* padded) {
+  const i64 c = blockIdx.y;
+  const i64 n = sizes[c], words = padded[c] / 4, so = src_offsets[c] * 4, d = dst_offsets[c] * 4;
+  for (int k = 0; k < PER; ++k) {
+    const i64 w = (i64)blockIdx.x * BLOCK + (i64)k * THREADS + threadIdx.x;
+    if (w < words) {
+      const i64 keep = n - w * 4;
+      u32 v = 0;
+      if (keep > 0) {
+        v = src[so + w];
+        if (keep < 4) v &= (1u << (8 * keep)) - 1;
+      }
+      dst[d + w] = v;
+    }
+  }
+}
+"""
+)
+
+_NAMES = (
+    *(f"split_{w}_{r}" for w in _WORDS for r in (0, 1) if w > 1 or r == 0),
+    *(f"merge_{w}_{r}" for w in _WORDS for r in (0, 1) if w > 1 or r == 0),
+    "gather",
+)
+
+_MODULES: dict[int, driver.Module | str] = {}
+_LOCK = threading.Lock()
 
 
-@triton.jit
-def _split_kernel(
-    src,
-    planes,
-    stats,
-    m,
-    stride,
-    WORD: tl.constexpr,
-    ST: tl.constexpr,
-    UT: tl.constexpr,
-    ROTATE: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SAMPLE_EVERY: tl.constexpr,
-    NSTATS: tl.constexpr,
-):
-    b = tl.program_id(0)
-    f = tl.program_id(1).to(tl.int64)
-    i = b * BLOCK + tl.arange(0, BLOCK)
-    mask = i < m
-    x = tl.load(src + f * m + i, mask=mask, other=0).to(ST, bitcast=True).to(UT)
-    if ROTATE:
-        x = (x << 1) | (x >> (8 * WORD - 1))
-        if WORD == 2:
-            x = x & 0xFFFF
-    for p in tl.static_range(WORD):
-        v = ((x >> (8 * p)) & 0xFF).to(tl.uint8)
-        row = f * WORD + p
-        tl.store(planes + row * stride + i, v, mask=mask)
-        vi = v.to(tl.int32)
-        at = stats + row * NSTATS
-        tl.atomic_min(at, tl.min(tl.where(mask, vi, 255), axis=0))
-        tl.atomic_max(at + 1, tl.max(tl.where(mask, vi, 0), axis=0))
-        if (b % SAMPLE_EVERY == 0) and ((b + 1) * BLOCK <= m):
-            tl.atomic_add(at + 2 + tl.arange(0, 256), tl.histogram(vi, 256))
+class _Nvrtc:
+    """NVRTC, found where torch's CUDA wheels put it."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL(_nvrtc_path())
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        self.version = f"{major.value}.{minor.value}"
+
+    def _check(self, result: int, what: str) -> None:
+        if result != 0:
+            self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(result).decode()}")
+
+    def compile(self, source: str, arch: str) -> bytes:
+        """``source`` compiled for ``arch`` (``sm_90``): a cubin."""
+        prog = ctypes.c_void_p()
+        self._check(
+            self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"ckptz.cu", 0, None, None),
+            "nvrtcCreateProgram",
+        )
+        try:
+            opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--extra-device-vectorization"]
+            result = self.lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+            if result != 0:
+                size = ctypes.c_size_t()
+                self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+                log = ctypes.create_string_buffer(size.value)
+                self.lib.nvrtcGetProgramLog(prog, log)
+                raise RuntimeError(f"NVRTC could not compile ckptz's kernels: {log.value.decode()[-400:]}")
+            size = ctypes.c_size_t()
+            self._check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
+            cubin = ctypes.create_string_buffer(size.value)
+            self._check(self.lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+            return cubin.raw
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-@triton.jit
-def _merge_kernel(
-    stored,
-    decoded,
-    offsets,
-    sources,
-    out,
-    m,
-    WORD: tl.constexpr,
-    ST: tl.constexpr,
-    UT: tl.constexpr,
-    ROTATE: tl.constexpr,
-    BLOCK: tl.constexpr,
-    STORED: tl.constexpr,
-    DECODED: tl.constexpr,
-):
-    b = tl.program_id(0)
-    f = tl.program_id(1).to(tl.int64)
-    i = b * BLOCK + tl.arange(0, BLOCK)
-    mask = i < m
-    acc = tl.zeros([BLOCK], dtype=UT)
-    for p in tl.static_range(WORD):
-        row = f * WORD + p
-        off = tl.load(offsets + row) * 16
-        c = tl.load(sources + row)
-        # Only one of the two loads touches memory: the other is fully masked.
-        v = tl.load(stored + off + i, mask=mask & (c == STORED), other=0).to(UT)
-        v = v | tl.load(decoded + off + i, mask=mask & (c == DECODED), other=0).to(UT)
-        v = tl.where(c >= 0, c.to(UT), v)
-        acc = acc | (v << (8 * p))
-    if ROTATE:
-        acc = (acc >> 1) | (acc << (8 * WORD - 1))
-    tl.store(out + f * m + i, acc.to(ST).to(out.dtype.element_ty, bitcast=True), mask=mask)
+def _nvrtc_path() -> str:
+    spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    for root in list(spec.submodule_search_locations or []) if spec is not None else []:
+        found = sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so.*[0-9]")))
+        if found:
+            return found[0]
+    return "libnvrtc.so.12"  # a system CUDA toolkit, on the loader's path
 
 
-@triton.jit
-def _gather_kernel(src, src_offsets, sizes, dst, dst_offsets, padded, BLOCK: tl.constexpr):
-    # In 4-byte words: every range starts 16-byte aligned and its padded size is a multiple
-    # of 16, so only the word holding a range's last byte needs masking within itself.
-    b = tl.program_id(0)
-    c = tl.program_id(1)
-    w = b * BLOCK + tl.arange(0, BLOCK)
-    n = tl.load(sizes + c)
-    words = tl.load(padded + c) // 4
-    so = tl.load(src_offsets + c) * 4
-    do = tl.load(dst_offsets + c) * 4
-    v = tl.load(src + so + w, mask=w * 4 < n, other=0).to(tl.uint32, bitcast=True)
-    keep = n - w * 4  # bytes of this word inside the range
-    low = (tl.full([BLOCK], 1, tl.uint32) << (8 * tl.minimum(tl.maximum(keep, 0), 3)).to(tl.uint32)) - 1
-    v = tl.where(keep >= 4, v, v & low)
-    tl.store(dst + do + w, v.to(tl.int32, bitcast=True), mask=w < words)
+def _cache_dir() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "ckptz", "kernels")
 
 
-def _types(word: int) -> tuple[tl.dtype, tl.dtype]:
-    storage = {1: tl.uint8, 2: tl.uint16, 4: tl.uint32, 8: tl.uint64}[word]
-    return storage, (tl.uint64 if word == 8 else tl.uint32)
+def _image(arch: str) -> bytes:
+    """The kernels' cubin for ``arch``: from the cache, else compiled (and cached when the
+    cache folder is writable)."""
+    nvrtc_version = _nvrtc_version_key()
+    key = hashlib.sha256(f"{_SOURCE}\0{arch}\0{nvrtc_version}".encode()).hexdigest()[:32]
+    path = os.path.join(_cache_dir(), f"{key}-{arch}.cubin")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        pass
+    cubin = _Nvrtc().compile(_SOURCE, arch)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: compiled again by the next process
+    return cubin
+
+
+def _nvrtc_version_key() -> str:
+    """What the cached cubin depends on besides source and architecture: the NVRTC file
+    (its name carries its version), without loading it."""
+    path = _nvrtc_path()
+    try:
+        st = os.stat(path)
+        return f"{os.path.realpath(path)}:{st.st_size}"
+    except OSError:
+        return path
+
+
+def _module(device: torch.device) -> driver.Module:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _LOCK:
+        found = _MODULES.get(index)
+        if found is None:
+            try:
+                major, minor = torch.cuda.get_device_capability(index)
+                with torch.cuda.device(index):
+                    found = driver.Module(_image(f"sm_{major}{minor}"), _NAMES)
+            except (OSError, RuntimeError) as exc:
+                found = f"{type(exc).__name__}: {exc}"
+            _MODULES[index] = found
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    return found
+
+
+def available(device: torch.device) -> str | None:
+    """Why the kernels cannot run on ``device`` (NVRTC missing, compilation failed), or None
+    once they are loaded there."""
+    try:
+        _module(device)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _launch(name: str, device: torch.device, grid: tuple[int, int], args: Sequence[Any]) -> None:
+    stream = torch.cuda.current_stream(device).cuda_stream
+    _module(device).launch(name, grid, _THREADS, args, stream)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, word: int, rotate: bool) -> None:
@@ -140,11 +329,11 @@ def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, wor
 
     Args:
         raw: flat uint8 CUDA tensor of ``k * n`` bytes, 16-byte aligned.
-        planes: uint8 CUDA tensor ``[k, word, stride]``; the first ``n // word`` bytes of
-            each row are written.
-        stats: int32 CUDA tensor ``[k * word, 258]``, zero but for column 0 (255): each
-            row's minimum and maximum byte are folded into columns 0 and 1, and a byte
-            histogram of a sample of its full blocks (1 in 8) added to columns 2..257.
+        planes: contiguous uint8 CUDA tensor ``[k, word, stride]``; the first ``n // word``
+            bytes of each row are written.
+        stats: contiguous int32 CUDA tensor ``[k * word, 258]``, zero but for column 0
+            (255): each row's minimum and maximum byte are folded into columns 0 and 1, and
+            a byte histogram of a sample of its full blocks (1 in 8) added to columns 2..257.
         word: bytes per word (1, 2, 4 or 8).
         rotate: rotate float words left by one bit first.
     """
@@ -152,25 +341,17 @@ def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, wor
     m = raw.numel() // max(k, 1) // word
     if k == 0 or m == 0:
         return
-    st, ut = _types(word)
-    words = raw.view(_STORAGE[word]).view(k, m)
+    name = f"split_{word}_{int(rotate and word > 1)}"
     for f0 in range(0, k, _MAX_Y):
         f1 = min(k, f0 + _MAX_Y)
-        grid = (triton.cdiv(m, _BLOCK), f1 - f0)
-        _split_kernel[grid](
-            words[f0:f1],
-            planes[f0:f1],
-            stats[f0 * word : f1 * word],
-            m,
-            stride,
-            word,
-            st,
-            ut,
-            rotate and word > 1,
-            _BLOCK,
-            _SAMPLE_EVERY,
-            STATS,
-        )
+        args = [
+            ctypes.c_void_p(raw.data_ptr() + f0 * m * word),
+            _ptr(planes[f0]),
+            _ptr(stats[f0 * word]),
+            ctypes.c_int64(m),
+            ctypes.c_int64(stride),
+        ]
+        _launch(name, raw.device, (_cdiv(m, _BLOCK), f1 - f0), args)
 
 
 def merge_rows(
@@ -190,35 +371,25 @@ def merge_rows(
         offsets: int64 CUDA tensor ``[k * word]``: where row ``f * word + p`` starts in its
             buffer, in units of 16 bytes.
         sources: int64 CUDA tensor ``[k * word]``: ``STORED``, ``DECODED`` (from
-            :mod:`ckptz.engines.gpu.transform`) or the
-            row's byte (>= 0) when it is constant.
+            :mod:`ckptz.engines.gpu.transform`) or the row's byte (>= 0) when it is constant.
         raw: flat uint8 CUDA tensor of ``k * n`` bytes (16-byte aligned) to write.
         word: bytes per word.
         rotate: undo the left rotation of float words.
     """
     k = offsets.numel() // word
     m = raw.numel() // max(k, 1) // word
-    st, ut = _types(word)
-    out = raw.view(_STORAGE[word]).view(k, m)
+    name = f"merge_{word}_{int(rotate and word > 1)}"
     for f0 in range(0, k if m else 0, _MAX_Y):
         f1 = min(k, f0 + _MAX_Y)
-        rows = slice(f0 * word, f1 * word)
-        grid = (triton.cdiv(m, _BLOCK), f1 - f0)
-        _merge_kernel[grid](
-            stored,
-            decoded,
-            offsets[rows],
-            sources[rows],
-            out[f0:f1],
-            m,
-            word,
-            st,
-            ut,
-            rotate and word > 1,
-            _BLOCK,
-            STORED,
-            DECODED,
-        )
+        args = [
+            _ptr(stored),
+            _ptr(decoded),
+            _ptr(offsets[f0 * word]),
+            _ptr(sources[f0 * word]),
+            ctypes.c_void_p(raw.data_ptr() + f0 * m * word),
+            ctypes.c_int64(m),
+        ]
+        _launch(name, raw.device, (_cdiv(m, _BLOCK), f1 - f0), args)
 
 
 def gather(
@@ -238,17 +409,15 @@ def gather(
     count = sizes.numel()
     for c0 in range(0, count if longest else 0, _MAX_Y):
         c1 = min(count, c0 + _MAX_Y)
-        grid = (triton.cdiv(longest // 4, _COPY_BLOCK), c1 - c0)
-        part = slice(c0, c1)
-        _gather_kernel[grid](
-            src.view(torch.int32),
-            src_offsets[part],
-            sizes[part],
-            dst.view(torch.int32),
-            dst_offsets[part],
-            padded[part],
-            _COPY_BLOCK,
-        )
+        args = [
+            _ptr(src),
+            _ptr(src_offsets[c0]),
+            _ptr(sizes[c0]),
+            _ptr(dst),
+            _ptr(dst_offsets[c0]),
+            _ptr(padded[c0]),
+        ]
+        _launch("gather", src.device, (_cdiv(longest // 4, _BLOCK), c1 - c0), args)
 
 
-__all__ = ["gather", "merge_rows", "split_rows"]
+__all__ = ["available", "gather", "merge_rows", "split_rows"]

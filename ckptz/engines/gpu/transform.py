@@ -82,8 +82,8 @@ def merge_from(planes: torch.Tensor, raw: torch.Tensor, word: int, rotate: bool)
         words.copy_(_rotr1(words, word * 8))
 
 
-# -- the coder's three primitives, in torch (CPU tensors; CUDA without Triton) ------------
-# :mod:`ckptz.engines.gpu.kernels` has the same functions, each in one Triton kernel.
+# -- the coder's three primitives, in torch (CPU tensors; CUDA where the kernels cannot load)
+# :mod:`ckptz.engines.gpu.kernels` has the same functions, each in one CUDA kernel.
 
 
 def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, word: int, rotate: bool) -> None:
