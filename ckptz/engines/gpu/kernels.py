@@ -237,12 +237,16 @@ class _Nvrtc:
 
 
 def _nvrtc_path() -> str:
-    spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    """NVRTC where torch's CUDA wheels put it (``nvidia/cu13/lib`` for CUDA 13,
+    ``nvidia/cuda_nvrtc/lib`` for CUDA 12), else the name for the loader's path."""
+    spec = importlib.util.find_spec("nvidia")
+    found: list[tuple[int, str]] = []
     for root in list(spec.submodule_search_locations or []) if spec is not None else []:
-        found = sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so.*[0-9]")))
-        if found:
-            return found[0]
-    return "libnvrtc.so.12"  # a system CUDA toolkit, on the loader's path
+        for path in glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.*")):
+            suffix = path.rsplit(".so.", 1)[1]
+            if suffix.isdigit():  # not the builtins or .alt libraries
+                found.append((int(suffix), path))
+    return max(found)[1] if found else "libnvrtc.so"
 
 
 def _cache_dir() -> str:
