@@ -4,8 +4,9 @@ Two jobs that torch cannot do for ckptz, or not early enough:
 
 * :func:`warm` creates a device's primary context on a thread of its own, beside
   ``import torch`` (which holds the GIL for 1.5-4 s; the driver call does not need it).
-  torch then finds the context made: 0.3 s less of a GPU run's start-up on the H100 host
-  (BENCHMARKS.md, session 18).
+  torch then finds the context made (measured alone on the H100 host: ``import torch``
+  then a first CUDA call, 4.1-5.1 s without, 3.6-4.0 s with; whole ``ckptz`` commands
+  showed no difference beyond their noise, BENCHMARKS.md, session 18).
 * :class:`Module` loads compiled kernels (a cubin or PTX image, see
   :mod:`ckptz.engines.gpu.kernels`) into the current context and launches them on a torch
   stream, with no JIT compiler in the process.

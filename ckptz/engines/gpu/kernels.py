@@ -22,9 +22,10 @@ that ships with torch's CUDA libraries) for the device's architecture, and the c
 in ``$XDG_CACHE_HOME/ckptz/kernels`` under a hash of the source, compiler and
 architecture. A later process loads it straight into the CUDA context
 (:class:`ckptz.engines.gpu.driver.Module`): no Python JIT, no compiler in the process.
-Triton's kernels, which these replace, cost every GPU run 0.75 s of start-up on the H100
-host (``import triton``, hashing its own libraries for its cache key, loading its
-launchers; BENCHMARKS.md, session 18). Where NVRTC or the cache cannot be used,
+Triton's kernels, which these replace, cost a process's first GPU use 0.75 s on the H100
+host (``import triton`` 0.22-0.25 s, then its cache key, which hashes Triton's own
+libraries, and its launchers: a first 50 MB compression took 0.77-0.91 s against 0.21-0.27
+s now; BENCHMARKS.md, session 18). Where NVRTC or the cache cannot be used,
 :func:`available` says why and the coder takes the torch transform.
 """
 
