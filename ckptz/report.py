@@ -324,10 +324,17 @@ def verify_footer(result: VerifyResult) -> str:
     unchecked = counts.get("unchecked", 0)
     if result.ok:
         if result.against:
-            what = f"all {len(result.files)} files match {result.against}: byte-identical"
+            n = len(result.files)
+            what = f"all {n} files match {result.against}: byte-identical"
+            if n == 1:
+                what = f"the file matches {result.against}: byte-identical"
         else:
             ok = counts.get("ok", 0)
-            what = f"{ok} container{'s' * (ok != 1)} decode and match their checksums"
+            what = (
+                f"{ok} containers decode and match their checksums"
+                if ok != 1
+                else "1 container decodes and matches its checksums"
+            )
         if unchecked:
             what += f"; {unchecked} not checked (" + (
                 "no --against to compare them)" if not result.against else "not regular files)"

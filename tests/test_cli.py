@@ -152,3 +152,26 @@ def test_brackets_in_paths_and_notices_print_as_they_are(small_checkpoint: Path,
         assert "pip install 'ckptz[gpu]'" in result.stderr
     inspected = runner.invoke(app, ["inspect", str(packed)])
     assert inspected.exit_code == 0 and "model[gpu].safetensors" in inspected.stdout
+
+
+def test_verify_footer_counts_in_good_english(small_checkpoint: Path, tmp_path: Path) -> None:
+    one = tmp_path / "one.ckptz"
+    done = runner.invoke(
+        app, ["compress", str(small_checkpoint / "optimizer.pt"), "-o", str(one), "--device", "cpu"]
+    )
+    assert done.exit_code == 0, done.output
+    done = runner.invoke(app, ["verify", str(one), "--no-progress"])
+    assert done.exit_code == 0 and "1 container decodes and matches its checksums" in done.output, done.output
+    done = runner.invoke(
+        app, ["verify", str(one), "--against", str(small_checkpoint / "optimizer.pt"), "--no-progress"]
+    )
+    assert done.exit_code == 0 and "the file matches" in done.output, done.output
+    packed = tmp_path / "all.ckptz"
+    assert (
+        runner.invoke(
+            app, ["compress", str(small_checkpoint), "-o", str(packed), "--device", "cpu"]
+        ).exit_code
+        == 0
+    )
+    done = runner.invoke(app, ["verify", str(packed), "--no-progress"])
+    assert done.exit_code == 0 and "containers decode and match their checksums" in done.output, done.output
