@@ -64,8 +64,9 @@ def _cache_bytecode() -> None:
         return
     if os.path.isdir(os.path.join(os.path.dirname(torch.origin), "__pycache__")):
         return  # its bytecode is there to read
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(root, "ckptz", "bytecode")
+    from ckptz.safeio import cache_folder
+
+    folder = cache_folder("bytecode")
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError:

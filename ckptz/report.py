@@ -325,9 +325,11 @@ def verify_footer(result: VerifyResult) -> str:
     if result.ok:
         if result.against:
             n = len(result.files)
-            what = f"all {n} files match {result.against}: byte-identical"
-            if n == 1:
-                what = f"the file matches {result.against}: byte-identical"
+            what = (
+                f"all {n} files match {result.against}: byte-identical"
+                if n != 1
+                else f"the file matches {result.against}: byte-identical"
+            )
         else:
             ok = counts.get("ok", 0)
             what = (

@@ -260,3 +260,10 @@ def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> Non
         if views and n:
             views[0] = views[0][n:]
     _start_writeback(fd, start, offset - start)
+
+
+def cache_folder(name: str) -> str:
+    """``$XDG_CACHE_HOME/ckptz/<name>`` (by default ``~/.cache/ckptz/<name>``): where ckptz
+    keeps what it can rebuild (compiled kernels, bytecode); not created here."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "ckptz", name)

@@ -309,6 +309,7 @@ class GpuEngine:
         self._ready.wait()
         try:
             while (jobs := self._take()) is not None:
+                staging.reset()  # the last batch is over: its copies are done
                 try:
                     with torch.cuda.stream(stream):
                         if isinstance(jobs[0], _EncodeJob):
@@ -357,7 +358,6 @@ class GpuEngine:
         """The batch's frames on the device, laid out as ``layout`` says: each span's pinned
         buffer in one copy, then one concatenation per frame shape; other frames one by one
         (through the staging buffer where they are not in pinned memory)."""
-        staging.reset()
         sources: list[torch.Tensor] = []
         for j in jobs:
             on_device = self._span_on_device(j)
@@ -492,6 +492,10 @@ class _Staging:
         """A pinned uint8 tensor of at least ``size`` bytes (its contents are undefined)."""
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < size:
+            if buf is not None:
+                # Bytes staged in it this batch may still be on their way to the device:
+                # the pool must not hand it out again before the batch is over.
+                self._retired.append(buf)
             # Grow with headroom: batch sizes vary a little from one batch to the next.
             self._buffers[name] = buf = torch.from_numpy(pinned.pool().take(size + size // 4))
         return buf
@@ -499,18 +503,14 @@ class _Staging:
     def take(self, size: int) -> torch.Tensor:
         """The next ``size`` bytes of the ``in`` buffer, until :meth:`reset` (a batch's
         frames staged one after another)."""
-        old = self._buffers.get("in")
-        if old is not None and self._used and old.numel() < self._used + size:
-            # Frames staged in it may still be on their way to the device: the pool must
-            # not hand it out again before the batch is over.
-            self._retired.append(old)
         buf = self.get("in", self._used + size)
         out = buf[self._used : self._used + size]
         self._used += size
         return out
 
     def reset(self) -> None:
-        """Start a batch: the last one is over (its copies done), so its buffers are free."""
+        """Start a batch (the worker calls it once the last one is over, its copies done):
+        buffers replaced during the last one go back to the pool."""
         self._used = 0
         self._retired.clear()
 

@@ -45,6 +45,7 @@ import torch
 
 from ckptz.engines.gpu import driver
 from ckptz.engines.gpu.transform import DECODED, SAMPLE_BLOCK, SAMPLE_EVERY, STATS, STORED
+from ckptz.safeio import cache_folder
 
 #: Words per block of threads (a block's plane rows are one histogram sample block).
 _BLOCK = SAMPLE_BLOCK
@@ -61,6 +62,10 @@ _DEFINES = f"""
 #define STORED ({STORED})
 #define DECODED ({DECODED})
 """
+
+#: (word, rotate) of every split and merge kernel compiled: rotation only for words > 1.
+_SHAPES = tuple((w, r) for w in _WORDS for r in (0, 1) if w > 1 or r == 0)
+_NAMES = (*(f"{k}_{w}_{r}" for k in ("split", "merge") for w, r in _SHAPES), "gather")
 
 _SOURCE = (
     _DEFINES
@@ -162,8 +167,6 @@ __device__ void merge(const u8* stored, const u8* decoded, const i64* offsets, c
 #define MERGE(W, R) extern "C" __global__ void __launch_bounds__(THREADS) \
   merge_##W##_##R(const u8* a, const u8* d, const i64* o, const i64* s, Word<W>::T* out, i64 m) { \
     merge<W, R>(a, d, o, s, out, m); }
-SPLIT(1, 0) SPLIT(2, 0) SPLIT(2, 1) SPLIT(4, 0) SPLIT(4, 1) SPLIT(8, 0) SPLIT(8, 1)
-MERGE(1, 0) MERGE(2, 0) MERGE(2, 1) MERGE(4, 0) MERGE(4, 1) MERGE(8, 0) MERGE(8, 1)
 
 /* Copy range blockIdx.y (sizes[c] bytes at src_offsets[c] * 16) to dst_offsets[c] * 16,
    zero-filled to padded[c] bytes; in 4-byte words (ranges start 16-byte aligned). */
@@ -186,26 +189,21 @@ gather(const u32* src, const i64* src_offsets, const i64* sizes, u32* dst, const
   }
 }
 """
+    # The split and merge kernels, one per shape (the macros above).
+    + "\n".join(f"{k.upper()}({w}, {r})" for k in ("split", "merge") for w, r in _SHAPES)
+    + "\n"
 )
 
-_NAMES = (
-    *(f"split_{w}_{r}" for w in _WORDS for r in (0, 1) if w > 1 or r == 0),
-    *(f"merge_{w}_{r}" for w in _WORDS for r in (0, 1) if w > 1 or r == 0),
-    "gather",
-)
 
 _MODULES: dict[int, driver.Module | str] = {}
 _LOCK = threading.Lock()
 
 
 class _Nvrtc:
-    """NVRTC, found where torch's CUDA wheels put it."""
+    """NVRTC, loaded from ``path`` (:func:`_nvrtc_path`)."""
 
-    def __init__(self) -> None:
-        self.lib = ctypes.CDLL(_nvrtc_path())
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
-        self.version = f"{major.value}.{minor.value}"
+    def __init__(self, path: str) -> None:
+        self.lib = ctypes.CDLL(path)
 
     def _check(self, result: int, what: str) -> None:
         if result != 0:
@@ -250,23 +248,18 @@ def _nvrtc_path() -> str:
     return max(found)[1] if found else "libnvrtc.so"
 
 
-def _cache_dir() -> str:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "ckptz", "kernels")
-
-
 def _image(arch: str) -> bytes:
     """The kernels' cubin for ``arch``: from the cache, else compiled (and cached when the
     cache folder is writable)."""
-    nvrtc_version = _nvrtc_version_key()
-    key = hashlib.sha256(f"{_SOURCE}\0{arch}\0{nvrtc_version}".encode()).hexdigest()[:32]
-    path = os.path.join(_cache_dir(), f"{key}-{arch}.cubin")
+    nvrtc = _nvrtc_path()
+    key = hashlib.sha256(f"{_SOURCE}\0{arch}\0{_file_key(nvrtc)}".encode()).hexdigest()[:32]
+    path = os.path.join(cache_folder("kernels"), f"{key}-{arch}.cubin")
     try:
         with open(path, "rb") as f:
             return f.read()
     except OSError:
         pass
-    cubin = _Nvrtc().compile(_SOURCE, arch)
+    cubin = _Nvrtc(nvrtc).compile(_SOURCE, arch)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
@@ -278,10 +271,9 @@ def _image(arch: str) -> bytes:
     return cubin
 
 
-def _nvrtc_version_key() -> str:
+def _file_key(path: str) -> str:
     """What the cached cubin depends on besides source and architecture: the NVRTC file
     (its name carries its version), without loading it."""
-    path = _nvrtc_path()
     try:
         st = os.stat(path)
         return f"{os.path.realpath(path)}:{st.st_size}"
