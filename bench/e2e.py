@@ -510,14 +510,21 @@ def _step_memory(gpu: GpuPoller | None) -> Callable[[], dict[str, Any]]:
     cuda = torch is not None and torch.cuda.is_initialized()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    # ckptz's own GPU memory (its engine allocates through the CUDA driver, not torch).
+    driver = sys.modules.get("ckptz.engines.gpu.driver")
+    own = driver is not None and hasattr(driver, "peak")
+    if own:
+        driver.peak(reset=True)  # type: ignore[union-attr]
     if gpu is not None:
         gpu.reset()
 
     def read() -> dict[str, Any]:
+        torch_peak = torch.cuda.max_memory_allocated() if cuda else 0
+        ckptz_peak = driver.peak() if own else 0  # type: ignore[union-attr]
         return {
             "peak_rss": vm_hwm(),
             "peak_rss_is_step_only": hwm_reset,
-            "gpu_peak": torch.cuda.max_memory_allocated() if cuda else None,
+            "gpu_peak": (torch_peak + ckptz_peak) if (cuda or own) else None,
             "gpu_used_peak": gpu.peak_bytes() if gpu else None,
         }
 

@@ -121,14 +121,34 @@ def _median_time(fn: Any, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def _const_values(batch: Any) -> np.ndarray:
+def _coder(scratch: Any = None) -> tuple[Any, Any, Any]:
+    """The GPU coder's device on the current CUDA device: (ops, nvCOMP codecs, stream)."""
+    from ckptz.engines.gpu import driver
+    from ckptz.engines.gpu.kernels import CudaOps
+    from ckptz.engines.gpu.memory import DeviceScratch
+    from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
+
+    index = torch.cuda.current_device()
+    driver.use_device(index)
+    stream = driver.Stream()
+    ops = CudaOps(index, stream.handle, scratch or DeviceScratch())
+    return ops, NvcompCodecs(ops), stream
+
+
+def _buf(t: torch.Tensor) -> Any:
+    from ckptz.engines.gpu.memory import Buf
+
+    return Buf(t.data_ptr(), t.numel())
+
+
+def _const_values(ops: Any, batch: Any) -> np.ndarray:
     """Each chunk's byte if it is ``const`` (its one-byte payload in the block), else 0."""
     from ckptz.engines.gpu.coder import CONST_ID
 
     const = batch.codec == CONST_ID
     values = np.zeros(batch.codec.size, dtype=np.int64)
     if const.any():
-        values[const] = batch.block[torch.from_numpy(batch.offset[const]).cuda()].cpu().numpy()
+        values[const] = ops.download(batch.block, np.uint8)[batch.offset[const]]
     return values
 
 
@@ -136,10 +156,9 @@ def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) 
     """ckptz's GPU coder on device-resident bytes: transform, const check, batched nvCOMP, and
     the gather into the container's data layout (what the engine copies back)."""
     from ckptz.engines.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
-    from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
 
-    stream = torch.cuda.current_stream()
-    codecs = NvcompCodecs(torch.cuda.current_device(), stream)
+    torch.cuda.synchronize()
+    ops, codecs, stream = _coder()
     cid = ANS_ID if codec == "ans" else ZSTD_ID
     n = data.numel()
     shapes = [FrameShape(word, True, min(frame, n - o)) for o in range(0, n, frame)]
@@ -147,26 +166,36 @@ def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) 
     enc: dict[str, Any] = {}
 
     def encode() -> None:
-        enc["b"] = encode_batch(codecs, cid, data, layout)
+        enc["b"] = encode_batch(codecs, ops, cid, _buf(data), layout)
+        stream.synchronize()
 
     t_enc = _median_time(encode)
     batch = enc["b"]
-    values = _const_values(batch)
-    res: dict[str, torch.Tensor] = {}
+    values = _const_values(ops, batch)
+    payloads = torch.empty(batch.block.size, dtype=torch.uint8, device=data.device)
+    from ckptz.engines.gpu import driver
+
+    driver.copy_on_device(payloads.data_ptr(), batch.block.ptr, batch.block.size, stream.handle)
+    res: dict[str, Any] = {}
 
     def decode() -> None:
-        res["d"] = decode_batch(codecs, batch.block, layout, batch.codec, batch.offset, batch.size, values)
+        res["d"] = decode_batch(
+            codecs, ops, _buf(payloads), layout, batch.codec, batch.offset, batch.size, values
+        )
+        stream.synchronize()
 
     t_dec = _median_time(decode)
+    got = ops.download(res["d"], np.uint8)
+    want = data.cpu().numpy()
     ok = all(
-        torch.equal(
-            res["d"][g.data_offset : g.data_offset + len(g.members) * g.shape.length],
-            data[g.members[0] * frame : g.members[0] * frame + len(g.members) * g.shape.length],
+        np.array_equal(
+            got[g.data_offset : g.data_offset + len(g.members) * g.shape.length],
+            want[g.members[0] * frame : g.members[0] * frame + len(g.members) * g.shape.length],
         )
         for g in layout.groups
     )
     return {
-        "ratio": n / batch.block.numel(),
+        "ratio": n / batch.block.size,
         "comp_GBps": n / t_enc / 1e9,
         "decomp_GBps": n / t_dec / 1e9,
         "exact": ok,
@@ -178,11 +207,13 @@ def bench_ckptz_workers(
 ) -> dict[str, float]:
     """The coder as the engine runs it: ``workers`` threads, each with its own CUDA stream and
     nvCOMP codecs, coding batches of ``batch`` bytes side by side, so one batch's host work
-    overlaps another's GPU work. Bytes already on the GPU; median of 3 after a warm-up."""
+    overlaps another's GPU work. Bytes already on the GPU; median of 3 after a warm-up. Each
+    batch keeps scratch memory of its own, so that every batch's block is there to decode."""
     import threading
 
+    from ckptz.engines.gpu import driver
     from ckptz.engines.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
-    from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
+    from ckptz.engines.gpu.memory import DeviceScratch
 
     cid = ANS_ID if codec == "ans" else ZSTD_ID
     n = data.numel()
@@ -193,18 +224,29 @@ def bench_ckptz_workers(
         layouts.append(
             plan_batch([FrameShape(word, True, min(frame, length - o)) for o in range(0, length, frame)])
         )
-    streams = [torch.cuda.Stream() for _ in range(workers)]
-    codecs = [NvcompCodecs(torch.cuda.current_device(), st) for st in streams]
+    torch.cuda.synchronize()
+    scratch = [DeviceScratch() for _ in starts]
+    coders = [_coder(scratch[0]) for _ in range(workers)]
     encoded: list[Any] = [None] * len(starts)
     decoded: list[Any] = [None] * len(starts)
     values: list[Any] = [None] * len(starts)
+    payloads: list[Any] = [None] * len(starts)
+
+    def ops_for(w: int, i: int) -> tuple[Any, Any]:
+        from ckptz.engines.gpu.kernels import CudaOps
+        from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
+
+        ops = CudaOps(torch.cuda.current_device(), coders[w][2].handle, scratch[i])
+        return ops, NvcompCodecs(ops)
+
+    per = {(w, i): ops_for(w, i) for i in range(len(starts)) for w in range(workers) if i % workers == w}
 
     def run(job: Any) -> float:
         def worker(w: int) -> None:
-            with torch.cuda.stream(streams[w]):
-                for i in range(w, len(starts), workers):
-                    job(w, i)
-                streams[w].synchronize()
+            driver.use_device(torch.cuda.current_device())
+            for i in range(w, len(starts), workers):
+                job(w, i)
+            coders[w][2].synchronize()
 
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -218,24 +260,32 @@ def bench_ckptz_workers(
 
     def enc(w: int, i: int) -> None:
         s = starts[i]
-        encoded[i] = encode_batch(codecs[w], cid, data[s : s + min(batch, n - s)], layouts[i])
+        ops, codecs = per[(w, i)]
+        encoded[i] = encode_batch(codecs, ops, cid, _buf(data[s : s + min(batch, n - s)]), layouts[i])
 
     def dec(w: int, i: int) -> None:
         b = encoded[i]
-        decoded[i] = decode_batch(codecs[w], b.block, layouts[i], b.codec, b.offset, b.size, values[i])
+        ops, codecs = per[(w, i)]
+        decoded[i] = decode_batch(codecs, ops, payloads[i], layouts[i], b.codec, b.offset, b.size, values[i])
 
     run(enc)
     t_enc = statistics.median(run(enc) for _ in range(3))
     for i, b in enumerate(encoded):
-        values[i] = _const_values(b)
+        ops = per[(i % workers, i)][0]
+        values[i] = _const_values(ops, b)
+        payloads[i] = ops.upload(f"payloads-{i}", ops.download(b.block, np.uint8))
     run(dec)
     t_dec = statistics.median(run(dec) for _ in range(3))
+    host = data.cpu().numpy()
     ok = all(
-        torch.equal(decoded[i][: layouts[i].data_bytes][: min(batch, n - s)], data[s : s + min(batch, n - s)])
+        np.array_equal(
+            per[(i % workers, i)][0].download(decoded[i], np.uint8)[: min(batch, n - s)],
+            host[s : s + min(batch, n - s)],
+        )
         for i, s in enumerate(starts)
         if len(layouts[i].groups) == 1
     )
-    stored = sum(b.block.numel() for b in encoded)
+    stored = sum(b.block.size for b in encoded)
     return {"ratio": n / stored, "comp_GBps": n / t_enc / 1e9, "decomp_GBps": n / t_dec / 1e9, "exact": ok}
 
 

@@ -1,7 +1,7 @@
 """Choosing where the codec runs: ``auto``, ``cpu`` or ``cuda[:N]`` (also ``$CKPTZ_DEVICE``).
 
-Probing a GPU imports torch and nvCOMP, so it happens only when a GPU could be used; on a
-machine without the ``nvidia.nvcomp`` package ``auto`` settles on the CPU at once.
+Probing a GPU asks the CUDA driver how many devices it sees (no torch), so it happens only
+when a GPU could be used; on a machine without nvCOMP ``auto`` settles on the CPU at once.
 """
 
 from __future__ import annotations
@@ -37,19 +37,23 @@ def gpu_unavailable_reason() -> str | None:
         return "nvCOMP is not installed (pip install 'ckptz[gpu]')"
     if importlib.util.find_spec("ckptz.engines.gpu") is None:
         return "this ckptz build has no GPU engine"
+    from ckptz.engines.gpu import driver
+
     try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
+        if driver.device_count() == 0:
+            return "no CUDA device is visible"
+    except OSError:
+        return "no CUDA driver on this machine"
+    except driver.DriverError as exc:
+        return f"the CUDA driver would not start ({exc})"
     return None
 
 
 def nvcomp_installed() -> bool:
+    """Whether nvCOMP's C library (the ``nvidia-libnvcomp`` wheel) is installed."""
     return (
         importlib.util.find_spec("nvidia") is not None
-        and importlib.util.find_spec("nvidia.nvcomp") is not None
+        and importlib.util.find_spec("nvidia.libnvcomp") is not None
     )
 
 
@@ -57,7 +61,7 @@ def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory:
     if nvcomp_installed():
         from ckptz.engines.gpu import driver
 
-        # The CUDA context comes up on a thread of its own while torch imports.
+        # The CUDA context comes up on a thread of its own while the engine's modules load.
         driver.warm(int(want[5:]) if want.startswith("cuda:") else 0)
     reason = gpu_unavailable_reason()
     if reason is not None:

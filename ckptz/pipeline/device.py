@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ckptz.container import read_index
+from ckptz.engines.gpu.memory import DeviceBytes
 from ckptz.pipeline.plan import Frame
 from ckptz.pipeline.restore import restore
 from ckptz.pipeline.whole import RangeSink
@@ -49,14 +50,19 @@ class DeviceRanges(RangeSink):
             stream = streams[device] = torch.cuda.Stream(device)
         return stream
 
-    def place(self, frame: Frame, device: torch.Tensor) -> None:
-        """Copy the frame's bytes to the targets on ``device``'s GPU, queued on the current
-        (the engine's) stream."""
+    def place(self, frame: Frame, device: DeviceBytes) -> None:
+        """Copy the frame's bytes to the targets on ``device``'s GPU, queued on the engine's
+        stream."""
+        from ckptz.engines.gpu import driver
+
+        where = torch.device("cuda", device.index)
         for buf, dst, src in self.overlaps(frame):
-            if isinstance(buf, torch.Tensor) and buf.device == device.device:
-                buf[dst].copy_(device[src], non_blocking=True)
+            if isinstance(buf, torch.Tensor) and buf.device == where:
+                n = dst.stop - dst.start
+                at = device.buf.at(src.start, n).ptr
+                driver.copy_on_device(buf.data_ptr() + dst.start, at, n, device.stream)
         with self._lock:
-            self._placed[id(frame)] = device.device
+            self._placed[id(frame)] = where
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
         with self._lock:

@@ -1,7 +1,8 @@
 """The GPU engine: nvCOMP codecs and the transform on the GPU.
 
-Importing this package imports neither torch nor nvCOMP; :func:`open_gpu_engine` and
-:func:`raw_codec` do, when called. Decoding a container into device memory is the
+Importing this package loads neither CUDA nor nvCOMP; :func:`open_gpu_engine` does, when
+called (the engine needs no torch), and :func:`raw_codec` (``ckptz bench``'s reference rows,
+through nvCOMP's Python binding) imports torch. Decoding a container into device memory is the
 pipeline's (:mod:`ckptz.pipeline.device`).
 """
 
@@ -41,10 +42,13 @@ def open_gpu_engine(
         UsageError: the codec has no GPU implementation.
         DeviceError: no such device, or CUDA/nvCOMP fail on it.
     """
-    import torch
+    from ckptz.engines.gpu import driver
 
     name = _codec_name(codec, level)
-    count = torch.cuda.device_count()
+    try:
+        count = driver.device_count()
+    except (OSError, driver.DriverError) as exc:
+        raise DeviceError(f"CUDA is not usable here: {exc}", hint="use --device cpu") from None
     if want.startswith("cuda:"):
         candidates = [int(want[5:])]
         if candidates[0] >= count:

@@ -8,24 +8,24 @@ a sampled byte histogram on the way), decides per chunk exactly as the CPU coder
 with one batched nvCOMP call, and gathers every payload into one device buffer laid out as
 the container stores it. :func:`decode_batch` is its inverse: nvCOMP decodes the coded
 chunks, and one merge per frame shape reads each plane from wherever it lies. Both work on
-device memory only: the engine moves bytes between host and device, and a caller that wants
-decoded bytes on the GPU keeps them there. The kernels are ckptz's own CUDA kernels
-(:mod:`ckptz.engines.gpu.kernels`) on CUDA, torch's (:mod:`ckptz.engines.gpu.transform`) elsewhere.
+a device's memory only, through an :class:`Ops`: ckptz's CUDA kernels on a GPU
+(:class:`ckptz.engines.gpu.kernels.CudaOps`), the CPU transform on the host
+(:class:`ckptz.engines.gpu.transform.HostOps`). The engine moves bytes between host and
+device, and a caller that wants decoded bytes on the GPU keeps them there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Protocol
 
 import numpy as np
 import numpy.ma  # np.unique's lazy import of it can recurse when threads race it: import once
-import torch
 
 from ckptz.codecs.frames import NOISE_BITS, NOISE_ZERO_SHARE
 from ckptz.codecs.table import ANS, CONST, RAW, TABLE, ZSTD
+from ckptz.engines.gpu.memory import Buf
 from ckptz.engines.gpu.transform import ALIGN, DECODED, STATS, STORED, aligned
 
 RAW_ID = RAW.id
@@ -38,18 +38,56 @@ ANS_MAX_CHUNK = 16 << 20
 GPU_CODECS = frozenset(b.id for b in TABLE if b.gpu is not None)
 
 
+class Ops(Protocol):
+    """A device the coder runs on: its memory, copies of small tables, and the three
+    transform primitives (:class:`ckptz.engines.gpu.kernels.CudaOps` on a GPU,
+    :class:`ckptz.engines.gpu.transform.HostOps` on the host). Work is queued in order on
+    one ``stream``; :meth:`download` waits for it."""
+
+    stream: int
+
+    def scratch(self, name: str, size: int) -> Buf: ...
+
+    def upload(self, name: str, arr: np.ndarray) -> Buf: ...
+
+    def download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray: ...
+
+    def init_stats(self, stats: Buf, rows: int) -> None: ...
+
+    def split_rows(
+        self, raw: Buf, planes: Buf, stats: Buf, k: int, stride: int, word: int, rotate: bool
+    ) -> None: ...
+
+    def merge_rows(
+        self, stored: Buf, decoded: Buf, offsets: Buf, sources: Buf, raw: Buf, k: int, word: int, rotate: bool
+    ) -> None: ...
+
+    def gather(
+        self,
+        src: Buf,
+        src_offsets: Buf,
+        sizes: Buf,
+        dst: Buf,
+        dst_offsets: Buf,
+        padded: Buf,
+        count: int,
+        longest: int,
+    ) -> None: ...
+
+
 class BatchCodecs(Protocol):
-    """Batched chunk codecs on one device (:class:`ckptz.engines.gpu.nvcomp_codecs.NvcompCodecs`)."""
+    """Batched chunk codecs on one device (:class:`ckptz.engines.gpu.nvcomp_codecs.NvcompCodecs`),
+    on the same stream as the coder's :class:`Ops`."""
 
     def max_compressed_size(self, codec_id: int, size: int) -> int: ...
 
     def encode(
         self,
         codec_id: int,
-        src: torch.Tensor,
+        src: Buf,
         offsets: Sequence[int],
         sizes: Sequence[int],
-        dst: torch.Tensor,
+        dst: Buf,
         dst_offsets: Sequence[int],
         capacities: Sequence[int],
     ) -> list[int]: ...
@@ -57,10 +95,10 @@ class BatchCodecs(Protocol):
     def decode(
         self,
         codec_id: int,
-        src: torch.Tensor,
+        src: Buf,
         offsets: Sequence[int],
         sizes: Sequence[int],
-        dst: torch.Tensor,
+        dst: Buf,
         dst_offsets: Sequence[int],
         raw_sizes: Sequence[int],
     ) -> None: ...
@@ -132,13 +170,13 @@ def plan_batch(shapes: list[FrameShape]) -> BatchLayout:
     )
 
 
-def _group_view(buf: torch.Tensor, g: Group) -> torch.Tensor:
+def _group_planes(buf: Buf, g: Group) -> Buf:
     k, s = len(g.members), g.shape
-    return buf[g.planes_offset : g.planes_offset + k * s.word * s.stride].view(k, s.word, s.stride)
+    return buf.at(g.planes_offset, k * s.word * s.stride)
 
 
-def _data_view(buf: torch.Tensor, g: Group) -> torch.Tensor:
-    return buf[g.data_offset : g.data_offset + len(g.members) * g.shape.length]
+def _group_data(buf: Buf, g: Group) -> Buf:
+    return buf.at(g.data_offset, len(g.members) * g.shape.length)
 
 
 def _group_rows(layout: BatchLayout, g: Group) -> slice:
@@ -173,19 +211,6 @@ def _c_log2_c(largest: int) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             _C_LOG2_C = np.where(c > 0, c * np.log2(c), 0.0)
     return _C_LOG2_C
-
-
-def _ops(device: torch.device) -> ModuleType:
-    """The CUDA kernels for CUDA tensors where they load (NVRTC compiles them once per
-    machine), else the torch versions."""
-    if device.type == "cuda":
-        from ckptz.engines.gpu import kernels
-
-        if kernels.available(device) is None:
-            return kernels
-    from ckptz.engines.gpu import transform
-
-    return transform
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,25 +251,26 @@ class EncodedBatch:
     :class:`ckptz.container.ContainerWriter` would write chunk by chunk.
 
     Attributes:
-        block: flat uint8 tensor on the batch's device.
+        block: the bytes, in the coder's scratch memory (valid until its next batch).
         table: the chunks (see :class:`ChunkTable`).
         codec: bitstream id of each chunk.
         size: payload bytes of each chunk.
         offset: where each payload starts in ``block``.
     """
 
-    block: torch.Tensor
+    block: Buf
     table: ChunkTable
     codec: np.ndarray
     size: np.ndarray
     offset: np.ndarray
 
 
-def _to_device(device: torch.device, *columns: np.ndarray) -> list[torch.Tensor]:
-    """int64 columns to the device in one copy (each copy from host memory costs a wait)."""
+def _upload(ops: Ops, name: str, *columns: np.ndarray) -> list[Buf]:
+    """int64 columns on the device in one copy; each column's buffer."""
     table = np.stack([np.asarray(c, dtype=np.int64) for c in columns])
-    # From pageable memory: pinning a few kilobytes per call costs more than the copy.
-    return list(torch.from_numpy(table).to(device).unbind(0))
+    buf = ops.upload(name, table)
+    row = table.shape[1] * 8
+    return [buf.at(i * row, row) for i in range(len(columns))]
 
 
 def padded_sizes(sizes: np.ndarray) -> np.ndarray:
@@ -252,25 +278,26 @@ def padded_sizes(sizes: np.ndarray) -> np.ndarray:
     return sizes + (-sizes % ALIGN)
 
 
-def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout: BatchLayout) -> EncodedBatch:
-    """Transform and code a batch already on the device, waiting for the GPU twice (flags, sizes).
+def encode_batch(
+    codecs: BatchCodecs, ops: Ops, codec_id: int, data: Buf, layout: BatchLayout
+) -> EncodedBatch:
+    """Transform and code a batch already on the device, waiting for it twice (flags, sizes).
 
     Per chunk, as the CPU coder decides: a constant plane becomes ``const`` (its byte), a
     plane that codes smaller gets ``codec_id`` (``zstd`` for planes above nvCOMP ANS's
     16 MiB), and any other is stored ``raw``.
 
     Args:
-        codecs: nvCOMP codecs of the device, bound to the current stream.
+        codecs: nvCOMP codecs of the device, on ``ops``' stream.
+        ops: the device.
         codec_id: the bitstream to try on every plane (zstd or ans).
-        data: flat uint8 device tensor laid out as ``layout.data_offsets`` says.
+        data: the frames, laid out as ``layout.data_offsets`` says.
         layout: from :func:`plan_batch`.
     """
-    dev = data.device
-    ops = _ops(dev)
     table = chunk_table(layout)
     n = table.raw_size.size
-    stats = torch.zeros((n, STATS), dtype=torch.int32, device=dev)
-    stats[:, 0] = 255
+    stats = ops.scratch("stats", n * STATS * 4)
+    ops.init_stats(stats, n)
     planes_bytes = aligned(layout.planes_bytes)
     # Planes then payloads in one buffer, so one gather reads both.
     sizes = table.raw_size
@@ -280,12 +307,19 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
         for size in np.unique(sizes[ids == cid]).tolist():
             bounds[(ids == cid) & (sizes == size)] = aligned(codecs.max_compressed_size(cid, size))
     payload_at = planes_bytes + np.cumsum(bounds) - bounds
-    work = torch.empty(planes_bytes + max(int(bounds.sum()), ALIGN), dtype=torch.uint8, device=dev)
-    planes = work[: layout.planes_bytes]
+    work = ops.scratch("work", planes_bytes + max(int(bounds.sum()), ALIGN))
     for g in layout.groups:
-        view = _group_view(planes, g)
-        ops.split_rows(_data_view(data, g), view, stats[_group_rows(layout, g)], g.shape.word, g.shape.rotate)
-    flags = stats.cpu().numpy()[table.row]
+        rows = _group_rows(layout, g)
+        ops.split_rows(
+            _group_data(data, g),
+            _group_planes(work, g),
+            stats.at(rows.start * STATS * 4, (rows.stop - rows.start) * STATS * 4),
+            len(g.members),
+            g.shape.stride,
+            g.shape.word,
+            g.shape.rotate,
+        )
+    flags = ops.download(stats, np.int32).reshape(n, STATS)[table.row]
     const = (flags[:, 0] == flags[:, 1]) & (sizes > 0)
     noise = _noise_rows(flags[:, 2:])
     got = np.full(n, -1, dtype=np.int64)
@@ -307,22 +341,26 @@ def encode_batch(codecs: BatchCodecs, codec_id: int, data: torch.Tensor, layout:
     src = np.where(coded, payload_at, table.plane_offset)
     padded = padded_sizes(size)
     offset = np.cumsum(padded) - padded
-    block = torch.empty(max(int(padded.sum()), ALIGN), dtype=torch.uint8, device=dev)
-    src_at, size_dev, offset_at, padded_dev = _to_device(dev, src // ALIGN, size, offset // ALIGN, padded)
-    ops.gather(work, src_at, size_dev, block, offset_at, padded_dev, int(padded.max(initial=0)))
-    return EncodedBatch(block[: int(padded.sum())], table, codec, size, offset)
+    block = ops.scratch("block", max(int(padded.sum()), ALIGN))
+    src_at, size_dev, offset_at, padded_dev = _upload(
+        ops, "gather", src // ALIGN, size, offset // ALIGN, padded
+    )
+    ops.gather(work, src_at, size_dev, block, offset_at, padded_dev, n, int(padded.max(initial=0)))
+    return EncodedBatch(block.at(0, int(padded.sum())), table, codec, size, offset)
 
 
 def decode_batch(
     codecs: BatchCodecs,
-    payloads: torch.Tensor,
+    ops: Ops,
+    payloads: Buf,
     layout: BatchLayout,
     codec: np.ndarray,
     offset: np.ndarray,
     size: np.ndarray,
     const_value: np.ndarray,
-) -> torch.Tensor:
-    """Decode a batch whose payloads are on the device; return the frames' bytes (queued, no wait).
+) -> Buf:
+    """Decode a batch whose payloads are on the device; return the frames' bytes (queued, no
+    wait; in the coder's scratch memory, valid until its next batch).
 
     The arrays describe every chunk in frame-then-plane order (:func:`chunk_table`): its
     bitstream, where its payload starts in ``payloads`` (16-byte aligned), the payload's
@@ -332,14 +370,12 @@ def decode_batch(
     Raises:
         CodecError: nvCOMP rejected a payload.
     """
-    dev = payloads.device
-    ops = _ops(dev)
     table = chunk_table(layout)
     raw = table.raw_size
     coded = (codec != RAW_ID) & (codec != CONST_ID)
     room = np.where(coded, padded_sizes(raw), 0)
     at = np.cumsum(room) - room
-    decoded = torch.empty(max(int(room.sum()), 1), dtype=torch.uint8, device=dev)
+    decoded = ops.scratch("decoded", max(int(room.sum()), 1))
     for cid in np.unique(codec[coded]).tolist():
         todo = np.flatnonzero(codec == cid)
         codecs.decode(
@@ -358,16 +394,17 @@ def decode_batch(
     by_row[table.row] = where
     source_by_row = np.empty_like(source)
     source_by_row[table.row] = source
-    where_dev, source_dev = _to_device(dev, by_row, source_by_row)
-    data = torch.empty(max(layout.data_bytes, 1), dtype=torch.uint8, device=dev)
+    where_dev, source_dev = _upload(ops, "merge", by_row, source_by_row)
+    data = ops.scratch("data", max(layout.data_bytes, 1)).at(0, layout.data_bytes)
     for g in layout.groups:
         rows = _group_rows(layout, g)
         ops.merge_rows(
             payloads,
             decoded,
-            where_dev[rows],
-            source_dev[rows],
-            _data_view(data, g),
+            where_dev.at(rows.start * 8, (rows.stop - rows.start) * 8),
+            source_dev.at(rows.start * 8, (rows.stop - rows.start) * 8),
+            _group_data(data, g),
+            len(g.members),
             g.shape.word,
             g.shape.rotate,
         )
@@ -386,6 +423,7 @@ __all__ = [
     "ChunkTable",
     "EncodedBatch",
     "FrameShape",
+    "Ops",
     "chunk_table",
     "decode_batch",
     "encode_batch",

@@ -1,17 +1,24 @@
-"""The CUDA driver API through ctypes: the context, modules and kernel launches.
+"""The CUDA driver API through ctypes: everything the GPU engine asks of CUDA, without torch.
 
-Two jobs that torch cannot do for ckptz, or not early enough:
+The engine needs little of CUDA: a device's primary context, streams, device memory,
+copies between host and device, page-locked host memory, and its kernels
+(:mod:`ckptz.engines.gpu.kernels`, compiled by NVRTC and loaded here as a :class:`Module`).
+torch would bring all of that at the price of ``import torch``: 1.5-2 s of every GPU
+command's start-up on the H100 host even with its bytecode cached (BENCHMARKS.md), more
+than the rest of a small command together. The driver library is already loaded by any
+process that uses CUDA, so calling it directly costs nothing to import.
 
-* :func:`warm` creates a device's primary context on a thread of its own, beside
-  ``import torch`` (which holds the GIL for 1.5-4 s; the driver call does not need it).
-  torch then finds the context made (measured alone on the H100 host: ``import torch``
-  then a first CUDA call, 4.1-5.1 s without, 3.6-4.0 s with; whole ``ckptz`` commands
-  showed no difference beyond their noise, BENCHMARKS.md, session 18).
-* :class:`Module` loads compiled kernels (a cubin or PTX image, see
-  :mod:`ckptz.engines.gpu.kernels`) into the current context and launches them on a torch
-  stream, with no JIT compiler in the process.
+Calls are made two ways. Those that return at once (queueing a copy from page-locked
+memory or a kernel, setting a context) keep the GIL (:data:`_QUICK`): releasing and
+retaking it costs more than the call when other threads want it, and the GPU workers'
+GIL waits were their main cost (BENCHMARKS.md, session 17). Those that may block
+(synchronising, allocating, pinning, copying pageable memory) release it (:data:`_SLOW`).
 
-Importing this module imports neither torch nor CUDA; the first call loads ``libcuda``.
+The primary context is the one torch and nvCOMP use too, so memory, streams and pointers
+pass freely between them in one process. :func:`warm` creates it on a thread of its own
+while the rest of the process starts.
+
+Importing this module loads nothing; the first call loads ``libcuda``.
 """
 
 from __future__ import annotations
@@ -22,39 +29,152 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-_LIB: ctypes.CDLL | None = None
 _LOCK = threading.Lock()
 _WARMING: dict[int, threading.Thread] = {}
+_CONTEXTS: dict[int, int] = {}
+_LIBS: tuple[ctypes.CDLL, ctypes.CDLL] | None = None
+_local = threading.local()
+
+_P = ctypes.c_void_p
+_U64 = ctypes.c_uint64
+_SIZE = ctypes.c_size_t
+_INT = ctypes.c_int
+_UINT = ctypes.c_uint
+_REF = ctypes.POINTER
+
+#: Argument types of every driver function used (``CUdeviceptr`` is a 64-bit integer,
+#: handles are pointers), so ctypes never truncates an address or a size.
+_SIGNATURES: dict[str, list[Any]] = {
+    "cuInit": [_UINT],
+    "cuGetErrorString": [_INT, _REF(ctypes.c_char_p)],
+    "cuDeviceGetCount": [_REF(_INT)],
+    "cuDeviceGet": [_REF(_INT), _INT],
+    "cuDeviceGetAttribute": [_REF(_INT), _INT, _INT],
+    "cuDevicePrimaryCtxRetain": [_REF(_P), _INT],
+    "cuCtxSetCurrent": [_P],
+    "cuCtxGetCurrent": [_REF(_P)],
+    "cuStreamCreate": [_REF(_P), _UINT],
+    "cuStreamDestroy_v2": [_P],
+    "cuStreamSynchronize": [_P],
+    "cuMemAlloc_v2": [_REF(_U64), _SIZE],
+    "cuMemFree_v2": [_U64],
+    "cuMemGetInfo_v2": [_REF(_SIZE), _REF(_SIZE)],
+    "cuMemcpyHtoDAsync_v2": [_U64, _P, _SIZE, _P],
+    "cuMemcpyDtoHAsync_v2": [_P, _U64, _SIZE, _P],
+    "cuMemcpyDtoDAsync_v2": [_U64, _U64, _SIZE, _P],
+    "cuMemsetD8Async": [_U64, ctypes.c_ubyte, _SIZE, _P],
+    "cuMemsetD32Async": [_U64, _UINT, _SIZE, _P],
+    "cuMemsetD2D32Async": [_U64, _SIZE, _UINT, _SIZE, _SIZE, _P],
+    "cuMemHostRegister_v2": [_P, _SIZE, _UINT],
+    "cuMemHostUnregister": [_P],
+    "cuMemHostAlloc": [_REF(_P), _SIZE, _UINT],
+    "cuMemFreeHost": [_P],
+    "cuModuleLoadData": [_REF(_P), ctypes.c_char_p],
+    "cuModuleGetFunction": [_REF(_P), _P, ctypes.c_char_p],
+    "cuLaunchKernel": [_P, _UINT, _UINT, _UINT, _UINT, _UINT, _UINT, _UINT, _P, _REF(_P), _P],
+}
+
+#: ``CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR`` / ``_MINOR``.
+_CC_MAJOR, _CC_MINOR = 75, 76
+#: ``CU_STREAM_NON_BLOCKING``: the stream does not wait for the legacy default stream.
+_NON_BLOCKING = 1
+#: ``CU_MEMHOSTREGISTER_PORTABLE`` / ``CU_MEMHOSTALLOC_PORTABLE``: pinned for every context.
+_PORTABLE = 1
 
 
 class DriverError(RuntimeError):
     """A CUDA driver call failed."""
 
 
-def _lib() -> ctypes.CDLL:
-    global _LIB
+def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """``libcuda`` twice: through :class:`ctypes.CDLL` (calls release the GIL) and
+    :class:`ctypes.PyDLL` (calls keep it)."""
+    global _LIBS
     with _LOCK:
-        if _LIB is None:
-            _LIB = ctypes.CDLL("libcuda.so.1")
-        return _LIB
+        if _LIBS is None:
+            slow, quick = ctypes.CDLL("libcuda.so.1"), ctypes.PyDLL("libcuda.so.1")
+            for lib in (slow, quick):
+                for name, argtypes in _SIGNATURES.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes, fn.restype = argtypes, _INT
+            _LIBS = (slow, quick)
+        return _LIBS
+
+
+def _slow() -> Any:
+    return _libs()[0]
+
+
+def _quick() -> Any:
+    return _libs()[1]
 
 
 def check(result: int, what: str) -> None:
     """Raise :class:`DriverError` for a failed driver call (``CUresult`` other than 0)."""
     if result != 0:
         text = ctypes.c_char_p()
-        _lib().cuGetErrorString(result, ctypes.byref(text))
+        _slow().cuGetErrorString(result, ctypes.byref(text))
         name = text.value.decode() if text.value else f"error {result}"
         raise DriverError(f"{what}: {name}")
 
 
-def _retain(index: int) -> None:
-    lib = _lib()
+def device_count() -> int:
+    """CUDA devices visible to this process (after ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        OSError: no CUDA driver on this machine.
+        DriverError: the driver would not start.
+    """
+    lib = _slow()
     check(lib.cuInit(0), "cuInit")
-    device = ctypes.c_int()
-    check(lib.cuDeviceGet(ctypes.byref(device), index), "cuDeviceGet")
-    context = ctypes.c_void_p()
-    check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+    n = _INT()
+    check(lib.cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
+    return int(n.value)
+
+
+def _primary(index: int) -> int:
+    """Device ``index``'s primary context, retained once per process."""
+    found = _CONTEXTS.get(index)
+    if found is None:
+        lib = _slow()
+        check(lib.cuInit(0), "cuInit")
+        device = _INT()
+        check(lib.cuDeviceGet(ctypes.byref(device), index), f"cuDeviceGet({index})")
+        ctx = _P()
+        check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain")
+        with _LOCK:
+            found = _CONTEXTS.setdefault(index, int(ctx.value or 0))
+    return found
+
+
+def use_device(index: int) -> None:
+    """Make device ``index``'s primary context current on the calling thread."""
+    ctx = _primary(index)
+    if getattr(_local, "ctx", None) != ctx:
+        check(_quick().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        _local.ctx = ctx
+
+
+def _any_context() -> None:
+    """A context current on this thread for calls that need one but no device in particular
+    (pinning host memory portably): the current one, else a device's already retained, else
+    device 0's."""
+    current = _P()
+    check(_quick().cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if not current.value:
+        use_device(next(iter(_CONTEXTS), 0))
+
+
+def capability(index: int) -> tuple[int, int]:
+    """Device ``index``'s compute capability, e.g. ``(9, 0)``."""
+    lib = _slow()
+    check(lib.cuInit(0), "cuInit")
+    out = []
+    for attr in (_CC_MAJOR, _CC_MINOR):
+        value = _INT()
+        check(lib.cuDeviceGetAttribute(ctypes.byref(value), attr, index), "cuDeviceGetAttribute")
+        out.append(int(value.value))
+    return out[0], out[1]
 
 
 def warm(index: int) -> None:
@@ -66,7 +186,7 @@ def warm(index: int) -> None:
 
     def run() -> None:
         with contextlib.suppress(OSError, DriverError, AttributeError):
-            _retain(index)
+            _primary(index)
 
     with _LOCK:
         if index in _WARMING:
@@ -75,9 +195,129 @@ def warm(index: int) -> None:
     thread.start()
 
 
+class Stream:
+    """A CUDA stream of the calling thread's current context, not ordered after the
+    legacy default stream (torch's and anyone else's work there does not hold it up)."""
+
+    def __init__(self) -> None:
+        handle = _P()
+        check(_slow().cuStreamCreate(ctypes.byref(handle), _NON_BLOCKING), "cuStreamCreate")
+        self.handle = int(handle.value or 0)
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the stream."""
+        check(_slow().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
+
+    def close(self) -> None:
+        if self.handle:
+            _slow().cuStreamDestroy_v2(self.handle)
+            self.handle = 0
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+_held = 0
+_peak = 0
+
+
+def alloc(size: int) -> int:
+    """``size`` bytes of device memory in the current context (counted for :func:`peak`)."""
+    global _held, _peak
+    ptr = _U64()
+    check(_slow().cuMemAlloc_v2(ctypes.byref(ptr), max(size, 1)), f"cuMemAlloc({size})")
+    with _LOCK:
+        _held += size
+        _peak = max(_peak, _held)
+    return int(ptr.value)
+
+
+def free(ptr: int, size: int) -> None:
+    """Give back what :func:`alloc` returned (``size`` as asked then)."""
+    global _held
+    check(_slow().cuMemFree_v2(ptr), "cuMemFree")
+    with _LOCK:
+        _held -= size
+
+
+def held() -> int:
+    """Device memory ckptz holds now in this process (bytes)."""
+    with _LOCK:
+        return _held
+
+
+def peak(reset: bool = False) -> int:
+    """The most device memory ckptz held at once in this process (bytes); ``reset`` starts
+    counting again from what is held now."""
+    global _peak
+    with _LOCK:
+        out = _peak
+        if reset:
+            _peak = _held
+        return out
+
+
+def copy_to_device(dst: int, src: int, size: int, stream: int, *, pinned: bool = True) -> None:
+    """Queue a copy of ``size`` host bytes at ``src`` to device address ``dst``. From pageable
+    memory (``pinned=False``) the driver stages the bytes before it returns."""
+    if size:
+        lib = _quick() if pinned else _slow()
+        check(lib.cuMemcpyHtoDAsync_v2(dst, src, size, stream), "cuMemcpyHtoDAsync")
+
+
+def copy_to_host(dst: int, src: int, size: int, stream: int, *, pinned: bool = True) -> None:
+    """Queue a copy of ``size`` device bytes at ``src`` to host address ``dst``; into
+    pageable memory (``pinned=False``) it returns once the bytes are there."""
+    if size:
+        lib = _quick() if pinned else _slow()
+        check(lib.cuMemcpyDtoHAsync_v2(dst, src, size, stream), "cuMemcpyDtoHAsync")
+
+
+def copy_on_device(dst: int, src: int, size: int, stream: int) -> None:
+    """Queue a device-to-device copy."""
+    if size:
+        check(_quick().cuMemcpyDtoDAsync_v2(dst, src, size, stream), "cuMemcpyDtoDAsync")
+
+
+def fill32(dst: int, value: int, words: int, stream: int, *, every: int = 1, rows: int = 1) -> None:
+    """Queue setting 32-bit words to ``value``: ``words`` of them, or with ``every`` > 1 the
+    first ``words`` of each of ``rows`` rows ``every`` words apart."""
+    if every == 1:
+        check(_quick().cuMemsetD32Async(dst, value, words * rows, stream), "cuMemsetD32Async")
+    elif rows:
+        check(_quick().cuMemsetD2D32Async(dst, every * 4, value, words, rows, stream), "cuMemsetD2D32Async")
+
+
+def host_register(ptr: int, size: int) -> None:
+    """Page-lock ``size`` bytes of host memory at ``ptr`` for every context."""
+    _any_context()
+    check(_slow().cuMemHostRegister_v2(ptr, size, _PORTABLE), "cuMemHostRegister")
+
+
+def host_unregister(ptr: int) -> bool:
+    """Undo :func:`host_register`; False where the driver refused."""
+    _any_context()
+    return int(_slow().cuMemHostUnregister(ptr)) == 0
+
+
+def host_alloc(size: int) -> int:
+    """``size`` bytes of page-locked host memory for every context."""
+    _any_context()
+    ptr = _P()
+    check(_slow().cuMemHostAlloc(ctypes.byref(ptr), size, _PORTABLE), f"cuMemHostAlloc({size})")
+    return int(ptr.value or 0)
+
+
+def host_free(ptr: int) -> None:
+    """Give back what :func:`host_alloc` returned."""
+    _slow().cuMemFreeHost(ptr)
+
+
+# -- kernels --------------------------------------------------------------------------------
+
+
 class Module:
-    """A compiled image loaded into the calling thread's current context (torch's primary
-    context of the device), and its kernels by name.
+    """A compiled image loaded into the calling thread's current context, and its kernels by
+    name.
 
     Args:
         image: a cubin, or NUL-terminated PTX.
@@ -85,42 +325,48 @@ class Module:
     """
 
     def __init__(self, image: bytes, names: Sequence[str]) -> None:
-        lib = _lib()
-        self._module = ctypes.c_void_p()
-        check(lib.cuModuleLoadData(ctypes.byref(self._module), image), "cuModuleLoadData")
-        self.functions: dict[str, ctypes.c_void_p] = {}
+        lib = _slow()
+        module = _P()
+        check(lib.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
+        self.functions: dict[str, int] = {}
         for name in names:
-            fn = ctypes.c_void_p()
-            check(lib.cuModuleGetFunction(ctypes.byref(fn), self._module, name.encode()), name)
-            self.functions[name] = fn
+            fn = _P()
+            check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), name)
+            self.functions[name] = int(fn.value or 0)
 
     def launch(
-        self,
-        name: str,
-        grid: tuple[int, int],
-        threads: int,
-        args: Sequence[Any],
-        stream: int,
+        self, name: str, grid: tuple[int, int], threads: int, args: Sequence[Any], stream: int
     ) -> None:
-        """Queue kernel ``name`` on ``stream`` (a ``CUstream`` handle, e.g. a torch stream's
-        ``cuda_stream``) with a ``grid`` of blocks of ``threads`` threads."""
-        params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        """Queue kernel ``name`` on ``stream`` with a ``grid`` of blocks of ``threads`` threads;
+        ``args`` are ctypes values."""
+        params = (_P * len(args))(*[ctypes.addressof(a) for a in args])
         check(
-            _lib().cuLaunchKernel(
-                self.functions[name],
-                ctypes.c_uint(grid[0]),
-                ctypes.c_uint(grid[1]),
-                ctypes.c_uint(1),
-                ctypes.c_uint(threads),
-                ctypes.c_uint(1),
-                ctypes.c_uint(1),
-                ctypes.c_uint(0),
-                ctypes.c_void_p(stream),
-                params,
-                None,
+            _quick().cuLaunchKernel(
+                self.functions[name], grid[0], grid[1], 1, threads, 1, 1, 0, stream, params, None
             ),
             name,
         )
 
 
-__all__ = ["DriverError", "Module", "check", "warm"]
+__all__ = [
+    "DriverError",
+    "Module",
+    "Stream",
+    "alloc",
+    "capability",
+    "check",
+    "copy_on_device",
+    "copy_to_device",
+    "copy_to_host",
+    "device_count",
+    "fill32",
+    "free",
+    "held",
+    "host_alloc",
+    "host_free",
+    "host_register",
+    "host_unregister",
+    "peak",
+    "use_device",
+    "warm",
+]

@@ -1,11 +1,11 @@
 """The GPU engine: the pipeline's frames, batched into nvCOMP calls on one GPU.
 
 ``encode_span``/``decode_span`` (and the one-frame ``encode``/``decode``) queue a job and
-return a future at once. Worker threads (two by default, each with its own CUDA stream and
-nvCOMP codecs) take whatever jobs are queued, up to a batch of
-:attr:`GpuEngine.batch_bytes`, and run them as one batch: each span's pinned buffer copied
-to the device at once (a frame from anywhere else through the worker's pinned staging
-buffer), one concatenation per frame shape into the coder's layout, the coder
+return a future at once. Worker threads (two by default, each with its own CUDA stream,
+scratch memory and nvCOMP codecs) take whatever jobs are queued, up to a batch of
+:attr:`GpuEngine.batch_bytes`, and run them as one batch: each frame copied from the
+pinned buffer its reader filled straight to its place in the coder's layout (a frame from
+anywhere else through the worker's pinned staging buffer), the coder
 (:mod:`ckptz.engines.gpu.coder`: split kernel, batched nvCOMP, gather into the container's
 layout), one device→host copy of that block, then resolve the futures. A span's result
 carries its slice of the block: its data area, as the container stores it, which the
@@ -21,8 +21,11 @@ one host→device copy, the coder, one device→host copy for the pipeline's che
 that wants the decoded frames on the device (``ckptz.load``) gets them there first, on the
 worker's stream (``place``), so their copies need no wait of their own.
 
-Memory: each worker holds at most one batch on the device (spans as copied, input, planes,
-payload bounds, block: about 4.1 × the batch) and about 2.5 × the batch of pinned host memory, so
+CUDA is reached through its driver (:mod:`ckptz.engines.gpu.driver`), nvCOMP through its C
+API: the engine imports no torch, which would cost a GPU command 1.5-2 s of start-up.
+
+Memory: each worker holds at most one batch on the device (input, planes, payload bounds,
+block: about 4.1 × the batch) and about 2.5 × the batch of pinned host memory, so
 ``memory`` is split as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's
 scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames) comes on
 top, per file in flight. All host buffers are leases from the process's pinned pool
@@ -31,6 +34,7 @@ top, per file in flight. All host buffers are leases from the process's pinned p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -39,7 +43,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
@@ -54,7 +57,7 @@ from ckptz.engines.base import (
     StoredChunk,
 )
 from ckptz.engines.cpu import decode_chunks
-from ckptz.engines.gpu import pinned
+from ckptz.engines.gpu import driver, kernels, pinned
 from ckptz.engines.gpu.coder import (
     ANS_ID,
     CONST_ID,
@@ -68,6 +71,7 @@ from ckptz.engines.gpu.coder import (
     padded_sizes,
     plan_batch,
 )
+from ckptz.engines.gpu.memory import Buf, DeviceBytes, DeviceScratch
 from ckptz.engines.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
 from ckptz.errors import CkptzError, CorruptionError
 
@@ -298,9 +302,14 @@ class GpuEngine:
 
     def _run(self) -> None:
         try:
-            torch.cuda.set_device(self.index)
-            stream = torch.cuda.Stream(self.index)
-            codecs = NvcompCodecs(self.index, stream)
+            driver.use_device(self.index)
+            reason = kernels.available(self.index)
+            if reason is not None:
+                raise RuntimeError(f"ckptz's CUDA kernels cannot run: {reason}")
+            stream = driver.Stream()
+            scratch = DeviceScratch()
+            ops = kernels.CudaOps(self.index, stream.handle, scratch)
+            codecs = NvcompCodecs(ops)
             staging = _Staging()
         except BaseException as exc:
             self._errors.append(exc)
@@ -309,13 +318,14 @@ class GpuEngine:
         self._ready.wait()
         try:
             while (jobs := self._take()) is not None:
-                staging.reset()  # the last batch is over: its copies are done
+                # The last batch is over (its stream synchronised): its buffers are free.
+                staging.reset()
+                scratch.reset()
                 try:
-                    with torch.cuda.stream(stream):
-                        if isinstance(jobs[0], _EncodeJob):
-                            self._encode(codecs, stream, staging, jobs)  # type: ignore[arg-type]
-                        else:
-                            self._decode(codecs, stream, staging, jobs)  # type: ignore[arg-type]
+                    if isinstance(jobs[0], _EncodeJob):
+                        self._encode(codecs, ops, stream, staging, jobs)  # type: ignore[arg-type]
+                    else:
+                        self._decode(codecs, ops, stream, staging, jobs)  # type: ignore[arg-type]
                 except BaseException as exc:
                     for j in jobs:
                         if not j.future.done():
@@ -323,15 +333,23 @@ class GpuEngine:
                     if not isinstance(exc, Exception):
                         raise
         finally:
-            codecs.close()
+            with contextlib.suppress(driver.DriverError):
+                stream.synchronize()
+                scratch.close()
+                stream.close()
 
     def _encode(
-        self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_EncodeJob]
+        self,
+        codecs: NvcompCodecs,
+        ops: kernels.CudaOps,
+        stream: driver.Stream,
+        staging: _Staging,
+        jobs: list[_EncodeJob],
     ) -> None:
         frames = [f for j in jobs for f in j.frames]
         layout = plan_batch([_shape(f.stream, f.data.size) for f in frames])
-        data = self._upload(staging, jobs, layout)
-        batch = encode_batch(codecs, self.codec_id, data, layout)
+        data = self._upload(ops, staging, frames, layout)
+        batch = encode_batch(codecs, ops, self.codec_id, data, layout)
         # One copy back: the batch's payloads, already laid out as the container stores them.
         host = _to_host(batch.block, stream)
         view = memoryview(host)  # type: ignore[arg-type]
@@ -354,52 +372,28 @@ class GpuEngine:
             block = host[offset[first] : end[c - 1]] if c > first else host[:0]
             j.future.set_result(EncodedSpan(coded, block))
 
-    def _upload(self, staging: _Staging, jobs: list[_EncodeJob], layout: BatchLayout) -> torch.Tensor:
-        """The batch's frames on the device, laid out as ``layout`` says: each span's pinned
-        buffer in one copy, then one concatenation per frame shape; other frames one by one
-        (through the staging buffer where they are not in pinned memory)."""
-        sources: list[torch.Tensor] = []
-        for j in jobs:
-            on_device = self._span_on_device(j)
-            if on_device is not None:
-                sources.extend(on_device)
-                continue
-            for x in j.frames:
-                src = self._pinned.tensor(x.data)
-                if src is None:  # not one of this engine's buffers: a pinned copy first
-                    src = staging.take(x.data.size)
-                    src.numpy()[:] = x.data
-                sources.append(src)
-        data = torch.empty(max(layout.data_bytes, 1), dtype=torch.uint8, device=self.device)
-        for g in layout.groups:
-            parts = [sources[i] for i in g.members]
-            out = data[g.data_offset : g.data_offset + len(g.members) * g.shape.length]
-            if len(parts) > 1 and all(p.is_cuda for p in parts):
-                torch.cat(parts, out=out)
-                continue
-            for i, p in zip(g.members, parts, strict=True):
-                at = layout.data_offsets[i]
-                data[at : at + p.numel()].copy_(p, non_blocking=True)
-        return data
-
-    def _span_on_device(self, job: _EncodeJob) -> list[torch.Tensor] | None:
-        """Each frame of a span as a slice of its buffer copied to the device at once, if
-        the buffer is pinned and holds every frame."""
-        if job.buffer is None or not job.frames:
-            return None
-        src = self._pinned.tensor(job.buffer)
-        if src is None:
-            return None
-        base = job.buffer.ctypes.data
-        starts = [x.data.ctypes.data - base for x in job.frames]
-        end = max(a + x.data.size for a, x in zip(starts, job.frames, strict=True))
-        if min(starts) < 0 or end > job.buffer.size:
-            return None
-        device = src[:end].to(self.device, non_blocking=True)
-        return [device[a : a + x.data.size] for a, x in zip(starts, job.frames, strict=True)]
+    def _upload(
+        self, ops: kernels.CudaOps, staging: _Staging, frames: list[FrameToCode], layout: BatchLayout
+    ) -> Buf:
+        """The batch's frames on the device, laid out as ``layout`` says: each copied from
+        the pinned buffer its reader filled (or through the staging buffer, from anywhere
+        else) straight to its place."""
+        data = ops.scratch("frames", max(layout.data_bytes, 1))
+        for x, at in zip(frames, layout.data_offsets, strict=True):
+            src = x.data
+            if not self._pinned.holds(src):  # not one of this engine's buffers: a pinned copy first
+                src = staging.take(x.data.size)
+                src[:] = x.data
+            driver.copy_to_device(data.ptr + at, src.ctypes.data, src.size, ops.stream)
+        return data.at(0, layout.data_bytes)
 
     def _decode(
-        self, codecs: NvcompCodecs, stream: torch.cuda.Stream, staging: _Staging, jobs: list[_DecodeJob]
+        self,
+        codecs: NvcompCodecs,
+        ops: kernels.CudaOps,
+        stream: driver.Stream,
+        staging: _Staging,
+        jobs: list[_DecodeJob],
     ) -> None:
         # Each frame's result, job by job: host bytes or an error.
         results: list[list[np.ndarray | BaseException]] = [[] for _ in jobs]
@@ -419,7 +413,7 @@ class GpuEngine:
                     cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
         if gpu:
             try:
-                self._decode_on_gpu(codecs, stream, staging, jobs, gpu, results)
+                self._decode_on_gpu(codecs, ops, stream, staging, jobs, gpu, results)
             except CkptzError as exc:
                 error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
                 for n, k, _ in gpu:
@@ -435,7 +429,8 @@ class GpuEngine:
     def _decode_on_gpu(
         self,
         codecs: NvcompCodecs,
-        stream: torch.cuda.Stream,
+        ops: kernels.CudaOps,
+        stream: driver.Stream,
         staging: _Staging,
         jobs: list[_DecodeJob],
         gpu: list[tuple[int, int, SpanFrame]],
@@ -451,30 +446,28 @@ class GpuEngine:
             [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
         )
         buffer = jobs[0].buffer if len(jobs) == 1 else None
-        src = self._pinned.tensor(buffer) if buffer is not None else None
-        if src is not None:
+        if buffer is not None and self._pinned.holds(buffer):
             # A span: its payloads already lie 16-byte aligned in pinned memory, as the
             # container stores them. One copy moves them all.
             offset = np.array([a for f in frames for a in f.at], dtype=np.int64)
-            end = int((offset + padded_sizes(size)).max(initial=1))
-            payloads = src[:end].to(self.device, non_blocking=True)
+            end = min(int((offset + padded_sizes(size)).max(initial=1)), buffer.size)
+            host = buffer[:end]
         else:
             padded = padded_sizes(size)
             offset = np.cumsum(padded) - padded
             total = max(int(padded.sum()), 1)
-            staged = staging.get("in", total)[:total]
-            host = staged.numpy()
+            host = staging.get("in", total)[:total]
             for c, o, n in zip(chunks, offset.tolist(), size.tolist(), strict=True):
                 if n:
                     host[o : o + n] = np.frombuffer(c.payload, dtype=np.uint8)
-            payloads = staged.to(self.device, non_blocking=True)
-        data = decode_batch(codecs, payloads, layout, codec, offset, size, const_value)
+        payloads = ops.scratch("payloads", host.size)
+        driver.copy_to_device(payloads.ptr, host.ctypes.data, host.size, ops.stream)
+        data = decode_batch(codecs, ops, payloads, layout, codec, offset, size, const_value)
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
             place = jobs[n].place
             if place is not None:  # queued on this stream: over before the copy back
-                place(k, data[off : off + f.length])
+                place(k, DeviceBytes(data.at(off, f.length), self.index, ops.stream))
         view = _to_host(data, stream)
-        del payloads
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
             results[n][k] = view[off : off + f.length]
 
@@ -484,23 +477,23 @@ class _Staging:
     pinned buffer per batch cost more than the batch's coding)."""
 
     def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._buffers: dict[str, np.ndarray] = {}
         self._used = 0
-        self._retired: list[torch.Tensor] = []
+        self._retired: list[np.ndarray] = []
 
-    def get(self, name: str, size: int) -> torch.Tensor:
-        """A pinned uint8 tensor of at least ``size`` bytes (its contents are undefined)."""
+    def get(self, name: str, size: int) -> np.ndarray:
+        """A pinned uint8 array of at least ``size`` bytes (its contents are undefined)."""
         buf = self._buffers.get(name)
-        if buf is None or buf.numel() < size:
+        if buf is None or buf.size < size:
             if buf is not None:
                 # Bytes staged in it this batch may still be on their way to the device:
                 # the pool must not hand it out again before the batch is over.
                 self._retired.append(buf)
             # Grow with headroom: batch sizes vary a little from one batch to the next.
-            self._buffers[name] = buf = torch.from_numpy(pinned.pool().take(size + size // 4))
+            self._buffers[name] = buf = pinned.pool().take(size + size // 4)
         return buf
 
-    def take(self, size: int) -> torch.Tensor:
+    def take(self, size: int) -> np.ndarray:
         """The next ``size`` bytes of the ``in`` buffer, until :meth:`reset` (a batch's
         frames staged one after another)."""
         buf = self.get("in", self._used + size)
@@ -515,17 +508,17 @@ class _Staging:
         self._retired.clear()
 
 
-def _to_host(data: torch.Tensor, stream: torch.cuda.Stream) -> np.ndarray:
-    """Copy a batch's device bytes into a pinned lease and wait for it.
+def _to_host(data: Buf, stream: driver.Stream) -> np.ndarray:
+    """Copy a batch's device bytes into a pinned lease and wait for them (and for everything
+    queued on the stream before).
 
     The frames handed out are views of it and outlive the batch (the pipeline writes them
     later): the pool takes the memory back once the last view is gone, so there is no
     second copy, and no pinning per batch once the pool holds what is in flight.
     """
-    host = pinned.pool().take(data.numel())
-    if host.size:
-        torch.from_numpy(host).copy_(data, non_blocking=True)
-        stream.synchronize()
+    host = pinned.pool().take(data.size)
+    driver.copy_to_host(host.ctypes.data, data.ptr, data.size, stream.handle)
+    stream.synchronize()
     return host
 
 

@@ -1,8 +1,8 @@
 """CUDA kernels for the GPU coder: split, merge and chunk gathering, one pass each.
 
-The torch transform (:mod:`ckptz.engines.gpu.transform`) takes six passes over the data to split a
-batch (four for the rotation, one permuting copy, two for the constant check) and a launch
-per chunk to gather payloads; these kernels do each job in one pass:
+Each job is one pass over the data (torch's operators took six to split a batch: four for
+the rotation, one permuting copy, two for the constant check, and a launch per chunk to
+gather payloads):
 
 * :func:`split_rows` reads each word once, rotates it in registers, writes its bytes to
   their planes, and folds every plane row's minimum and maximum byte (a row is constant
@@ -25,8 +25,11 @@ architecture. A later process loads it straight into the CUDA context
 Triton's kernels, which these replace, cost a process's first GPU use 0.75 s on the H100
 host (``import triton`` 0.22-0.25 s, then its cache key, which hashes Triton's own
 libraries, and its launchers: a first 50 MB compression took 0.77-0.91 s against 0.21-0.27
-s now; BENCHMARKS.md, session 18). Where NVRTC or the cache cannot be used,
-:func:`available` says why and the coder takes the torch transform.
+s now; BENCHMARKS.md, session 18). Where NVRTC cannot be found or fails, :func:`available`
+says why, and the GPU engine does not start.
+
+:class:`CudaOps` is the coder's device (:class:`ckptz.engines.gpu.coder.Ops`) on one GPU and
+one stream: these kernels, the worker's scratch memory, and copies of small tables.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import torch
+import numpy as np
 
 from ckptz.engines.gpu import driver
+from ckptz.engines.gpu.memory import Buf, DeviceScratch
 from ckptz.engines.gpu.transform import DECODED, SAMPLE_BLOCK, SAMPLE_EVERY, STATS, STORED
 from ckptz.safeio import cache_folder
 
@@ -281,15 +285,15 @@ def _file_key(path: str) -> str:
         return path
 
 
-def _module(device: torch.device) -> driver.Module:
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _module(index: int) -> driver.Module:
+    """The kernels loaded on device ``index`` (compiled on first use per machine)."""
     with _LOCK:
         found = _MODULES.get(index)
         if found is None:
             try:
-                major, minor = torch.cuda.get_device_capability(index)
-                with torch.cuda.device(index):
-                    found = driver.Module(_image(f"sm_{major}{minor}"), _NAMES)
+                driver.use_device(index)
+                major, minor = driver.capability(index)
+                found = driver.Module(_image(f"sm_{major}{minor}"), _NAMES)
             except (OSError, RuntimeError) as exc:
                 found = f"{type(exc).__name__}: {exc}"
             _MODULES[index] = found
@@ -298,123 +302,144 @@ def _module(device: torch.device) -> driver.Module:
     return found
 
 
-def available(device: torch.device) -> str | None:
-    """Why the kernels cannot run on ``device`` (NVRTC missing, compilation failed), or None
-    once they are loaded there."""
+def available(index: int) -> str | None:
+    """Why the kernels cannot run on device ``index`` (NVRTC missing, compilation failed),
+    or None once they are loaded there."""
     try:
-        _module(device)
+        _module(index)
     except RuntimeError as exc:
         return str(exc)
     return None
-
-
-def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
-
-
-def _launch(name: str, device: torch.device, grid: tuple[int, int], args: Sequence[Any]) -> None:
-    stream = torch.cuda.current_stream(device).cuda_stream
-    _module(device).launch(name, grid, _THREADS, args, stream)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, word: int, rotate: bool) -> None:
-    """Split ``k`` equal frames into planes, gathering each row's statistics on the way.
-
-    Args:
-        raw: flat uint8 CUDA tensor of ``k * n`` bytes, 16-byte aligned.
-        planes: contiguous uint8 CUDA tensor ``[k, word, stride]``; the first ``n // word``
-            bytes of each row are written.
-        stats: contiguous int32 CUDA tensor ``[k * word, 258]``, zero but for column 0
-            (255): each row's minimum and maximum byte are folded into columns 0 and 1, and
-            a byte histogram of a sample of its full blocks (1 in 8) added to columns 2..257.
-        word: bytes per word (1, 2, 4 or 8).
-        rotate: rotate float words left by one bit first.
-    """
-    k, _, stride = planes.shape
-    m = raw.numel() // max(k, 1) // word
-    if k == 0 or m == 0:
-        return
-    name = f"split_{word}_{int(rotate and word > 1)}"
-    for f0 in range(0, k, _MAX_Y):
-        f1 = min(k, f0 + _MAX_Y)
-        args = [
-            ctypes.c_void_p(raw.data_ptr() + f0 * m * word),
-            _ptr(planes[f0]),
-            _ptr(stats[f0 * word]),
-            ctypes.c_int64(m),
-            ctypes.c_int64(stride),
-        ]
-        _launch(name, raw.device, (_cdiv(m, _BLOCK), f1 - f0), args)
+def _ptr(address: int) -> ctypes.c_void_p:
+    return ctypes.c_void_p(address)
 
 
-def merge_rows(
-    stored: torch.Tensor,
-    decoded: torch.Tensor,
-    offsets: torch.Tensor,
-    sources: torch.Tensor,
-    raw: torch.Tensor,
-    word: int,
-    rotate: bool,
-) -> None:
-    """Interleave ``k`` frames' plane rows, found in either of two buffers, into ``raw``.
+class CudaOps:
+    """The coder's device on GPU ``index``: kernels and copies queued on ``stream`` (a
+    ``CUstream`` handle), buffers from ``scratch``. The calling thread must have the
+    device's context current (:func:`ckptz.engines.gpu.driver.use_device`)."""
 
-    Args:
-        stored: flat uint8 CUDA tensor holding rows stored raw (the payloads).
-        decoded: flat uint8 CUDA tensor holding rows an nvCOMP codec decoded.
-        offsets: int64 CUDA tensor ``[k * word]``: where row ``f * word + p`` starts in its
-            buffer, in units of 16 bytes.
-        sources: int64 CUDA tensor ``[k * word]``: ``STORED``, ``DECODED`` (from
-            :mod:`ckptz.engines.gpu.transform`) or the row's byte (>= 0) when it is constant.
-        raw: flat uint8 CUDA tensor of ``k * n`` bytes (16-byte aligned) to write.
-        word: bytes per word.
-        rotate: undo the left rotation of float words.
-    """
-    k = offsets.numel() // word
-    m = raw.numel() // max(k, 1) // word
-    name = f"merge_{word}_{int(rotate and word > 1)}"
-    for f0 in range(0, k if m else 0, _MAX_Y):
-        f1 = min(k, f0 + _MAX_Y)
-        args = [
-            _ptr(stored),
-            _ptr(decoded),
-            _ptr(offsets[f0 * word]),
-            _ptr(sources[f0 * word]),
-            ctypes.c_void_p(raw.data_ptr() + f0 * m * word),
-            ctypes.c_int64(m),
-        ]
-        _launch(name, raw.device, (_cdiv(m, _BLOCK), f1 - f0), args)
+    def __init__(self, index: int, stream: int, scratch: DeviceScratch) -> None:
+        self.index = index
+        self.stream = stream
+        self._scratch = scratch
+        self._module = _module(index)
+
+    def scratch(self, name: str, size: int) -> Buf:
+        return self._scratch.get(name, size)
+
+    def upload(self, name: str, arr: np.ndarray) -> Buf:
+        """``arr`` (contiguous) copied into scratch buffer ``name``; ``arr`` may change once
+        this returns (the driver stages pageable bytes before returning)."""
+        buf = self._scratch.get(name, arr.nbytes)
+        driver.copy_to_device(buf.ptr, arr.ctypes.data, arr.nbytes, self.stream, pinned=False)
+        return buf
+
+    def download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray:
+        """``buf``'s bytes as a host array of ``dtype``, once the work queued before is done."""
+        out = np.empty(buf.size // np.dtype(dtype).itemsize, dtype=dtype)
+        driver.copy_to_host(out.ctypes.data, buf.ptr, out.nbytes, self.stream, pinned=False)
+        return out
+
+    def init_stats(self, stats: Buf, rows: int) -> None:
+        """Statistics rows for :meth:`split_rows`: zero but for column 0 (255)."""
+        driver.fill32(stats.ptr, 0, rows * STATS, self.stream)
+        driver.fill32(stats.ptr, 255, 1, self.stream, every=STATS, rows=rows)
+
+    def _launch(self, name: str, grid: tuple[int, int], args: Sequence[Any]) -> None:
+        self._module.launch(name, grid, _THREADS, args, self.stream)
+
+    def split_rows(
+        self, raw: Buf, planes: Buf, stats: Buf, k: int, stride: int, word: int, rotate: bool
+    ) -> None:
+        """Split ``k`` equal frames into planes, gathering each row's statistics on the way.
+
+        Args:
+            raw: ``k * n`` bytes, 16-byte aligned.
+            planes: ``k * word`` rows of ``stride`` bytes; the first ``n // word`` bytes of
+                each row are written.
+            stats: int32 rows of :data:`STATS` from :meth:`init_stats`, one per plane row:
+                its minimum and maximum byte are folded into columns 0 and 1, and a byte
+                histogram of a sample of its full blocks (1 in 8) added to columns 2..257.
+            word: bytes per word (1, 2, 4 or 8).
+            rotate: rotate float words left by one bit first.
+        """
+        m = raw.size // max(k, 1) // word
+        if k == 0 or m == 0:
+            return
+        name = f"split_{word}_{int(rotate and word > 1)}"
+        for f0 in range(0, k, _MAX_Y):
+            f1 = min(k, f0 + _MAX_Y)
+            args = [
+                _ptr(raw.ptr + f0 * m * word),
+                _ptr(planes.ptr + f0 * word * stride),
+                _ptr(stats.ptr + f0 * word * STATS * 4),
+                ctypes.c_int64(m),
+                ctypes.c_int64(stride),
+            ]
+            self._launch(name, (_cdiv(m, _BLOCK), f1 - f0), args)
+
+    def merge_rows(
+        self, stored: Buf, decoded: Buf, offsets: Buf, sources: Buf, raw: Buf, k: int, word: int, rotate: bool
+    ) -> None:
+        """Interleave ``k`` frames' plane rows, found in either of two buffers, into ``raw``.
+
+        Args:
+            stored: rows stored raw (the payloads).
+            decoded: rows an nvCOMP codec decoded.
+            offsets: int64 ``[k * word]``: where row ``f * word + p`` starts in its buffer,
+                in units of 16 bytes.
+            sources: int64 ``[k * word]``: ``STORED``, ``DECODED`` or the row's byte (>= 0)
+                when it is constant.
+            raw: ``k * n`` bytes (16-byte aligned) to write.
+            word: bytes per word.
+            rotate: undo the left rotation of float words.
+        """
+        m = raw.size // max(k, 1) // word
+        name = f"merge_{word}_{int(rotate and word > 1)}"
+        for f0 in range(0, k if m else 0, _MAX_Y):
+            f1 = min(k, f0 + _MAX_Y)
+            args = [
+                _ptr(stored.ptr),
+                _ptr(decoded.ptr),
+                _ptr(offsets.ptr + f0 * word * 8),
+                _ptr(sources.ptr + f0 * word * 8),
+                _ptr(raw.ptr + f0 * m * word),
+                ctypes.c_int64(m),
+            ]
+            self._launch(name, (_cdiv(m, _BLOCK), f1 - f0), args)
+
+    def gather(
+        self,
+        src: Buf,
+        src_offsets: Buf,
+        sizes: Buf,
+        dst: Buf,
+        dst_offsets: Buf,
+        padded: Buf,
+        count: int,
+        longest: int,
+    ) -> None:
+        """Copy ``sizes[c]`` bytes from ``src`` to ``dst``, zero-filled up to ``padded[c]``
+        bytes, for ``count`` ranges (int64 tables; offsets in units of 16 bytes, every range
+        starting aligned; ``longest`` the largest padded size)."""
+        for c0 in range(0, count if longest else 0, _MAX_Y):
+            c1 = min(count, c0 + _MAX_Y)
+            args = [
+                _ptr(src.ptr),
+                _ptr(src_offsets.ptr + c0 * 8),
+                _ptr(sizes.ptr + c0 * 8),
+                _ptr(dst.ptr),
+                _ptr(dst_offsets.ptr + c0 * 8),
+                _ptr(padded.ptr + c0 * 8),
+            ]
+            self._launch("gather", (_cdiv(longest // 4, _BLOCK), c1 - c0), args)
 
 
-def gather(
-    src: torch.Tensor,
-    src_offsets: torch.Tensor,
-    sizes: torch.Tensor,
-    dst: torch.Tensor,
-    dst_offsets: torch.Tensor,
-    padded: torch.Tensor,
-    longest: int,
-) -> None:
-    """Copy ``sizes[c]`` bytes from ``src`` to ``dst``, zero-filled up to ``padded[c]`` bytes.
-
-    Offsets are int64 CUDA tensors in units of 16 bytes (every range starts aligned);
-    ``longest`` is the largest padded size.
-    """
-    count = sizes.numel()
-    for c0 in range(0, count if longest else 0, _MAX_Y):
-        c1 = min(count, c0 + _MAX_Y)
-        args = [
-            _ptr(src),
-            _ptr(src_offsets[c0]),
-            _ptr(sizes[c0]),
-            _ptr(dst),
-            _ptr(dst_offsets[c0]),
-            _ptr(padded[c0]),
-        ]
-        _launch("gather", src.device, (_cdiv(longest // 4, _BLOCK), c1 - c0), args)
-
-
-__all__ = ["available", "gather", "merge_rows", "split_rows"]
+__all__ = ["CudaOps", "available"]

@@ -1,7 +1,7 @@
-"""nvCOMP's batched codecs over torch buffers: the only module that imports ``nvidia.nvcomp``.
+"""nvCOMP's batched codecs, through its C API: the only module that calls nvCOMP.
 
 Every call codes a whole batch of chunks that lie in one device buffer at 16-byte-aligned
-offsets (``nvcomp.as_arrays``), on one CUDA stream. Two bitstreams:
+offsets, on one CUDA stream. Two bitstreams:
 
 * ``zstd`` (id 2): nvCOMP Zstd with ``bitstream_kind=RAW``: standard zstd frames, so the
   CPU codec of the same id decodes them and nvCOMP decodes the CPU's.
@@ -11,14 +11,22 @@ offsets (``nvcomp.as_arrays``), on one CUDA stream. Two bitstreams:
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+import os
+import threading
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import nvidia.nvcomp as nvc
-import torch
+import numpy as np
 
 from ckptz.codecs.table import TABLE
+from ckptz.engines.gpu.memory import Buf
 from ckptz.errors import CodecError
+
+if TYPE_CHECKING:
+    from ckptz.engines.gpu.coder import Ops
 
 #: nvCOMP's algorithm for each bitstream it codes, by id.
 _ALGORITHM: dict[int, str] = {b.id: alg for b in TABLE if (alg := b.nvcomp) is not None}
@@ -26,9 +34,18 @@ _ALGORITHM: dict[int, str] = {b.id: alg for b in TABLE if (alg := b.nvcomp) is n
 NAMES: dict[int, str] = {b.id: b.name for b in TABLE if b.id in _ALGORITHM}
 
 
+class _Properties(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("cudart_version", ctypes.c_uint32)]
+
+
 def nvcomp_version() -> str:
-    """The nvCOMP library version, e.g. ``6.0.0`` (recorded in containers with ANS chunks)."""
-    return str(getattr(nvc, "__version__", "unknown"))
+    """The nvCOMP library version, e.g. ``6.0.0`` (recorded in containers with ANS chunks;
+    the Python binding's ``__version__`` says the same)."""
+    props = _Properties()
+    if _library().nvcompGetProperties(ctypes.byref(props)) != 0:
+        return "unknown"
+    v = int(props.version)
+    return f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
 
 
 def _pow2_at_least(n: int) -> int:
@@ -43,169 +60,280 @@ def _size_classes(sizes: Sequence[int]) -> dict[int, list[int]]:
     return classes
 
 
+class _AnsCompressOpts(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_int),  # nvcomp_rANS
+        ("data_type", ctypes.c_int),
+        ("max_sub_chunk_count", ctypes.c_uint8),
+        ("states_per_lane", ctypes.c_uint8),
+        ("histogram_reduction_log2", ctypes.c_uint8),
+        ("reserved", ctypes.c_char * 53),
+    ]
+
+
+class _AnsDecompressOpts(ctypes.Structure):
+    _fields_ = [
+        ("backend", ctypes.c_int),
+        ("data_type", ctypes.c_int),
+        ("max_sub_chunk_count", ctypes.c_uint8),
+        ("states_per_lane", ctypes.c_uint8),
+        ("skip_validate", ctypes.c_uint8),
+        ("reserved", ctypes.c_char * 53),
+    ]
+
+
+class _ZstdCompressOpts(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+class _ZstdDecompressOpts(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
+
+
+#: ``NVCOMP_TYPE_UCHAR``: ANS on bytes (what the Python binding's ``data_type="|u1"`` asks for).
+_UCHAR = 1
+#: ``NVCOMP_TYPE_BITS``: decoding reads the data type from the bitstream (any ANS stream decodes).
+_ANY_TYPE = 0xFF
+
+
+@dataclass(frozen=True, slots=True)
+class _Api:
+    """One algorithm's batched C functions and the options ckptz codes it with."""
+
+    name: str
+    compress_opts: ctypes.Structure
+    decompress_opts: ctypes.Structure
+
+    def fn(self, lib: ctypes.CDLL, what: str) -> Any:
+        return getattr(lib, f"nvcompBatched{self.name}{what}")
+
+
+_APIS: dict[str, _Api] = {
+    "ANS": _Api("ANS", _AnsCompressOpts(0, _UCHAR), _AnsDecompressOpts(0, _ANY_TYPE)),
+    "Zstd": _Api("Zstd", _ZstdCompressOpts(), _ZstdDecompressOpts(0)),
+}
+
+_LIB: ctypes.CDLL | None = None
+_LIB_LOCK = threading.Lock()
+
+
+def library_path() -> str | None:
+    """Where the ``nvidia-libnvcomp`` wheel put nvCOMP's C library (the Python binding loads
+    the same file), or None."""
+    spec = importlib.util.find_spec("nvidia.libnvcomp")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    return next((p for r in roots if os.path.exists(p := os.path.join(r, "lib64", "libnvcomp.so.6"))), None)
+
+
+def _library() -> ctypes.CDLL:
+    """nvCOMP's C library. Its calls keep the GIL (:class:`ctypes.PyDLL`): they only queue
+    work on a stream or compute a size, and return at once."""
+    global _LIB
+    with _LIB_LOCK:
+        if _LIB is None:
+            _LIB = ctypes.PyDLL(library_path() or "libnvcomp.so.6")
+        return _LIB
+
+
+def _check(status: int, what: str, codec_id: int) -> None:
+    if status != 0:
+        raise CodecError(f"nvCOMP {what} failed (status {status})", codec=NAMES[codec_id])
+
+
 class NvcompCodecs:
-    """nvCOMP codecs bound to one device and one CUDA stream (one per worker thread).
+    """nvCOMP's batched codecs on one device, queued on the stream of the coder's ``ops``
+    (one per worker thread).
+
+    Calls nvCOMP's C API (``nvcompBatched*Async``) with the chunks' pointers and sizes as
+    device tables, copied in one upload per call: its Python binding made a Python object per
+    chunk (``nvcomp.as_arrays``, 14 µs each, holding the GIL), 15-17 % of the GPU workers'
+    GIL time (BENCHMARKS.md, session 17). The bitstreams are the binding's: ANS on bytes
+    (``NVCOMP_TYPE_UCHAR``), Zstd frames, one stream per chunk. Chunks go in one call per
+    power-of-two size class (usually one or two), and every class's sizes and statuses come
+    back in one copy.
 
     Args:
-        device_index: the CUDA device.
-        stream: a torch stream of that device; every call is ordered on it.
+        ops: the device (:class:`ckptz.engines.gpu.kernels.CudaOps`): stream and scratch.
     """
 
-    def __init__(self, device_index: int, stream: torch.cuda.Stream) -> None:
-        self.device_index = device_index
-        self.stream = stream
-        self._codecs: dict[tuple[int, int], Any] = {}
+    def __init__(self, ops: Ops) -> None:
+        self.ops = ops
+        self._lib = _library()
+        self._handle = ctypes.c_void_p(ops.stream)
         self._max_size: dict[tuple[int, int], int] = {}
-        self._out_param_ok: bool | None = None
-        self._configs: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._temp: dict[tuple[int, str, int, int, int], int] = {}
 
-    def _codec(self, codec_id: int, chunk: int) -> Any:
-        # RAW bitstreams: one stream per batch entry, so the codec's chunk size must cover the
-        # largest entry (a smaller one could split an entry into several frames).
-        key = (codec_id, _pow2_at_least(chunk))
-        codec = self._codecs.get(key)
-        if codec is None:
-            codec = nvc.Codec(
-                algorithm=_ALGORITHM[codec_id],
-                device_id=self.device_index,
-                cuda_stream=self.stream.cuda_stream,
-                bitstream_kind=nvc.BitstreamKind.RAW,
-                uncomp_chunk_size=key[1],
-            )
-            self._codecs[key] = codec
-        return codec
+    def _api(self, codec_id: int) -> _Api:
+        return _APIS[_ALGORITHM[codec_id]]
 
     def max_compressed_size(self, codec_id: int, size: int) -> int:
         """Room one chunk's payload needs in :meth:`encode`'s output (cached per size class).
 
-        nvCOMP sizes every output of a call for the codec's chunk size, so the bound is that
-        of the chunk's power-of-two size class, not of the chunk itself.
+        Chunks are coded by power-of-two size class, so the bound is that of the chunk's class.
         """
         cls = _pow2_at_least(size)
         key = (codec_id, cls)
         bound = self._max_size.get(key)
         if bound is None:
-            probe = torch.empty(cls, dtype=torch.uint8, device=f"cuda:{self.device_index}")
-            arr = nvc.as_array(probe, self.stream.cuda_stream)
-            bound = int(self._codec(codec_id, cls).get_max_comp_buffer_size(arr))
-            self._max_size[key] = bound
+            api, out = self._api(codec_id), ctypes.c_size_t()
+            status = api.fn(self._lib, "CompressGetMaxOutputChunkSize")(
+                ctypes.c_size_t(cls), api.compress_opts, ctypes.byref(out)
+            )
+            _check(status, "sizing", codec_id)
+            bound = self._max_size[key] = int(out.value)
         return bound
 
-    def _config(self, codec: Any, sizes: list[int]) -> Any:
-        # Batches repeat the same sizes (whole frames' planes): building a config per call
-        # cost more than a small batch's coding.
-        key = (id(codec), tuple(sizes))
-        config = self._configs.get(key)
-        if config is None:
-            if len(self._configs) > 64:
-                self._configs.clear()
-            config = self._configs[key] = codec.compression_config(list(sizes))
-        return config
+    def _temp_bytes(self, codec_id: int, what: str, count: int, largest: int, total: int) -> int:
+        key = (codec_id, what, count, largest, total)
+        size = self._temp.get(key)
+        if size is None:
+            api, out = self._api(codec_id), ctypes.c_size_t()
+            opts = api.compress_opts if what == "Compress" else api.decompress_opts
+            status = api.fn(self._lib, f"{what}GetTempSize")(
+                ctypes.c_size_t(count),
+                ctypes.c_size_t(largest),
+                opts,
+                ctypes.byref(out),
+                ctypes.c_size_t(total),
+                self._handle,
+            )
+            _check(status, "sizing", codec_id)
+            if len(self._temp) > 256:
+                self._temp.clear()
+            size = self._temp[key] = int(out.value)
+        return size
 
-    def _batch(self, buffer: torch.Tensor, offsets: Sequence[int], sizes: Sequence[int]) -> Any:
-        return nvc.as_arrays(buffer, list(offsets), list(sizes), self.stream.cuda_stream)
+    def _calls(
+        self, codec_id: int, what: str, raw_sizes: np.ndarray, columns: list[np.ndarray]
+    ) -> tuple[list[tuple[int, int, int, list[Buf]]], Buf, Buf, Buf, np.ndarray]:
+        """The chunks ordered by size class, their ``columns`` (int64) uploaded in one copy:
+        per class (size class, first row, rows, its slice of each column); then the temporary
+        memory every class's call can use (one after another on the stream), where nvCOMP
+        writes each chunk's size and status, and the chunks' order."""
+        order: list[int] = []
+        classes = []
+        temp = 0
+        for cls, members in _size_classes(raw_sizes.tolist()).items():
+            count = len(members)
+            total = int(raw_sizes[members].sum())
+            temp = max(temp, self._temp_bytes(codec_id, what, count, cls, total))
+            classes.append((cls, len(order), count))
+            order.extend(members)
+        n = len(order)
+        table = np.stack([c[order] for c in columns]).astype(np.int64, copy=False)
+        uploaded = self.ops.upload("nvcomp-table", table)
+        calls = [
+            (cls, first, count, [uploaded.at((c * n + first) * 8, count * 8) for c in range(len(columns))])
+            for cls, first, count in classes
+        ]
+        out = self.ops.scratch("nvcomp-out", n * 12)
+        temp_buf = self.ops.scratch("nvcomp-temp", max(temp, 1))
+        return calls, temp_buf, out.at(0, n * 8), out.at(n * 8, n * 4), np.asarray(order, np.int64)
+
+    def _results(self, codec_id: int, sizes: Buf, statuses: Buf, order: np.ndarray) -> np.ndarray:
+        """Every chunk's size written by nvCOMP, in the caller's order (waits for the GPU)."""
+        n = order.size
+        back = self.ops.download(Buf(sizes.ptr, n * 12), np.uint8)
+        got, status = back[: n * 8].view(np.int64), back[n * 8 :].view(np.int32)
+        if status.any():
+            raise CodecError("nvCOMP could not code a batch (a chunk failed)", codec=NAMES[codec_id])
+        out = np.empty(n, np.int64)
+        out[order] = got
+        return out
 
     def encode(
         self,
         codec_id: int,
-        src: torch.Tensor,
+        src: Buf,
         offsets: Sequence[int],
         sizes: Sequence[int],
-        dst: torch.Tensor,
+        dst: Buf,
         dst_offsets: Sequence[int],
         capacities: Sequence[int],
     ) -> list[int]:
         """Encode chunks of ``src`` into ``dst``; return each payload's size (waits for the GPU).
 
-        One nvCOMP call per power-of-two size class of the chunks (usually one or two).
-
         Args:
             codec_id: a bitstream with an nvCOMP algorithm (``zstd`` or ``ans``).
-            src: flat uint8 device buffer holding the chunks.
+            src: device buffer holding the chunks.
             offsets: byte offset of each chunk in ``src`` (16-byte aligned).
             sizes: byte size of each chunk (> 0).
-            dst: flat uint8 device buffer for the payloads.
+            dst: device buffer for the payloads.
             dst_offsets: where each payload goes in ``dst`` (16-byte aligned).
             capacities: room at each ``dst_offsets`` (at least :meth:`max_compressed_size`).
         """
-        got = [0] * len(sizes)
-        for members in _size_classes(sizes).values():
-            sub = self._encode_class(
-                codec_id,
-                src,
-                [offsets[i] for i in members],
-                [sizes[i] for i in members],
-                dst,
-                [dst_offsets[i] for i in members],
-                [capacities[i] for i in members],
+        api = self._api(codec_id)
+        size = np.asarray(sizes, np.int64)
+        if (np.asarray(capacities, np.int64) < [self.max_compressed_size(codec_id, n) for n in sizes]).any():
+            raise ValueError("an output chunk has less room than nvCOMP may write")
+        at = src.ptr + np.asarray(offsets, np.int64)
+        out_at = dst.ptr + np.asarray(dst_offsets, np.int64)
+        calls, temp, got, statuses, order = self._calls(codec_id, "Compress", size, [at, size, out_at])
+        for cls, first, count, (ptrs, nbytes, out_ptrs) in calls:
+            status = api.fn(self._lib, "CompressAsync")(
+                ctypes.c_void_p(ptrs.ptr),
+                ctypes.c_void_p(nbytes.ptr),
+                ctypes.c_size_t(cls),
+                ctypes.c_size_t(count),
+                ctypes.c_void_p(temp.ptr),
+                ctypes.c_size_t(temp.size),
+                ctypes.c_void_p(out_ptrs.ptr),
+                ctypes.c_void_p(got.ptr + first * 8),
+                api.compress_opts,
+                ctypes.c_void_p(statuses.ptr + first * 4),
+                self._handle,
             )
-            for i, n in zip(members, sub, strict=True):
-                got[i] = n
-        return got
-
-    def _encode_class(
-        self,
-        codec_id: int,
-        src: torch.Tensor,
-        offsets: list[int],
-        sizes: list[int],
-        dst: torch.Tensor,
-        dst_offsets: list[int],
-        capacities: list[int],
-    ) -> list[int]:
-        codec = self._codec(codec_id, max(sizes))
-        batch = self._batch(src, offsets, sizes)
-        config = self._config(codec, sizes)
-        if self._out_param_ok is not False:
-            out = self._batch(dst, dst_offsets, capacities)
-            result = codec.encode(batch, out=out, compression_config=config)
-            got = [int(s) for s in result.buffer_sizes]
-            if self._out_param_ok is None:
-                # nvCOMP documents that a caller's batch "keeps its fixed capacity"; whether the
-                # result then reports the payload sizes is checked once, on real output.
-                self._out_param_ok = got != list(capacities)
-            if self._out_param_ok:
-                return got
-        result = codec.encode(batch, compression_config=config)
-        got = [int(s) for s in result.buffer_sizes]
-        with torch.cuda.stream(self.stream):
-            for i, size in enumerate(got):
-                view = torch.from_dlpack(result[i])
-                dst[dst_offsets[i] : dst_offsets[i] + size].copy_(view.view(torch.uint8).reshape(-1)[:size])
-        return got
+            _check(status, "compression", codec_id)
+        return self._results(codec_id, got, statuses, order).tolist()
 
     def decode(
         self,
         codec_id: int,
-        src: torch.Tensor,
+        src: Buf,
         offsets: Sequence[int],
         sizes: Sequence[int],
-        dst: torch.Tensor,
+        dst: Buf,
         dst_offsets: Sequence[int],
         raw_sizes: Sequence[int],
     ) -> None:
-        """Decode payloads of ``src`` into ``dst``, queued on the stream.
+        """Decode payloads of ``src`` into ``dst`` (waits for the GPU, to check nvCOMP's
+        status and size of every chunk).
 
         The payloads must already have passed their checksums: nvCOMP decoders assume valid
         input. The caller checks the decoded frames too.
 
         Raises:
-            CodecError: nvCOMP rejected a payload.
+            CodecError: nvCOMP rejected a payload, or one decoded to the wrong size.
         """
-        for members in _size_classes(raw_sizes).values():
-            codec = self._codec(codec_id, max(raw_sizes[i] for i in members))
-            batch = self._batch(src, [offsets[i] for i in members], [sizes[i] for i in members])
-            out = self._batch(dst, [dst_offsets[i] for i in members], [raw_sizes[i] for i in members])
-            try:
-                codec.decode(batch, out=out)
-            except (RuntimeError, ValueError) as exc:
-                raise CodecError(f"nvCOMP could not decode a batch ({exc})", codec=NAMES[codec_id]) from None
-
-    def close(self) -> None:
-        """Release the codecs (and the device memory nvCOMP holds for them)."""
-        for codec in self._codecs.values():
-            codec.__exit__(None, None, None)
-        self._codecs.clear()
+        api = self._api(codec_id)
+        raw = np.asarray(raw_sizes, np.int64)
+        at = src.ptr + np.asarray(offsets, np.int64)
+        out_at = dst.ptr + np.asarray(dst_offsets, np.int64)
+        columns = [at, np.asarray(sizes, np.int64), raw, out_at]
+        calls, temp, got, statuses, order = self._calls(codec_id, "Decompress", raw, columns)
+        for _, first, count, (ptrs, nbytes, room, out_ptrs) in calls:
+            status = api.fn(self._lib, "DecompressAsync")(
+                ctypes.c_void_p(ptrs.ptr),
+                ctypes.c_void_p(nbytes.ptr),
+                ctypes.c_void_p(room.ptr),
+                ctypes.c_void_p(got.ptr + first * 8),
+                ctypes.c_size_t(count),
+                ctypes.c_void_p(temp.ptr),
+                ctypes.c_size_t(temp.size),
+                ctypes.c_void_p(out_ptrs.ptr),
+                api.decompress_opts,
+                ctypes.c_void_p(statuses.ptr + first * 4),
+                self._handle,
+            )
+            _check(status, "decompression", codec_id)
+        try:
+            decoded = self._results(codec_id, got, statuses, order)
+        except CodecError:
+            decoded = None
+        if decoded is None or (decoded != raw).any():
+            raise CodecError(
+                "nvCOMP could not decode a batch (a payload is not a valid stream)", codec=NAMES[codec_id]
+            )
 
 
 class RawNvcomp:
@@ -218,30 +346,38 @@ class RawNvcomp:
     """
 
     def __init__(self, algorithm: str, device: str) -> None:
+        import nvidia.nvcomp as nvc
+        import torch
+
         dev = torch.device(device)
         self.device = torch.device(
             "cuda", dev.index if dev.index is not None else torch.cuda.current_device()
         )
         self._stream = torch.cuda.current_stream(self.device)
         name = {NAMES[i]: a for i, a in _ALGORITHM.items()}[algorithm]
+        self._nvc = nvc
         self._codec = nvc.Codec(
             algorithm=name, device_id=self.device.index, cuda_stream=self._stream.cuda_stream
         )
 
     def encode(self, data: Any) -> bytes:
         """Compress host bytes (a uint8 ndarray) on the GPU; return the compressed bytes."""
+        import torch
+
         src = torch.from_numpy(data).to(self.device)
-        out = self._codec.encode(nvc.as_array(src, self._stream.cuda_stream))
+        out = self._codec.encode(self._nvc.as_array(src, self._stream.cuda_stream))
         size = int(out.buffer_size)
         blob = torch.from_dlpack(out).view(torch.uint8).reshape(-1)[:size]
         return bytes(blob.cpu().numpy().tobytes())
 
     def decode(self, blob: bytes, size: int) -> Any:
         """Decompress what :meth:`encode` wrote; return the original bytes as a uint8 ndarray."""
+        import torch
+
         src = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(self.device)
-        out = self._codec.decode(nvc.as_array(src, self._stream.cuda_stream))
+        out = self._codec.decode(self._nvc.as_array(src, self._stream.cuda_stream))
         data = torch.from_dlpack(out).view(torch.uint8).reshape(-1)[:size]
         return data.cpu().numpy()
 
 
-__all__ = ["NAMES", "NvcompCodecs", "RawNvcomp", "nvcomp_version"]
+__all__ = ["NAMES", "NvcompCodecs", "RawNvcomp", "library_path", "nvcomp_version"]

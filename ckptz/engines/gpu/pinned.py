@@ -1,11 +1,11 @@
 """Page-locked host memory for the GPU engine, pinned fast and kept for the process.
 
 Copies between host and GPU run asynchronously, at full PCIe speed, only from page-locked
-memory. torch's pinned allocator gets it from ``cudaHostAlloc``, which pins about 1 GB/s on
-the H100 host: a 5 GB restore spent 1.4 s of its 2.3 s pinning its buffers. Anonymous
-memory backed by transparent huge pages, touched once and then registered with
-``cudaHostRegister``, pins at about 14 GB/s there (both measured in one run, see
-BENCHMARKS.md). So this module maps its own regions, registers them, and hands out
+memory. ``cudaHostAlloc`` (torch's pinned allocator) pins about 1 GB/s on the H100 host: a
+5 GB restore spent 1.4 s of its 2.3 s pinning its buffers. Anonymous memory backed by
+transparent huge pages, touched once and then registered (``cuMemHostRegister``), pins at
+about 14 GB/s there (both measured in one run, see BENCHMARKS.md). So this module maps its
+own regions, registers them through the driver (:mod:`ckptz.engines.gpu.driver`), and hands out
 *leases*: numpy arrays over a region that give it back to the pool once the lease and every
 view of it are gone. The pool belongs to the process, so a second engine (another file,
 another ``ckptz.load``) finds its buffers already pinned.
@@ -17,62 +17,63 @@ unregistered and unmapped when it comes back.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import mmap
 import threading
 import weakref
 
 import numpy as np
-import torch
+
+from ckptz.engines.gpu import driver
 
 #: Regions come in multiples of a huge page, so that leases of similar sizes share them.
 GRAIN = 2 << 20
 #: Free regions kept pinned for later leases; more than this goes back to the system.
 KEEP = 2 << 30
-#: ``cudaHostRegisterPortable``: the memory counts as pinned for every device.
-_PORTABLE = 1
 #: Regions CUDA would not unregister, kept mapped (see :meth:`_Region.close`).
 _UNRELEASED: list[_Region] = []
 
 
 class _Region:
-    """One mapping, registered with CUDA (or, where that fails, a torch pinned tensor)."""
+    """One mapping, registered with CUDA (or, where that fails, memory the driver allocates
+    pinned)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._map: mmap.mmap | None = None
-        self._tensor: torch.Tensor | None = None
+        self._allocated = 0
         try:
             self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             if hasattr(mmap, "MADV_HUGEPAGE"):
                 self._map.madvise(mmap.MADV_HUGEPAGE)
             self.array = np.frombuffer(self._map, dtype=np.uint8)
             self.array[::4096] = 0  # fault the pages in here: registering them is then quick
-            err = torch.cuda.cudart().cudaHostRegister(self.array.ctypes.data, size, _PORTABLE)
-            if int(err) != 0:
-                raise RuntimeError(f"cudaHostRegister failed ({err})")
-        except (OSError, RuntimeError, AttributeError):
+            driver.host_register(self.array.ctypes.data, size)
+        except (OSError, RuntimeError):
             self._map = None
-            self._tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-            self.array = self._tensor.numpy()
+            self._allocated = driver.host_alloc(size)
+            self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self._allocated))
         self.start = self.array.ctypes.data
 
     def close(self) -> None:
         """Unpin and unmap (no lease of it may be left)."""
-        if self._map is not None and int(torch.cuda.cudart().cudaHostUnregister(self.start)) != 0:
+        if self._map is not None and not driver.host_unregister(self.start):
             # CUDA still counts these pages as pinned: unmapped, their addresses could come
             # back in a later allocation that the driver would then take for pinned memory.
             # Keep the mapping for the process instead.
             _UNRELEASED.append(self)
             return
         del self.array
-        self._map = self._tensor = None
+        if self._allocated:
+            driver.host_free(self._allocated)
+        self._map, self._allocated = None, 0
 
 
 class PinnedPool:
     """Pinned regions of the process, leased out as numpy arrays.
 
     :meth:`take` leases a region (the smallest free one that fits, else a new one);
-    :meth:`tensor` finds the pinned memory behind any array, so a copy to the device can go
+    :meth:`holds` tells whether an array lies in pinned memory, so a copy to the device can go
     straight from where a reader put the bytes.
     """
 
@@ -100,17 +101,14 @@ class PinnedPool:
         weakref.finalize(lease, self._give, region).atexit = False  # no CUDA calls at exit
         return lease
 
-    def tensor(self, arr: np.ndarray) -> torch.Tensor | None:
-        """``arr`` (a contiguous uint8 array) as a tensor over pinned memory, or None when it
-        does not lie in this pool's memory."""
-        if not arr.flags.c_contiguous:
-            return None
+    def holds(self, arr: np.ndarray) -> bool:
+        """Whether ``arr`` (non-empty, contiguous) lies in this pool's pinned memory."""
+        if not arr.size or not arr.flags.c_contiguous:
+            return False
         ptr = arr.ctypes.data
         with self._lock:
             at = bisect.bisect(self._starts, ptr) - 1
-            if at < 0 or ptr + arr.nbytes > self._starts[at] + self._regions[at].size:
-                return None
-        return torch.from_numpy(arr) if arr.size else None
+            return at >= 0 and ptr + arr.nbytes <= self._starts[at] + self._regions[at].size
 
     def _reuse(self, size: int) -> _Region | None:
         with self._lock:

@@ -1,24 +1,34 @@
-"""The dtype-aware transform on the GPU, byte for byte the CPU's (:mod:`ckptz.codecs.planes`).
+"""The GPU coder's layout constants, and its device on the host (:class:`HostOps`).
 
-Frames of one shape are transformed together: ``k`` frames of ``n`` bytes in one flat
-uint8 tensor become a ``[k, word, stride]`` planes tensor whose row ``[f, p, :n // word]``
-is plane ``p`` of frame ``f`` (plane 0 = lowest byte). ``stride`` is ``n // word`` rounded
-up to 16 bytes, because nvCOMP's ANS wants every chunk 16-byte aligned.
+The coder (:mod:`ckptz.engines.gpu.coder`) runs on an :class:`~ckptz.engines.gpu.coder.Ops`:
+on a GPU, :class:`ckptz.engines.gpu.kernels.CudaOps`; on the host, :class:`HostOps`, whose
+split and merge are the CPU transform's (:mod:`ckptz.codecs.planes`) and whose statistics
+take the same sample as the CUDA kernel. The host device is what the CPU test suite runs the
+coder's batching on, and the reference the GPU tests compare the kernels with.
 
-Torch has no unsigned 16/32/64-bit shifts on CUDA in every version, so the rotation runs on
-the signed type of the same width and masks away the sign extension.
+Frames of one shape are transformed together: ``k`` frames of ``n`` bytes become ``k * word``
+plane rows ``stride`` bytes apart, row ``f * word + p`` holding plane ``p`` of frame ``f``
+(plane 0 = lowest byte). ``stride`` is ``n // word`` rounded up to 16 bytes, because
+nvCOMP's ANS wants every chunk 16-byte aligned.
 """
 
 from __future__ import annotations
 
-import torch
+import ctypes
+from dataclasses import replace
+
+import numpy as np
+
+from ckptz.codecs.planes import merge, split
+from ckptz.dtypes import DType, lookup
+from ckptz.engines.gpu.memory import Buf
 
 ALIGN = 16
-#: Where :func:`merge_rows` finds a plane row: among the stored payloads, among the decoded
+#: Where ``merge_rows`` finds a plane row: among the stored payloads, among the decoded
 #: planes, or (any value >= 0) nowhere, the row being that byte repeated.
 STORED = -1
 DECODED = -2
-#: int32 columns per plane row of :func:`split_rows`' statistics: min, max, 256 byte counts.
+#: int32 columns per plane row of ``split_rows``' statistics: min, max, 256 byte counts.
 STATS = 258
 #: The byte histogram in a row's statistics counts every ``SAMPLE_EVERY``-th full block of
 #: ``SAMPLE_BLOCK`` bytes (1/8 of the row), the same sample on either implementation, so
@@ -26,138 +36,115 @@ STATS = 258
 SAMPLE_BLOCK = 4096
 SAMPLE_EVERY = 8
 
-_SIGNED = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 def aligned(n: int) -> int:
     """``n`` rounded up to a multiple of :data:`ALIGN`."""
     return n + (-n % ALIGN)
 
 
-def _rotl1(words: torch.Tensor, bits: int) -> torch.Tensor:
-    # (x << 1) | (x >>> (bits - 1)); the arithmetic shift leaves 0 or -1, hence the mask.
-    return (words << 1) | ((words >> (bits - 1)) & 1)
+def _dtype(word: int, rotate: bool) -> DType:
+    """The CPU transform that splits ``word``-byte words (rotated or not)."""
+    return replace(
+        lookup({1: "uint8", 2: "int16", 4: "int32", 8: "int64"}[word]), is_float=rotate and word > 1
+    )
 
 
-def _rotr1(words: torch.Tensor, bits: int) -> torch.Tensor:
-    low = (1 << (bits - 1)) - 1
-    return ((words >> 1) & low) | (words << (bits - 1))
+class HostOps:
+    """The coder's device in host memory: every buffer a numpy array, every call done when
+    it returns (``stream`` 0)."""
+
+    stream = 0
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+        self._kept: list[np.ndarray] = []  # replaced buffers stay valid, as on a device
+
+    def scratch(self, name: str, size: int) -> Buf:
+        arr = self._buffers.get(name)
+        if arr is None or arr.size < size:
+            if arr is not None:
+                self._kept.append(arr)
+            arr = self._buffers[name] = np.empty(max(size, 1), np.uint8)
+        return Buf(arr.ctypes.data, size)
+
+    @staticmethod
+    def view(buf: Buf) -> np.ndarray:
+        """``buf``'s bytes as a writable uint8 array (no copy)."""
+        if buf.size == 0:
+            return np.empty(0, np.uint8)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * buf.size).from_address(buf.ptr))
+
+    def upload(self, name: str, arr: np.ndarray) -> Buf:
+        buf = self.scratch(name, arr.nbytes)
+        self.view(buf)[:] = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+        return buf
+
+    def download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray:
+        return self.view(buf).view(dtype).copy()
+
+    def init_stats(self, stats: Buf, rows: int) -> None:
+        table = self.view(stats).view(np.int32).reshape(rows, STATS)
+        table[:] = 0
+        table[:, 0] = 255
+
+    def split_rows(
+        self, raw: Buf, planes: Buf, stats: Buf, k: int, stride: int, word: int, rotate: bool
+    ) -> None:
+        """As :meth:`ckptz.engines.gpu.kernels.CudaOps.split_rows`."""
+        m = raw.size // max(k, 1) // word
+        if k == 0 or m == 0:
+            return
+        src = self.view(raw).reshape(k, m * word)
+        rows = self.view(planes).reshape(k * word, stride)
+        table = self.view(stats).view(np.int32).reshape(k * word, STATS)
+        full = m // SAMPLE_BLOCK
+        for f in range(k):
+            for p, plane in enumerate(split(src[f], _dtype(word, rotate))):
+                r = f * word + p
+                rows[r, :m] = plane
+                table[r, 0] = min(int(table[r, 0]), int(plane.min()))
+                table[r, 1] = max(int(table[r, 1]), int(plane.max()))
+                sample = plane[: full * SAMPLE_BLOCK].reshape(full, SAMPLE_BLOCK)[::SAMPLE_EVERY]
+                table[r, 2:] += np.bincount(sample.reshape(-1), minlength=256).astype(np.int32)
+
+    def merge_rows(
+        self, stored: Buf, decoded: Buf, offsets: Buf, sources: Buf, raw: Buf, k: int, word: int, rotate: bool
+    ) -> None:
+        """As :meth:`ckptz.engines.gpu.kernels.CudaOps.merge_rows`."""
+        m = raw.size // max(k, 1) // word
+        if k == 0 or m == 0:
+            return
+        at = self.view(offsets).view(np.int64)
+        src = self.view(sources).view(np.int64)
+        out = self.view(raw).reshape(k, m * word)
+        buffers = {STORED: self.view(stored), DECODED: self.view(decoded)}
+        for f in range(k):
+            rows: list[np.ndarray | int] = []
+            for r in range(f * word, (f + 1) * word):
+                s = int(src[r])
+                rows.append(s if s >= 0 else buffers[s][int(at[r]) * ALIGN : int(at[r]) * ALIGN + m])
+            merge(rows, _dtype(word, rotate), out[f])
+
+    def gather(
+        self,
+        src: Buf,
+        src_offsets: Buf,
+        sizes: Buf,
+        dst: Buf,
+        dst_offsets: Buf,
+        padded: Buf,
+        count: int,
+        longest: int,
+    ) -> None:
+        """As :meth:`ckptz.engines.gpu.kernels.CudaOps.gather`."""
+        s, d = self.view(src), self.view(dst)
+        columns = (
+            self.view(b).view(np.int64)[:count].tolist() for b in (src_offsets, sizes, dst_offsets, padded)
+        )
+        for so, n, do, pad in zip(*columns, strict=True):
+            so, do = so * ALIGN, do * ALIGN
+            d[do : do + n] = s[so : so + n]
+            d[do + n : do + pad] = 0
 
 
-def split_into(raw: torch.Tensor, planes: torch.Tensor, word: int, rotate: bool) -> None:
-    """Transform ``k`` equal frames into byte planes.
-
-    Args:
-        raw: flat uint8 CUDA tensor of ``k * n`` bytes (``n`` a multiple of ``word``).
-        planes: uint8 tensor ``[k, word, stride]`` with ``stride >= n // word``; the first
-            ``n // word`` bytes of each row are written, the padding is left alone.
-        word: bytes per transform word (1, 2, 4 or 8).
-        rotate: rotate float words left by one bit first (sign to the bottom).
-    """
-    k, w, _ = planes.shape
-    m = raw.numel() // max(k, 1) // word
-    if w != word or k * m * word != raw.numel():
-        raise ValueError("planes tensor does not match the frames")
-    if word == 1:
-        planes[:, 0, :m].copy_(raw.view(k, m))
-        return
-    src = raw
-    if rotate:
-        src = _rotl1(raw.view(_SIGNED[word]), word * 8).view(torch.uint8)
-    planes[:, :, :m].copy_(src.view(k, m, word).permute(0, 2, 1))
-
-
-def merge_from(planes: torch.Tensor, raw: torch.Tensor, word: int, rotate: bool) -> None:
-    """Inverse of :func:`split_into`: interleave planes back into ``raw`` and undo the rotation."""
-    k, w, _ = planes.shape
-    m = raw.numel() // max(k, 1) // word
-    if w != word or k * m * word != raw.numel():
-        raise ValueError("planes tensor does not match the frames")
-    if word == 1:
-        raw.view(k, m).copy_(planes[:, 0, :m])
-        return
-    raw.view(k, m, word).copy_(planes[:, :, :m].permute(0, 2, 1))
-    if rotate:
-        words = raw.view(_SIGNED[word])
-        words.copy_(_rotr1(words, word * 8))
-
-
-# -- the coder's three primitives, in torch (CPU tensors; CUDA where the kernels cannot load)
-# :mod:`ckptz.engines.gpu.kernels` has the same functions, each in one CUDA kernel.
-
-
-def split_rows(raw: torch.Tensor, planes: torch.Tensor, stats: torch.Tensor, word: int, rotate: bool) -> None:
-    """Split ``k`` equal frames into ``planes`` ``[k, word, stride]`` and write each row's
-    minimum and maximum byte and sampled byte histogram into ``stats``
-    ``[k * word, STATS]`` (see ``kernels.split_rows``)."""
-    k, _, _ = planes.shape
-    m = raw.numel() // max(k, 1) // word
-    if k == 0 or m == 0:
-        return
-    split_into(raw, planes, word, rotate)
-    rows = planes[:, :, :m].reshape(k * word, m)
-    stats[:, 0] = rows.amin(dim=-1)
-    stats[:, 1] = rows.amax(dim=-1)
-    # The kernel's sample: every SAMPLE_EVERY-th full block of BLOCK bytes of each row.
-    full = m // SAMPLE_BLOCK
-    sample = rows[:, : full * SAMPLE_BLOCK].reshape(k * word, full, SAMPLE_BLOCK)[:, ::SAMPLE_EVERY]
-    for r in range(k * word):
-        stats[r, 2:] = torch.bincount(sample[r].reshape(-1), minlength=256)
-
-
-def merge_rows(
-    stored: torch.Tensor,
-    decoded: torch.Tensor,
-    offsets: torch.Tensor,
-    sources: torch.Tensor,
-    raw: torch.Tensor,
-    word: int,
-    rotate: bool,
-) -> None:
-    """Interleave plane rows found in ``stored``, ``decoded`` or ``sources`` into ``raw``
-    (offsets in units of 16 bytes; see ``kernels.merge_rows``)."""
-    k = offsets.numel() // word
-    m = raw.numel() // max(k, 1) // word
-    if k == 0 or m == 0:
-        return
-    planes = torch.empty((k, word, m), dtype=torch.uint8, device=raw.device)
-    flat = planes.view(k * word, m)
-    for r, (off, src) in enumerate(zip(offsets.tolist(), sources.tolist(), strict=True)):
-        if src >= 0:
-            flat[r].fill_(src)
-        else:
-            buf = stored if src == STORED else decoded
-            flat[r].copy_(buf[off * ALIGN : off * ALIGN + m])
-    merge_from(planes, raw, word, rotate)
-
-
-def gather(
-    src: torch.Tensor,
-    src_offsets: torch.Tensor,
-    sizes: torch.Tensor,
-    dst: torch.Tensor,
-    dst_offsets: torch.Tensor,
-    padded: torch.Tensor,
-    longest: int,
-) -> None:
-    """Copy byte ranges of ``src`` into ``dst``, each zero-filled to its padded size
-    (offsets in units of 16 bytes; see ``kernels.gather``)."""
-    rows = zip(src_offsets.tolist(), sizes.tolist(), dst_offsets.tolist(), padded.tolist(), strict=True)
-    for so, n, do, pad in rows:
-        so, do = so * ALIGN, do * ALIGN
-        dst[do : do + n].copy_(src[so : so + n])
-        dst[do + n : do + pad].zero_()
-
-
-__all__ = [
-    "ALIGN",
-    "DECODED",
-    "STATS",
-    "STORED",
-    "aligned",
-    "gather",
-    "merge_from",
-    "merge_rows",
-    "split_into",
-    "split_rows",
-]
+__all__ = ["ALIGN", "DECODED", "SAMPLE_BLOCK", "SAMPLE_EVERY", "STATS", "STORED", "HostOps", "aligned"]
