@@ -22,6 +22,7 @@ from ckptz import api
 from ckptz.container import read_index
 from ckptz.engines.base import EncodedSpan, FrameToCode, Place, SpanFrame
 from ckptz.engines.cpu import CpuEngine
+from ckptz.engines.gpu.memory import Buf, DeviceBytes
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
 from ckptz.pipeline.decoder import FrameDecoder
@@ -147,14 +148,15 @@ def test_a_damaged_run_names_the_chunk(packed: tuple[Path, Path], where: str) ->
 
 class PlacingCpu(SpanningCpu):
     """A CPU engine that, like a GPU engine, hands each decoded frame of a run to ``place``
-    before the restore loop checks it (here as a CPU tensor)."""
+    before the restore loop checks it (here in host memory, device index -1)."""
 
     def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None):  # type: ignore[no-untyped-def]
         done = super().decode_span(buffer, frames, place)
         if place is not None:
             for k, got in enumerate(done.result().frames):
                 if not isinstance(got, BaseException):
-                    place(k, torch.from_numpy(np.array(got)))
+                    host = np.array(got)
+                    place(k, DeviceBytes(Buf(host.ctypes.data, host.size), -1, 0))
         return done
 
 

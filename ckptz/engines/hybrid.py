@@ -1,10 +1,11 @@
 """The portable bitstream on a GPU machine: CPU threads first, the GPU when it pays.
 
 Measured on the H100 host (BENCHMARKS.md, 16 cores): the CPU coder writes the portable
-bitstream at 3.6 GB/s (5.6 GB/s decoding) with writes discarded, nvCOMP Zstd on the same
-planes reaches 0.5 GB/s end to end, and bringing the GPU up (``import torch``, CUDA,
-nvCOMP) costs 4-5 s of a process's time, during which the import holds the GIL the CPU
-coder needs (a 5 GB job ran 1.6x slower with the bring-up beside it).
+bitstream at 3.6 GB/s (5.6 GB/s decoding) with writes discarded, and nvCOMP Zstd on the same
+planes reaches 0.5 GB/s end to end. Bringing the GPU up cost 4-5 s while the engine needed
+torch (a 5 GB job ran 1.6x slower with the bring-up beside it, whose import held the GIL the
+CPU coder needs); since session 19 it is the CUDA context, nvCOMP's library and the cached
+kernels, well under a second, but nvCOMP Zstd is still the slower coder of this bitstream.
 
 So with a GPU device and a portable codec, :class:`HybridEngine` codes on the CPU threads
 from the first frame, and starts bringing the GPU up in the background only once a job has

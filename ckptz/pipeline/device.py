@@ -11,6 +11,7 @@ digest), so every check FORMAT.md promises runs here too, and a failed one fails
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,12 +56,15 @@ class DeviceRanges(RangeSink):
         stream."""
         from ckptz.engines.gpu import driver
 
-        where = torch.device("cuda", device.index)
+        where = torch.device("cuda", device.index) if device.index >= 0 else torch.device("cpu")
         for buf, dst, src in self.overlaps(frame):
             if isinstance(buf, torch.Tensor) and buf.device == where:
                 n = dst.stop - dst.start
-                at = device.buf.at(src.start, n).ptr
-                driver.copy_on_device(buf.data_ptr() + dst.start, at, n, device.stream)
+                at, to = device.buf.at(src.start, n).ptr, buf.data_ptr() + dst.start
+                if device.index >= 0:
+                    driver.copy_on_device(to, at, n, device.stream)
+                else:
+                    ctypes.memmove(to, at, n)
         with self._lock:
             self._placed[id(frame)] = where
 

@@ -32,7 +32,8 @@ class Buf:
 @dataclass(frozen=True, slots=True)
 class DeviceBytes:
     """Bytes on a GPU, handed to a :data:`~ckptz.engines.base.Place` callback: ``buf`` on
-    device ``index``, valid until work queued on ``stream`` after the callback."""
+    device ``index`` (-1: host memory, the coder's host device), valid until work queued on
+    ``stream`` after the callback."""
 
     buf: Buf
     index: int
