@@ -596,6 +596,28 @@ def test_gpu_commands_import_no_torch(small_checkpoint: Path, tmp_path: Path) ->
     assert sha256(tmp_path / "o.pt") == sha256(src)
 
 
+@gpu
+def test_a_dropped_pinned_pool_unpins_its_memory() -> None:
+    """A region that goes without ``close`` (its pool dropped) is unpinned before it is
+    unmapped: memory mapped later at its addresses must not pass for pinned memory."""
+    import ctypes
+    import gc
+
+    from ckptz.engines.gpu import driver
+    from ckptz.engines.gpu.pinned import PinnedPool
+
+    get_flags = driver._slow().cuMemHostGetFlags
+    get_flags.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p]
+    flags = ctypes.c_uint()
+    pool = PinnedPool()
+    lease = pool.take(1 << 20)
+    start = lease.ctypes.data
+    assert get_flags(ctypes.byref(flags), start) == 0  # pinned while in use
+    del lease, pool
+    gc.collect()
+    assert get_flags(ctypes.byref(flags), start) != 0  # no longer registered
+
+
 def test_warming_a_cuda_context_without_a_gpu_is_harmless() -> None:
     """The context warm-up thread swallows a missing driver or device: the caller's own CUDA
     calls report it (on this machine, there may be no libcuda at all)."""

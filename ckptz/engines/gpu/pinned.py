@@ -30,18 +30,21 @@ from ckptz.engines.gpu import driver
 GRAIN = 2 << 20
 #: Free regions kept pinned for later leases; more than this goes back to the system.
 KEEP = 2 << 30
-#: Regions CUDA would not unregister, kept mapped (see :meth:`_Region.close`).
-_UNRELEASED: list[_Region] = []
+#: Mappings CUDA would not unregister, kept mapped for the process (see :func:`_release`).
+_UNRELEASED: list[mmap.mmap] = []
 
 
 class _Region:
     """One mapping, registered with CUDA (or, where that fails, memory the driver allocates
-    pinned)."""
+    pinned). It is unpinned before its memory goes back to the system, whether it is closed
+    or just dropped: a mapping unmapped while still registered leaves the driver taking
+    whatever memory later lands at those addresses for pinned memory (a later copy of a
+    pageable tensor there failed with "invalid argument")."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._map: mmap.mmap | None = None
-        self._allocated = 0
+        allocated = 0
         try:
             self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             if hasattr(mmap, "MADV_HUGEPAGE"):
@@ -51,22 +54,31 @@ class _Region:
             driver.host_register(self.array.ctypes.data, size)
         except (OSError, RuntimeError):
             self._map = None
-            self._allocated = driver.host_alloc(size)
-            self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self._allocated))
+            allocated = driver.host_alloc(size)
+            self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(allocated))
         self.start = self.array.ctypes.data
+        # Runs on close() or when the region is dropped, while the mapping is still mapped
+        # (the finalizer holds it); not at exit, where the process's memory goes anyway.
+        self._release = weakref.finalize(self, _release, self._map, allocated, self.start)
+        self._release.atexit = False
 
     def close(self) -> None:
         """Unpin and unmap (no lease of it may be left)."""
-        if self._map is not None and not driver.host_unregister(self.start):
+        self._release()
+        del self.array
+        self._map = None
+
+
+def _release(mapping: mmap.mmap | None, allocated: int, start: int) -> None:
+    """Unpin a region's memory, then let it go."""
+    if mapping is not None:
+        if not driver.host_unregister(start):
             # CUDA still counts these pages as pinned: unmapped, their addresses could come
             # back in a later allocation that the driver would then take for pinned memory.
             # Keep the mapping for the process instead.
-            _UNRELEASED.append(self)
-            return
-        del self.array
-        if self._allocated:
-            driver.host_free(self._allocated)
-        self._map, self._allocated = None, 0
+            _UNRELEASED.append(mapping)
+    elif allocated:
+        driver.host_free(allocated)
 
 
 class PinnedPool:
