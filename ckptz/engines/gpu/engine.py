@@ -306,11 +306,9 @@ class GpuEngine:
             reason = kernels.available(self.index)
             if reason is not None:
                 raise RuntimeError(f"ckptz's CUDA kernels cannot run: {reason}")
-            stream = driver.Stream()
-            scratch = DeviceScratch()
+            stream, scratch = driver.Stream(), DeviceScratch()
             ops = kernels.CudaOps(self.index, stream.handle, scratch)
-            codecs = NvcompCodecs(ops)
-            staging = _Staging()
+            w = _Worker(ops, NvcompCodecs(ops), stream, scratch, _Staging())
         except BaseException as exc:
             self._errors.append(exc)
             self._ready.wait()
@@ -319,13 +317,13 @@ class GpuEngine:
         try:
             while (jobs := self._take()) is not None:
                 # The last batch is over (its stream synchronised): its buffers are free.
-                staging.reset()
-                scratch.reset()
+                w.staging.reset()
+                w.scratch.reset()
                 try:
                     if isinstance(jobs[0], _EncodeJob):
-                        self._encode(codecs, ops, stream, staging, jobs)  # type: ignore[arg-type]
+                        self._encode(w, jobs)  # type: ignore[arg-type]
                     else:
-                        self._decode(codecs, ops, stream, staging, jobs)  # type: ignore[arg-type]
+                        self._decode(w, jobs)  # type: ignore[arg-type]
                 except BaseException as exc:
                     for j in jobs:
                         if not j.future.done():
@@ -334,24 +332,17 @@ class GpuEngine:
                         raise
         finally:
             with contextlib.suppress(driver.DriverError):
-                stream.synchronize()
-                scratch.close()
-                stream.close()
+                w.stream.synchronize()
+                w.scratch.close()
+                w.stream.close()
 
-    def _encode(
-        self,
-        codecs: NvcompCodecs,
-        ops: kernels.CudaOps,
-        stream: driver.Stream,
-        staging: _Staging,
-        jobs: list[_EncodeJob],
-    ) -> None:
+    def _encode(self, w: _Worker, jobs: list[_EncodeJob]) -> None:
         frames = [f for j in jobs for f in j.frames]
         layout = plan_batch([_shape(f.stream, f.data.size) for f in frames])
-        data = self._upload(ops, staging, frames, layout)
-        batch = encode_batch(codecs, ops, self.codec_id, data, layout)
+        data = self._upload(w, frames, layout)
+        batch = encode_batch(w.codecs, w.ops, self.codec_id, data, layout)
         # One copy back: the batch's payloads, already laid out as the container stores them.
-        host = _to_host(batch.block, stream)
+        host = _to_host(batch.block, w.stream)
         view = memoryview(host)  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
         end = (batch.offset + padded_sizes(batch.size)).tolist()
@@ -372,29 +363,20 @@ class GpuEngine:
             block = host[offset[first] : end[c - 1]] if c > first else host[:0]
             j.future.set_result(EncodedSpan(coded, block))
 
-    def _upload(
-        self, ops: kernels.CudaOps, staging: _Staging, frames: list[FrameToCode], layout: BatchLayout
-    ) -> Buf:
+    def _upload(self, w: _Worker, frames: list[FrameToCode], layout: BatchLayout) -> Buf:
         """The batch's frames on the device, laid out as ``layout`` says: each copied from
         the pinned buffer its reader filled (or through the staging buffer, from anywhere
         else) straight to its place."""
-        data = ops.scratch("frames", max(layout.data_bytes, 1))
+        data = w.ops.scratch("frames", max(layout.data_bytes, 1))
         for x, at in zip(frames, layout.data_offsets, strict=True):
             src = x.data
             if not self._pinned.holds(src):  # not one of this engine's buffers: a pinned copy first
-                src = staging.take(x.data.size)
+                src = w.staging.take(x.data.size)
                 src[:] = x.data
-            driver.copy_to_device(data.ptr + at, src.ctypes.data, src.size, ops.stream)
+            driver.copy_to_device(data.ptr + at, src.ctypes.data, src.size, w.ops.stream)
         return data.at(0, layout.data_bytes)
 
-    def _decode(
-        self,
-        codecs: NvcompCodecs,
-        ops: kernels.CudaOps,
-        stream: driver.Stream,
-        staging: _Staging,
-        jobs: list[_DecodeJob],
-    ) -> None:
+    def _decode(self, w: _Worker, jobs: list[_DecodeJob]) -> None:
         # Each frame's result, job by job: host bytes or an error.
         results: list[list[np.ndarray | BaseException]] = [[] for _ in jobs]
         gpu: list[tuple[int, int, SpanFrame]] = []
@@ -413,7 +395,7 @@ class GpuEngine:
                     cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
         if gpu:
             try:
-                self._decode_on_gpu(codecs, ops, stream, staging, jobs, gpu, results)
+                self._decode_on_gpu(w, jobs, gpu, results)
             except CkptzError as exc:
                 error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
                 for n, k, _ in gpu:
@@ -428,10 +410,7 @@ class GpuEngine:
 
     def _decode_on_gpu(
         self,
-        codecs: NvcompCodecs,
-        ops: kernels.CudaOps,
-        stream: driver.Stream,
-        staging: _Staging,
+        w: _Worker,
         jobs: list[_DecodeJob],
         gpu: list[tuple[int, int, SpanFrame]],
         results: list[list[np.ndarray | BaseException]],
@@ -456,20 +435,32 @@ class GpuEngine:
             padded = padded_sizes(size)
             offset = np.cumsum(padded) - padded
             total = max(int(padded.sum()), 1)
-            host = staging.get("in", total)[:total]
+            host = w.staging.get("in", total)[:total]
             for c, o, n in zip(chunks, offset.tolist(), size.tolist(), strict=True):
                 if n:
                     host[o : o + n] = np.frombuffer(c.payload, dtype=np.uint8)
-        payloads = ops.scratch("payloads", host.size)
-        driver.copy_to_device(payloads.ptr, host.ctypes.data, host.size, ops.stream)
-        data = decode_batch(codecs, ops, payloads, layout, codec, offset, size, const_value)
+        payloads = w.ops.scratch("payloads", host.size)
+        driver.copy_to_device(payloads.ptr, host.ctypes.data, host.size, w.ops.stream)
+        data = decode_batch(w.codecs, w.ops, payloads, layout, codec, offset, size, const_value)
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
             place = jobs[n].place
             if place is not None:  # queued on this stream: over before the copy back
-                place(k, DeviceBytes(data.at(off, f.length), self.index, ops.stream))
-        view = _to_host(data, stream)
+                place(k, DeviceBytes(data.at(off, f.length), self.index, w.ops.stream))
+        view = _to_host(data, w.stream)
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
             results[n][k] = view[off : off + f.length]
+
+
+@dataclass(slots=True)
+class _Worker:
+    """What one worker thread codes with: its device (kernels, scratch memory, stream) and
+    nvCOMP's codecs on it, and its pinned staging buffers."""
+
+    ops: kernels.CudaOps
+    codecs: NvcompCodecs
+    stream: driver.Stream
+    scratch: DeviceScratch
+    staging: _Staging
 
 
 class _Staging:
