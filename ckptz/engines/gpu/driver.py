@@ -118,6 +118,13 @@ def check(result: int, what: str) -> None:
         raise DriverError(f"{what}: {name}")
 
 
+def _init() -> Any:
+    """The driver (GIL released), initialised."""
+    lib = _slow()
+    check(lib.cuInit(0), "cuInit")
+    return lib
+
+
 def device_count() -> int:
     """CUDA devices visible to this process (after ``CUDA_VISIBLE_DEVICES``).
 
@@ -125,8 +132,7 @@ def device_count() -> int:
         OSError: no CUDA driver on this machine.
         DriverError: the driver would not start.
     """
-    lib = _slow()
-    check(lib.cuInit(0), "cuInit")
+    lib = _init()
     n = _INT()
     check(lib.cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
     return int(n.value)
@@ -136,8 +142,7 @@ def _primary(index: int) -> int:
     """Device ``index``'s primary context, retained once per process."""
     found = _CONTEXTS.get(index)
     if found is None:
-        lib = _slow()
-        check(lib.cuInit(0), "cuInit")
+        lib = _init()
         device = _INT()
         check(lib.cuDeviceGet(ctypes.byref(device), index), f"cuDeviceGet({index})")
         ctx = _P()
@@ -167,8 +172,7 @@ def _any_context() -> None:
 
 def capability(index: int) -> tuple[int, int]:
     """Device ``index``'s compute capability, e.g. ``(9, 0)``."""
-    lib = _slow()
-    check(lib.cuInit(0), "cuInit")
+    lib = _init()
     out = []
     for attr in (_CC_MAJOR, _CC_MINOR):
         value = _INT()

@@ -71,7 +71,7 @@ from ckptz.engines.gpu.coder import (
     padded_sizes,
     plan_batch,
 )
-from ckptz.engines.gpu.memory import Buf, DeviceBytes, DeviceScratch
+from ckptz.engines.gpu.memory import Buf, DeviceBytes, DeviceScratch, Reused
 from ckptz.engines.gpu.nvcomp_codecs import NAMES, NvcompCodecs, nvcomp_version
 from ckptz.errors import CkptzError, CorruptionError
 
@@ -468,21 +468,14 @@ class _Staging:
     pinned buffer per batch cost more than the batch's coding)."""
 
     def __init__(self) -> None:
-        self._buffers: dict[str, np.ndarray] = {}
+        # A buffer replaced mid-batch is kept until reset: bytes staged in it may still be on
+        # their way to the device, so the pool must not hand it out again before then.
+        self._buffers: Reused[np.ndarray] = Reused(pinned.pool().take)
         self._used = 0
-        self._retired: list[np.ndarray] = []
 
     def get(self, name: str, size: int) -> np.ndarray:
         """A pinned uint8 array of at least ``size`` bytes (its contents are undefined)."""
-        buf = self._buffers.get(name)
-        if buf is None or buf.size < size:
-            if buf is not None:
-                # Bytes staged in it this batch may still be on their way to the device:
-                # the pool must not hand it out again before the batch is over.
-                self._retired.append(buf)
-            # Grow with headroom: batch sizes vary a little from one batch to the next.
-            self._buffers[name] = buf = pinned.pool().take(size + size // 4)
-        return buf
+        return self._buffers.get(name, size)
 
     def take(self, size: int) -> np.ndarray:
         """The next ``size`` bytes of the ``in`` buffer, until :meth:`reset` (a batch's
@@ -496,7 +489,7 @@ class _Staging:
         """Start a batch (the worker calls it once the last one is over, its copies done):
         buffers replaced during the last one go back to the pool."""
         self._used = 0
-        self._retired.clear()
+        self._buffers.reset()
 
 
 def _to_host(data: Buf, stream: driver.Stream) -> np.ndarray:

@@ -332,12 +332,12 @@ class CudaOps:
         self._module = _module(index)
 
     def scratch(self, name: str, size: int) -> Buf:
-        return self._scratch.get(name, size)
+        return self._scratch.get(name, size).at(0, size)
 
     def upload(self, name: str, arr: np.ndarray) -> Buf:
         """``arr`` (contiguous) copied into scratch buffer ``name``; ``arr`` may change once
         this returns (the driver stages pageable bytes before returning)."""
-        buf = self._scratch.get(name, arr.nbytes)
+        buf = self.scratch(name, arr.nbytes)
         driver.copy_to_device(buf.ptr, arr.ctypes.data, arr.nbytes, self.stream, pinned=False)
         return buf
 

@@ -9,7 +9,9 @@ but the scratch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from ckptz.engines.gpu import driver
 
@@ -40,39 +42,69 @@ class DeviceBytes:
     stream: int
 
 
-class DeviceScratch:
-    """A worker's device buffers by name, kept from batch to batch and grown on demand.
+class _Sized(Protocol):
+    @property
+    def size(self) -> int: ...
 
-    A buffer replaced while a batch runs may still be read by work queued before: it is
-    freed at the next :meth:`reset`, which the worker calls once that batch is over.
+
+_T = TypeVar("_T", bound=_Sized)
+
+
+class Reused(Generic[_T]):
+    """Buffers by name, kept from batch to batch and grown on demand (with headroom: batches
+    vary a little in size).
+
+    A buffer replaced while a batch runs may still be in use by work queued before: it is
+    released at the next :meth:`reset`, which the owner calls once that batch is over.
+
+    Args:
+        make: a new buffer of at least the size asked.
+        release: gives a buffer back (default: drop it).
     """
 
-    def __init__(self) -> None:
-        self._buffers: dict[str, tuple[int, int]] = {}
-        self._retired: list[tuple[int, int]] = []
+    def __init__(self, make: Callable[[int], _T], release: Callable[[_T], None] | None = None) -> None:
+        self._make = make
+        self._release = release or (lambda _: None)
+        self._buffers: dict[str, _T] = {}
+        self._retired: list[_T] = []
 
-    def get(self, name: str, size: int) -> Buf:
-        """At least ``size`` bytes (contents undefined), as a :class:`Buf` of ``size``."""
-        ptr, cap = self._buffers.get(name, (0, 0))
-        if cap < size:
-            if cap:
-                self._retired.append((ptr, cap))
-            cap = size + size // 4  # batches vary a little in size
-            self._buffers[name] = ptr, cap = driver.alloc(cap), cap
-        return Buf(ptr, size)
+    def get(self, name: str, size: int) -> _T:
+        """Buffer ``name``, at least ``size`` bytes (contents undefined)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            if buf is not None:
+                self._retired.append(buf)
+            self._buffers[name] = buf = self._make(size + size // 4)
+        return buf
 
     def reset(self) -> None:
-        """A batch is over (its stream synchronised): free the buffers it replaced."""
-        for ptr, cap in self._retired:
-            driver.free(ptr, cap)
+        """A batch is over: release the buffers it replaced."""
+        for buf in self._retired:
+            self._release(buf)
         self._retired.clear()
 
     def close(self) -> None:
-        """Free everything (no work may be queued on it)."""
+        """Release everything (nothing may still use it)."""
         self.reset()
-        for ptr, cap in self._buffers.values():
-            driver.free(ptr, cap)
+        for buf in self._buffers.values():
+            self._release(buf)
         self._buffers.clear()
 
 
-__all__ = ["Buf", "DeviceBytes", "DeviceScratch"]
+def _device_alloc(size: int) -> Buf:
+    return Buf(driver.alloc(size), size)
+
+
+def _device_free(buf: Buf) -> None:
+    driver.free(buf.ptr, buf.size)
+
+
+class DeviceScratch(Reused[Buf]):
+    """A worker's device buffers (freed at :meth:`reset` once replaced, which the worker
+    calls when its stream has finished the batch)."""
+
+    def __init__(self) -> None:
+        super().__init__(_device_alloc, _device_free)
+
+
+__all__ = ["Buf", "DeviceBytes", "DeviceScratch", "Reused"]

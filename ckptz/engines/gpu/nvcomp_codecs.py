@@ -205,11 +205,12 @@ class NvcompCodecs:
 
     def _calls(
         self, codec_id: int, what: str, raw_sizes: np.ndarray, columns: list[np.ndarray]
-    ) -> tuple[list[tuple[int, int, int, list[Buf]]], Buf, Buf, Buf, np.ndarray]:
+    ) -> tuple[list[tuple[int, int, int, list[Buf]]], Buf, Buf, np.ndarray]:
         """The chunks ordered by size class, their ``columns`` (int64) uploaded in one copy:
         per class (size class, first row, rows, its slice of each column); then the temporary
         memory every class's call can use (one after another on the stream), where nvCOMP
-        writes each chunk's size and status, and the chunks' order."""
+        writes the chunks' sizes (int64, in that order) followed by their statuses (int32),
+        and the order."""
         order: list[int] = []
         classes = []
         temp = 0
@@ -226,20 +227,17 @@ class NvcompCodecs:
             (cls, first, count, [uploaded.at((c * n + first) * 8, count * 8) for c in range(len(columns))])
             for cls, first, count in classes
         ]
-        out = self.ops.scratch("nvcomp-out", n * 12)
         temp_buf = self.ops.scratch("nvcomp-temp", max(temp, 1))
-        return calls, temp_buf, out.at(0, n * 8), out.at(n * 8, n * 4), np.asarray(order, np.int64)
+        return calls, temp_buf, self.ops.scratch("nvcomp-out", n * 12), np.asarray(order, np.int64)
 
-    def _results(self, codec_id: int, sizes: Buf, statuses: Buf, order: np.ndarray) -> np.ndarray:
-        """Every chunk's size written by nvCOMP, in the caller's order (waits for the GPU)."""
+    def _results(self, out: Buf, order: np.ndarray) -> tuple[np.ndarray, bool]:
+        """Every chunk's size written by nvCOMP, in the caller's order, and whether every
+        chunk's status was success (waits for the GPU)."""
         n = order.size
-        back = self.ops.download(Buf(sizes.ptr, n * 12), np.uint8)
-        got, status = back[: n * 8].view(np.int64), back[n * 8 :].view(np.int32)
-        if status.any():
-            raise CodecError("nvCOMP could not code a batch (a chunk failed)", codec=NAMES[codec_id])
-        out = np.empty(n, np.int64)
-        out[order] = got
-        return out
+        back = self.ops.download(out, np.uint8)
+        sizes = np.empty(n, np.int64)
+        sizes[order] = back[: n * 8].view(np.int64)
+        return sizes, not back[n * 8 :].view(np.int32).any()
 
     def encode(
         self,
@@ -268,7 +266,7 @@ class NvcompCodecs:
             raise ValueError("an output chunk has less room than nvCOMP may write")
         at = src.ptr + np.asarray(offsets, np.int64)
         out_at = dst.ptr + np.asarray(dst_offsets, np.int64)
-        calls, temp, got, statuses, order = self._calls(codec_id, "Compress", size, [at, size, out_at])
+        calls, temp, out, order = self._calls(codec_id, "Compress", size, [at, size, out_at])
         for cls, first, count, (ptrs, nbytes, out_ptrs) in calls:
             status = api.fn(self._lib, "CompressAsync")(
                 ctypes.c_void_p(ptrs.ptr),
@@ -278,13 +276,16 @@ class NvcompCodecs:
                 ctypes.c_void_p(temp.ptr),
                 ctypes.c_size_t(temp.size),
                 ctypes.c_void_p(out_ptrs.ptr),
-                ctypes.c_void_p(got.ptr + first * 8),
+                ctypes.c_void_p(out.ptr + first * 8),
                 api.compress_opts,
-                ctypes.c_void_p(statuses.ptr + first * 4),
+                ctypes.c_void_p(out.ptr + size.size * 8 + first * 4),
                 self._handle,
             )
             _check(status, "compression", codec_id)
-        return self._results(codec_id, got, statuses, order).tolist()
+        got, ok = self._results(out, order)
+        if not ok:
+            raise CodecError("nvCOMP could not code a batch (a chunk failed)", codec=NAMES[codec_id])
+        return got.tolist()
 
     def decode(
         self,
@@ -310,27 +311,24 @@ class NvcompCodecs:
         at = src.ptr + np.asarray(offsets, np.int64)
         out_at = dst.ptr + np.asarray(dst_offsets, np.int64)
         columns = [at, np.asarray(sizes, np.int64), raw, out_at]
-        calls, temp, got, statuses, order = self._calls(codec_id, "Decompress", raw, columns)
+        calls, temp, out, order = self._calls(codec_id, "Decompress", raw, columns)
         for _, first, count, (ptrs, nbytes, room, out_ptrs) in calls:
             status = api.fn(self._lib, "DecompressAsync")(
                 ctypes.c_void_p(ptrs.ptr),
                 ctypes.c_void_p(nbytes.ptr),
                 ctypes.c_void_p(room.ptr),
-                ctypes.c_void_p(got.ptr + first * 8),
+                ctypes.c_void_p(out.ptr + first * 8),
                 ctypes.c_size_t(count),
                 ctypes.c_void_p(temp.ptr),
                 ctypes.c_size_t(temp.size),
                 ctypes.c_void_p(out_ptrs.ptr),
                 api.decompress_opts,
-                ctypes.c_void_p(statuses.ptr + first * 4),
+                ctypes.c_void_p(out.ptr + raw.size * 8 + first * 4),
                 self._handle,
             )
             _check(status, "decompression", codec_id)
-        try:
-            decoded = self._results(codec_id, got, statuses, order)
-        except CodecError:
-            decoded = None
-        if decoded is None or (decoded != raw).any():
+        decoded, ok = self._results(out, order)
+        if not ok or (decoded != raw).any():
             raise CodecError(
                 "nvCOMP could not decode a batch (a payload is not a valid stream)", codec=NAMES[codec_id]
             )

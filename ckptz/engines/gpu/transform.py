@@ -21,7 +21,7 @@ import numpy as np
 
 from ckptz.codecs.planes import merge, split
 from ckptz.dtypes import DType, lookup
-from ckptz.engines.gpu.memory import Buf
+from ckptz.engines.gpu.memory import Buf, Reused
 
 ALIGN = 16
 #: Where ``merge_rows`` finds a plane row: among the stored payloads, among the decoded
@@ -56,16 +56,11 @@ class HostOps:
     stream = 0
 
     def __init__(self) -> None:
-        self._buffers: dict[str, np.ndarray] = {}
-        self._kept: list[np.ndarray] = []  # replaced buffers stay valid, as on a device
+        # Never reset: replaced buffers stay valid, as they do on a device until the batch ends.
+        self._buffers: Reused[np.ndarray] = Reused(lambda n: np.empty(max(n, 1), np.uint8))
 
     def scratch(self, name: str, size: int) -> Buf:
-        arr = self._buffers.get(name)
-        if arr is None or arr.size < size:
-            if arr is not None:
-                self._kept.append(arr)
-            arr = self._buffers[name] = np.empty(max(size, 1), np.uint8)
-        return Buf(arr.ctypes.data, size)
+        return Buf(self._buffers.get(name, size).ctypes.data, size)
 
     @staticmethod
     def view(buf: Buf) -> np.ndarray:
