@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from ckptz import trace
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame
 from ckptz.container import StreamInfo
 from ckptz.engines.base import (
@@ -36,7 +37,8 @@ def decode_chunks(stream: StreamInfo, chunks: list[StoredChunk], length: int, wh
         CodecUnavailableError: a bitstream has no CPU decoder.
     """
     try:
-        return decode_frame([(c.codec, c.raw_size, c.payload) for c in chunks], stream_dtype(stream))
+        with trace.span("decode"):
+            return decode_frame([(c.codec, c.raw_size, c.payload) for c in chunks], stream_dtype(stream))
     except CodecError as exc:
         if exc.__class__ is not CodecError:  # unavailable codecs are not corruption
             raise
@@ -89,7 +91,8 @@ class CpuEngine:
         return self._context if stream.component in CONTEXT_COMPONENTS else self._fast
 
     def _encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> EncodedFrame:
-        return EncodedFrame(checksum, encode_frame(data, stream_dtype(stream), self.options_for(stream)))
+        with trace.span("encode"):
+            return EncodedFrame(checksum, encode_frame(data, stream_dtype(stream), self.options_for(stream)))
 
     def host_buffer(self, size: int) -> np.ndarray:
         return np.empty(size, np.uint8)

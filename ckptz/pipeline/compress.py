@@ -45,7 +45,7 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from ckptz import safeio
+from ckptz import safeio, trace
 from ckptz._version import __version__
 from ckptz.checksums import xxh3_64_ranges
 from ckptz.container import (
@@ -163,15 +163,17 @@ def compress_file(
         CorruptionError: ``verify`` found a frame or payload that does not match.
         OSError: reading or writing failed.
     """
-    layout = read_layout(src, relpath)
+    with trace.span("layout"):
+        layout = read_layout(src, relpath)
     change = transform(layout) if transform is not None else None
     fd = os.open(src, os.O_RDONLY) if source is None else -1
     try:
         reader = source if source is not None else _FileSource(fd)
         # Streams are planned on samples of the bytes that are coded, wherever they are.
-        plan = plan_streams(
-            layout, engine.frame_size, reader.read_at, change.apart if change else frozenset()
-        )
+        with trace.span("plan"):
+            plan = plan_streams(
+                layout, engine.frame_size, reader.read_at, change.apart if change else frozenset()
+            )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         run = _Compression(
             reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
@@ -297,7 +299,8 @@ class _Compression:
     def _feed(self) -> None:
         """Take a buffer for each run of frames in order, and queue its read."""
         for r in range(len(self.runs)):
-            buf = self.slots.take()
+            with trace.span("wait slot"):
+                buf = self.slots.take()
             self.buffers[r] = buf
             self.tasks.append(self.workers.read.submit(self._read, r, buf))
 
@@ -307,13 +310,17 @@ class _Compression:
             pieces = sorted(
                 (at, self.at[i] + within, n) for i in run for at, within, n in self.frames[i].pieces
             )
-            self._scatter_read(pieces, buf)
+            with trace.span("read"):
+                self._scatter_read(pieces, buf)
             views = [buf[self.at[i] : self.at[i] + self.frames[i].length] for i in run]
-            self.digest.hash_whole(pieces, buf)  # while the bytes are in cache
+            with trace.span("digest leaves"):
+                self.digest.hash_whole(pieces, buf)  # while the bytes are in cache
             if self.change is None:
                 coded = views
                 lengths = np.array([v.size for v in views], np.int64)
-                sums = xxh3_64_ranges(buf, np.array([self.at[i] for i in run], np.int64), lengths).tolist()
+                at = np.array([self.at[i] for i in run], np.int64)
+                with trace.span("checksums"):
+                    sums = xxh3_64_ranges(buf, at, lengths).tolist()
             else:
                 coded = [self.change.forward(self.frames[i], v) for i, v in zip(run, views, strict=True)]
                 sums = [checksum(c) for c in coded]  # of the bytes coded; the digest is of the file's
@@ -380,10 +387,11 @@ class _Compression:
         checks: list[Future[None]] = []
         pos = len(PREFIX)
         for r, run in enumerate(self.runs):
-            self.read[run[0]].result()
-            fut, self.coded[r] = self.coded[r], None  # a coded run lives until it is written
-            assert fut is not None  # set before the reads resolve
-            span = fut.result()
+            with trace.span("wait coded"):
+                self.read[run[0]].result()
+                fut, self.coded[r] = self.coded[r], None  # a coded run lives until it is written
+                assert fut is not None  # set before the reads resolve
+                span = fut.result()
             start, parts, payloads = pos, list[bytes | memoryview](), list[bytes | memoryview]()
             rows: list[list[int]] = []
             firsts = []
@@ -414,7 +422,8 @@ class _Compression:
                     self.stream.write(part)
                 continue
             # Payload checksums and the write run on a writer thread: this one only places.
-            self.write_room.acquire()
+            with trace.span("wait writers"):
+                self.write_room.acquire()
             w = self.workers.write.submit(self._store, rows, payloads, parts, start, block)
             w.add_done_callback(lambda _: self.write_room.release())
             writes.append(w)
@@ -434,14 +443,17 @@ class _Compression:
         if block is not None:
             where = np.array([row[0] - at for row in rows], np.int64)
             sizes = np.array([row[1] for row in rows], np.int64)
-            for row, crc in zip(rows, xxh3_64_ranges(block, where, sizes).tolist(), strict=True):
-                row[3] = crc
+            with trace.span("checksums"):
+                sums = xxh3_64_ranges(block, where, sizes).tolist()
             parts = [block.data]
         else:
-            for row, payload in zip(rows, payloads, strict=True):
-                row[3] = checksum(payload)
+            with trace.span("checksums"):
+                sums = [checksum(payload) for payload in payloads]
+        for row, crc in zip(rows, sums, strict=True):
+            row[3] = crc
         if self.out is not None and parts:
-            safeio.pwrite_all(self.out, parts, at)
+            with trace.span("write"):
+                safeio.pwrite_all(self.out, parts, at)
 
     def _check(
         self, run: range, span: EncodedSpan, firsts: list[int], block: np.ndarray | None

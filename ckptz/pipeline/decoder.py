@@ -19,6 +19,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from ckptz import trace
 from ckptz.checksums import xxh3_64_ranges
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
 from ckptz.engines.base import NO_BUFFER, DecodedSpan, Engine, Place, SpanFrame, StoredChunk
@@ -132,7 +133,8 @@ class FrameDecoder:
         lo, hi = first[0], last[1]
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
         try:
-            got = os.preadv(self.fd, [memoryview(buffer)[: hi - lo]], lo)  # type: ignore[arg-type]
+            with trace.span("read"):
+                got = os.preadv(self.fd, [memoryview(buffer)[: hi - lo]], lo)  # type: ignore[arg-type]
             with self._count_lock:
                 self.stored_bytes_read += got
             if got != hi - lo:
@@ -141,7 +143,8 @@ class FrameDecoder:
                     path=self.path,
                     chunk=self._chunks(frames[0])[1],  # type: ignore[index]
                 )
-            stored = [self._stored(i, buffer, lo) for i in frames]
+            with trace.span("check payloads"):
+                stored = [self._stored(i, buffer, lo) for i in frames]
         except BaseException:
             self.engine.free_buffer(buffer)
             raise
@@ -174,8 +177,10 @@ class FrameDecoder:
         tensor = self.tensor_at(frame.start)
         at: tuple[int, ...] = ()
         if buffer is None:
-            payloads = self._payloads(chunks, first, tensor)
-            sums = [checksum(p) for p in payloads]
+            with trace.span("read"):
+                payloads = self._payloads(chunks, first, tensor)
+            with trace.span("check payloads"):
+                sums = [checksum(p) for p in payloads]
         else:
             payloads, at = self._views(chunks, first, tensor, buffer, base)
             sums = xxh3_64_ranges(buffer, np.array(at, np.int64), chunks["size"]).tolist()

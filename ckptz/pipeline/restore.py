@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from ckptz import safeio
+from ckptz import safeio, trace
 from ckptz.container import Index, read_index
 from ckptz.digest import Piecewise
 from ckptz.engines.base import DecodedSpan, Engine, Place
@@ -241,7 +241,8 @@ class _Restore:
     def _feed(self) -> None:
         for span in self.spans:
             for _ in span:  # room for every frame of the run
-                self.room.acquire()
+                with trace.span("wait room"):
+                    self.room.acquire()
                 if self.stopped:
                     return
             self.tasks.append(self.workers.read.submit(self._read, span))
@@ -283,10 +284,13 @@ class _Restore:
         """Check decoded frame ``i`` and hand it to the sink and the digest; False once the
         run has failed."""
         try:
-            data = self.decoder.finish_span(i, fut, k)
-            self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
+            with trace.span("check frame"):
+                data = self.decoder.finish_span(i, fut, k)
+            with trace.span("digest leaves"):
+                self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
             # The sink first: the digest, which ends the run, then waits for every frame's put.
-            self.sink.put(self.frames[i], data)
+            with trace.span("put"):
+                self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)
             self.progress(self.frames[i].length)
             self._release(i)

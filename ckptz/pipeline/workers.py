@@ -18,6 +18,7 @@ from contextlib import contextmanager, suppress
 
 import numpy as np
 
+from ckptz import trace
 from ckptz.digest import Digest, Piecewise
 from ckptz.pipeline.plan import Frame
 
@@ -226,8 +227,10 @@ def file_digest(
     pieces = sorted((p[0], i, p[1], p[2]) for i, f in enumerate(frames) for p in f.pieces)
     left = [len(f.pieces) for f in frames]
     for at, i, within, n in pieces:
-        piece = data[i].result().data[within : within + n]
-        digest.walk(at, piece)
+        with trace.span("wait frame"):
+            piece = data[i].result().data[within : within + n]
+        with trace.span("digest walk"):
+            digest.walk(at, piece)
         if each is not None:
             each(piece)
         left[i] -= 1

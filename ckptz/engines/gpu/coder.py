@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 import numpy.ma  # np.unique's lazy import of it can recurse when threads race it: import once
 
+from ckptz import trace
 from ckptz.codecs.frames import NOISE_BITS, NOISE_ZERO_SHARE
 from ckptz.codecs.table import ANS, CONST, RAW, TABLE, ZSTD
 from ckptz.engines.gpu.memory import Buf
@@ -308,33 +309,35 @@ def encode_batch(
             bounds[(ids == cid) & (sizes == size)] = aligned(codecs.max_compressed_size(cid, size))
     payload_at = planes_bytes + np.cumsum(bounds) - bounds
     work = ops.scratch("work", planes_bytes + max(int(bounds.sum()), ALIGN))
-    for g in layout.groups:
-        rows = _group_rows(layout, g)
-        ops.split_rows(
-            _group_data(data, g),
-            _group_planes(work, g),
-            stats.at(rows.start * STATS * 4, (rows.stop - rows.start) * STATS * 4),
-            len(g.members),
-            g.shape.stride,
-            g.shape.word,
-            g.shape.rotate,
-        )
-    flags = ops.download(stats, np.int32).reshape(n, STATS)[table.row]
+    with trace.span("split"):
+        for g in layout.groups:
+            rows = _group_rows(layout, g)
+            ops.split_rows(
+                _group_data(data, g),
+                _group_planes(work, g),
+                stats.at(rows.start * STATS * 4, (rows.stop - rows.start) * STATS * 4),
+                len(g.members),
+                g.shape.stride,
+                g.shape.word,
+                g.shape.rotate,
+            )
+        flags = ops.download(stats, np.int32).reshape(n, STATS)[table.row]
     const = (flags[:, 0] == flags[:, 1]) & (sizes > 0)
     noise = _noise_rows(flags[:, 2:])
     got = np.full(n, -1, dtype=np.int64)
     for cid in np.unique(ids).tolist():
         todo = np.flatnonzero((ids == cid) & ~const & ~noise & (sizes > 0))
         if todo.size:
-            got[todo] = codecs.encode(
-                cid,
-                work,
-                table.plane_offset[todo].tolist(),
-                sizes[todo].tolist(),
-                work,
-                payload_at[todo].tolist(),
-                bounds[todo].tolist(),
-            )
+            with trace.span("nvcomp"):
+                got[todo] = codecs.encode(
+                    cid,
+                    work,
+                    table.plane_offset[todo].tolist(),
+                    sizes[todo].tolist(),
+                    work,
+                    payload_at[todo].tolist(),
+                    bounds[todo].tolist(),
+                )
     coded = (got >= 0) & (got < sizes)
     codec = np.where(const, CONST_ID, np.where(coded, ids, RAW_ID))
     size = np.where(const, 1, np.where(coded, got, sizes))
@@ -378,15 +381,16 @@ def decode_batch(
     decoded = ops.scratch("decoded", max(int(room.sum()), 1))
     for cid in np.unique(codec[coded]).tolist():
         todo = np.flatnonzero(codec == cid)
-        codecs.decode(
-            cid,
-            payloads,
-            offset[todo].tolist(),
-            size[todo].tolist(),
-            decoded,
-            at[todo].tolist(),
-            raw[todo].tolist(),
-        )
+        with trace.span("nvcomp"):
+            codecs.decode(
+                cid,
+                payloads,
+                offset[todo].tolist(),
+                size[todo].tolist(),
+                decoded,
+                at[todo].tolist(),
+                raw[todo].tolist(),
+            )
     source = np.where(codec == CONST_ID, const_value, np.where(coded, DECODED, STORED))
     where = np.where(coded, at, offset) // ALIGN
     # The kernels index rows group by group, in the planes buffer's row order.

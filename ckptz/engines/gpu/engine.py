@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ckptz import trace
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
 from ckptz.engines.base import (
@@ -315,7 +316,11 @@ class GpuEngine:
             return
         self._ready.wait()
         try:
-            while (jobs := self._take()) is not None:
+            while True:
+                with trace.span("wait jobs"):
+                    jobs = self._take()
+                if jobs is None:
+                    break
                 # The last batch is over (its stream synchronised): its buffers are free.
                 w.staging.reset()
                 w.scratch.reset()
@@ -339,10 +344,12 @@ class GpuEngine:
     def _encode(self, w: _Worker, jobs: list[_EncodeJob]) -> None:
         frames = [f for j in jobs for f in j.frames]
         layout = plan_batch([_shape(f.stream, f.data.size) for f in frames])
-        data = self._upload(w, frames, layout)
+        with trace.span("upload"):
+            data = self._upload(w, frames, layout)
         batch = encode_batch(w.codecs, w.ops, self.codec_id, data, layout)
         # One copy back: the batch's payloads, already laid out as the container stores them.
-        host = _to_host(batch.block, w.stream)
+        with trace.span("to host"):
+            host = _to_host(batch.block, w.stream)
         view = memoryview(host)  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
         end = (batch.offset + padded_sizes(batch.size)).tolist()
@@ -446,7 +453,8 @@ class GpuEngine:
             place = jobs[n].place
             if place is not None:  # queued on this stream: over before the copy back
                 place(k, DeviceBytes(data.at(off, f.length), self.index, w.ops.stream))
-        view = _to_host(data, w.stream)
+        with trace.span("to host"):
+            view = _to_host(data, w.stream)
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
             results[n][k] = view[off : off + f.length]
 

@@ -1,0 +1,87 @@
+"""Timelines of a run: where each thread's time goes, stage by stage.
+
+Set ``CKPTZ_TRACE=run.json`` and every stage of the pipeline (reads, hashing, each GPU
+batch's copies and coding, writes, waits) records when it ran and in which thread; the
+process writes them as it exits, in the Chrome trace format that https://ui.perfetto.dev
+and ``chrome://tracing`` open. ``python bench/timeline.py run.json`` sums them up per
+thread and stage. Unset (the default), a stage costs one call that returns a shared no-op.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from time import perf_counter_ns
+from types import TracebackType
+
+#: Where the trace goes (None: not tracing).
+PATH = os.environ.get("CKPTZ_TRACE") or None
+
+_events: list[tuple[str, int, int, int]] = []
+_names: dict[int, str] = {}
+
+
+class _Span:
+    __slots__ = ("name", "start")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.start = 0
+
+    def __enter__(self) -> None:
+        self.start = perf_counter_ns()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        tid = threading.get_ident()
+        if tid not in _names:
+            _names[tid] = threading.current_thread().name
+        _events.append((self.name, tid, self.start, perf_counter_ns()))
+
+
+class _Off:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+_OFF = _Off()
+
+
+def span(name: str) -> _Span | _Off:
+    """A context manager that records ``name`` running in this thread while its body runs."""
+    return _OFF if PATH is None else _Span(name)
+
+
+def events() -> list[tuple[str, str, int, int]]:
+    """What was recorded so far: (stage, thread name, start ns, end ns)."""
+    return [(n, _names.get(t, str(t)), a, b) for n, t, a, b in list(_events)]
+
+
+def write(path: str) -> None:
+    """Write the recorded stages as a Chrome trace."""
+    rows = list(_events)
+    origin = min((a for _, _, a, _ in rows), default=0)
+    out: list[dict[str, object]] = [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": n}} for t, n in _names.items()
+    ]
+    out += [
+        {"name": n, "ph": "X", "pid": 0, "tid": t, "ts": (a - origin) / 1e3, "dur": (b - a) / 1e3}
+        for n, t, a, b in rows
+    ]
+    with open(path, "w") as f:
+        json.dump({"traceEvents": out, "displayTimeUnit": "ms"}, f)
+
+
+if PATH is not None:
+    atexit.register(write, PATH)
+
+
+__all__ = ["PATH", "events", "span", "write"]
