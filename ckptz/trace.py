@@ -19,8 +19,7 @@ from types import TracebackType
 #: Where the trace goes (None: not tracing).
 PATH = os.environ.get("CKPTZ_TRACE") or None
 
-_events: list[tuple[str, int, int, int]] = []
-_names: dict[int, str] = {}
+_events: list[tuple[str, tuple[str, int], int, int]] = []
 
 
 class _Span:
@@ -36,10 +35,10 @@ class _Span:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        tid = threading.get_ident()
-        if tid not in _names:
-            _names[tid] = threading.current_thread().name
-        _events.append((self.name, tid, self.start, perf_counter_ns()))
+        # Name and id: an id alone is reused as pools' threads come and go, and a file's
+        # helper threads share a name.
+        thread = threading.current_thread()
+        _events.append((self.name, (thread.name, thread.ident or 0), self.start, perf_counter_ns()))
 
 
 class _Off:
@@ -62,18 +61,20 @@ def span(name: str) -> _Span | _Off:
 
 def events() -> list[tuple[str, str, int, int]]:
     """What was recorded so far: (stage, thread name, start ns, end ns)."""
-    return [(n, _names.get(t, str(t)), a, b) for n, t, a, b in list(_events)]
+    return [(n, t[0], a, b) for n, t, a, b in list(_events)]
 
 
 def write(path: str) -> None:
     """Write the recorded stages as a Chrome trace."""
     rows = list(_events)
     origin = min((a for _, _, a, _ in rows), default=0)
+    tids = {name: tid for tid, name in enumerate(sorted({t for _, t, _, _ in rows}))}
     out: list[dict[str, object]] = [
-        {"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": n}} for t, n in _names.items()
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name[0]}}
+        for name, tid in tids.items()
     ]
     out += [
-        {"name": n, "ph": "X", "pid": 0, "tid": t, "ts": (a - origin) / 1e3, "dur": (b - a) / 1e3}
+        {"name": n, "ph": "X", "pid": 0, "tid": tids[t], "ts": (a - origin) / 1e3, "dur": (b - a) / 1e3}
         for n, t, a, b in rows
     ]
     with open(path, "w") as f:
