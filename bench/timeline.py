@@ -17,13 +17,19 @@ import argparse
 import json
 import re
 from collections import defaultdict
+from typing import Any
 
 
-def summarize(trace: dict[str, object]) -> dict[str, object]:
+def _spans(trace: dict[str, object]) -> tuple[dict[int, str], list[dict[str, Any]]]:
+    """The trace's thread names by id, and its spans."""
     events = trace["traceEvents"]
     assert isinstance(events, list)
     names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    spans = [e for e in events if e["ph"] == "X"]
+    return names, [e for e in events if e["ph"] == "X"]
+
+
+def summarize(trace: dict[str, object]) -> dict[str, object]:
+    names, spans = _spans(trace)
     if not spans:
         return {"window_s": 0.0, "groups": {}}
     start = min(e["ts"] for e in spans)
@@ -58,10 +64,8 @@ def summarize(trace: dict[str, object]) -> dict[str, object]:
 def busy_over_time(trace: dict[str, object], bins: int) -> dict[str, list[float]]:
     """Per thread group, the mean number of its threads inside a stage that is not a wait,
     in each of ``bins`` equal slices of the traced window."""
-    events = trace["traceEvents"]
-    assert isinstance(events, list)
-    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    spans = [e for e in events if e["ph"] == "X" and not e["name"].startswith("wait")]
+    names, spans = _spans(trace)
+    spans = [e for e in spans if not e["name"].startswith("wait")]
     if not spans:
         return {}
     start = min(e["ts"] for e in spans)

@@ -59,11 +59,6 @@ def span(name: str) -> _Span | _Off:
     return _OFF if PATH is None else _Span(name)
 
 
-def events() -> list[tuple[str, str, int, int]]:
-    """What was recorded so far: (stage, thread name, start ns, end ns)."""
-    return [(n, t[0], a, b) for n, t, a, b in list(_events)]
-
-
 def write(path: str) -> None:
     """Write the recorded stages as a Chrome trace."""
     rows = list(_events)
@@ -85,4 +80,4 @@ if PATH is not None:
     atexit.register(write, PATH)
 
 
-__all__ = ["PATH", "events", "span", "write"]
+__all__ = ["PATH", "span", "write"]
