@@ -150,8 +150,10 @@ class PlacingCpu(SpanningCpu):
     """A CPU engine that, like a GPU engine, hands each decoded frame of a run to ``place``
     before the restore loop checks it (here in host memory, device index -1)."""
 
-    def decode_span(self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None):  # type: ignore[no-untyped-def]
-        done = super().decode_span(buffer, frames, place)
+    def decode_span(
+        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
+    ):  # type: ignore[no-untyped-def]
+        done = super().decode_span(buffer, frames, place, keep)
         if place is not None:
             for k, got in enumerate(done.result().frames):
                 if not isinstance(got, BaseException):
@@ -172,7 +174,7 @@ def test_frames_placed_where_decoded_reach_their_targets_once(
         out.write_bytes(bytes(data))
     original = src.read_bytes()
     head = len(original) // 3
-    # Two targets: a tensor (placed from the engine) and a host array (from put).
+    # Two targets: a tensor and a host array, both placed from the engine.
     tensor = torch.zeros(len(original) - head, dtype=torch.uint8)
     host = np.zeros(head, np.uint8)
     sink = DeviceRanges([(0, host), (head, tensor)])

@@ -11,10 +11,11 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from ckptz.checksums import xxh3_64
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DType, lookup
@@ -84,21 +85,40 @@ class SpanFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class OnDevice:
+    """A frame decoded on a GPU and kept there (:meth:`Engine.decode_span` with ``keep``):
+    handed to ``place``, never copied back; ``checksum`` is the xxh3_64 of its decoded bytes,
+    taken on the GPU, for the caller to check as it checks host bytes."""
+
+    length: int
+    checksum: int
+
+
+@dataclass(frozen=True, slots=True)
 class DecodedSpan:
     """What :meth:`Engine.decode_span` gives back, frame by frame.
 
     Attributes:
-        frames: each frame's decoded bytes in host memory, or the error that frame met.
+        frames: each frame's decoded bytes in host memory (or, kept on a GPU, their
+            :class:`OnDevice` record), or the error that frame met.
     """
 
-    frames: list[np.ndarray | BaseException]
+    frames: list[np.ndarray | OnDevice | BaseException]
 
-    def frame(self, k: int) -> np.ndarray:
-        """Frame ``k``'s host bytes, or its error raised."""
+    def frame(self, k: int) -> np.ndarray | OnDevice:
+        """Frame ``k``'s host bytes (or :class:`OnDevice` record), or its error raised."""
         got = self.frames[k]
         if isinstance(got, BaseException):
             raise got
         return got
+
+
+def measure(data: np.ndarray | OnDevice) -> tuple[int, int]:
+    """A decoded frame's length and xxh3_64: taken now from host bytes, or as the GPU took
+    them for a frame kept there."""
+    if isinstance(data, OnDevice):
+        return data.length, data.checksum
+    return data.size, xxh3_64(data)
 
 
 #: Called by an engine with the ``k``-th frame of a span and its decoded bytes on the
@@ -172,12 +192,16 @@ class Engine(Protocol):
         ...
 
     def decode_span(
-        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None
+        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
     ) -> Future[DecodedSpan]:
         """Decode consecutive frames whose payloads were read together into ``buffer`` (from
         :meth:`host_buffer`; the caller frees it once the future is done). An error in one
         frame is that frame's; the future fails only where the whole span did. An engine
-        that decodes a frame on a GPU also hands it to ``place`` there (:data:`Place`)."""
+        that decodes a frame on a GPU also hands it to ``place`` there (:data:`Place`), and
+        with ``keep`` (an engine that is :class:`DeviceChecks`) gives back its
+        :class:`OnDevice` record instead of copying it to the host (:func:`measure` takes
+        either's length and checksum). Frames decoded on a CPU always come back as host
+        bytes."""
         ...
 
     def codec_config(self) -> dict[str, dict[str, object]]:
@@ -189,6 +213,22 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class DeviceChecks(Protocol):
+    """An engine that checks decoded bytes where they lie, on its GPU (device ``index``):
+    ``decode_span(..., keep=True)`` takes each frame's checksum there, and
+    :meth:`leaf_hashes` a whole-file digest's leaves, so a caller that wants the decoded
+    bytes on that GPU never copies them to the host to check them."""
+
+    index: int
+
+    def leaf_hashes(self, segments: Sequence[tuple[int, int, int]], size: int, leaf: int) -> np.ndarray:
+        """The xxh3_64 of every ``leaf``-byte leaf of a ``size``-byte file whose bytes lie on
+        the GPU as ``segments`` (file offset, device address, bytes), which tile the file in
+        order; uint64, by leaf number. Work queued on other streams must be over."""
+        ...
 
 
 _T = TypeVar("_T")
@@ -262,15 +302,18 @@ __all__ = [
     "FRAME_SIZE",
     "NO_BUFFER",
     "DecodedSpan",
+    "DeviceChecks",
     "EncodedFrame",
     "EncodedSpan",
     "Engine",
     "FrameToCode",
+    "OnDevice",
     "Place",
     "SpanFrame",
     "StoredChunk",
     "decode_each",
     "encode_each",
+    "measure",
     "run_all",
     "stream_dtype",
 ]

@@ -280,9 +280,10 @@ class HybridEngine:
         return encode_each(self, frames)
 
     def decode_span(
-        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None
+        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
     ) -> Future[DecodedSpan]:
-        return decode_each(self, frames)  # nothing is decoded on a GPU: ``place`` is not called
+        # Nothing is decoded on a GPU: ``place`` is not called, every frame comes back as bytes.
+        return decode_each(self, frames)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         config = dict(self.cpu.codec_config())

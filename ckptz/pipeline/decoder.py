@@ -16,13 +16,23 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from itertools import accumulate
+from typing import cast
 
 import numpy as np
 
 from ckptz import trace
 from ckptz.checksums import xxh3_64_ranges
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
-from ckptz.engines.base import NO_BUFFER, DecodedSpan, Engine, Place, SpanFrame, StoredChunk
+from ckptz.engines.base import (
+    NO_BUFFER,
+    DecodedSpan,
+    Engine,
+    OnDevice,
+    Place,
+    SpanFrame,
+    StoredChunk,
+    measure,
+)
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
 from ckptz.pipeline.transform import transform_for
@@ -111,12 +121,12 @@ class FrameDecoder:
         return int(offsets[0]), int(ends[-1])
 
     def start_span(
-        self, frames: range, place: Place | None = None
+        self, frames: range, place: Place | None = None, keep: bool = False
     ) -> tuple[Future[DecodedSpan], np.ndarray | None]:
         """Read the payloads of ``frames`` (a run from :meth:`spans`) with one ``pread``
         into a buffer of the engine's, check every payload, and queue the run's decoding
-        (``place`` as in :meth:`~ckptz.engines.base.Engine.decode_span`; never with a
-        series transform, which changes the decoded bytes after).
+        (``place`` and ``keep`` as in :meth:`~ckptz.engines.base.Engine.decode_span`; never
+        with a series transform, which changes the decoded bytes after).
         Return the future and the buffer, for the caller to give back to the engine once
         the future is done (None: the run was read frame by frame). :meth:`finish_span`
         checks each frame's result.
@@ -129,7 +139,7 @@ class FrameDecoder:
         last = self._extent(frames[-1]) if first is not None else None
         if first is None or last is None:  # frame by frame (a run of one, from spans())
             stored = [self._stored(i, None, 0) for i in frames]
-            return self.engine.decode_span(NO_BUFFER, stored, place), None
+            return self.engine.decode_span(NO_BUFFER, stored, place, keep), None
         lo, hi = first[0], last[1]
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
         try:
@@ -148,11 +158,11 @@ class FrameDecoder:
         except BaseException:
             self.engine.free_buffer(buffer)
             raise
-        return self.engine.decode_span(buffer, stored, place), buffer
+        return self.engine.decode_span(buffer, stored, place, keep), buffer
 
-    def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> np.ndarray:
+    def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> np.ndarray | OnDevice:
         """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
-        :meth:`finish` checks it."""
+        :meth:`finish` checks it (a frame kept on the GPU by its checksum taken there)."""
         return self._checked(i, lambda: decoded.result().frame(k))
 
     def _chunks(self, i: int) -> tuple[int, int, np.ndarray] | None:
@@ -234,9 +244,9 @@ class FrameDecoder:
             CorruptionError: a payload does not decode, or the result fails its checksum.
             CodecUnavailableError: a bitstream cannot be decoded here.
         """
-        return self._checked(i, decoded.result)
+        return cast(np.ndarray, self._checked(i, decoded.result))  # host bytes: never kept
 
-    def _checked(self, i: int, result: Callable[[], np.ndarray]) -> np.ndarray:
+    def _checked(self, i: int, result: Callable[[], np.ndarray | OnDevice]) -> np.ndarray | OnDevice:
         frame = self.frames[i]
         row = int(self._rows[frame.stream][frame.number])
         first = int(self._chunk_starts[row])
@@ -257,14 +267,17 @@ class FrameDecoder:
                 path=self.path,
                 hint=exc.hint,
             ) from None
-        if data.size != frame.length or checksum(data) != int(self.index.frames[row]["checksum"]):
+        length, got = measure(data)
+        if length != frame.length or got != int(self.index.frames[row]["checksum"]):
             raise CorruptionError(
                 f"decoded bytes of {self._where(i)} fail their checksum",
                 path=self.path,
                 chunk=first,
                 tensor=tensor,
             )
-        return data if self.transform is None else self.transform.backward(frame, data)
+        if self.transform is None or isinstance(data, OnDevice):  # never kept with a transform
+            return data
+        return self.transform.backward(frame, data)
 
     def decode(self, i: int) -> np.ndarray:
         """Frame ``i``'s original bytes, checked (:meth:`start` then :meth:`finish`)."""

@@ -14,6 +14,14 @@ and differ only in their :class:`Sink`. Every check FORMAT.md promises runs on e
   frame, and one thread walks the restored bytes in file order, hashes the rest (all of an
   ``xxh3_128`` digest) and compares the digest (:mod:`ckptz.digest`).
 
+Where the bytes are wanted on a GPU (a :class:`DeviceSink` that holds the whole file there,
+``ckptz.load(map_location="cuda")``) and the engine decodes on that GPU, the checks run
+there too (:class:`~ckptz.engines.base.DeviceChecks`): each frame is placed where it
+belongs and its checksum taken on the GPU, with no copy back to the host, and once every
+frame is in, the digest's leaves are hashed from the sink's bytes where they lie. Payloads
+are still checked on the host before decoding. The same checks, of the same bytes (the
+decoded frames, then the restored file): only where they run differs.
+
 Memory stays at :func:`~ckptz.pipeline.workers.slots_needed` decoded frames.
 """
 
@@ -29,8 +37,8 @@ import numpy as np
 
 from ckptz import safeio, trace
 from ckptz.container import Index, read_index
-from ckptz.digest import Piecewise
-from ckptz.engines.base import DecodedSpan, Engine, Place
+from ckptz.digest import Digest, Piecewise
+from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Place
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.plan import Frame
@@ -63,6 +71,17 @@ class DeviceSink(Sink, Protocol):
     the caller; placing early spares a wait per frame."""
 
     def place(self, frame: Frame, device: Any) -> None: ...
+
+    def holds_on(self, index: int, size: int) -> bool:
+        """Whether :meth:`place` puts every byte of a ``size``-byte file where it belongs
+        when frames are decoded on GPU ``index``, and :meth:`segments` can then give the
+        whole file there: the restore loop then checks on that GPU."""
+        ...
+
+    def segments(self) -> list[tuple[int, int, int]]:
+        """After :meth:`finish`: the restored file on the GPU of :meth:`holds_on`, as (file
+        offset, device address, bytes) tiling it in order."""
+        ...
 
 
 class FileSink:
@@ -187,7 +206,17 @@ class _Restore:
         self.spans = self.decoder.spans(engine.span_bytes)
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.digest = Piecewise(index.source_digest.kind, index.source_size)
-        self.users = [2] * len(self.frames)  # digest, sink
+        # Checks on the GPU where the sink keeps the whole file there (module docstring).
+        self.on_device = (
+            isinstance(engine, DeviceChecks)
+            and isinstance(sink, DeviceSink)
+            and index.source_digest.kind.tree
+            and self.decoder.transform is None
+            and sink.holds_on(engine.index, index.source_size)
+        )
+        # Each decoded frame's users: the sink and the in-order digest walk (the sink only
+        # when the digest is taken on the GPU, from the sink's bytes).
+        self.users = [1 if self.on_device else 2] * len(self.frames)
         self.lock = threading.Lock()
         room = slots_needed(len(self.frames), len(index.streams), engine.look_ahead)
         self.room = threading.Semaphore(max([room, *(2 * len(s) for s in self.spans)]))
@@ -202,7 +231,10 @@ class _Restore:
         feeder.start()
         ordered = self.sink.write if isinstance(self.sink, _Ordered) else None
         try:
-            digest = file_digest(self.frames, self.data, self._release, self.digest, ordered)
+            if self.on_device:
+                digest = self._device_digest()
+            else:
+                digest = file_digest(self.frames, self.data, self._release, self.digest, ordered)
         except BaseException as exc:
             self._fail(exc)
             raise self.failures.first() from None
@@ -213,7 +245,23 @@ class _Restore:
             raise self.failures.first()
         if digest != self.index.source_digest:
             raise CorruptionError("restored file does not match the original's digest", path=self.path)
-        self.sink.finish()
+        if not self.on_device:  # else finished before its bytes were hashed
+            self.sink.finish()
+
+    def _device_digest(self) -> Digest:
+        """Once every frame is in the sink: the whole-file digest of the sink's bytes, its
+        leaves hashed on the GPU where they lie."""
+        for i in range(len(self.frames)):
+            self.data[i].result()  # raises once another stage has failed
+        self._drain()
+        if self.failures:
+            raise self.failures.first()
+        sink, engine = cast(DeviceSink, self.sink), cast(DeviceChecks, self.engine)
+        sink.finish()  # every copy into the sink is over
+        with trace.span("digest leaves"):
+            hashes = engine.leaf_hashes(sink.segments(), self.index.source_size, self.digest.kind.leaf)
+        self.digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
+        return self.digest.digest()
 
     def _drain(self) -> None:
         """Wait for every queued task; a put is queued by a decode's callback, so repeat."""
@@ -258,7 +306,7 @@ class _Restore:
     def _read(self, span: range) -> None:
         """Read and check a run of frames' payloads, and queue its decoding."""
         try:
-            fut, buffer = self.decoder.start_span(span, self._placer(span))
+            fut, buffer = self.decoder.start_span(span, self._placer(span), self.on_device)
             fut.add_done_callback(lambda f: self._queue_puts(span, f, buffer))
         except BaseException as exc:
             self._fail(exc)
@@ -286,11 +334,15 @@ class _Restore:
         try:
             with trace.span("check frame"):
                 data = self.decoder.finish_span(i, fut, k)
-            with trace.span("digest leaves"):
-                self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
-            # The sink first: the digest, which ends the run, then waits for every frame's put.
-            with trace.span("put"):
-                self.sink.put(self.frames[i], data)
+            if isinstance(data, OnDevice):  # checked on the GPU and placed there: nothing to put
+                data = _SPENT.result()
+            else:
+                if not self.on_device:
+                    with trace.span("digest leaves"):
+                        self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
+                # The sink first: the digest, which ends the run, then waits for every frame's put.
+                with trace.span("put"):
+                    self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)
             self.progress(self.frames[i].length)
             self._release(i)

@@ -40,9 +40,10 @@ GPU_CODECS = frozenset(b.id for b in TABLE if b.gpu is not None)
 
 
 class Ops(Protocol):
-    """A device the coder runs on: its memory, copies of small tables, and the three
-    transform primitives (:class:`ckptz.engines.gpu.kernels.CudaOps` on a GPU,
-    :class:`ckptz.engines.gpu.transform.HostOps` on the host). Work is queued in order on
+    """A device the coder runs on (:class:`ckptz.engines.gpu.kernels.CudaOps` on a GPU,
+    :class:`ckptz.engines.gpu.transform.HostOps` on the host): its memory, copies of small
+    tables, the three transform primitives, and the two that check bytes where they lie
+    (the xxh3_64 of ranges, copies between ranges). Work is queued in order on
     one ``stream``; :meth:`download` waits for it."""
 
     stream: int
@@ -74,6 +75,10 @@ class Ops(Protocol):
         count: int,
         longest: int,
     ) -> None: ...
+
+    def xxh3(self, ptrs: np.ndarray, lengths: np.ndarray) -> np.ndarray: ...
+
+    def copy_ranges(self, src: np.ndarray, dst: np.ndarray, lengths: np.ndarray) -> None: ...
 
 
 class BatchCodecs(Protocol):

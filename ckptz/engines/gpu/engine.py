@@ -39,8 +39,10 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -53,12 +55,13 @@ from ckptz.engines.base import (
     EncodedFrame,
     EncodedSpan,
     FrameToCode,
+    OnDevice,
     Place,
     SpanFrame,
     StoredChunk,
 )
 from ckptz.engines.cpu import decode_chunks
-from ckptz.engines.gpu import driver, kernels, pinned
+from ckptz.engines.gpu import driver, hashing, kernels, pinned
 from ckptz.engines.gpu.coder import (
     ANS_ID,
     CONST_ID,
@@ -110,6 +113,7 @@ class _DecodeJob:
     buffer: np.ndarray | None
     length: int
     place: Place | None = None
+    keep: bool = False
     future: Future[DecodedSpan] = field(default_factory=Future)
 
 
@@ -160,6 +164,9 @@ class GpuEngine:
         self._closed = False
         self._cpu = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-gpu-cpu")
         self._pinned = pinned.pool()
+        # Stream, scratch and kernels for :meth:`leaf_hashes` (made on first use).
+        self._side: tuple[driver.Stream, DeviceScratch, kernels.CudaOps] | None = None
+        self._side_lock = threading.Lock()
         self._ready = threading.Barrier(workers + 1)
         self._errors: list[BaseException] = []
         self._workers = [
@@ -209,7 +216,7 @@ class GpuEngine:
 
         def done(fut: Future[DecodedSpan]) -> None:
             try:
-                out.set_result(fut.result().frame(0))
+                out.set_result(cast(np.ndarray, fut.result().frame(0)))  # not kept
             except BaseException as exc:
                 out.set_exception(exc)
 
@@ -217,14 +224,30 @@ class GpuEngine:
         return out
 
     def decode_span(
-        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None
+        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
     ) -> Future[DecodedSpan]:
         """Queue a span: one host-to-device copy of ``buffer`` (pinned, from
         :meth:`host_buffer`), one batch, and each frame decoded here handed to ``place``
-        on the device before the copy back to the host."""
-        job = _DecodeJob(frames, buffer, sum(f.length for f in frames), place)
+        on the device before the copy back to the host; with ``keep``, no copy back: each
+        frame decoded here gives its checksum, taken on the device, instead."""
+        job = _DecodeJob(frames, buffer, sum(f.length for f in frames), place, keep)
         self._put(job)
         return job.future
+
+    def leaf_hashes(self, segments: Sequence[tuple[int, int, int]], size: int, leaf: int) -> np.ndarray:
+        """A whole-file digest's leaves from bytes on this GPU
+        (:meth:`~ckptz.engines.base.DeviceChecks.leaf_hashes`), hashed in the calling thread
+        on a stream of the engine's own."""
+        with self._side_lock:
+            driver.use_device(self.index)
+            if self._side is None:
+                stream, scratch = driver.Stream(), DeviceScratch()
+                self._side = (stream, scratch, kernels.CudaOps(self.index, stream.handle, scratch))
+            _, scratch, ops = self._side
+            try:
+                return hashing.tree_leaves(ops, segments, size, leaf)
+            finally:
+                scratch.reset()
 
     def host_buffer(self, size: int) -> np.ndarray:
         """A pinned host buffer: readers fill it and a worker copies it to the device as it is."""
@@ -253,6 +276,15 @@ class GpuEngine:
         for t in self._workers:
             t.join()
         self._cpu.shutdown(wait=True)
+        with self._side_lock:
+            if self._side is not None:
+                stream, scratch, _ = self._side
+                with contextlib.suppress(driver.DriverError):
+                    driver.use_device(self.index)
+                    stream.synchronize()
+                    scratch.close()
+                    stream.close()
+                self._side = None
 
     def __enter__(self) -> GpuEngine:
         return self
@@ -385,7 +417,7 @@ class GpuEngine:
 
     def _decode(self, w: _Worker, jobs: list[_DecodeJob]) -> None:
         # Each frame's result, job by job: host bytes or an error.
-        results: list[list[np.ndarray | BaseException]] = [[] for _ in jobs]
+        results: list[list[np.ndarray | OnDevice | BaseException]] = [[] for _ in jobs]
         gpu: list[tuple[int, int, SpanFrame]] = []
         cpu: list[tuple[int, int, Future[np.ndarray]]] = []
         for n, j in enumerate(jobs):
@@ -420,7 +452,7 @@ class GpuEngine:
         w: _Worker,
         jobs: list[_DecodeJob],
         gpu: list[tuple[int, int, SpanFrame]],
-        results: list[list[np.ndarray | BaseException]],
+        results: list[list[np.ndarray | OnDevice | BaseException]],
     ) -> None:
         frames = [f for _, _, f in gpu]
         layout = plan_batch([_shape(f.stream, f.length) for f in frames])
@@ -453,6 +485,13 @@ class GpuEngine:
             place = jobs[n].place
             if place is not None:  # queued on this stream: over before the copy back
                 place(k, DeviceBytes(data.at(off, f.length), self.index, w.ops.stream))
+        if all(j.keep for j in jobs):  # the frames stay on the device: their checksums only
+            with trace.span("checksums"):
+                ptrs = np.array([data.ptr + off for off in layout.data_offsets], np.uint64)
+                sums = w.ops.xxh3(ptrs, np.array([f.length for f in frames], np.uint64)).tolist()
+            for (n, k, f), checksum in zip(gpu, sums, strict=True):
+                results[n][k] = OnDevice(f.length, checksum)
+            return
         with trace.span("to host"):
             view = _to_host(data, w.stream)
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):

@@ -12,7 +12,9 @@ gather payloads):
   decoded plane, or a constant) and writes whole words, rotated back;
 * :func:`gather` copies any number of byte ranges of one buffer to 16-byte-aligned places
   of another, zero-filling each up to its padded size: the container's data area for a
-  whole batch, in one launch.
+  whole batch, in one launch;
+* :meth:`CudaOps.xxh3` takes the xxh3_64 of any number of ranges of device memory
+  (:mod:`ckptz.engines.gpu.hash_source`): the checks of decoded bytes that stay on the GPU.
 
 Every kernel produces exactly the bytes of the CPU transform (:mod:`ckptz.codecs.planes`);
 the GPU tests compare them.
@@ -46,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptz.engines.gpu import driver
+from ckptz.engines.gpu import driver, hash_source
 from ckptz.engines.gpu.memory import Buf, DeviceScratch
 from ckptz.engines.gpu.transform import DECODED, SAMPLE_BLOCK, SAMPLE_EVERY, STATS, STORED
 from ckptz.safeio import cache_folder
@@ -69,7 +71,7 @@ _DEFINES = f"""
 
 #: (word, rotate) of every split and merge kernel compiled: rotation only for words > 1.
 _SHAPES = tuple((w, r) for w in _WORDS for r in (0, 1) if w > 1 or r == 0)
-_NAMES = (*(f"{k}_{w}_{r}" for k in ("split", "merge") for w, r in _SHAPES), "gather")
+_NAMES = (*(f"{k}_{w}_{r}" for k in ("split", "merge") for w, r in _SHAPES), "gather", *hash_source.NAMES)
 
 _SOURCE = (
     _DEFINES
@@ -195,7 +197,8 @@ gather(const u32* src, const i64* src_offsets, const i64* sizes, u32* dst, const
 """
     # The split and merge kernels, one per shape (the macros above).
     + "\n".join(f"{k.upper()}({w}, {r})" for k in ("split", "merge") for w, r in _SHAPES)
-    + "\n"
+    + "\n#define XXH_MULHI(a, b) __umul64hi(a, b)\n#define XXH_CONST __constant__\n"
+    + hash_source.SOURCE
 )
 
 
@@ -440,6 +443,35 @@ class CudaOps:
                 _ptr(padded.ptr + c0 * 8),
             ]
             self._launch("gather", (_cdiv(longest // 4, _BLOCK), c1 - c0), args)
+
+    def xxh3(self, ptrs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The xxh3_64 (seed 0) of ``lengths[i]`` bytes at device address ``ptrs[i]`` for each
+        ``i``, once the work queued before on the stream is done (uint64, on the host)."""
+        n = len(ptrs)
+        if not n:
+            return np.zeros(0, np.uint64)
+        table = self.upload("hash_in", np.concatenate([ptrs, lengths]).astype(np.uint64))
+        out = self.scratch("hash_out", 8 * n)
+        args = [_ptr(table.ptr), _ptr(table.ptr + 8 * n), _ptr(out.ptr), ctypes.c_int64(n)]
+        self._launch("xxh3_many", (_cdiv(n, _THREADS // 32), 1), args)
+        return self.download(out, np.uint64)
+
+    def copy_ranges(self, src: np.ndarray, dst: np.ndarray, lengths: np.ndarray) -> None:
+        """Queue copies of ``lengths[i]`` bytes from device address ``src[i]`` to ``dst[i]``."""
+        n = len(src)
+        longest = int(lengths.max(initial=0))
+        if not n or not longest:
+            return
+        table = self.upload("copy_in", np.concatenate([src, dst, lengths]).astype(np.uint64))
+        blocks = min(_cdiv(longest, _THREADS * 4), 1024)
+        for c0 in range(0, n, _MAX_Y):
+            c1 = min(n, c0 + _MAX_Y)
+            args = [
+                _ptr(table.ptr + 8 * c0),
+                _ptr(table.ptr + 8 * (n + c0)),
+                _ptr(table.ptr + 8 * (2 * n + c0)),
+            ]
+            self._launch("copy_ranges", (blocks, c1 - c0), args)
 
 
 __all__ = ["CudaOps", "available"]

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ckptz.checksums import xxh3_64
 from ckptz.codecs.planes import merge, split
 from ckptz.dtypes import DType, lookup
 from ckptz.engines.gpu.memory import Buf, Reused
@@ -140,6 +141,16 @@ class HostOps:
             so, do = so * ALIGN, do * ALIGN
             d[do : do + n] = s[so : so + n]
             d[do + n : do + pad] = 0
+
+    def xxh3(self, ptrs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """As :meth:`ckptz.engines.gpu.kernels.CudaOps.xxh3` (host addresses)."""
+        pairs = zip(np.asarray(ptrs).tolist(), np.asarray(lengths).tolist(), strict=True)
+        return np.array([xxh3_64(self.view(Buf(p, n))) for p, n in pairs], np.uint64)
+
+    def copy_ranges(self, src: np.ndarray, dst: np.ndarray, lengths: np.ndarray) -> None:
+        """As :meth:`ckptz.engines.gpu.kernels.CudaOps.copy_ranges` (host addresses)."""
+        for s, d, n in zip(src.tolist(), dst.tolist(), lengths.tolist(), strict=True):
+            ctypes.memmove(d, s, n)
 
 
 __all__ = ["ALIGN", "DECODED", "SAMPLE_BLOCK", "SAMPLE_EVERY", "STATS", "STORED", "HostOps", "aligned"]
