@@ -63,6 +63,40 @@ def test_tree_leaves_of_an_empty_file() -> None:
     assert hashing.tree_leaves(HostOps(), [], 0, 4096).size == 0
 
 
+def test_an_engine_asked_to_check_payloads_decodes_no_frame_that_fails() -> None:
+    from ckptz.checksums import xxh3_64
+    from ckptz.container import StreamInfo
+    from ckptz.engines.base import NO_BUFFER, SpanFrame, StoredChunk
+    from ckptz.engines.cpu import CpuEngine
+    from ckptz.errors import CorruptionError
+
+    stream = StreamInfo(0, "weights", "float32", 4, True, 1 << 16, 1 << 16, 1)
+    data = np.random.default_rng(4).standard_normal(1 << 14).astype(np.float32).view(np.uint8)
+    with CpuEngine(threads=2) as engine:
+        coded = engine.encode(stream, data, xxh3_64(data)).result()
+        frames = []
+        for damaged in (False, True):
+            chunks = [
+                StoredChunk(
+                    10 * damaged + j,
+                    c.codec,
+                    c.raw_size,
+                    c.payload,
+                    xxh3_64(c.payload) ^ (damaged and j == 2),
+                )
+                for j, c in enumerate(coded.chunks)
+            ]
+            frames.append(SpanFrame(stream, chunks, data.size, f"frame {int(damaged)}", ()))
+        span = engine.decode_span(NO_BUFFER, frames, check=True).result()
+        first = span.frame(0)
+        assert isinstance(first, np.ndarray) and first.tobytes() == data.tobytes()
+        with pytest.raises(CorruptionError) as err:
+            span.frame(1)
+        assert err.value.chunk == 12
+        # Unasked (the payloads were checked before), the same span decodes both frames.
+        assert len(engine.decode_span(NO_BUFFER, frames).result().frames) == 2
+
+
 # -- on a GPU --------------------------------------------------------------------------------
 
 

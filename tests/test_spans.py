@@ -20,7 +20,7 @@ import torch
 import ckptz
 from ckptz import api
 from ckptz.container import read_index
-from ckptz.engines.base import EncodedSpan, FrameToCode, Place, SpanFrame
+from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, SpanFrame
 from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.gpu.memory import Buf, DeviceBytes
 from ckptz.errors import CorruptionError, FormatError
@@ -151,9 +151,14 @@ class PlacingCpu(SpanningCpu):
     before the restore loop checks it (here in host memory, device index -1)."""
 
     def decode_span(
-        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
-    ):  # type: ignore[no-untyped-def]
-        done = super().decode_span(buffer, frames, place, keep)
+        self,
+        buffer: np.ndarray,
+        frames: list[SpanFrame],
+        place: Place | None = None,
+        keep: bool = False,
+        check: bool = False,
+    ) -> Future[DecodedSpan]:
+        done = super().decode_span(buffer, frames, place, keep, check)
         if place is not None:
             for k, got in enumerate(done.result().frames):
                 if not isinstance(got, BaseException):

@@ -19,6 +19,7 @@ from ckptz.checksums import xxh3_64
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DType, lookup
+from ckptz.errors import CorruptionError
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,11 +193,20 @@ class Engine(Protocol):
         ...
 
     def decode_span(
-        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
+        self,
+        buffer: np.ndarray,
+        frames: list[SpanFrame],
+        place: Place | None = None,
+        keep: bool = False,
+        check: bool = False,
     ) -> Future[DecodedSpan]:
         """Decode consecutive frames whose payloads were read together into ``buffer`` (from
-        :meth:`host_buffer`; the caller frees it once the future is done). An error in one
-        frame is that frame's; the future fails only where the whole span did. An engine
+        :meth:`host_buffer`; the caller frees it once the future is done). With ``check``,
+        each payload is first checked against its chunk's checksum (a GPU engine checks
+        the bytes it copied to the device), and a frame with one that fails is not
+        decoded: its error is a :class:`~ckptz.errors.CorruptionError` naming the chunk.
+        An error in one frame is that frame's; the future fails only where the whole span
+        did. An engine
         that decodes a frame on a GPU also hands it to ``place`` there (:data:`Place`), and
         with ``keep`` (an engine that is :class:`DeviceChecks`) gives back its
         :class:`OnDevice` record instead of copying it to the host (:func:`measure` takes
@@ -253,13 +263,31 @@ def encode_each(engine: Engine, frames: list[FrameToCode]) -> Future[EncodedSpan
     )
 
 
-def decode_each(engine: Engine, frames: list[SpanFrame]) -> Future[DecodedSpan]:
-    """:meth:`Engine.decode_span` for an engine that decodes frame by frame."""
+def decode_each(engine: Engine, frames: list[SpanFrame], check: bool = False) -> Future[DecodedSpan]:
+    """:meth:`Engine.decode_span` for an engine that decodes frame by frame (``check``: each
+    frame's payloads checked first, on the host)."""
 
     def each(done: list[Future[np.ndarray]]) -> DecodedSpan:
         return DecodedSpan([f.exception() or f.result() for f in done])
 
-    return _gather([engine.decode(f.stream, f.chunks, f.length, f.where) for f in frames], each)
+    def one(f: SpanFrame) -> Future[np.ndarray]:
+        failed = payload_error(f, [xxh3_64(c.payload) for c in f.chunks]) if check else None
+        if failed is None:
+            return engine.decode(f.stream, f.chunks, f.length, f.where)
+        out: Future[np.ndarray] = Future()
+        out.set_exception(failed)
+        return out
+
+    return _gather([one(f) for f in frames], each)
+
+
+def payload_error(frame: SpanFrame, sums: Sequence[int]) -> CorruptionError | None:
+    """The error of a frame whose payloads' checksums (``sums``, one per chunk) are not
+    the ones stored, naming the first chunk that fails; None if they all match."""
+    for c, got in zip(frame.chunks, sums, strict=True):
+        if got != c.checksum:
+            return CorruptionError(f"stored bytes of {frame.where} fail their checksum", chunk=c.index)
+    return None
 
 
 def _gather(
@@ -314,6 +342,7 @@ __all__ = [
     "decode_each",
     "encode_each",
     "measure",
+    "payload_error",
     "run_all",
     "stream_dtype",
 ]

@@ -112,10 +112,15 @@ class CpuEngine:
         return encode_each(self, frames)
 
     def decode_span(
-        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
+        self,
+        buffer: np.ndarray,
+        frames: list[SpanFrame],
+        place: Place | None = None,
+        keep: bool = False,
+        check: bool = False,
     ) -> Future[DecodedSpan]:
         # Nothing is decoded on a GPU: ``place`` is not called, every frame comes back as bytes.
-        return decode_each(self, frames)
+        return decode_each(self, frames, check)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         return {"zstd": {"level": self.options.level, "implementation": "zstandard"}}

@@ -280,10 +280,15 @@ class HybridEngine:
         return encode_each(self, frames)
 
     def decode_span(
-        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
+        self,
+        buffer: np.ndarray,
+        frames: list[SpanFrame],
+        place: Place | None = None,
+        keep: bool = False,
+        check: bool = False,
     ) -> Future[DecodedSpan]:
         # Nothing is decoded on a GPU: ``place`` is not called, every frame comes back as bytes.
-        return decode_each(self, frames)
+        return decode_each(self, frames, check)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         config = dict(self.cpu.codec_config())

@@ -1,11 +1,12 @@
 """Decoding the frames of a container, each with every check FORMAT.md promises.
 
 :func:`ckptz.pipeline.restore` decodes every frame of a container through it, and random
-access (:class:`~ckptz.library.reader.ContainerReader`) the frames that hold a byte range. For each frame
-it reads the payloads with their padding, checks that the padding is zero and every payload's
-checksum *before* decoding, has the engine decode the frame, and checks the decoded bytes
-against the frame's checksum. Only the whole-file digest is left to the reader, since it
-needs every byte.
+access (:class:`~ckptz.library.reader.ContainerReader`) the frames that hold a byte range.
+For each frame it reads the payloads with their padding, checks that the padding is zero and
+every payload's checksum *before* decoding (an engine that decodes on a GPU checks a run's
+payloads there, once copied, before decoding them), has the engine decode the frame, and
+checks the decoded bytes against the frame's checksum (taken on the GPU for a frame kept
+there). Only the whole-file digest is left to the reader, since it needs every byte.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_s
 from ckptz.engines.base import (
     NO_BUFFER,
     DecodedSpan,
+    DeviceChecks,
     Engine,
     OnDevice,
     Place,
@@ -70,6 +72,8 @@ class FrameDecoder:
         keys = index.header.get("tensor_keys", [])
         self._keys = keys if isinstance(keys, list) else []
         self._count_lock = threading.Lock()
+        # Payloads of spans are checked by the engine where it decodes them (on its GPU).
+        self._engine_checks = isinstance(engine, DeviceChecks)
         # A series delta's reference is found (and checked) before any frame is decoded.
         self.transform = transform_for(index, fd, path)
         self.frames_decoded = 0
@@ -158,7 +162,7 @@ class FrameDecoder:
         except BaseException:
             self.engine.free_buffer(buffer)
             raise
-        return self.engine.decode_span(buffer, stored, place, keep), buffer
+        return self.engine.decode_span(buffer, stored, place, keep, check=self._engine_checks), buffer
 
     def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> np.ndarray | OnDevice:
         """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
@@ -193,7 +197,13 @@ class FrameDecoder:
                 sums = [checksum(p) for p in payloads]
         else:
             payloads, at = self._views(chunks, first, tensor, buffer, base)
-            sums = xxh3_64_ranges(buffer, np.array(at, np.int64), chunks["size"]).tolist()
+            # An engine that checks a span's payloads where it decodes them (on its GPU)
+            # does so before decoding (start_span asks it to); else they are checked here.
+            sums = (
+                chunks["checksum"].tolist()
+                if self._engine_checks
+                else xxh3_64_ranges(buffer, np.array(at, np.int64), chunks["size"]).tolist()
+            )
         stored = [
             StoredChunk(first + j, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"]))
             for j, (c, payload) in enumerate(zip(chunks, payloads, strict=True))

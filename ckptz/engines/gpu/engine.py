@@ -47,6 +47,7 @@ from typing import cast
 import numpy as np
 
 from ckptz import trace
+from ckptz.checksums import xxh3_64
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
 from ckptz.engines.base import (
@@ -59,6 +60,7 @@ from ckptz.engines.base import (
     Place,
     SpanFrame,
     StoredChunk,
+    payload_error,
 )
 from ckptz.engines.cpu import decode_chunks
 from ckptz.engines.gpu import driver, hashing, kernels, pinned
@@ -114,6 +116,7 @@ class _DecodeJob:
     length: int
     place: Place | None = None
     keep: bool = False
+    check: bool = False
     future: Future[DecodedSpan] = field(default_factory=Future)
 
 
@@ -224,13 +227,20 @@ class GpuEngine:
         return out
 
     def decode_span(
-        self, buffer: np.ndarray, frames: list[SpanFrame], place: Place | None = None, keep: bool = False
+        self,
+        buffer: np.ndarray,
+        frames: list[SpanFrame],
+        place: Place | None = None,
+        keep: bool = False,
+        check: bool = False,
     ) -> Future[DecodedSpan]:
         """Queue a span: one host-to-device copy of ``buffer`` (pinned, from
         :meth:`host_buffer`), one batch, and each frame decoded here handed to ``place``
         on the device before the copy back to the host; with ``keep``, no copy back: each
-        frame decoded here gives its checksum, taken on the device, instead."""
-        job = _DecodeJob(frames, buffer, sum(f.length for f in frames), place, keep)
+        frame decoded here gives its checksum, taken on the device, instead. With
+        ``check``, the payloads are checked on the device once copied there, before any
+        is decoded."""
+        job = _DecodeJob(frames, buffer, sum(f.length for f in frames), place, keep, check)
         self._put(job)
         return job.future
 
@@ -430,8 +440,13 @@ class GpuEngine:
                     continue
                 if all(c.codec in GPU_CODECS for c in f.chunks):
                     gpu.append((n, k, f))
-                else:  # a bitstream without a GPU coder: the CPU threads decode it meanwhile
-                    cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
+                    continue
+                # A bitstream without a GPU coder: the CPU threads check and decode it meanwhile.
+                bad = payload_error(f, [xxh3_64(c.payload) for c in f.chunks]) if j.check else None
+                if bad is not None:
+                    results[n][k] = bad
+                    continue
+                cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
         if gpu:
             try:
                 self._decode_on_gpu(w, jobs, gpu, results)
@@ -454,20 +469,15 @@ class GpuEngine:
         gpu: list[tuple[int, int, SpanFrame]],
         results: list[list[np.ndarray | OnDevice | BaseException]],
     ) -> None:
-        frames = [f for _, _, f in gpu]
-        layout = plan_batch([_shape(f.stream, f.length) for f in frames])
-        chunks = [c for f in frames for c in f.chunks]
+        chunks = [c for _, _, f in gpu for c in f.chunks]
         codec = np.array([c.codec for c in chunks], dtype=np.int64)
         const = codec == CONST_ID
         size = np.array([0 if k else len(c.payload) for c, k in zip(chunks, const, strict=True)], np.int64)
-        const_value = np.array(
-            [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
-        )
         buffer = jobs[0].buffer if len(jobs) == 1 else None
         if buffer is not None and self._pinned.holds(buffer):
             # A span: its payloads already lie 16-byte aligned in pinned memory, as the
             # container stores them. One copy moves them all.
-            offset = np.array([a for f in frames for a in f.at], dtype=np.int64)
+            offset = np.array([a for _, _, f in gpu for a in f.at], dtype=np.int64)
             end = min(int((offset + padded_sizes(size)).max(initial=1)), buffer.size)
             host = buffer[:end]
         else:
@@ -480,6 +490,21 @@ class GpuEngine:
                     host[o : o + n] = np.frombuffer(c.payload, dtype=np.uint8)
         payloads = w.ops.scratch("payloads", host.size)
         driver.copy_to_device(payloads.ptr, host.ctypes.data, host.size, w.ops.stream)
+        if any(j.check for j in jobs):  # before decoding: nvCOMP assumes well-formed input
+            with trace.span("check payloads"):
+                good = self._check_payloads(w, jobs, gpu, chunks, payloads.ptr + offset, results)
+            if not all(good):
+                keep = np.repeat(np.array(good), [len(f.chunks) for _, _, f in gpu])
+                gpu = [g for g, ok in zip(gpu, good, strict=True) if ok]
+                chunks = [c for c, ok in zip(chunks, keep.tolist(), strict=True) if ok]
+                codec, const, size, offset = codec[keep], const[keep], size[keep], offset[keep]
+                if not gpu:
+                    return
+        frames = [f for _, _, f in gpu]
+        layout = plan_batch([_shape(f.stream, f.length) for f in frames])
+        const_value = np.array(
+            [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
+        )
         data = decode_batch(w.codecs, w.ops, payloads, layout, codec, offset, size, const_value)
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
             place = jobs[n].place
@@ -496,6 +521,33 @@ class GpuEngine:
             view = _to_host(data, w.stream)
         for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
             results[n][k] = view[off : off + f.length]
+
+    @staticmethod
+    def _check_payloads(
+        w: _Worker,
+        jobs: list[_DecodeJob],
+        gpu: list[tuple[int, int, SpanFrame]],
+        chunks: list[StoredChunk],
+        addresses: np.ndarray,
+        results: list[list[np.ndarray | OnDevice | BaseException]],
+    ) -> list[bool]:
+        """Check the payloads of the frames of ``jobs`` that ask for it, on the device where
+        they were copied (``addresses``, one per chunk; a constant chunk's one byte on the
+        host); a frame that fails gets its error in ``results``. Whether each frame passed."""
+        lengths = np.array([0 if c.codec == CONST_ID else len(c.payload) for c in chunks], np.uint64)
+        sums = w.ops.xxh3(addresses.astype(np.uint64), lengths)
+        good, at = [], 0
+        for n, k, f in gpu:
+            got = [
+                xxh3_64(c.payload) if c.codec == CONST_ID else int(sums[at + m])
+                for m, c in enumerate(f.chunks)
+            ]
+            at += len(f.chunks)
+            failed = payload_error(f, got) if jobs[n].check else None
+            if failed is not None:
+                results[n][k] = failed
+            good.append(failed is None)
+        return good
 
 
 @dataclass(slots=True)
