@@ -29,6 +29,7 @@ from typing import IO, Any, BinaryIO, cast
 import numpy as np
 import torch
 
+from ckptz import trace
 from ckptz.container import Index, read_index
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
@@ -136,19 +137,22 @@ def load_storages(
     """
     if not _loader_fits():
         return False, None
-    index = read_index(container, name)
+    with trace.span("load: index"):
+        index = read_index(container, name)
     if index.header.get("source", {}).get("format") != "torch-zip":
         return False, None
     device = _cuda_target(map_location)
     engine = _gpu_engine(device) if device is not None else None
-    host, storages = _targets(index, device if engine is not None else None)
+    with trace.span("load: storages"):
+        host, storages = _targets(index, device if engine is not None else None)
     targets: list[tuple[int, Any]] = [(at, s if s.is_cuda else s.numpy()) for at, s in storages.items()]
     targets += [(at, host[at : at + n]) for at, n in _gaps(index.source_size, storages)]
-    if engine is not None:
-        restore(container, name, engine, DeviceRanges(targets), index=index)
-    else:
-        with CpuEngine() as cpu:
-            restore(container, name, cpu, DeviceRanges(targets), index=index)
+    with trace.span("load: restore"):
+        if engine is not None:
+            restore(container, name, engine, DeviceRanges(targets), index=index)
+        else:
+            with CpuEngine() as cpu:
+                restore(container, name, cpu, DeviceRanges(targets), index=index)
     reader = torch._C.PyTorchFileReader(cast(IO[bytes], MemoryFile(host, name)))
     if reader.has_record("constants.pkl"):  # type: ignore[attr-defined]  # TorchScript: torch.load hands it to torch.jit
         return False, None
@@ -159,9 +163,10 @@ def load_storages(
     pickle_module = pickle_module or pickle
     args = {"encoding": "utf-8", **pickle_load_args}
     try:
-        return True, torch.serialization._load(
-            _StorageZip(reader, storages), map_location, pickle_module, **args
-        )
+        with trace.span("load: unpickle"):
+            return True, torch.serialization._load(
+                _StorageZip(reader, storages), map_location, pickle_module, **args
+            )
     except pickle.UnpicklingError as exc:
         if not weights_only:
             raise

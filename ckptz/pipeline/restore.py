@@ -183,7 +183,9 @@ def restore(
     if isinstance(target, Comparer):
         target.expect_size(index.source_size)
     pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-    _Restore(container.fileno(), path, index, engine, target, pools, progress).run()
+    with trace.span("plan"):
+        run = _Restore(container.fileno(), path, index, engine, target, pools, progress)
+    run.run()
     return index
 
 

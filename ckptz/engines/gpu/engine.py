@@ -506,10 +506,11 @@ class GpuEngine:
             [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
         )
         data = decode_batch(w.codecs, w.ops, payloads, layout, codec, offset, size, const_value)
-        for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
-            place = jobs[n].place
-            if place is not None:  # queued on this stream: over before the copy back
-                place(k, DeviceBytes(data.at(off, f.length), self.index, w.ops.stream))
+        with trace.span("place"):
+            for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
+                place = jobs[n].place
+                if place is not None:  # queued on this stream: over before the copy back
+                    place(k, DeviceBytes(data.at(off, f.length), self.index, w.ops.stream))
         if all(j.keep for j in jobs):  # the frames stay on the device: their checksums only
             with trace.span("checksums"):
                 ptrs = np.array([data.ptr + off for off in layout.data_offsets], np.uint64)
