@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import mmap
 import pickle
 import threading
 from typing import IO, Any, BinaryIO, cast
@@ -188,7 +189,19 @@ def _targets(index: Index, device: torch.device | None) -> tuple[np.ndarray, dic
     for at, n, seg_keys in zip(starts, lengths.tolist(), keys, strict=False):
         if n and seg_keys:
             storages[at] = torch.empty(n, dtype=torch.uint8, device=device or "cpu")
-    return np.zeros(index.source_size, np.uint8), storages
+    return _sparse_zeros(index.source_size), storages
+
+
+def _sparse_zeros(size: int) -> np.ndarray:
+    """``size`` zero bytes of which only a few pages will be written (the zip's headers and
+    pickle between the storages). Without transparent huge pages: with them (Linux's
+    default on many hosts), each first write zero-fills 2 MiB, which cost a 5 GB load a
+    quarter of a second for its ~1200 small gaps (BENCHMARKS.md, session 21)."""
+    if size == 0 or not hasattr(mmap, "MADV_NOHUGEPAGE"):
+        return np.zeros(size, np.uint8)
+    area = mmap.mmap(-1, size)
+    area.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(area, np.uint8)
 
 
 def _gaps(size: int, storages: dict[int, torch.Tensor]) -> list[tuple[int, int]]:
