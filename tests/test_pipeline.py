@@ -109,3 +109,38 @@ def test_sampling_a_short_file_is_not_an_error_in_planning(tmp_path: Path, shrin
     src.write_bytes(data[: len(data) - shrink])
     plan = plan_streams(layout, source=src)
     assert len(plan.segment_streams) == len(layout.segments)
+
+
+def test_runs_pause_the_collector_and_give_the_settings_back() -> None:
+    import gc
+    import sys
+    import threading
+
+    from ckptz.pipeline.workers import SWITCH_INTERVAL_S, tuned_interpreter
+
+    before = sys.getswitchinterval()
+    assert gc.isenabled()
+    inside = threading.Event()
+    leave = threading.Event()
+
+    def other_run() -> None:
+        with tuned_interpreter():
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=other_run)
+    with tuned_interpreter():
+        assert not gc.isenabled() and sys.getswitchinterval() == pytest.approx(min(before, SWITCH_INTERVAL_S))
+        t.start()
+        inside.wait(10)
+    assert not gc.isenabled()  # the other run still goes on
+    leave.set()
+    t.join()
+    assert gc.isenabled() and sys.getswitchinterval() == before
+    gc.disable()  # a caller that keeps the collector off keeps it off
+    try:
+        with tuned_interpreter():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
 from ckptz.library.sources import Source, opened
 from ckptz.pipeline.whole import MemoryFile, restore_to_file, restore_to_memory
+from ckptz.pipeline.workers import tuned_interpreter
 
 if TYPE_CHECKING:
     import torch
@@ -66,15 +67,16 @@ def load(
     with opened(f) as src:
         if src.container is None:
             return torch.load(src.plain, map_location, **kwargs)  # type: ignore[arg-type]
-        if mmap:
-            return _load_mapped(src.container, src.name, map_location, kwargs)
-        done, obj = load_storages(
-            src.container, src.name, map_location, pickle_module, weights_only, pickle_load_args
-        )
-        if done:
-            return obj
-        data = restore_to_memory(src.container, src.name)
-        return torch.load(cast(IO[bytes], MemoryFile(data, src.name)), map_location, **kwargs)
+        with tuned_interpreter():  # many small objects, freed as they go: no full collections
+            if mmap:
+                return _load_mapped(src.container, src.name, map_location, kwargs)
+            done, obj = load_storages(
+                src.container, src.name, map_location, pickle_module, weights_only, pickle_load_args
+            )
+            if done:
+                return obj
+            data = restore_to_memory(src.container, src.name)
+            return torch.load(cast(IO[bytes], MemoryFile(data, src.name)), map_location, **kwargs)
 
 
 def _load_mapped(container: BinaryIO, name: str, map_location: Any, kwargs: dict[str, Any]) -> Any:

@@ -9,6 +9,7 @@ a file's bytes in file order from frames that arrive in any order, for its whole
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -41,17 +42,25 @@ SWITCH_INTERVAL_S = 0.0002
 _switch_lock = threading.Lock()
 _switch_users = 0
 _switch_before = 0.0
+_collecting_before = False
 
 
 @contextmanager
-def short_switches() -> Iterator[None]:
-    """Run the body with :data:`SWITCH_INTERVAL_S`; the process's own interval comes back
-    when the last body in any thread ends."""
-    global _switch_users, _switch_before
+def tuned_interpreter() -> Iterator[None]:
+    """Run the body with :data:`SWITCH_INTERVAL_S` and the cyclic garbage collector paused;
+    the process's own settings come back when the last body in any thread ends.
+
+    A run makes many small objects (each frame's future, views and tables) that reference
+    counting frees as each frame is done; the collections they trigger would walk the
+    caller's whole heap (two full collections of 65-120 ms each in five 5 GB loads on the
+    H100 host, BENCHMARKS.md session 21)."""
+    global _switch_users, _switch_before, _collecting_before
     with _switch_lock:
         if _switch_users == 0:
             _switch_before = sys.getswitchinterval()
             sys.setswitchinterval(min(_switch_before, SWITCH_INTERVAL_S))
+            _collecting_before = gc.isenabled()
+            gc.disable()
         _switch_users += 1
     try:
         yield
@@ -60,6 +69,8 @@ def short_switches() -> Iterator[None]:
             _switch_users -= 1
             if _switch_users == 0:
                 sys.setswitchinterval(_switch_before)
+                if _collecting_before:
+                    gc.enable()
 
 
 class Workers:

@@ -28,7 +28,7 @@ from ckptz.engines import (
 from ckptz.engines.base import Engine
 from ckptz.errors import CkptzError, StoppedError, UsageError
 from ckptz.meta import FileMeta, apply_link, apply_path
-from ckptz.pipeline.workers import short_switches
+from ckptz.pipeline.workers import tuned_interpreter
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
 from ckptz.runs.plan import Job, Plan
@@ -57,7 +57,7 @@ def engine_session(
     if notice and announce:
         reporter.notice(notice)
     try:
-        with short_switches():
+        with tuned_interpreter():
             yield engine, notices
     finally:
         engine.close()
