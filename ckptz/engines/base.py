@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -102,9 +102,12 @@ class DecodedSpan:
     Attributes:
         frames: each frame's decoded bytes in host memory (or, kept on a GPU, their
             :class:`OnDevice` record), or the error that frame met.
+        taken: for frames copied back from a GPU, the xxh3_64 the GPU took of their
+            decoded bytes there (None, or no entry: take it from the host bytes).
     """
 
     frames: list[np.ndarray | OnDevice | BaseException]
+    taken: list[int | None] = field(default_factory=list)
 
     def frame(self, k: int) -> np.ndarray | OnDevice:
         """Frame ``k``'s host bytes (or :class:`OnDevice` record), or its error raised."""
@@ -113,13 +116,14 @@ class DecodedSpan:
             raise got
         return got
 
-
-def measure(data: np.ndarray | OnDevice) -> tuple[int, int]:
-    """A decoded frame's length and xxh3_64: taken now from host bytes, or as the GPU took
-    them for a frame kept there."""
-    if isinstance(data, OnDevice):
-        return data.length, data.checksum
-    return data.size, xxh3_64(data)
+    def measure(self, k: int) -> tuple[int, int]:
+        """Frame ``k``'s decoded length and xxh3_64 (where the engine took it, else from its
+        host bytes now), or its error raised."""
+        got = self.frame(k)
+        if isinstance(got, OnDevice):
+            return got.length, got.checksum
+        taken = self.taken[k] if k < len(self.taken) else None
+        return got.size, xxh3_64(got) if taken is None else taken
 
 
 #: Called by an engine with the ``k``-th frame of a span and its decoded bytes on the
@@ -209,9 +213,9 @@ class Engine(Protocol):
         did. An engine
         that decodes a frame on a GPU also hands it to ``place`` there (:data:`Place`), and
         with ``keep`` (an engine that is :class:`DeviceChecks`) gives back its
-        :class:`OnDevice` record instead of copying it to the host (:func:`measure` takes
-        either's length and checksum). Frames decoded on a CPU always come back as host
-        bytes."""
+        :class:`OnDevice` record instead of copying it to the host
+        (:meth:`DecodedSpan.measure` gives either's length and checksum). Frames decoded on
+        a CPU always come back as host bytes."""
         ...
 
     def codec_config(self) -> dict[str, dict[str, object]]:
@@ -341,7 +345,6 @@ __all__ = [
     "StoredChunk",
     "decode_each",
     "encode_each",
-    "measure",
     "payload_error",
     "run_all",
     "stream_dtype",

@@ -67,7 +67,6 @@ from ckptz.engines.base import (
     FrameToCode,
     SpanFrame,
     StoredChunk,
-    measure,
 )
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
@@ -484,7 +483,7 @@ class _Compression:
                 got = fut.result()
                 for k, i in enumerate(run):
                     # On a GPU, checked there: the decoded bytes are not needed on the host.
-                    if measure(got.frame(k)) != (self.frames[i].length, self.sums[i]):
+                    if got.measure(k) != (self.frames[i].length, self.sums[i]):
                         raise CorruptionError(
                             f"{frames[k].where} does not decode back to its original", path=self.relpath
                         )

@@ -33,7 +33,6 @@ from ckptz.engines.base import (
     Place,
     SpanFrame,
     StoredChunk,
-    measure,
 )
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
@@ -167,7 +166,12 @@ class FrameDecoder:
     def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> np.ndarray | OnDevice:
         """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
         :meth:`finish` checks it (a frame kept on the GPU by its checksum taken there)."""
-        return self._checked(i, lambda: decoded.result().frame(k))
+
+        def result() -> tuple[np.ndarray | OnDevice, int, int]:
+            span = decoded.result()
+            return span.frame(k), *span.measure(k)
+
+        return self._checked(i, result)
 
     def _chunks(self, i: int) -> tuple[int, int, np.ndarray] | None:
         """Frame ``i``'s row in the frame table, the index of its first chunk, and its chunk
@@ -254,15 +258,22 @@ class FrameDecoder:
             CorruptionError: a payload does not decode, or the result fails its checksum.
             CodecUnavailableError: a bitstream cannot be decoded here.
         """
-        return cast(np.ndarray, self._checked(i, decoded.result))  # host bytes: never kept
 
-    def _checked(self, i: int, result: Callable[[], np.ndarray | OnDevice]) -> np.ndarray | OnDevice:
+        def result() -> tuple[np.ndarray, int, int]:
+            data = decoded.result()
+            return data, data.size, checksum(data)
+
+        return cast(np.ndarray, self._checked(i, result))  # host bytes: never kept
+
+    def _checked(
+        self, i: int, result: Callable[[], tuple[np.ndarray | OnDevice, int, int]]
+    ) -> np.ndarray | OnDevice:
         frame = self.frames[i]
         row = int(self._rows[frame.stream][frame.number])
         first = int(self._chunk_starts[row])
         tensor = self.tensor_at(frame.start)
         try:
-            data = result()
+            data, length, got = result()
         except CorruptionError as exc:
             chunk = first if exc.chunk is None else exc.chunk
             raise CorruptionError(
@@ -277,7 +288,6 @@ class FrameDecoder:
                 path=self.path,
                 hint=exc.hint,
             ) from None
-        length, got = measure(data)
         if length != frame.length or got != int(self.index.frames[row]["checksum"]):
             raise CorruptionError(
                 f"decoded bytes of {self._where(i)} fail their checksum",

@@ -8,8 +8,10 @@ and differ only in their :class:`Sink`. Every check FORMAT.md promises runs on e
   whole run of frames at once, into one pinned buffer), checks that the padding is zero and
   every payload's checksum, and hands the frame (or run) to the engine;
 - the engine decodes it;
-- a writer thread checks the decoded frame's length and checksum and gives it to the sink,
-  which puts its pieces where they belong (``pwrite`` at file offsets, compare, copy);
+- a writer thread checks the decoded frame's length and checksum (as a GPU engine took it
+  where it decoded the frame: the whole-file digest covers the copy back) and gives it to
+  the sink, which puts its pieces where they belong (``pwrite`` at file offsets, compare,
+  copy);
 - the writer thread also hashes the leaves of the whole-file digest lying whole inside the
   frame, and one thread walks the restored bytes in file order, hashes the rest (all of an
   ``xxh3_128`` digest) and compares the digest (:mod:`ckptz.digest`).

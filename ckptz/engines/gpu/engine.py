@@ -428,6 +428,7 @@ class GpuEngine:
     def _decode(self, w: _Worker, jobs: list[_DecodeJob]) -> None:
         # Each frame's result, job by job: host bytes or an error.
         results: list[list[np.ndarray | OnDevice | BaseException]] = [[] for _ in jobs]
+        taken: list[list[int | None]] = [[None] * len(j.frames) for j in jobs]
         gpu: list[tuple[int, int, SpanFrame]] = []
         cpu: list[tuple[int, int, Future[np.ndarray]]] = []
         for n, j in enumerate(jobs):
@@ -449,7 +450,7 @@ class GpuEngine:
                 cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
         if gpu:
             try:
-                self._decode_on_gpu(w, jobs, gpu, results)
+                self._decode_on_gpu(w, jobs, gpu, results, taken)
             except CkptzError as exc:
                 error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
                 for n, k, _ in gpu:
@@ -460,7 +461,7 @@ class GpuEngine:
             # which its reader reuses once the span is done.
             results[n][k] = failed if failed is not None else np.array(fut.result(), copy=True)
         for n, j in enumerate(jobs):
-            j.future.set_result(DecodedSpan(results[n]))
+            j.future.set_result(DecodedSpan(results[n], taken[n]))
 
     def _decode_on_gpu(
         self,
@@ -468,6 +469,7 @@ class GpuEngine:
         jobs: list[_DecodeJob],
         gpu: list[tuple[int, int, SpanFrame]],
         results: list[list[np.ndarray | OnDevice | BaseException]],
+        taken: list[list[int | None]],
     ) -> None:
         chunks = [c for _, _, f in gpu for c in f.chunks]
         codec = np.array([c.codec for c in chunks], dtype=np.int64)
@@ -511,17 +513,25 @@ class GpuEngine:
                 place = jobs[n].place
                 if place is not None:  # queued on this stream: over before the copy back
                     place(k, DeviceBytes(data.at(off, f.length), self.index, w.ops.stream))
-        if all(j.keep for j in jobs):  # the frames stay on the device: their checksums only
+        # Each frame's checksum, taken where it was decoded: for frames that stay on the
+        # device, and for those of a restore (``check``), whose host copy the whole-file
+        # digest then covers byte for byte.
+        stays = all(j.keep for j in jobs)
+        sums: list[int] = []
+        if stays or any(j.check for j in jobs):
             with trace.span("checksums"):
                 ptrs = np.array([data.ptr + off for off in layout.data_offsets], np.uint64)
                 sums = w.ops.xxh3(ptrs, np.array([f.length for f in frames], np.uint64)).tolist()
+        if stays:  # the frames stay on the device: their checksums only
             for (n, k, f), checksum in zip(gpu, sums, strict=True):
                 results[n][k] = OnDevice(f.length, checksum)
             return
         with trace.span("to host"):
             view = _to_host(data, w.stream)
-        for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
+        for m, ((n, k, f), off) in enumerate(zip(gpu, layout.data_offsets, strict=True)):
             results[n][k] = view[off : off + f.length]
+            if sums:
+                taken[n][k] = sums[m]
 
     @staticmethod
     def _check_payloads(
