@@ -6,7 +6,9 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,3 +108,18 @@ def coder_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
         for module in (bitpack, cpu, frames, order1, planes):
             monkeypatch.setattr(module, "native", None)
     return str(request.param)
+
+
+@pytest.fixture
+def cuda_ops() -> Iterator[Any]:
+    """The GPU coder's device on GPU 0 (``-m gpu`` tests): a stream of its own and scratch memory."""
+    from ckptz.engines.gpu import driver
+    from ckptz.engines.gpu.kernels import CudaOps
+    from ckptz.engines.gpu.memory import DeviceScratch
+
+    driver.use_device(0)
+    stream, scratch = driver.Stream(), DeviceScratch()
+    yield CudaOps(0, stream.handle, scratch)
+    stream.synchronize()
+    scratch.close()
+    stream.close()

@@ -100,20 +100,6 @@ def test_an_engine_asked_to_check_payloads_decodes_no_frame_that_fails() -> None
 # -- on a GPU --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def cuda_ops() -> Any:
-    from ckptz.engines.gpu import driver
-    from ckptz.engines.gpu.kernels import CudaOps
-    from ckptz.engines.gpu.memory import DeviceScratch
-
-    driver.use_device(0)
-    stream, scratch = driver.Stream(), DeviceScratch()
-    yield CudaOps(0, stream.handle, scratch)
-    stream.synchronize()
-    scratch.close()
-    stream.close()
-
-
 @gpu
 def test_gpu_xxh3_is_xxhash_on_every_path(cuda_ops: Any) -> None:
     data = np.random.default_rng(2).integers(0, 256, (5 << 20) + 64, dtype=np.uint8)

@@ -9,7 +9,7 @@ device byte for byte, and everything else on a real GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -299,21 +299,6 @@ def _sample(row: np.ndarray) -> np.ndarray:
     """The byte histogram of every 8th full 4096-byte block of a plane row."""
     full = row.size // 4096
     return np.bincount(row[: full * 4096].reshape(full, 4096)[::8].reshape(-1), minlength=256)
-
-
-@pytest.fixture
-def cuda_ops() -> Iterator[Any]:
-    """The coder's device on GPU 0: a stream of its own and scratch memory."""
-    from ckptz.engines.gpu import driver
-    from ckptz.engines.gpu.kernels import CudaOps
-    from ckptz.engines.gpu.memory import DeviceScratch
-
-    driver.use_device(0)
-    stream, scratch = driver.Stream(), DeviceScratch()
-    yield CudaOps(0, stream.handle, scratch)
-    stream.synchronize()
-    scratch.close()
-    stream.close()
 
 
 @gpu
