@@ -275,7 +275,7 @@ def decode_each(engine: Engine, frames: list[SpanFrame], check: bool = False) ->
         return DecodedSpan([f.exception() or f.result() for f in done])
 
     def one(f: SpanFrame) -> Future[np.ndarray]:
-        failed = payload_error(f, [xxh3_64(c.payload) for c in f.chunks]) if check else None
+        failed = payload_error(f) if check else None
         if failed is None:
             return engine.decode(f.stream, f.chunks, f.length, f.where)
         out: Future[np.ndarray] = Future()
@@ -285,9 +285,12 @@ def decode_each(engine: Engine, frames: list[SpanFrame], check: bool = False) ->
     return _gather([one(f) for f in frames], each)
 
 
-def payload_error(frame: SpanFrame, sums: Sequence[int]) -> CorruptionError | None:
-    """The error of a frame whose payloads' checksums (``sums``, one per chunk) are not
-    the ones stored, naming the first chunk that fails; None if they all match."""
+def payload_error(frame: SpanFrame, sums: Sequence[int] | None = None) -> CorruptionError | None:
+    """The error of a frame whose payloads' checksums (``sums``, one per chunk, taken where
+    the payloads were copied; default: taken now from the host bytes) are not the ones
+    stored, naming the first chunk that fails; None if they all match."""
+    if sums is None:
+        sums = [xxh3_64(c.payload) for c in frame.chunks]
     for c, got in zip(frame.chunks, sums, strict=True):
         if got != c.checksum:
             return CorruptionError(f"stored bytes of {frame.where} fail their checksum", chunk=c.index)

@@ -20,9 +20,10 @@ Where the bytes are wanted on a GPU (a :class:`DeviceSink` that holds the whole 
 ``ckptz.load(map_location="cuda")``) and the engine decodes on that GPU, the checks run
 there too (:class:`~ckptz.engines.base.DeviceChecks`): each frame is placed where it
 belongs and its checksum taken on the GPU, with no copy back to the host, and once every
-frame is in, the digest's leaves are hashed from the sink's bytes where they lie. Payloads
-are still checked on the host before decoding. The same checks, of the same bytes (the
-decoded frames, then the restored file): only where they run differs.
+frame is in, the digest's leaves are hashed from the sink's bytes where they lie. (On a GPU
+engine, a run's payloads are checked there too, once copied, before decoding.) The same
+checks, of the same bytes (the decoded frames, then the restored file): only where they run
+differs.
 
 Memory stays at :func:`~ckptz.pipeline.workers.slots_needed` decoded frames.
 """
@@ -256,8 +257,7 @@ class _Restore:
         """Once every frame is in the sink: the whole-file digest of the sink's bytes, its
         leaves hashed on the GPU where they lie."""
         for i in range(len(self.frames)):
-            self.data[i].result()  # raises once another stage has failed
-        self._drain()
+            self.data[i].result()  # set once put (raises once another stage has failed)
         if self.failures:
             raise self.failures.first()
         sink, engine = cast(DeviceSink, self.sink), cast(DeviceChecks, self.engine)
