@@ -144,3 +144,49 @@ def test_runs_pause_the_collector_and_give_the_settings_back() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_large_streams_get_larger_frames_up_to_the_engines_largest() -> None:
+    from ckptz.formats.layout import FileLayout, Segment
+    from ckptz.pipeline.plan import MIN_FRAMES, frame_size_for
+
+    base, largest = 4 << 20, 16 << 20
+    assert frame_size_for(MIN_FRAMES * 8 << 20, base, largest) == 8 << 20
+    assert frame_size_for((MIN_FRAMES * 8 << 20) - 1, base, largest) == base
+    assert frame_size_for(1 << 40, base, largest) == largest
+    assert frame_size_for(1 << 40, base, 0) == base  # an engine with one size
+    big, small = 1 << 30, 10 << 20
+    layout = FileLayout(
+        "safetensors",
+        big + small + 100,
+        (
+            Segment(0, 100, "meta"),
+            Segment(100, big, "tensor", "float32", ("w",), "weights"),
+            Segment(100 + big, small, "tensor", "bfloat16", ("b",), "weights"),
+        ),
+    )
+    sizes = {s.dtype: s.frame_size for s in plan_streams(layout, base, largest_frame=largest).streams}
+    assert sizes == {"uint8": 4 << 20, "float32": 16 << 20, "bfloat16": base}
+    assert {s.frame_size for s in plan_streams(layout, base).streams if s.dtype != "uint8"} == {base}
+
+
+def test_grown_frames_restore_exactly(tmp_path: Path) -> None:
+    from ckptz.engines.cpu import CpuEngine
+    from ckptz.pipeline import FileSink, compress_file, restore
+
+    class Small(CpuEngine):
+        frame_size = 64 << 10
+        largest_frame = 256 << 10
+
+    src = tmp_path / "model.safetensors"
+    g = torch.Generator().manual_seed(4)
+    save_file({"big": torch.randn(3 << 20, generator=g), "small": torch.randn(1000, generator=g)}, str(src))
+    out, back = tmp_path / "model.ckptz", tmp_path / "back.safetensors"
+    with open(out, "wb") as f, Small(threads=2) as engine:
+        compress_file(src, src.name, f, engine)
+    with open(out, "rb") as f, open(back, "wb") as sink, Small(threads=2) as engine:
+        index = read_index(f, str(out))
+        assert {s.frame_size for s in index.streams if s.dtype == "float32"} == {256 << 10}
+        sink.truncate(index.source_size)
+        restore(f, str(out), engine, FileSink(sink), index=index)
+    assert sha256(back) == sha256(src)

@@ -153,6 +153,8 @@ class Engine(Protocol):
         device: where it runs (``cpu``, ``cuda:N``).
         threads: CPU threads it uses.
         frame_size: bytes of original data per frame it codes best.
+        largest_frame: bytes per frame it codes as well, for large streams, where fewer
+            frames spare the pipeline per-frame work (:func:`ckptz.pipeline.plan.frame_size_for`).
         look_ahead: frames a file should keep in flight to keep it busy.
         span_bytes: bytes the pipeline reads at once and hands over as one unit: original
             frames to :meth:`encode_span`, stored payloads lying back to back to
@@ -168,6 +170,7 @@ class Engine(Protocol):
 
     threads: int
     frame_size: int
+    largest_frame: int
     look_ahead: int
     span_bytes: int
     inline: bool

@@ -46,6 +46,10 @@ def decode_chunks(stream: StreamInfo, chunks: list[StoredChunk], length: int, wh
 
 
 CPU_FRAME_SIZE = 4 << 20
+#: Frames of large streams: a quarter of the per-frame Python again, at the same ratio
+#: (1.2633 against 1.2632 on the e2e checkpoint), 1.5x compressing and 2x restoring on
+#: the 16-core H100 host (BENCHMARKS.md, session 22).
+CPU_LARGEST_FRAME = 16 << 20
 
 #: Components whose exponent planes keep deflate's smaller code (see ckptz.codecs.frames):
 #: dense weights, where ZipNN sits at the order-0 bound and every 0.01% counts.
@@ -72,6 +76,7 @@ class CpuEngine:
     #: ones, which on 16 threads is what holds the GIL; the ratio is the same (measured
     #: 1.2615 against 1.2614 on a mixed checkpoint) and one thread codes faster (+10%).
     frame_size = CPU_FRAME_SIZE
+    largest_frame = CPU_LARGEST_FRAME
     inline = True
     #: A frame at a time: each is decoded by the reader thread that read it.
     span_bytes = 0

@@ -126,6 +126,7 @@ class HybridEngine:
         self.cpu = cpu
         self.threads = cpu.threads
         self.frame_size = cpu.frame_size
+        self.largest_frame = cpu.largest_frame
         self.look_ahead = cpu.look_ahead
         self.required = required
         self._gpu: Engine | None = None

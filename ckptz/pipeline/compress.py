@@ -172,7 +172,11 @@ def compress_file(
         # Streams are planned on samples of the bytes that are coded, wherever they are.
         with trace.span("plan"):
             plan = plan_streams(
-                layout, engine.frame_size, reader.read_at, change.apart if change else frozenset()
+                layout,
+                engine.frame_size,
+                reader.read_at,
+                change.apart if change else frozenset(),
+                engine.largest_frame,
             )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         run = _Compression(
