@@ -10,8 +10,11 @@ own regions, registers them through the driver (:mod:`ckptz.engines.gpu.driver`)
 view of it are gone. The pool belongs to the process, so a second engine (another file,
 another ``ckptz.load``) finds its buffers already pinned.
 
-Memory: regions are kept for reuse up to :data:`KEEP` bytes free; beyond that a region is
-unregistered and unmapped when it comes back.
+Memory: regions are kept for reuse up to :data:`KEEP` bytes free; beyond that, the free
+regions given back longest ago are unregistered and unmapped. (Closing the region just given
+back instead, as ckptz once did, let regions of sizes no longer asked for hold the pool: a
+GPU restore after a compression in one process pinned and unpinned each of its buffers,
+123 regions and 3.2 s of pinning per 5 GB restore on the H100 host, BENCHMARKS.md session 22.)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import ctypes
 import mmap
 import threading
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 
@@ -57,6 +61,8 @@ class _Region:
             allocated = driver.host_alloc(size)
             self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(allocated))
         self.start = self.array.ctypes.data
+        #: When the region last came back to its pool (the pool's count of returns).
+        self.returned = 0
         # Runs on close() or when the region is dropped, while the mapping is still mapped
         # (the finalizer holds it); not at exit, where the process's memory goes anyway.
         self._release = weakref.finalize(self, _release, self._map, allocated, self.start)
@@ -87,14 +93,21 @@ class PinnedPool:
     :meth:`take` leases a region (the smallest free one that fits, else a new one);
     :meth:`holds` tells whether an array lies in pinned memory, so a copy to the device can go
     straight from where a reader put the bytes.
+
+    Args:
+        keep: free bytes kept pinned for later leases (default :data:`KEEP`).
+        make: makes a region of a given size (the tests' stand-in for pinned memory).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = KEEP, make: Callable[[int], _Region] = _Region) -> None:
         self._lock = threading.Lock()
         self._free: list[_Region] = []  # sorted by size
         self._starts: list[int] = []  # every region, by address
         self._regions: list[_Region] = []
         self._kept = 0
+        self._keep = keep
+        self._make = make
+        self._returns = 0
 
     def take(self, size: int) -> np.ndarray:
         """A lease of at least ``size`` bytes, returned ``size`` long; its contents are
@@ -102,7 +115,7 @@ class PinnedPool:
         region = self._reuse(size)
         if region is None:
             # Pinning takes a moment: not under the lock, which every copy to the device takes.
-            region = _Region(max(GRAIN, -(-size // GRAIN) * GRAIN))
+            region = self._make(max(GRAIN, -(-size // GRAIN) * GRAIN))
             with self._lock:
                 at = bisect.bisect(self._starts, region.start)
                 self._starts.insert(at, region.start)
@@ -132,15 +145,24 @@ class PinnedPool:
             return self._free.pop(at)
 
     def _give(self, region: _Region) -> None:
+        """Keep a region that came back; past :attr:`keep` free bytes, let go of the free
+        regions given back longest ago."""
+        stale = []
         with self._lock:
-            if self._kept + region.size <= KEEP:
-                sizes = [r.size for r in self._free]
-                self._free.insert(bisect.bisect(sizes, region.size), region)
-                self._kept += region.size
-                return
-            at = bisect.bisect(self._starts, region.start) - 1
-            del self._starts[at], self._regions[at]
-        region.close()
+            self._returns += 1
+            region.returned = self._returns
+            sizes = [r.size for r in self._free]
+            self._free.insert(bisect.bisect(sizes, region.size), region)
+            self._kept += region.size
+            while self._kept > self._keep:
+                oldest = min(self._free, key=lambda r: r.returned)
+                self._free.remove(oldest)
+                self._kept -= oldest.size
+                at = bisect.bisect(self._starts, oldest.start) - 1
+                del self._starts[at], self._regions[at]
+                stale.append(oldest)
+        for r in stale:  # unpinning takes a moment: not under the lock
+            r.close()
 
 
 _POOL: PinnedPool | None = None
