@@ -616,3 +616,40 @@ def test_warming_a_cuda_context_without_a_gpu_is_harmless() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@gpu
+def test_a_gpu_restore_decodes_each_span_back_into_its_own_buffer(
+    small_checkpoint: Path, tmp_path: Path
+) -> None:
+    """A span's frames come back into the pinned buffer its payloads were read into (one
+    region per span, one size in the pinned pool), and they are the original's bytes."""
+    from ckptz.engines.gpu.coder import GPU_CODECS
+    from ckptz.engines.gpu.engine import GpuEngine
+    from ckptz.pipeline.decoder import FrameDecoder
+
+    src = small_checkpoint / "optimizer.pt"
+    out = tmp_path / "o.ckptz"
+    api.compress(src, out, device="cuda", codec="ans")
+    original = src.read_bytes()
+    shared = 0
+    with open(out, "rb") as f, GpuEngine(0, codec="ans") as engine:
+        index = read_index(f, str(out))
+        decoder = FrameDecoder(f.fileno(), str(out), index, engine)
+        for span in decoder.spans(engine.span_bytes):
+            fut, buffer = decoder.start_span(span)
+            assert buffer is not None
+            on_gpu = all(
+                c["codec"] in GPU_CODECS
+                for i in span
+                for c in decoder._chunks(i)[2]  # type: ignore[index]
+            )
+            for k, i in enumerate(span):
+                data = decoder.finish_span(i, fut, k)
+                assert isinstance(data, np.ndarray)
+                for at, within, n in decoder.frames[i].pieces:
+                    assert data[within : within + n].tobytes() == original[at : at + n]
+                if on_gpu:
+                    assert np.shares_memory(data, buffer)
+                    shared += 1
+    assert shared > 0

@@ -17,7 +17,9 @@ pipeline writes at its own pace.
 A restore hands over whole spans too (:meth:`GpuEngine.decode_span`): frames whose
 payloads its reader read with one ``pread`` into a pinned buffer, where they already lie
 16-byte aligned as the coder wants them. Such a span is a batch of its own, with no packing:
-one host→device copy, the coder, one device→host copy for the pipeline's checks. A caller
+one host→device copy, the coder, one device→host copy back into the span's own buffer
+(its payloads are on the device by then, and it holds the span's original bytes by its
+size), so a restore keeps one pinned region per span in flight, all of one size. A caller
 that wants the decoded frames on the device (``ckptz.load``) gets them there first, on the
 worker's stream (``place``), so their copies need no wait of their own.
 
@@ -453,7 +455,7 @@ class GpuEngine:
                 cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
         if gpu:
             try:
-                self._decode_on_gpu(w, jobs, gpu, results, taken)
+                self._decode_on_gpu(w, jobs, gpu, results, taken, spare=not cpu)
             except CkptzError as exc:
                 error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
                 for n, k, _ in gpu:
@@ -473,13 +475,17 @@ class GpuEngine:
         gpu: list[tuple[int, int, SpanFrame]],
         results: list[list[np.ndarray | OnDevice | BaseException]],
         taken: list[list[int | None]],
+        spare: bool = False,
     ) -> None:
+        """Decode ``gpu``'s frames in one batch (``spare``: no CPU thread reads the span's
+        buffer meanwhile, so the frames may come back into it)."""
         chunks = [c for _, _, f in gpu for c in f.chunks]
         codec = np.array([c.codec for c in chunks], dtype=np.int64)
         const = codec == CONST_ID
         size = np.array([0 if k else len(c.payload) for c, k in zip(chunks, const, strict=True)], np.int64)
         buffer = jobs[0].buffer if len(jobs) == 1 else None
-        if buffer is not None and self._pinned.holds(buffer):
+        buffer = buffer if buffer is not None and self._pinned.holds(buffer) else None
+        if buffer is not None:
             # A span: its payloads already lie 16-byte aligned in pinned memory, as the
             # container stores them. One copy moves them all.
             offset = np.array([a for _, _, f in gpu for a in f.at], dtype=np.int64)
@@ -530,7 +536,11 @@ class GpuEngine:
                 results[n][k] = OnDevice(f.length, checksum)
             return
         with trace.span("to host"):
-            view = _to_host(data, w.stream)
+            # A span's frames come back into its own pinned buffer, whose payloads are on the
+            # device by now (copies on one stream run in order): it holds the span's original
+            # bytes by its size, and one region per span keeps the pinned pool to one size.
+            fits = spare and buffer is not None and int(data.size) <= buffer.size
+            view = _to_host(data, w.stream, buffer if fits else None)
         for m, ((n, k, f), off) in enumerate(zip(gpu, layout.data_offsets, strict=True)):
             results[n][k] = view[off : off + f.length]
             if sums:
@@ -605,15 +615,16 @@ class _Staging:
         self._buffers.reset()
 
 
-def _to_host(data: Buf, stream: driver.Stream) -> np.ndarray:
-    """Copy a batch's device bytes into a pinned lease and wait for them (and for everything
-    queued on the stream before).
+def _to_host(data: Buf, stream: driver.Stream, into: np.ndarray | None = None) -> np.ndarray:
+    """Copy a batch's device bytes into a pinned lease (or the start of ``into``, pinned
+    memory the batch may reuse) and wait for them (and for everything queued on the stream
+    before).
 
     The frames handed out are views of it and outlive the batch (the pipeline writes them
     later): the pool takes the memory back once the last view is gone, so there is no
     second copy, and no pinning per batch once the pool holds what is in flight.
     """
-    host = pinned.pool().take(data.size)
+    host = pinned.pool().take(data.size) if into is None else into[: data.size]
     driver.copy_to_host(host.ctypes.data, data.ptr, data.size, stream.handle)
     stream.synchronize()
     return host
