@@ -37,6 +37,7 @@ from ckptz.engines.base import (
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
 from ckptz.pipeline.transform import transform_for
+from ckptz.pipeline.workers import pread_parts
 
 
 class FrameDecoder:
@@ -147,7 +148,7 @@ class FrameDecoder:
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
         try:
             with trace.span("read"):
-                got = os.preadv(self.fd, [memoryview(buffer)[: hi - lo]], lo)  # type: ignore[arg-type]
+                got = pread_parts(self.fd, memoryview(buffer)[: hi - lo], lo)  # type: ignore[arg-type]
             with self._count_lock:
                 self.stored_bytes_read += got
             if got != hi - lo:
