@@ -190,35 +190,3 @@ def test_grown_frames_restore_exactly(tmp_path: Path) -> None:
         sink.truncate(index.source_size)
         restore(f, str(out), engine, FileSink(sink), index=index)
     assert sha256(back) == sha256(src)
-
-
-def test_large_reads_are_split_over_threads_and_stop_where_the_file_ends(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import os
-    import threading
-
-    from ckptz.pipeline import workers
-
-    data = os.urandom(50_000)
-    (tmp_path / "f").write_bytes(data)
-    monkeypatch.setattr(workers, "READ_PART", 4096)
-    calls: list[str] = []
-    real = os.preadv
-
-    def spy(fd: int, views: list[memoryview], offset: int) -> int:
-        calls.append(threading.current_thread().name)
-        return real(fd, views, offset)
-
-    monkeypatch.setattr(os, "preadv", spy)
-    fd = os.open(tmp_path / "f", os.O_RDONLY)
-    try:
-        whole = bytearray(50_000)
-        assert workers.pread_parts(fd, memoryview(whole), 0) == 50_000
-        assert bytes(whole) == data
-        assert len(calls) == 13 and all(name.startswith("ckptz-pread") for name in calls)
-        tail = bytearray(30_000)  # runs past the end: only what is there, in order
-        assert workers.pread_parts(fd, memoryview(tail), 30_000) == 20_000
-        assert bytes(tail[:20_000]) == data[30_000:]
-    finally:
-        os.close(fd)

@@ -37,7 +37,6 @@ from ckptz.engines.base import (
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
 from ckptz.pipeline.transform import transform_for
-from ckptz.pipeline.workers import pread_parts
 
 
 class FrameDecoder:
@@ -148,7 +147,7 @@ class FrameDecoder:
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
         try:
             with trace.span("read"):
-                got = pread_parts(self.fd, memoryview(buffer)[: hi - lo], lo)  # type: ignore[arg-type]
+                got = os.preadv(self.fd, [memoryview(buffer)[: hi - lo]], lo)  # type: ignore[arg-type]
             with self._count_lock:
                 self.stored_bytes_read += got
             if got != hi - lo:

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor, wait
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 
 import numpy as np
@@ -117,40 +117,6 @@ class Workers:
 
 def _default_readers() -> int:
     return max(2, min(MAX_READERS, os.cpu_count() or 1))
-
-
-#: Bytes of one part of a large read split over threads (:func:`pread_parts`).
-READ_PART = 8 << 20
-_parts_pool: ThreadPoolExecutor | None = None
-_parts_lock = threading.Lock()
-
-
-def pread_parts(fd: int, view: memoryview, offset: int) -> int:
-    """Fill ``view`` from byte ``offset`` of ``fd``, :data:`READ_PART` bytes per thread at
-    once; how many bytes were read in order from ``offset`` (fewer only where the file ends).
-
-    A GPU restore reads each run of frames (tens of MB) with one call: one thread reads the
-    page cache at ~3 GB/s on the H100 host (FACTS), and those reads, one span at a time,
-    were the longest stage of a restore there (BENCHMARKS.md, session 22).
-    """
-    n = len(view)
-    if n <= READ_PART:
-        return os.preadv(fd, [view], offset)
-    global _parts_pool
-    with _parts_lock:
-        if _parts_pool is None:
-            _parts_pool = ThreadPoolExecutor(_default_readers(), thread_name_prefix="ckptz-pread")
-        pool = _parts_pool
-    starts = range(0, n, READ_PART)
-    parts = [pool.submit(os.preadv, fd, [view[a : a + READ_PART]], offset + a) for a in starts]
-    wait(parts)  # every part is over before the caller may give the buffer back
-    total = 0
-    for a, part in zip(starts, parts, strict=True):
-        got = part.result()
-        total += got
-        if got < min(READ_PART, n - a):
-            break
-    return total
 
 
 class Stopped(Exception):
@@ -292,6 +258,5 @@ __all__ = [
     "Stopped",
     "Workers",
     "file_digest",
-    "pread_parts",
     "slots_needed",
 ]
