@@ -460,33 +460,13 @@ class GpuEngine:
                 error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
                 for n, k, _ in gpu:
                     results[n][k] = error
-
-        def finish(_: object = None) -> None:
-            for n, k, fut in cpu:
-                failed = fut.exception()
-                # A copy: the decoded bytes may be a view of a stored payload in the span's
-                # buffer, which its reader reuses once the span is done.
-                results[n][k] = failed if failed is not None else np.array(fut.result(), copy=True)
-            for n, j in enumerate(jobs):
-                j.future.set_result(DecodedSpan(results[n], taken[n]))
-
-        # Frames on the CPU threads finish the jobs from there: the worker goes on to its
-        # next batch meanwhile, so CPU frames of many batches decode at once (waiting here,
-        # two workers kept two batches' frames, 10 of 16 threads with 16 MiB frames).
-        left = [len(cpu)]
-        lock = threading.Lock()
-
-        def one_done(_: Future[np.ndarray]) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                finish()
-
-        if not cpu:
-            finish()
-        for _, _, fut in cpu:
-            fut.add_done_callback(one_done)
+        for n, k, fut in cpu:
+            failed = fut.exception()
+            # A copy: the decoded bytes may be a view of a stored payload in the span's buffer,
+            # which its reader reuses once the span is done.
+            results[n][k] = failed if failed is not None else np.array(fut.result(), copy=True)
+        for n, j in enumerate(jobs):
+            j.future.set_result(DecodedSpan(results[n], taken[n]))
 
     def _decode_on_gpu(
         self,
