@@ -190,3 +190,27 @@ def test_grown_frames_restore_exactly(tmp_path: Path) -> None:
         sink.truncate(index.source_size)
         restore(f, str(out), engine, FileSink(sink), index=index)
     assert sha256(back) == sha256(src)
+
+
+def test_library_saves_keep_small_frames_where_the_cli_grows_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ckptz.save``'s containers are loaded by ``ckptz.load``, which decodes CPU frames
+    faster when they are small; ``compress`` grows the frames of large streams."""
+    import ckptz
+    from ckptz.engines.cpu import CpuEngine
+
+    monkeypatch.setattr(CpuEngine, "frame_size", 64 << 10)
+    monkeypatch.setattr(CpuEngine, "largest_frame", 256 << 10)
+    state = {"big": torch.randn(3 << 20, generator=torch.Generator().manual_seed(6))}
+
+    def float_frames(path: Path) -> set[int]:
+        with open(path, "rb") as f:
+            return {s.frame_size for s in read_index(f, str(path)).streams if s.dtype == "float32"}
+
+    ckptz.save(state, tmp_path / "lib.pt.ckptz", device="cpu")
+    torch.save(state, tmp_path / "plain.pt")
+    api.compress(tmp_path / "plain.pt", tmp_path / "cli.pt.ckptz", device="cpu")
+    assert float_frames(tmp_path / "lib.pt.ckptz") == {64 << 10}
+    assert float_frames(tmp_path / "cli.pt.ckptz") == {256 << 10}
+    assert torch.equal(ckptz.load(tmp_path / "lib.pt.ckptz")["big"], state["big"])

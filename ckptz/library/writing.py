@@ -51,6 +51,15 @@ class Options:
     verify: bool
 
 
+#: The library's containers are made to be loaded by ``ckptz.load``, which decodes a CPU
+#: engine's frames on CPU threads while the GPU decodes the rest: it loaded 4 MiB frames
+#: 1.4x faster than the 16 MiB ones the CLI writes for large streams (1.19 against 1.72 s for
+#: 5 GB of optimizer state, H100 host, BENCHMARKS.md session 22), so they keep the
+#: engine's smallest frames.
+def _frame_limit(engine: Engine) -> int:
+    return engine.frame_size
+
+
 @contextmanager
 def _engine(options: Options) -> Iterator[Engine]:
     engine, _notice = open_engine(
@@ -120,6 +129,7 @@ def compress_into_path(
             verify=options.verify,
             source_fields=fields,
             source=source,
+            largest_frame=_frame_limit(engine),
         )
 
 
@@ -144,6 +154,7 @@ def compress_into_stream(
             engine,
             verify=options.verify,
             source=source,
+            largest_frame=_frame_limit(engine),
         )
 
 

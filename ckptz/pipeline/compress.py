@@ -138,6 +138,7 @@ def compress_file(
     transform: Callable[[FileLayout], FrameTransform | None] | None = None,
     digest: Kind = TREE,
     source: Source | None = None,
+    largest_frame: int | None = None,
 ) -> WrittenContainer:
     """Compress ``src`` into the open, empty file ``out`` (``None``: code everything and
     write nothing, to measure the pipeline without storage).
@@ -157,6 +158,8 @@ def compress_file(
         source: where the bytes are read from; ``src`` then only gives the layout, so it
             may be a file of the same structure whose tensor bytes are holes
             (:mod:`ckptz.library.torch_image`).
+        largest_frame: how large the frames of large streams may grow (default: the
+            engine's ``largest_frame``; :func:`~ckptz.pipeline.plan.frame_size_for`).
 
     Raises:
         FormatError: the source changed while being read.
@@ -176,7 +179,7 @@ def compress_file(
                 engine.frame_size,
                 reader.read_at,
                 change.apart if change else frozenset(),
-                engine.largest_frame,
+                engine.largest_frame if largest_frame is None else largest_frame,
             )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         run = _Compression(
