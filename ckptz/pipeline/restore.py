@@ -211,13 +211,15 @@ class _Restore:
         self.spans = self.decoder.spans(engine.span_bytes)
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.digest = Piecewise(index.source_digest.kind, index.source_size)
+        # Once: a runtime protocol check walks the protocol's members on every call.
+        self.places = isinstance(sink, DeviceSink)
         # Checks on the GPU where the sink keeps the whole file there (module docstring).
         self.on_device = (
             isinstance(engine, DeviceChecks)
-            and isinstance(sink, DeviceSink)
+            and self.places
             and index.source_digest.kind.tree
             and self.decoder.transform is None
-            and sink.holds_on(engine.index, index.source_size)
+            and cast(DeviceSink, sink).holds_on(engine.index, index.source_size)
         )
         # Each decoded frame's users: the sink and the in-order digest walk (the sink only
         # when the digest is taken on the GPU, from the sink's bytes).
@@ -302,9 +304,9 @@ class _Restore:
     def _placer(self, span: range) -> Place | None:
         """For a sink that takes frames where a GPU decodes them: the run's ``k``-th frame to
         the sink's :meth:`~DeviceSink.place`."""
-        sink = self.sink
-        if not isinstance(sink, DeviceSink):
+        if not self.places:
             return None
+        sink = cast(DeviceSink, self.sink)
         return lambda k, device: sink.place(self.frames[span[k]], device)
 
     def _read(self, span: range) -> None:
