@@ -8,11 +8,12 @@ and differ only in their :class:`Sink`. Every check FORMAT.md promises runs on e
   whole run of frames at once, into one pinned buffer), checks that the padding is zero and
   every payload's checksum, and hands the frame (or run) to the engine;
 - the engine decodes it;
-- a writer thread checks the decoded frame's length and checksum (as a GPU engine took it
-  where it decoded the frame: the whole-file digest covers the copy back) and gives it to
+- a writer thread (on a CPU engine, the reader that decoded the frame, which spares a
+  hand-over per frame) checks the decoded frame's length and checksum (as a GPU engine took
+  it where it decoded the frame: the whole-file digest covers the copy back) and gives it to
   the sink, which puts its pieces where they belong (``pwrite`` at file offsets, compare,
   copy);
-- the writer thread also hashes the leaves of the whole-file digest lying whole inside the
+- that thread also hashes the leaves of the whole-file digest lying whole inside the
   frame, and one thread walks the restored bytes in file order, hashes the rest (all of an
   ``xxh3_128`` digest) and compares the digest (:mod:`ckptz.digest`).
 
@@ -313,13 +314,24 @@ class _Restore:
         """Read and check a run of frames' payloads, and queue its decoding."""
         try:
             fut, buffer = self.decoder.start_span(span, self._placer(span), self.on_device)
-            fut.add_done_callback(lambda f: self._queue_puts(span, f, buffer))
+            if fut.done():  # decoded in this thread (a CPU engine): checked and put from here too
+                self._queue_puts(span, fut, buffer, here=True)
+            else:
+                fut.add_done_callback(lambda f: self._queue_puts(span, f, buffer))
         except BaseException as exc:
             self._fail(exc)
 
-    def _queue_puts(self, span: range, fut: Future[DecodedSpan], buffer: np.ndarray | None) -> None:
+    def _queue_puts(
+        self, span: range, fut: Future[DecodedSpan], buffer: np.ndarray | None, here: bool = False
+    ) -> None:
+        """Once a run is decoded: its checks and puts, in this thread (``here``: a reader,
+        which spares a hand-over per frame) or a writer's."""
         if buffer is not None:  # decoded: the stored bytes are no longer needed
             self.engine.free_buffer(buffer)
+        if here:
+            if not self.stopped:
+                self._put_run(span, fut)
+            return
         try:
             with self.lock:
                 if self.stopped:  # a decode that ends after a failure: nothing to write
