@@ -157,8 +157,8 @@ class GpuEngine:
         #: parallelism of smaller chunks.
         big = self.codec_id == ANS_ID and self.batch_bytes >= 4 * ANS_FRAME_SIZE
         self.frame_size = ANS_FRAME_SIZE if big else FRAME_SIZE
-        #: One size: 8 MiB ANS frames coded 1.1x faster but restored no faster and cost
-        #: 0.1 % of ratio (16 MiB: 0.35 %, restores 0.7x; H100 host, BENCHMARKS.md session 22).
+        #: One size: 8 MiB ANS frames coded and restored about 10 % faster but cost 0.1 % of
+        #: ratio (16 MiB: 0.35 %; H100 host, BENCHMARKS.md session 22).
         self.largest_frame = self.frame_size
         self.threads = max(4, threads or os.cpu_count() or 4)
         #: A restore hands over spans of about a batch: one read, one copy to the device.
