@@ -49,6 +49,7 @@ _PENDING = 4096
 #: Leaf hashes per block of a :class:`LeafHashes` (512 KiB of hashes for 8 GiB of file).
 _BLOCK_SHIFT = 16
 _HEX32 = re.compile(r"[0-9a-f]{32}")
+_NONE = np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +217,16 @@ class LeafHashes:
         block[k & ((1 << _BLOCK_SHIFT) - 1)] = value
 
     def set_many(self, numbers: np.ndarray, values: np.ndarray) -> None:
-        """Set the leaves ``numbers`` (ascending) to ``values``."""
+        """Set the leaves ``numbers`` to ``values``."""
+        if not numbers.size:
+            return
+        lo, hi = int(numbers.min()) >> _BLOCK_SHIFT, int(numbers.max()) >> _BLOCK_SHIFT
+        if lo == hi:  # a frame's leaves: almost always in one block
+            block = self._blocks[lo]
+            if block is None:
+                block = self._make(lo)
+            block[numbers & ((1 << _BLOCK_SHIFT) - 1)] = values
+            return
         for b in np.unique(numbers >> _BLOCK_SHIFT).tolist():
             block = self._blocks[b]
             if block is None:
@@ -267,20 +277,39 @@ class Piecewise:
     def hash_whole(self, pieces: Iterable[tuple[int, int, int]], data: np.ndarray | memoryview) -> None:
         """Hash the leaves lying whole inside ``pieces``: ``(file offset, offset in data,
         bytes)`` of ``data``'s bytes (a frame's pieces). Safe from any thread."""
+        numbers, starts, sizes = self.whole_ranges(pieces)
+        if numbers.size:  # one call for the frame's leaves, without the GIL
+            self.hashes.set_many(numbers, xxh3_64_ranges(data, starts, sizes))
+
+    def whole_ranges(
+        self, pieces: Iterable[tuple[int, int, int]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The leaves lying whole inside ``pieces`` (as :meth:`hash_whole` takes them): their
+        numbers, where each starts in the pieces' data, and their sizes (int64). Whoever
+        hashes them where the data lies gives the hashes to :meth:`set_whole`. None for
+        :data:`SEQUENTIAL`, whose walk hashes every byte."""
         if self._walked is not None:
-            return
+            return _NONE, _NONE, _NONE
         leaf, size = self.kind.leaf, self.size
         numbers, starts = [], []
         for at, within, n in pieces:
             whole = whole_leaves(at, n, leaf, size)
-            numbers.append(np.arange(whole.start, whole.stop, dtype=np.int64))
-            starts.append(numbers[-1] * leaf + (within - at))
+            if whole:
+                numbers.append(np.arange(whole.start, whole.stop, dtype=np.int64))
+                starts.append(numbers[-1] * leaf + (within - at))
         if not numbers:
-            return
-        k = np.concatenate(numbers)
-        if k.size:  # one call for the frame's leaves, without the GIL
-            sizes = np.minimum((k + 1) * leaf, size) - k * leaf
-            self.hashes.set_many(k, xxh3_64_ranges(data, np.concatenate(starts), sizes))
+            return _NONE, _NONE, _NONE
+        k = np.concatenate(numbers) if len(numbers) > 1 else numbers[0]
+        return (
+            k,
+            np.concatenate(starts) if len(starts) > 1 else starts[0],
+            np.minimum((k + 1) * leaf, size) - k * leaf,
+        )
+
+    def set_whole(self, numbers: np.ndarray, hashes: np.ndarray) -> None:
+        """The hashes of leaves :meth:`whole_ranges` gave, taken wherever the bytes lie."""
+        if numbers.size:
+            self.hashes.set_many(numbers, hashes)
 
     def walk(self, at: int, piece: memoryview) -> None:
         """Hash what :meth:`hash_whole` leaves of the piece at file offset ``at``: its bytes

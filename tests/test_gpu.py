@@ -653,3 +653,56 @@ def test_a_gpu_restore_decodes_each_span_back_into_its_own_buffer(
                     assert np.shares_memory(data, buffer)
                     shared += 1
     assert shared > 0
+
+
+@gpu
+@pytest.mark.parametrize("codec", ["zstd", "ans"])
+def test_the_gpu_engine_hashes_frames_and_leaves_where_it_holds_them(tmp_path: Path, codec: str) -> None:
+    """Coding, the frame checksums and the digest come from the device's hashes of the
+    frames copied there; restoring, the digest's leaves from its hashes of the decoded
+    frames. Each is checked here against the host's hashes of the original bytes."""
+    from ckptz.digest import Piecewise, of_file
+    from ckptz.engines.base import Ranges
+    from ckptz.engines.gpu.engine import GpuEngine
+    from ckptz.pipeline.decoder import FrameDecoder
+    from ckptz.pipeline.restore import FileSink, restore
+
+    gen = torch.Generator().manual_seed(5)
+    src = tmp_path / "m.pt"
+    torch.save(
+        {"w": torch.randn(5_000_000, generator=gen), "h": torch.randn(777_777, generator=gen).half()}, src
+    )
+    original = src.read_bytes()
+    out = tmp_path / "m.ckptz"
+    with open(out, "wb") as f, GpuEngine(0, codec=codec) as engine:
+        assert engine.hashes
+        compress_file(src, "m.pt", f, engine)
+    with open(out, "rb") as f, GpuEngine(0, codec=codec) as engine:
+        index = read_index(f, str(out))
+        assert index.source_digest == of_file(src)
+        decoder = FrameDecoder(f.fileno(), str(out), index, engine)
+        digest = Piecewise(index.source_digest.kind, index.source_size)
+        hashed = 0
+        for span in decoder.spans(engine.span_bytes):
+            ranges = [digest.whole_ranges(decoder.frames[i].pieces) for i in span]
+            leaves = [Ranges(r[1], r[2]) if r[0].size else None for r in ranges]
+            fut, _ = decoder.start_span(span, leaves=leaves)
+            for k, i in enumerate(span):
+                frame = decoder.frames[i]
+                data = b"".join(original[at : at + n] for at, _, n in frame.pieces)
+                row = int(decoder._chunks(i)[0])  # type: ignore[index]
+                assert int(index.frames[row]["checksum"]) == checksum(data)  # taken on the device
+                got = fut.result().leaf_hashes(k)
+                if leaves[k] is not None:
+                    assert got is not None
+                    want = [
+                        checksum(data[a : a + n]) for a, n in zip(ranges[k][1], ranges[k][2], strict=True)
+                    ]
+                    assert got.tolist() == want
+                    hashed += got.size
+            decoder.finish_span(span[0], fut, 0)
+        assert hashed > 0
+        back = tmp_path / "back.pt"
+        with open(back, "wb") as sink:
+            restore(f, str(out), engine, FileSink(sink), index=index)
+    assert back.read_bytes() == original

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from ckptz.checksums import xxh3_64
+from ckptz.checksums import xxh3_64, xxh3_64_ranges
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DType, lookup
@@ -23,20 +23,39 @@ from ckptz.errors import CorruptionError
 
 
 @dataclass(frozen=True, slots=True)
+class Ranges:
+    """Byte ranges of one frame for an engine to hash where it holds the frame's bytes: the
+    leaves of a whole-file digest lying whole inside it (:meth:`ckptz.digest.Piecewise.whole_ranges`).
+
+    Attributes:
+        start: where each range starts in the frame (int64).
+        size: its bytes (int64).
+    """
+
+    start: np.ndarray
+    size: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class EncodedFrame:
-    """A coded frame: the checksum of its original bytes and one chunk per plane."""
+    """A coded frame: the checksum of its original bytes, one chunk per plane, and the
+    xxh3_64 of each of its :class:`FrameToCode`'s ``leaves`` (None where none were asked)."""
 
     checksum: int
     chunks: list[EncodedChunk]
+    leaves: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FrameToCode:
-    """One frame handed to :meth:`Engine.encode_span`: its bytes and their xxh3_64."""
+    """One frame handed to :meth:`Engine.encode_span`: its bytes and their xxh3_64 (None:
+    the engine takes it where it holds the bytes, see :attr:`Engine.hashes`), and ranges of
+    it to hash as well."""
 
     stream: StreamInfo
     data: np.ndarray
-    checksum: int
+    checksum: int | None
+    leaves: Ranges | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +95,7 @@ class SpanFrame:
         length: bytes it decodes to.
         where: how errors name it.
         at: where each chunk's payload starts in the span's buffer (16-byte aligned).
+        leaves: ranges of the decoded frame to hash as well (:attr:`DecodedSpan.leaves`).
     """
 
     stream: StreamInfo
@@ -83,6 +103,7 @@ class SpanFrame:
     length: int
     where: str
     at: tuple[int, ...]
+    leaves: Ranges | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +125,13 @@ class DecodedSpan:
             :class:`OnDevice` record), or the error that frame met.
         taken: for frames copied back from a GPU, the xxh3_64 the GPU took of their
             decoded bytes there (None, or no entry: take it from the host bytes).
+        leaves: for frames whose :class:`SpanFrame` asked, the xxh3_64 of each of its
+            ``leaves`` ranges of the decoded bytes (None, or no entry: not taken).
     """
 
     frames: list[np.ndarray | OnDevice | BaseException]
     taken: list[int | None] = field(default_factory=list)
+    leaves: list[np.ndarray | None] = field(default_factory=list)
 
     def frame(self, k: int) -> np.ndarray | OnDevice:
         """Frame ``k``'s host bytes (or :class:`OnDevice` record), or its error raised."""
@@ -124,6 +148,10 @@ class DecodedSpan:
             return got.length, got.checksum
         taken = self.taken[k] if k < len(self.taken) else None
         return got.size, xxh3_64(got) if taken is None else taken
+
+    def leaf_hashes(self, k: int) -> np.ndarray | None:
+        """The hashes of frame ``k``'s ``leaves`` ranges, where the engine took them."""
+        return self.leaves[k] if k < len(self.leaves) else None
 
 
 #: Called by an engine with the ``k``-th frame of a span and its decoded bytes on the
@@ -163,6 +191,14 @@ class Engine(Protocol):
             finished future (the CPU engine); callers that want ``threads``-fold
             parallelism call them from that many threads. Otherwise they queue the work and
             return at once (the GPU engine).
+        hashes: the pipeline leaves the hashing of each frame's bytes to the engine, which
+            takes it where it holds them (a GPU engine: on the device, once copied there):
+            :meth:`encode_span` gets frames whose ``checksum`` is None and gives back their
+            checksums and the hashes of their ``leaves``; :meth:`decode_span` gives back
+            the hashes of its frames' ``leaves`` (:attr:`DecodedSpan.leaves`). Every engine
+            honours both (the CPU engine hashes on the host); those that hash no faster
+            than the pipeline's readers, which hash a run of frames in one call while its
+            bytes are in cache, say False.
     """
 
     @property
@@ -174,6 +210,7 @@ class Engine(Protocol):
     look_ahead: int
     span_bytes: int
     inline: bool
+    hashes: bool
 
     def host_buffer(self, size: int) -> np.ndarray:
         """A uint8 buffer for frames that this engine reads fastest (pinned on a GPU)."""
@@ -262,10 +299,24 @@ def run_all(engine: Engine, calls: Sequence[Callable[[], Future[_T]]]) -> list[_
 
 
 def encode_each(engine: Engine, frames: list[FrameToCode]) -> Future[EncodedSpan]:
-    """:meth:`Engine.encode_span` for an engine that codes frame by frame."""
+    """:meth:`Engine.encode_span` for an engine that codes frame by frame (checksums and
+    leaves asked for taken here, on the host)."""
+
+    def each(done: list[Future[EncodedFrame]]) -> EncodedSpan:
+        coded = [f.result() for f in done]
+        return EncodedSpan(
+            [
+                c if f.leaves is None else replace(c, leaves=hash_ranges(f.data, f.leaves))
+                for f, c in zip(frames, coded, strict=True)
+            ]
+        )
+
     return _gather(
-        [engine.encode(f.stream, f.data, f.checksum) for f in frames],
-        lambda done: EncodedSpan([f.result() for f in done]),
+        [
+            engine.encode(f.stream, f.data, xxh3_64(f.data) if f.checksum is None else f.checksum)
+            for f in frames
+        ],
+        each,
         fail_whole=True,
     )
 
@@ -275,7 +326,12 @@ def decode_each(engine: Engine, frames: list[SpanFrame], check: bool = False) ->
     frame's payloads checked first, on the host)."""
 
     def each(done: list[Future[np.ndarray]]) -> DecodedSpan:
-        return DecodedSpan([f.exception() or f.result() for f in done])
+        got: list[np.ndarray | OnDevice | BaseException] = [f.exception() or f.result() for f in done]
+        leaves: list[np.ndarray | None] = [
+            hash_ranges(data, f.leaves) if f.leaves is not None and isinstance(data, np.ndarray) else None
+            for f, data in zip(frames, got, strict=True)
+        ]
+        return DecodedSpan(got, [], leaves)
 
     def one(f: SpanFrame) -> Future[np.ndarray]:
         failed = payload_error(f) if check else None
@@ -286,6 +342,11 @@ def decode_each(engine: Engine, frames: list[SpanFrame], check: bool = False) ->
         return out
 
     return _gather([one(f) for f in frames], each)
+
+
+def hash_ranges(data: np.ndarray, ranges: Ranges) -> np.ndarray:
+    """The xxh3_64 of each of ``ranges`` of ``data`` (host bytes), in one call."""
+    return xxh3_64_ranges(data, ranges.start, ranges.size)
 
 
 def payload_error(frame: SpanFrame, sums: Sequence[int] | None = None) -> CorruptionError | None:
@@ -347,10 +408,12 @@ __all__ = [
     "FrameToCode",
     "OnDevice",
     "Place",
+    "Ranges",
     "SpanFrame",
     "StoredChunk",
     "decode_each",
     "encode_each",
+    "hash_ranges",
     "payload_error",
     "run_all",
     "stream_dtype",

@@ -78,6 +78,8 @@ class CpuEngine:
     frame_size = CPU_FRAME_SIZE
     largest_frame = CPU_LARGEST_FRAME
     inline = True
+    #: The pipeline's readers hash a run of frames in one call while its bytes are in cache.
+    hashes = False
     #: A frame at a time: each is decoded by the reader thread that read it.
     span_bytes = 0
 

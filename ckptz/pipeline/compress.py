@@ -65,6 +65,7 @@ from ckptz.engines.base import (
     EncodedSpan,
     Engine,
     FrameToCode,
+    Ranges,
     SpanFrame,
     StoredChunk,
 )
@@ -234,6 +235,10 @@ class _Compression:
         self.read: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.coded: list[Future[EncodedSpan] | None] = [None] * len(self.runs)
         self.sums = [0] * len(self.frames)
+        # The engine hashes each frame where it holds its bytes (not with a transform, whose
+        # coded bytes are not the file's): the numbers of the digest's leaves it hashes.
+        self.engine_hashes = engine.hashes and change is None
+        self.leaves: list[np.ndarray | None] = [None] * len(self.frames)
         self.buffers: list[np.ndarray | None] = [None] * len(self.runs)
         # Each frame has three users of its run's buffer: the digest, the writer stage, verification.
         self.users = [3 * len(run) for run in self.runs]
@@ -261,7 +266,8 @@ class _Compression:
         hasher.start()
         try:
             frames, chunks, writes, checks, end = self._place()
-            source_digest = digest.result()
+            digest.result()  # walked; the leaves an engine hashed are in once placed
+            source_digest = self.digest.digest()
             for w in writes:
                 w.result()  # also fills in the chunk rows' checksums
             for c in checks:
@@ -320,6 +326,10 @@ class _Compression:
             with trace.span("read"):
                 self._scatter_read(pieces, buf)
             views = [buf[self.at[i] : self.at[i] + self.frames[i].length] for i in run]
+            if self.engine_hashes:  # the engine hashes where it holds the bytes (its GPU)
+                self.coded[r] = self.engine.encode_span(self._to_hash(run, views), buf)
+                self._read_done(run, views)
+                return
             with trace.span("digest leaves"):
                 self.digest.hash_whole(pieces, buf)  # while the bytes are in cache
             if self.change is None:
@@ -336,11 +346,26 @@ class _Compression:
                 self.sums[i] = crc
                 todo.append(FrameToCode(self.plan.streams[self.frames[i].stream], data, crc))
             self.coded[r] = self.engine.encode_span(todo, buf if self.change is None else None)
-            for i, view in zip(run, views, strict=True):
-                self.read[i].set_result(view)
-            self.progress(sum(v.size for v in views))
+            self._read_done(run, views)
         except BaseException as exc:
             self._fail(exc)
+
+    def _to_hash(self, run: range, views: list[np.ndarray]) -> list[FrameToCode]:
+        """A run's frames for an engine that takes their checksums and the digest's leaves
+        inside them where it holds their bytes (:attr:`~ckptz.engines.base.Engine.hashes`)."""
+        todo = []
+        for i, view in zip(run, views, strict=True):
+            frame = self.frames[i]
+            numbers, starts, sizes = self.digest.whole_ranges(frame.pieces)
+            self.leaves[i] = numbers
+            stream = self.plan.streams[frame.stream]
+            todo.append(FrameToCode(stream, view, None, Ranges(starts, sizes) if numbers.size else None))
+        return todo
+
+    def _read_done(self, run: range, views: list[np.ndarray]) -> None:
+        for i, view in zip(run, views, strict=True):
+            self.read[i].set_result(view)
+        self.progress(sum(v.size for v in views))
 
     def _scatter_read(self, pieces: list[tuple[int, int, int]], buf: np.ndarray) -> None:
         """Read ``pieces`` (file offset, offset in ``buf``, bytes; in file order): one
@@ -402,6 +427,8 @@ class _Compression:
             start, parts, payloads = pos, list[bytes | memoryview](), list[bytes | memoryview]()
             rows: list[list[int]] = []
             firsts = []
+            if self.engine_hashes:
+                self._take_hashes(run, span)
             for i, coded in zip(run, span.frames, strict=True):
                 frame = self.frames[i]
                 first = len(chunks) + len(rows)
@@ -436,6 +463,20 @@ class _Compression:
             writes.append(w)
             self.tasks.append(w)
         return frames, chunks, writes, checks, pos
+
+    def _take_hashes(self, run: range, span: EncodedSpan) -> None:
+        """Each frame's checksum and the digest's leaves, as the engine took them."""
+        numbers, hashes = [], []
+        for i, coded in zip(run, span.frames, strict=True):
+            self.sums[i] = coded.checksum
+            k, self.leaves[i] = self.leaves[i], None
+            if k is not None and k.size:
+                if coded.leaves is None or coded.leaves.size != k.size:
+                    raise RuntimeError("the engine did not hash the leaves it was given")
+                numbers.append(k)
+                hashes.append(coded.leaves)
+        if numbers:
+            self.digest.set_whole(np.concatenate(numbers), np.concatenate(hashes))
 
     def _store(
         self,

@@ -31,6 +31,7 @@ from ckptz.engines.base import (
     Engine,
     OnDevice,
     Place,
+    Ranges,
     SpanFrame,
     StoredChunk,
 )
@@ -124,12 +125,17 @@ class FrameDecoder:
         return int(offsets[0]), int(ends[-1])
 
     def start_span(
-        self, frames: range, place: Place | None = None, keep: bool = False
+        self,
+        frames: range,
+        place: Place | None = None,
+        keep: bool = False,
+        leaves: list[Ranges | None] | None = None,
     ) -> tuple[Future[DecodedSpan], np.ndarray | None]:
         """Read the payloads of ``frames`` (a run from :meth:`spans`) with one ``pread``
         into a buffer of the engine's, check every payload, and queue the run's decoding
         (``place`` and ``keep`` as in :meth:`~ckptz.engines.base.Engine.decode_span`; never
-        with a series transform, which changes the decoded bytes after).
+        with a series transform, which changes the decoded bytes after; ``leaves``: each
+        frame's ranges for the engine to hash, :attr:`~ckptz.engines.base.SpanFrame.leaves`).
         Return the future and the buffer, for the caller to give back to the engine once
         the future is done (None: the run was read frame by frame). :meth:`finish_span`
         checks each frame's result.
@@ -141,7 +147,7 @@ class FrameDecoder:
         first = self._extent(frames[0]) if self.engine.span_bytes else None
         last = self._extent(frames[-1]) if first is not None else None
         if first is None or last is None:  # frame by frame (a run of one, from spans())
-            stored = [self._stored(i, None, 0) for i in frames]
+            stored = [self._stored(i, None, 0, _nth(leaves, k)) for k, i in enumerate(frames)]
             return self.engine.decode_span(NO_BUFFER, stored, place, keep), None
         lo, hi = first[0], last[1]
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
@@ -157,7 +163,7 @@ class FrameDecoder:
                     chunk=self._chunks(frames[0])[1],  # type: ignore[index]
                 )
             with trace.span("check payloads"):
-                stored = [self._stored(i, buffer, lo) for i in frames]
+                stored = [self._stored(i, buffer, lo, _nth(leaves, k)) for k, i in enumerate(frames)]
         except BaseException:
             self.engine.free_buffer(buffer)
             raise
@@ -184,7 +190,9 @@ class FrameDecoder:
         first = int(self._chunk_starts[row])
         return row, first, self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
 
-    def _stored(self, i: int, buffer: np.ndarray | None, base: int) -> SpanFrame:
+    def _stored(
+        self, i: int, buffer: np.ndarray | None, base: int, leaves: Ranges | None = None
+    ) -> SpanFrame:
         """Frame ``i``'s payloads, checked: views of ``buffer`` (which holds the container from
         offset ``base``), or read now where ``buffer`` is None."""
         frame = self.frames[i]
@@ -223,7 +231,7 @@ class FrameDecoder:
                 )
         with self._count_lock:
             self.frames_decoded += 1
-        return SpanFrame(self.index.streams[frame.stream], stored, frame.length, self._where(i), at)
+        return SpanFrame(self.index.streams[frame.stream], stored, frame.length, self._where(i), at, leaves)
 
     def _views(
         self, chunks: np.ndarray, first: int, tensor: str | None, buffer: np.ndarray, base: int
@@ -343,6 +351,10 @@ class FrameDecoder:
                 out.append(block[at : at + sizes[m]])
             j = k
         return out
+
+
+def _nth(leaves: list[Ranges | None] | None, k: int) -> Ranges | None:
+    return None if leaves is None else leaves[k]
 
 
 def _buffer_size(n: int) -> int:

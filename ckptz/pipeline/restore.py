@@ -42,7 +42,7 @@ import numpy as np
 from ckptz import safeio, trace
 from ckptz.container import Index, read_index
 from ckptz.digest import Digest, Piecewise
-from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Place
+from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Place, Ranges
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.plan import Frame
@@ -222,6 +222,12 @@ class _Restore:
             and self.decoder.transform is None
             and cast(DeviceSink, sink).holds_on(engine.index, index.source_size)
         )
+        # The engine hashes the digest's leaves inside each frame where it decodes it (on its
+        # GPU), unless a transform changes the bytes after decoding.
+        self.engine_leaves = (
+            engine.hashes and not self.on_device and self.digest.kind.tree and self.decoder.transform is None
+        )
+        self.leaves: list[np.ndarray | None] = [None] * len(self.frames)
         # Each decoded frame's users: the sink and the in-order digest walk (the sink only
         # when the digest is taken on the GPU, from the sink's bytes).
         self.users = [1 if self.on_device else 2] * len(self.frames)
@@ -313,13 +319,19 @@ class _Restore:
     def _read(self, span: range) -> None:
         """Read and check a run of frames' payloads, and queue its decoding."""
         try:
-            fut, buffer = self.decoder.start_span(span, self._placer(span), self.on_device)
+            leaves = [self._leaf_ranges(i) for i in span] if self.engine_leaves else None
+            fut, buffer = self.decoder.start_span(span, self._placer(span), self.on_device, leaves)
             if fut.done():  # decoded in this thread (a CPU engine): checked and put from here too
                 self._queue_puts(span, fut, buffer, here=True)
             else:
                 fut.add_done_callback(lambda f: self._queue_puts(span, f, buffer))
         except BaseException as exc:
             self._fail(exc)
+
+    def _leaf_ranges(self, i: int) -> Ranges | None:
+        numbers, starts, sizes = self.digest.whole_ranges(self.frames[i].pieces)
+        self.leaves[i] = numbers
+        return Ranges(starts, sizes) if numbers.size else None
 
     def _queue_puts(
         self, span: range, fut: Future[DecodedSpan], buffer: np.ndarray | None, here: bool = False
@@ -356,8 +368,7 @@ class _Restore:
                 data = _SPENT.result()
             else:
                 if not self.on_device:
-                    with trace.span("digest leaves"):
-                        self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
+                    self._hash_leaves(i, data, fut.result().leaf_hashes(k))
                 # The sink first: the digest, which ends the run, then waits for every frame's put.
                 with trace.span("put"):
                     self.sink.put(self.frames[i], data)
@@ -368,6 +379,16 @@ class _Restore:
             self._fail(exc)
             return False
         return True
+
+    def _hash_leaves(self, i: int, data: np.ndarray, taken: np.ndarray | None) -> None:
+        """The digest's leaves inside frame ``i``: as the engine hashed them where it decoded
+        the frame (from the bytes it copied back, which the walk then covers), else here."""
+        numbers, self.leaves[i] = self.leaves[i], None
+        if taken is not None and numbers is not None and taken.size == numbers.size:
+            self.digest.set_whole(numbers, taken)
+            return
+        with trace.span("digest leaves"):
+            self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
 
 
 _SPENT: Future[np.ndarray] = Future()

@@ -60,6 +60,7 @@ from ckptz.engines.base import (
     FrameToCode,
     OnDevice,
     Place,
+    Ranges,
     SpanFrame,
     StoredChunk,
     payload_error,
@@ -136,6 +137,10 @@ class GpuEngine:
             look-ahead.
         workers: batches in flight at once (each with its own CUDA stream).
     """
+
+    #: Each frame's checksum and its digest leaves are taken on the device, from the bytes
+    #: copied there (coding) or decoded there (restoring): the host hashes none of them.
+    hashes = True
 
     def __init__(
         self,
@@ -393,15 +398,25 @@ class GpuEngine:
         layout = plan_batch([_shape(f.stream, f.data.size) for f in frames])
         with trace.span("upload"):
             data = self._upload(w, frames, layout)
+        # Checksums and leaves asked for, hashed from the frames as copied here, queued ahead
+        # of the coding; read once the block is back (the stream is idle by then).
+        asked = _Hashes(
+            [data.ptr + at for at in layout.data_offsets],
+            [f.data.size for f in frames],
+            [f.checksum is None for f in frames],
+            [f.leaves for f in frames],
+        )
+        queued = w.ops.queue_xxh3(asked.ptrs, asked.lengths, "frame_hashes")
         batch = encode_batch(w.codecs, w.ops, self.codec_id, data, layout)
         # One copy back: the batch's payloads, already laid out as the container stores them.
         with trace.span("to host"):
             host = _to_host(batch.block, w.stream)
+        sums, leaves = asked.split(w.ops.download(queued, np.uint64) if queued.size else _NO_HASHES)
         view = memoryview(host)  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
         end = (batch.offset + padded_sizes(batch.size)).tolist()
         raw = batch.table.raw_size.tolist()
-        c = 0  # chunks in frame-then-plane order, jobs one after another
+        c = m = 0  # chunks in frame-then-plane order, and frames, jobs one after another
         for j in jobs:
             first, coded = c, []
             for x in j.frames:
@@ -410,8 +425,11 @@ class GpuEngine:
                     EncodedChunk(codec[k], raw[k], view[offset[k] : offset[k] + size[k]])  # type: ignore[arg-type]
                     for k in range(c, c + n)
                 ]
-                coded.append(EncodedFrame(x.checksum, chunks))
+                checksum = x.checksum if x.checksum is not None else sums[m]
+                assert checksum is not None  # asked for where not given
+                coded.append(EncodedFrame(checksum, chunks, leaves[m]))
                 c += n
+                m += 1
             # A job's chunks lie back to back in the block: the container's data area for
             # its frames.
             block = host[offset[first] : end[c - 1]] if c > first else host[:0]
@@ -434,6 +452,7 @@ class GpuEngine:
         # Each frame's result, job by job: host bytes or an error.
         results: list[list[np.ndarray | OnDevice | BaseException]] = [[] for _ in jobs]
         taken: list[list[int | None]] = [[None] * len(j.frames) for j in jobs]
+        hashed: list[list[np.ndarray | None]] = [[None] * len(j.frames) for j in jobs]
         gpu: list[tuple[int, int, SpanFrame]] = []
         cpu: list[tuple[int, int, Future[np.ndarray]]] = []
         for n, j in enumerate(jobs):
@@ -455,7 +474,7 @@ class GpuEngine:
                 cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
         if gpu:
             try:
-                self._decode_on_gpu(w, jobs, gpu, results, taken, spare=not cpu)
+                self._decode_on_gpu(w, jobs, gpu, results, taken, hashed, spare=not cpu)
             except CkptzError as exc:
                 error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
                 for n, k, _ in gpu:
@@ -466,7 +485,7 @@ class GpuEngine:
             # which its reader reuses once the span is done.
             results[n][k] = failed if failed is not None else np.array(fut.result(), copy=True)
         for n, j in enumerate(jobs):
-            j.future.set_result(DecodedSpan(results[n], taken[n]))
+            j.future.set_result(DecodedSpan(results[n], taken[n], hashed[n]))
 
     def _decode_on_gpu(
         self,
@@ -475,10 +494,12 @@ class GpuEngine:
         gpu: list[tuple[int, int, SpanFrame]],
         results: list[list[np.ndarray | OnDevice | BaseException]],
         taken: list[list[int | None]],
+        hashed: list[list[np.ndarray | None]],
         spare: bool = False,
     ) -> None:
         """Decode ``gpu``'s frames in one batch (``spare``: no CPU thread reads the span's
-        buffer meanwhile, so the frames may come back into it)."""
+        buffer meanwhile, so the frames may come back into it), filling in each frame's
+        result, its checksum and its leaves' hashes taken here."""
         chunks = [c for _, _, f in gpu for c in f.chunks]
         codec = np.array([c.codec for c in chunks], dtype=np.int64)
         const = codec == CONST_ID
@@ -524,27 +545,34 @@ class GpuEngine:
                     place(k, DeviceBytes(data.at(off, f.length), self.index, w.ops.stream))
         # Each frame's checksum, taken where it was decoded: for frames that stay on the
         # device, and for those of a restore (``check``), whose host copy the whole-file
-        # digest then covers byte for byte.
+        # digest then covers byte for byte; and the leaves of that digest asked for.
         stays = all(j.keep for j in jobs)
-        sums: list[int] = []
-        if stays or any(j.check for j in jobs):
-            with trace.span("checksums"):
-                ptrs = np.array([data.ptr + off for off in layout.data_offsets], np.uint64)
-                sums = w.ops.xxh3(ptrs, np.array([f.length for f in frames], np.uint64)).tolist()
+        whole = stays or any(j.check for j in jobs)
+        asked = _Hashes(
+            [data.ptr + off for off in layout.data_offsets],
+            [f.length for f in frames],
+            [whole] * len(frames),
+            [f.leaves for f in frames],
+        )
         if stays:  # the frames stay on the device: their checksums only
+            with trace.span("checksums"):
+                sums, _ = asked.split(w.ops.xxh3(asked.ptrs, asked.lengths))
             for (n, k, f), checksum in zip(gpu, sums, strict=True):
+                assert checksum is not None
                 results[n][k] = OnDevice(f.length, checksum)
             return
+        queued = w.ops.queue_xxh3(asked.ptrs, asked.lengths, "frame_hashes")
         with trace.span("to host"):
             # A span's frames come back into its own pinned buffer, whose payloads are on the
             # device by now (copies on one stream run in order): it holds the span's original
             # bytes by its size, and one region per span keeps the pinned pool to one size.
             fits = spare and buffer is not None and int(data.size) <= buffer.size
             view = _to_host(data, w.stream, buffer if fits else None)
+        sums, leaves = asked.split(w.ops.download(queued, np.uint64) if queued.size else _NO_HASHES)
         for m, ((n, k, f), off) in enumerate(zip(gpu, layout.data_offsets, strict=True)):
             results[n][k] = view[off : off + f.length]
-            if sums:
-                taken[n][k] = sums[m]
+            taken[n][k] = sums[m]
+            hashed[n][k] = leaves[m]
 
     @staticmethod
     def _check_payloads(
@@ -641,6 +669,45 @@ def _check_chunks(j: SpanFrame) -> None:
             raise CorruptionError(f"{j.where}: constant chunk of {len(c.payload)} bytes", chunk=c.index)
         if c.codec == RAW_ID and len(c.payload) != c.raw_size:
             raise CorruptionError(f"{j.where}: stored chunk of the wrong size", chunk=c.index)
+
+
+class _Hashes:
+    """The ranges of a batch's frames hashed on the device, in one call: each frame whole
+    where ``whole`` says, then its ``leaves`` ranges (:class:`~ckptz.engines.base.Ranges`)."""
+
+    def __init__(
+        self, addresses: list[int], lengths: list[int], whole: list[bool], leaves: list[Ranges | None]
+    ) -> None:
+        ptrs: list[np.ndarray] = []
+        sizes: list[np.ndarray] = []
+        count = 0
+        self._at: list[tuple[int, int, int]] = []  # per frame: its checksum's slot (-1: none), leaves
+        for address, n, entire, ranges in zip(addresses, lengths, whole, leaves, strict=True):
+            slot = -1
+            if entire:
+                slot, count = count, count + 1
+                ptrs.append(np.array([address], np.uint64))
+                sizes.append(np.array([n], np.uint64))
+            first = count
+            if ranges is not None:
+                ptrs.append(ranges.start.astype(np.uint64) + np.uint64(address))
+                sizes.append(ranges.size.astype(np.uint64))
+                count += ranges.size.size
+            self._at.append((slot, first, count))
+        self.ptrs = np.concatenate(ptrs) if ptrs else _NO_HASHES
+        self.lengths = np.concatenate(sizes) if sizes else _NO_HASHES
+
+    def split(self, got: np.ndarray) -> tuple[list[int | None], list[np.ndarray | None]]:
+        """The hashes of one call by frame: its checksum (None where not asked) and its
+        leaves' (None where none were asked)."""
+        sums = got.tolist()
+        return (
+            [sums[slot] if slot >= 0 else None for slot, _, _ in self._at],
+            [got[a:b] if b > a else None for _, a, b in self._at],
+        )
+
+
+_NO_HASHES = np.zeros(0, np.uint64)
 
 
 def _job_bytes(job: _Job) -> int:

@@ -447,14 +447,22 @@ class CudaOps:
     def xxh3(self, ptrs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """The xxh3_64 (seed 0) of ``lengths[i]`` bytes at device address ``ptrs[i]`` for each
         ``i``, once the work queued before on the stream is done (uint64, on the host)."""
+        if not len(ptrs):
+            return np.zeros(0, np.uint64)
+        return self.download(self.queue_xxh3(ptrs, lengths), np.uint64)
+
+    def queue_xxh3(self, ptrs: np.ndarray, lengths: np.ndarray, name: str = "hash") -> Buf:
+        """:meth:`xxh3`, queued on the stream without waiting: the hashes land in scratch
+        buffer ``name`` (uint64 each) for :meth:`download` once wanted (a batch's frames,
+        hashed while the rest of its work is queued behind)."""
         n = len(ptrs)
         if not n:
-            return np.zeros(0, np.uint64)
-        table = self.upload("hash_in", np.concatenate([ptrs, lengths]).astype(np.uint64))
-        out = self.scratch("hash_out", 8 * n)
+            return Buf(0, 0)
+        table = self.upload(f"{name}_in", np.concatenate([ptrs, lengths]).astype(np.uint64))
+        out = self.scratch(f"{name}_out", 8 * n)
         args = [_ptr(table.ptr), _ptr(table.ptr + 8 * n), _ptr(out.ptr), ctypes.c_int64(n)]
         self._launch("xxh3_many", (_cdiv(n, _THREADS // 32), 1), args)
-        return self.download(out, np.uint64)
+        return out
 
     def copy_ranges(self, src: np.ndarray, dst: np.ndarray, lengths: np.ndarray) -> None:
         """Queue copies of ``lengths[i]`` bytes from device address ``src[i]`` to ``dst[i]``."""

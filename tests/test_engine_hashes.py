@@ -1,0 +1,169 @@
+"""Hashing left to the engine (``Engine.hashes``): each frame's checksum and the whole-file
+digest's leaves inside it, taken where the engine holds the frame's bytes.
+
+A GPU engine takes them on the device; :class:`HashingCpu` is the CPU engine saying it hashes
+too (``encode_each``/``decode_each`` hash on the host), so the pipeline's side of it (which
+frames ask for what, and where the answers go) runs here on any machine. A container made
+so must be byte-identical to one whose pipeline hashed on the host, and an engine's wrong
+answer must fail the run, which shows the answers are the ones used.
+"""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ckptz.container import read_index
+from ckptz.digest import LEAF
+from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, SpanFrame
+from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import CorruptionError
+from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
+
+
+class HostHashing(CpuEngine):
+    """The CPU engine with frames of two leaves and runs of several frames."""
+
+    frame_size = 2 * LEAF
+    largest_frame = 2 * LEAF
+    span_bytes = 8 * LEAF
+
+
+class HashingCpu(HostHashing):
+    """The same engine, hashing each frame itself; counts what it was asked."""
+
+    hashes = True
+
+    def __init__(self, threads: int = 4) -> None:
+        super().__init__(threads=threads)
+        self.asked = {"checksums": 0, "leaves": 0, "decoded leaves": 0}
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+        self.asked["checksums"] += sum(f.checksum is None for f in frames)
+        self.asked["leaves"] += sum(0 if f.leaves is None else f.leaves.size.size for f in frames)
+        return super().encode_span(frames, buffer)
+
+    def decode_span(
+        self,
+        buffer: np.ndarray,
+        frames: list[SpanFrame],
+        place: Place | None = None,
+        keep: bool = False,
+        check: bool = False,
+    ) -> Future[DecodedSpan]:
+        self.asked["decoded leaves"] += sum(0 if f.leaves is None else f.leaves.size.size for f in frames)
+        return super().decode_span(buffer, frames, place, keep, check)
+
+
+class WrongLeaves(HashingCpu):
+    """Gives a wrong hash for the first leaf of every frame, coding or decoding."""
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+        span = super().encode_span(frames, buffer).result()
+        for frame in span.frames:
+            if frame.leaves is not None and frame.leaves.size:
+                frame.leaves[0] ^= 1
+        return _done(span)
+
+    def decode_span(
+        self,
+        buffer: np.ndarray,
+        frames: list[SpanFrame],
+        place: Place | None = None,
+        keep: bool = False,
+        check: bool = False,
+    ) -> Future[DecodedSpan]:
+        span = super().decode_span(buffer, frames, place, keep, check).result()
+        for leaves in span.leaves:
+            if leaves is not None and leaves.size:
+                leaves[0] ^= 1
+        return _done(span)
+
+
+class NoLeaves(HashingCpu):
+    """Takes the checksums it is asked for but drops the leaves."""
+
+    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+        plain = [FrameToCode(f.stream, f.data, f.checksum) for f in frames]
+        return super().encode_span(plain, buffer)
+
+
+def _done(value: object) -> Future:  # type: ignore[type-arg]
+    fut: Future[object] = Future()
+    fut.set_result(value)
+    return fut
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    gen = torch.Generator().manual_seed(11)
+    state = {
+        "w": torch.randn(1_500_000, generator=gen),  # 6 MB: whole leaves in every frame
+        "m": (torch.randn(900_001, generator=gen) * 1e-3).to(torch.bfloat16),  # an odd size
+        "zeros": torch.zeros(300_000),
+        "step": 7,
+    }
+    path = tmp_path_factory.mktemp("hashes") / "model.pt"
+    torch.save(state, path)
+    return path
+
+
+def _compress(src: Path, engine: CpuEngine, out: Path | None = None, verify: bool = False) -> bytes:
+    buf = io.BytesIO()
+    with engine:
+        if out is None:
+            compress_file(src, src.name, buf, engine)
+            return buf.getvalue()
+        with open(out, "wb+") as f:
+            compress_file(src, src.name, f, engine, verify=verify)
+        return out.read_bytes()
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_an_engine_that_hashes_makes_the_same_container(source: Path, tmp_path: Path, verify: bool) -> None:
+    want = _compress(source, HostHashing(threads=4))
+    engine = HashingCpu()
+    got = _compress(source, engine, tmp_path / "c.ckptz", verify)
+    assert got == want
+    with open(tmp_path / "c.ckptz", "rb") as f:
+        frames = len(read_index(f, "c").frames)
+    assert engine.asked["checksums"] == frames
+    # Every frame of two leaves at an offset of its own holds at least one whole leaf.
+    assert engine.asked["leaves"] >= frames // 2
+
+
+def test_an_engine_that_hashes_restores_and_checks(source: Path, tmp_path: Path) -> None:
+    packed = tmp_path / "c.ckptz"
+    packed.write_bytes(_compress(source, HostHashing(threads=4)))
+    back = tmp_path / "back.pt"
+    with open(packed, "rb") as f, open(back, "wb") as sink, HashingCpu() as engine:
+        restore(f, "c", engine, FileSink(sink))
+    assert back.read_bytes() == source.read_bytes()
+    assert engine.asked["decoded leaves"] > 0
+
+
+def test_wrong_leaf_hashes_from_the_engine_fail_the_digest(source: Path, tmp_path: Path) -> None:
+    # Coding: the container records the digest the engine's hashes make, which the file's
+    # bytes then do not match.
+    packed = tmp_path / "c.ckptz"
+    packed.write_bytes(_compress(source, WrongLeaves()))
+    with (
+        open(packed, "rb") as f,
+        HostHashing(threads=4) as engine,
+        pytest.raises(CorruptionError, match="digest"),
+    ):
+        restore(f, "c", engine, DiscardSink())
+    # Restoring: a good container, and an engine whose leaves are wrong.
+    packed.write_bytes(_compress(source, HostHashing(threads=4)))
+    with open(packed, "rb") as f, WrongLeaves() as engine, pytest.raises(CorruptionError, match="digest"):
+        restore(f, "c", engine, DiscardSink())
+
+
+def test_an_engine_that_drops_the_leaves_fails_the_compression(source: Path) -> None:
+    with pytest.raises(RuntimeError, match="did not hash the leaves"):
+        _compress(source, NoLeaves())
