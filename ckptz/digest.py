@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -306,6 +306,10 @@ class Piecewise:
             np.minimum((k + 1) * leaf, size) - k * leaf,
         )
 
+    def leaf_table(self, frames: Sequence[Sequence[tuple[int, int, int]]]) -> LeafTable:
+        """:meth:`whole_ranges` of every frame's pieces at once, in frame order."""
+        return LeafTable(self, frames)
+
     def set_whole(self, numbers: np.ndarray, hashes: np.ndarray) -> None:
         """The hashes of leaves :meth:`whole_ranges` gave, taken wherever the bytes lie."""
         if numbers.size:
@@ -350,6 +354,47 @@ class Piecewise:
             return self._walked.digest()
         assert self._open_leaf < 0, "a leaf was left unfinished"
         return Digest(self.kind, self.hashes.hexdigest())
+
+
+class LeafTable:
+    """The leaves lying whole inside each of a file's frames (each frame's pieces, as
+    :meth:`Piecewise.hash_whole` takes them), found for all frames at once: a run of frames
+    then takes its leaves as slices (:meth:`span`) rather than each frame working them out.
+
+    Attributes:
+        numbers: every frame's leaves' numbers, frame after frame (int64).
+        frame: the frame each lies in.
+        start: where each starts in its frame.
+        size: its bytes.
+    """
+
+    def __init__(self, digest: Piecewise, frames: Sequence[Sequence[tuple[int, int, int]]]) -> None:
+        counts = [len(pieces) for pieces in frames]
+        flat = np.array([p for pieces in frames for p in pieces], np.int64).reshape(-1, 3)
+        at, within, n = flat[:, 0], flat[:, 1], flat[:, 2]
+        owner = np.repeat(np.arange(len(frames), dtype=np.int64), counts)
+        if digest.kind.tree:
+            leaf, size = digest.kind.leaf, digest.size
+            first = -(-at // leaf)
+            end = at + n
+            stop = np.where(end == size, -(-end // leaf), end // leaf)
+            whole = np.maximum(stop - first, 0)  # whole_leaves(), for every piece at once
+        else:
+            leaf, size, first, whole = 1, 0, at, np.zeros_like(at)
+        total = int(whole.sum())
+        begins = np.repeat(np.cumsum(whole) - whole, whole)
+        self.numbers = np.repeat(first, whole) + np.arange(total, dtype=np.int64) - begins
+        self.frame = np.repeat(owner, whole)
+        self.start = self.numbers * leaf + np.repeat(within - at, whole)
+        self.size = np.minimum((self.numbers + 1) * leaf, size) - self.numbers * leaf
+        per_frame = np.bincount(self.frame, minlength=len(frames))
+        self.bounds = np.concatenate([[0], np.cumsum(per_frame)]).astype(np.int64)
+
+    def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The leaves of frames ``lo`` to ``hi - 1``: numbers, frame (counted from ``lo``),
+        start in that frame, and size."""
+        a, b = int(self.bounds[lo]), int(self.bounds[hi])
+        return self.numbers[a:b], self.frame[a:b] - lo, self.start[a:b], self.size[a:b]
 
 
 def of_file(file: int | str | os.PathLike[str], kind: Kind = TREE, threads: int | None = None) -> Digest:
@@ -397,6 +442,7 @@ __all__ = [
     "Hasher",
     "Kind",
     "LeafHashes",
+    "LeafTable",
     "Piecewise",
     "leaf_count",
     "of_file",

@@ -20,7 +20,7 @@ import torch
 
 from ckptz.container import read_index
 from ckptz.digest import LEAF
-from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, SpanFrame
+from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, Ranges, SpanFrame
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError
 from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
@@ -43,10 +43,12 @@ class HashingCpu(HostHashing):
         super().__init__(threads=threads)
         self.asked = {"checksums": 0, "leaves": 0, "decoded leaves": 0}
 
-    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+    def encode_span(
+        self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
+    ) -> Future[EncodedSpan]:
         self.asked["checksums"] += sum(f.checksum is None for f in frames)
-        self.asked["leaves"] += sum(0 if f.leaves is None else f.leaves.size.size for f in frames)
-        return super().encode_span(frames, buffer)
+        self.asked["leaves"] += 0 if leaves is None else leaves.size.size
+        return super().encode_span(frames, buffer, leaves)
 
     def decode_span(
         self,
@@ -55,19 +57,21 @@ class HashingCpu(HostHashing):
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
+        leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        self.asked["decoded leaves"] += sum(0 if f.leaves is None else f.leaves.size.size for f in frames)
-        return super().decode_span(buffer, frames, place, keep, check)
+        self.asked["decoded leaves"] += 0 if leaves is None else leaves.size.size
+        return super().decode_span(buffer, frames, place, keep, check, leaves)
 
 
 class WrongLeaves(HashingCpu):
-    """Gives a wrong hash for the first leaf of every frame, coding or decoding."""
+    """Gives a wrong hash for the first leaf of every span, coding or decoding."""
 
-    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
-        span = super().encode_span(frames, buffer).result()
-        for frame in span.frames:
-            if frame.leaves is not None and frame.leaves.size:
-                frame.leaves[0] ^= 1
+    def encode_span(
+        self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
+    ) -> Future[EncodedSpan]:
+        span = super().encode_span(frames, buffer, leaves).result()
+        if span.leaves is not None and span.leaves.size:
+            span.leaves[0] ^= 1
         return _done(span)
 
     def decode_span(
@@ -77,20 +81,21 @@ class WrongLeaves(HashingCpu):
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
+        leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        span = super().decode_span(buffer, frames, place, keep, check).result()
-        for leaves in span.leaves:
-            if leaves is not None and leaves.size:
-                leaves[0] ^= 1
+        span = super().decode_span(buffer, frames, place, keep, check, leaves).result()
+        if span.leaves is not None and span.leaves.size:
+            span.leaves[0] ^= 1
         return _done(span)
 
 
 class NoLeaves(HashingCpu):
     """Takes the checksums it is asked for but drops the leaves."""
 
-    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
-        plain = [FrameToCode(f.stream, f.data, f.checksum) for f in frames]
-        return super().encode_span(plain, buffer)
+    def encode_span(
+        self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
+    ) -> Future[EncodedSpan]:
+        return super().encode_span(frames, buffer)
 
 
 def _done(value: object) -> Future:  # type: ignore[type-arg]

@@ -682,25 +682,20 @@ def test_the_gpu_engine_hashes_frames_and_leaves_where_it_holds_them(tmp_path: P
         assert index.source_digest == of_file(src)
         decoder = FrameDecoder(f.fileno(), str(out), index, engine)
         digest = Piecewise(index.source_digest.kind, index.source_size)
+        table = digest.leaf_table([frame.pieces for frame in decoder.frames])
         hashed = 0
         for span in decoder.spans(engine.span_bytes):
-            ranges = [digest.whole_ranges(decoder.frames[i].pieces) for i in span]
-            leaves = [Ranges(r[1], r[2]) if r[0].size else None for r in ranges]
-            fut, _ = decoder.start_span(span, leaves=leaves)
+            _, frame, start, size = table.span(span.start, span.stop)
+            fut, _ = decoder.start_span(span, leaves=Ranges(frame, start, size))
+            data = [b"".join(original[at : at + n] for at, _, n in decoder.frames[i].pieces) for i in span]
             for k, i in enumerate(span):
-                frame = decoder.frames[i]
-                data = b"".join(original[at : at + n] for at, _, n in frame.pieces)
                 row = int(decoder._chunks(i)[0])  # type: ignore[index]
-                assert int(index.frames[row]["checksum"]) == checksum(data)  # taken on the device
-                got = fut.result().leaf_hashes(k)
-                if leaves[k] is not None:
-                    assert got is not None
-                    want = [
-                        checksum(data[a : a + n]) for a, n in zip(ranges[k][1], ranges[k][2], strict=True)
-                    ]
-                    assert got.tolist() == want
-                    hashed += got.size
-            decoder.finish_span(span[0], fut, 0)
+                assert int(index.frames[row]["checksum"]) == checksum(data[k])  # taken on the device
+            got = fut.result().leaves
+            assert got is not None
+            want = [checksum(data[f][a : a + n]) for f, a, n in zip(frame, start, size, strict=True)]
+            assert got.tolist() == want
+            hashed += got.size
         assert hashed > 0
         back = tmp_path / "back.pt"
         with open(back, "wb") as sink:

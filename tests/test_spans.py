@@ -20,7 +20,7 @@ import torch
 import ckptz
 from ckptz import api
 from ckptz.container import read_index
-from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, SpanFrame
+from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, Ranges, SpanFrame
 from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.gpu.memory import Buf, DeviceBytes
 from ckptz.errors import CorruptionError, FormatError
@@ -157,8 +157,9 @@ class PlacingCpu(SpanningCpu):
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
+        leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        done = super().decode_span(buffer, frames, place, keep, check)
+        done = super().decode_span(buffer, frames, place, keep, check, leaves)
         if place is not None:
             for k, got in enumerate(done.result().frames):
                 if not isinstance(got, BaseException):

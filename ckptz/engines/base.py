@@ -24,38 +24,36 @@ from ckptz.errors import CorruptionError
 
 @dataclass(frozen=True, slots=True)
 class Ranges:
-    """Byte ranges of one frame for an engine to hash where it holds the frame's bytes: the
-    leaves of a whole-file digest lying whole inside it (:meth:`ckptz.digest.Piecewise.whole_ranges`).
+    """Byte ranges of a span's frames for an engine to hash where it holds their bytes: the
+    leaves of a whole-file digest lying whole inside them (:class:`ckptz.digest.LeafTable`).
 
     Attributes:
-        start: where each range starts in the frame (int64).
+        frame: the frame each range lies in (its place in the span; int64).
+        start: where the range starts in that frame (int64).
         size: its bytes (int64).
     """
 
+    frame: np.ndarray
     start: np.ndarray
     size: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
 class EncodedFrame:
-    """A coded frame: the checksum of its original bytes, one chunk per plane, and the
-    xxh3_64 of each of its :class:`FrameToCode`'s ``leaves`` (None where none were asked)."""
+    """A coded frame: the checksum of its original bytes and one chunk per plane."""
 
     checksum: int
     chunks: list[EncodedChunk]
-    leaves: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FrameToCode:
     """One frame handed to :meth:`Engine.encode_span`: its bytes and their xxh3_64 (None:
-    the engine takes it where it holds the bytes, see :attr:`Engine.hashes`), and ranges of
-    it to hash as well."""
+    the engine takes it where it holds the bytes, see :attr:`Engine.hashes`)."""
 
     stream: StreamInfo
     data: np.ndarray
     checksum: int | None
-    leaves: Ranges | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +66,12 @@ class EncodedSpan:
             order, each at a 16-byte boundary and zero-padded to the next: exactly the
             container's data area for the span, written as it is (``None``: the payloads
             lie anywhere).
+        leaves: the xxh3_64 of each of the ``leaves`` ranges asked for, in order.
     """
 
     frames: list[EncodedFrame]
     block: np.ndarray | None = None
+    leaves: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,6 @@ class SpanFrame:
         length: bytes it decodes to.
         where: how errors name it.
         at: where each chunk's payload starts in the span's buffer (16-byte aligned).
-        leaves: ranges of the decoded frame to hash as well (:attr:`DecodedSpan.leaves`).
     """
 
     stream: StreamInfo
@@ -103,7 +102,6 @@ class SpanFrame:
     length: int
     where: str
     at: tuple[int, ...]
-    leaves: Ranges | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +123,13 @@ class DecodedSpan:
             :class:`OnDevice` record), or the error that frame met.
         taken: for frames copied back from a GPU, the xxh3_64 the GPU took of their
             decoded bytes there (None, or no entry: take it from the host bytes).
-        leaves: for frames whose :class:`SpanFrame` asked, the xxh3_64 of each of its
-            ``leaves`` ranges of the decoded bytes (None, or no entry: not taken).
+        leaves: the xxh3_64 of each of the ``leaves`` ranges asked for, in order, of the
+            decoded bytes (a range of a frame that failed: any value).
     """
 
     frames: list[np.ndarray | OnDevice | BaseException]
     taken: list[int | None] = field(default_factory=list)
-    leaves: list[np.ndarray | None] = field(default_factory=list)
+    leaves: np.ndarray | None = None
 
     def frame(self, k: int) -> np.ndarray | OnDevice:
         """Frame ``k``'s host bytes (or :class:`OnDevice` record), or its error raised."""
@@ -148,10 +146,6 @@ class DecodedSpan:
             return got.length, got.checksum
         taken = self.taken[k] if k < len(self.taken) else None
         return got.size, xxh3_64(got) if taken is None else taken
-
-    def leaf_hashes(self, k: int) -> np.ndarray | None:
-        """The hashes of frame ``k``'s ``leaves`` ranges, where the engine took them."""
-        return self.leaves[k] if k < len(self.leaves) else None
 
 
 #: Called by an engine with the ``k``-th frame of a span and its decoded bytes on the
@@ -194,11 +188,10 @@ class Engine(Protocol):
         hashes: the pipeline leaves the hashing of each frame's bytes to the engine, which
             takes it where it holds them (a GPU engine: on the device, once copied there):
             :meth:`encode_span` gets frames whose ``checksum`` is None and gives back their
-            checksums and the hashes of their ``leaves``; :meth:`decode_span` gives back
-            the hashes of its frames' ``leaves`` (:attr:`DecodedSpan.leaves`). Every engine
-            honours both (the CPU engine hashes on the host); those that hash no faster
-            than the pipeline's readers, which hash a run of frames in one call while its
-            bytes are in cache, say False.
+            checksums, and both span methods the hashes of the ``leaves`` ranges they are
+            given. Every engine honours both (the CPU engine hashes on the host); those that
+            hash no faster than the pipeline's readers, which hash a run of frames in one
+            call while its bytes are in cache, say False.
     """
 
     @property
@@ -224,10 +217,13 @@ class Engine(Protocol):
         """Code one frame (``checksum`` is its xxh3_64, carried into the result)."""
         ...
 
-    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+    def encode_span(
+        self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
+    ) -> Future[EncodedSpan]:
         """Code consecutive frames as one unit. Where ``buffer`` (from :meth:`host_buffer`)
         holds every frame's bytes, a GPU engine copies it to the device at once; the caller
-        frees it once the future is done."""
+        frees it once the future is done. ``leaves``: ranges of the frames to hash as well
+        (:attr:`EncodedSpan.leaves`)."""
         ...
 
     def decode(
@@ -243,6 +239,7 @@ class Engine(Protocol):
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
+        leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
         """Decode consecutive frames whose payloads were read together into ``buffer`` (from
         :meth:`host_buffer`; the caller frees it once the future is done). With ``check``,
@@ -255,7 +252,8 @@ class Engine(Protocol):
         with ``keep`` (an engine that is :class:`DeviceChecks`) gives back its
         :class:`OnDevice` record instead of copying it to the host
         (:meth:`DecodedSpan.measure` gives either's length and checksum). Frames decoded on
-        a CPU always come back as host bytes."""
+        a CPU always come back as host bytes. ``leaves``: ranges of the decoded frames to
+        hash as well (:attr:`DecodedSpan.leaves`; not with ``keep``)."""
         ...
 
     def codec_config(self) -> dict[str, dict[str, object]]:
@@ -298,18 +296,15 @@ def run_all(engine: Engine, calls: Sequence[Callable[[], Future[_T]]]) -> list[_
         return list(pool.map(lambda call: call().result(), calls))
 
 
-def encode_each(engine: Engine, frames: list[FrameToCode]) -> Future[EncodedSpan]:
+def encode_each(
+    engine: Engine, frames: list[FrameToCode], leaves: Ranges | None = None
+) -> Future[EncodedSpan]:
     """:meth:`Engine.encode_span` for an engine that codes frame by frame (checksums and
     leaves asked for taken here, on the host)."""
 
     def each(done: list[Future[EncodedFrame]]) -> EncodedSpan:
-        coded = [f.result() for f in done]
-        return EncodedSpan(
-            [
-                c if f.leaves is None else replace(c, leaves=hash_ranges(f.data, f.leaves))
-                for f, c in zip(frames, coded, strict=True)
-            ]
-        )
+        hashed = None if leaves is None else hash_ranges([f.data for f in frames], leaves)
+        return EncodedSpan([f.result() for f in done], None, hashed)
 
     return _gather(
         [
@@ -321,17 +316,15 @@ def encode_each(engine: Engine, frames: list[FrameToCode]) -> Future[EncodedSpan
     )
 
 
-def decode_each(engine: Engine, frames: list[SpanFrame], check: bool = False) -> Future[DecodedSpan]:
+def decode_each(
+    engine: Engine, frames: list[SpanFrame], check: bool = False, leaves: Ranges | None = None
+) -> Future[DecodedSpan]:
     """:meth:`Engine.decode_span` for an engine that decodes frame by frame (``check``: each
-    frame's payloads checked first, on the host)."""
+    frame's payloads checked first, on the host; ``leaves`` hashed here too)."""
 
     def each(done: list[Future[np.ndarray]]) -> DecodedSpan:
         got: list[np.ndarray | OnDevice | BaseException] = [f.exception() or f.result() for f in done]
-        leaves: list[np.ndarray | None] = [
-            hash_ranges(data, f.leaves) if f.leaves is not None and isinstance(data, np.ndarray) else None
-            for f, data in zip(frames, got, strict=True)
-        ]
-        return DecodedSpan(got, [], leaves)
+        return DecodedSpan(got, [], None if leaves is None else hash_ranges(got, leaves))
 
     def one(f: SpanFrame) -> Future[np.ndarray]:
         failed = payload_error(f) if check else None
@@ -344,9 +337,16 @@ def decode_each(engine: Engine, frames: list[SpanFrame], check: bool = False) ->
     return _gather([one(f) for f in frames], each)
 
 
-def hash_ranges(data: np.ndarray, ranges: Ranges) -> np.ndarray:
-    """The xxh3_64 of each of ``ranges`` of ``data`` (host bytes), in one call."""
-    return xxh3_64_ranges(data, ranges.start, ranges.size)
+def hash_ranges(frames: Sequence[object], ranges: Ranges) -> np.ndarray:
+    """The xxh3_64 of each of ``ranges`` of ``frames`` (host bytes; a range of anything else,
+    such as a frame's error, hashes to 0), a call per frame."""
+    out = np.zeros(ranges.frame.size, np.uint64)
+    for k in np.unique(ranges.frame).tolist():
+        data = frames[k]
+        if isinstance(data, np.ndarray):
+            mine = ranges.frame == k
+            out[mine] = xxh3_64_ranges(data, ranges.start[mine], ranges.size[mine])
+    return out
 
 
 def payload_error(frame: SpanFrame, sums: Sequence[int] | None = None) -> CorruptionError | None:

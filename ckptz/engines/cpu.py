@@ -20,6 +20,7 @@ from ckptz.engines.base import (
     EncodedSpan,
     FrameToCode,
     Place,
+    Ranges,
     SpanFrame,
     StoredChunk,
     decode_each,
@@ -115,8 +116,10 @@ class CpuEngine:
     ) -> Future[np.ndarray]:
         return _now(decode_chunks, stream, chunks, length, where)
 
-    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
-        return encode_each(self, frames)
+    def encode_span(
+        self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
+    ) -> Future[EncodedSpan]:
+        return encode_each(self, frames, leaves)
 
     def decode_span(
         self,
@@ -125,9 +128,10 @@ class CpuEngine:
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
+        leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
         # Nothing is decoded on a GPU: ``place`` is not called, every frame comes back as bytes.
-        return decode_each(self, frames, check)
+        return decode_each(self, frames, check, leaves)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         return {"zstd": {"level": self.options.level, "implementation": "zstandard"}}

@@ -43,6 +43,7 @@ from ckptz.engines.base import (
     Engine,
     FrameToCode,
     Place,
+    Ranges,
     SpanFrame,
     StoredChunk,
     decode_each,
@@ -279,8 +280,10 @@ class HybridEngine:
             return self._on_cpu(lane, length, lambda: self.cpu.decode(stream, chunks, length, where))
         return self._on_gpu(lane, length, gpu.decode(stream, chunks, length, where))
 
-    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
-        return encode_each(self, frames)
+    def encode_span(
+        self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
+    ) -> Future[EncodedSpan]:
+        return encode_each(self, frames, leaves)
 
     def decode_span(
         self,
@@ -289,9 +292,10 @@ class HybridEngine:
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
+        leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
         # Nothing is decoded on a GPU: ``place`` is not called, every frame comes back as bytes.
-        return decode_each(self, frames, check)
+        return decode_each(self, frames, check, leaves)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         config = dict(self.cpu.codec_config())

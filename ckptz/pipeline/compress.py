@@ -58,7 +58,7 @@ from ckptz.container import (
     padded_size,
     read_index,
 )
-from ckptz.digest import TREE, Digest, Kind, Piecewise
+from ckptz.digest import TREE, Digest, Kind, LeafTable, Piecewise
 from ckptz.engines.base import (
     NO_BUFFER,
     DecodedSpan,
@@ -235,10 +235,10 @@ class _Compression:
         self.read: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.coded: list[Future[EncodedSpan] | None] = [None] * len(self.runs)
         self.sums = [0] * len(self.frames)
-        # The engine hashes each frame where it holds its bytes (not with a transform, whose
-        # coded bytes are not the file's): the numbers of the digest's leaves it hashes.
-        self.engine_hashes = engine.hashes and change is None
-        self.leaves: list[np.ndarray | None] = [None] * len(self.frames)
+        # The engine hashes each frame where it holds its bytes, and the digest's leaves
+        # inside the frames (not with a transform, whose coded bytes are not the file's).
+        hashes = engine.hashes and change is None
+        self.leaf_table = self.digest.leaf_table([f.pieces for f in self.frames]) if hashes else None
         self.buffers: list[np.ndarray | None] = [None] * len(self.runs)
         # Each frame has three users of its run's buffer: the digest, the writer stage, verification.
         self.users = [3 * len(run) for run in self.runs]
@@ -326,8 +326,15 @@ class _Compression:
             with trace.span("read"):
                 self._scatter_read(pieces, buf)
             views = [buf[self.at[i] : self.at[i] + self.frames[i].length] for i in run]
-            if self.engine_hashes:  # the engine hashes where it holds the bytes (its GPU)
-                self.coded[r] = self.engine.encode_span(self._to_hash(run, views), buf)
+            if self.leaf_table is not None:  # the engine hashes where it holds the bytes (its GPU)
+                _, frame, start, size = self.leaf_table.span(run.start, run.stop)
+                todo = [
+                    FrameToCode(self.plan.streams[self.frames[i].stream], v, None)
+                    for i, v in zip(run, views, strict=True)
+                ]
+                self.coded[r] = self.engine.encode_span(
+                    todo, buf, Ranges(frame, start, size) if frame.size else None
+                )
                 self._read_done(run, views)
                 return
             with trace.span("digest leaves"):
@@ -349,18 +356,6 @@ class _Compression:
             self._read_done(run, views)
         except BaseException as exc:
             self._fail(exc)
-
-    def _to_hash(self, run: range, views: list[np.ndarray]) -> list[FrameToCode]:
-        """A run's frames for an engine that takes their checksums and the digest's leaves
-        inside them where it holds their bytes (:attr:`~ckptz.engines.base.Engine.hashes`)."""
-        todo = []
-        for i, view in zip(run, views, strict=True):
-            frame = self.frames[i]
-            numbers, starts, sizes = self.digest.whole_ranges(frame.pieces)
-            self.leaves[i] = numbers
-            stream = self.plan.streams[frame.stream]
-            todo.append(FrameToCode(stream, view, None, Ranges(starts, sizes) if numbers.size else None))
-        return todo
 
     def _read_done(self, run: range, views: list[np.ndarray]) -> None:
         for i, view in zip(run, views, strict=True):
@@ -427,8 +422,8 @@ class _Compression:
             start, parts, payloads = pos, list[bytes | memoryview](), list[bytes | memoryview]()
             rows: list[list[int]] = []
             firsts = []
-            if self.engine_hashes:
-                self._take_hashes(run, span)
+            if self.leaf_table is not None:
+                self._take_hashes(run, span, self.leaf_table)
             for i, coded in zip(run, span.frames, strict=True):
                 frame = self.frames[i]
                 first = len(chunks) + len(rows)
@@ -464,19 +459,15 @@ class _Compression:
             self.tasks.append(w)
         return frames, chunks, writes, checks, pos
 
-    def _take_hashes(self, run: range, span: EncodedSpan) -> None:
+    def _take_hashes(self, run: range, span: EncodedSpan, table: LeafTable) -> None:
         """Each frame's checksum and the digest's leaves, as the engine took them."""
-        numbers, hashes = [], []
         for i, coded in zip(run, span.frames, strict=True):
             self.sums[i] = coded.checksum
-            k, self.leaves[i] = self.leaves[i], None
-            if k is not None and k.size:
-                if coded.leaves is None or coded.leaves.size != k.size:
-                    raise RuntimeError("the engine did not hash the leaves it was given")
-                numbers.append(k)
-                hashes.append(coded.leaves)
-        if numbers:
-            self.digest.set_whole(np.concatenate(numbers), np.concatenate(hashes))
+        numbers = table.span(run.start, run.stop)[0]
+        if numbers.size:
+            if span.leaves is None or span.leaves.size != numbers.size:
+                raise RuntimeError("the engine did not hash the leaves it was given")
+            self.digest.set_whole(numbers, span.leaves)
 
     def _store(
         self,

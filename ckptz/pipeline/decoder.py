@@ -63,6 +63,9 @@ class FrameDecoder:
         self.frames: list[Frame] = frame_map(segments, [s.frame_size for s in index.streams])
         self._rows = stream_frame_lists(index)
         self._chunk_starts = frame_chunk_starts(index.frames)
+        # Chunks by container offset: a span's are a slice, its padding checked in one go.
+        self._by_offset = np.argsort(index.chunks["offset"], kind="stable")
+        self._offsets = index.chunks["offset"][self._by_offset].astype(np.int64)
         # Every run of a frame's bytes, by file offset: together they tile the file.
         self._pieces = sorted(
             (at, i, within, n) for i, frame in enumerate(self.frames) for at, within, n in frame.pieces
@@ -129,13 +132,13 @@ class FrameDecoder:
         frames: range,
         place: Place | None = None,
         keep: bool = False,
-        leaves: list[Ranges | None] | None = None,
+        leaves: Ranges | None = None,
     ) -> tuple[Future[DecodedSpan], np.ndarray | None]:
         """Read the payloads of ``frames`` (a run from :meth:`spans`) with one ``pread``
         into a buffer of the engine's, check every payload, and queue the run's decoding
         (``place`` and ``keep`` as in :meth:`~ckptz.engines.base.Engine.decode_span`; never
         with a series transform, which changes the decoded bytes after; ``leaves``: each
-        frame's ranges for the engine to hash, :attr:`~ckptz.engines.base.SpanFrame.leaves`).
+        ranges of the frames for the engine to hash, :attr:`~ckptz.engines.base.DecodedSpan.leaves`).
         Return the future and the buffer, for the caller to give back to the engine once
         the future is done (None: the run was read frame by frame). :meth:`finish_span`
         checks each frame's result.
@@ -147,8 +150,8 @@ class FrameDecoder:
         first = self._extent(frames[0]) if self.engine.span_bytes else None
         last = self._extent(frames[-1]) if first is not None else None
         if first is None or last is None:  # frame by frame (a run of one, from spans())
-            stored = [self._stored(i, None, 0, _nth(leaves, k)) for k, i in enumerate(frames)]
-            return self.engine.decode_span(NO_BUFFER, stored, place, keep), None
+            stored = [self._stored(i, None, 0) for i in frames]
+            return self.engine.decode_span(NO_BUFFER, stored, place, keep, leaves=leaves), None
         lo, hi = first[0], last[1]
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
         try:
@@ -163,11 +166,14 @@ class FrameDecoder:
                     chunk=self._chunks(frames[0])[1],  # type: ignore[index]
                 )
             with trace.span("check payloads"):
-                stored = [self._stored(i, buffer, lo, _nth(leaves, k)) for k, i in enumerate(frames)]
+                self._check_padding(buffer, lo, hi, frames)
+                stored = [self._stored(i, buffer, lo) for i in frames]
         except BaseException:
             self.engine.free_buffer(buffer)
             raise
-        return self.engine.decode_span(buffer, stored, place, keep, check=self._engine_checks), buffer
+        return self.engine.decode_span(
+            buffer, stored, place, keep, check=self._engine_checks, leaves=leaves
+        ), buffer
 
     def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> np.ndarray | OnDevice:
         """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
@@ -190,9 +196,7 @@ class FrameDecoder:
         first = int(self._chunk_starts[row])
         return row, first, self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
 
-    def _stored(
-        self, i: int, buffer: np.ndarray | None, base: int, leaves: Ranges | None = None
-    ) -> SpanFrame:
+    def _stored(self, i: int, buffer: np.ndarray | None, base: int) -> SpanFrame:
         """Frame ``i``'s payloads, checked: views of ``buffer`` (which holds the container from
         offset ``base``), or read now where ``buffer`` is None."""
         frame = self.frames[i]
@@ -209,7 +213,7 @@ class FrameDecoder:
             with trace.span("check payloads"):
                 sums = [checksum(p) for p in payloads]
         else:
-            payloads, at = self._views(chunks, first, tensor, buffer, base)
+            payloads, at = self._views(chunks, buffer, base)
             # An engine that checks a span's payloads where it decodes them (on its GPU)
             # does so before decoding (start_span asks it to); else they are checked here.
             sums = (
@@ -231,25 +235,36 @@ class FrameDecoder:
                 )
         with self._count_lock:
             self.frames_decoded += 1
-        return SpanFrame(self.index.streams[frame.stream], stored, frame.length, self._where(i), at, leaves)
+        return SpanFrame(self.index.streams[frame.stream], stored, frame.length, self._where(i), at)
+
+    def _check_padding(self, buffer: np.ndarray, lo: int, hi: int, frames: range) -> None:
+        """The padding after every chunk of ``frames``, read into ``buffer`` (container bytes
+        ``[lo, hi)``), must be zero: checked for all of them at once."""
+        a, b = np.searchsorted(self._offsets, [lo, hi])
+        rows = self._by_offset[a:b]
+        ends = self.index.chunks["offset"][rows].astype(np.int64) + self.index.chunks["size"][rows].astype(
+            np.int64
+        )
+        pad = -(ends - lo) % ALIGN
+        total = int(pad.sum())
+        if not total:
+            return
+        at = np.repeat(ends - lo, pad) + np.arange(total) - np.repeat(np.cumsum(pad) - pad, pad)
+        if buffer[at].any():
+            m = int(np.repeat(rows, pad)[np.flatnonzero(buffer[at])[0]])
+            owner = next((i for i in frames if (c := self._chunks(i)) and c[1] <= m < c[1] + len(c[2])), None)
+            tensor = None if owner is None else self.tensor_at(self.frames[owner].start)
+            raise CorruptionError("padding after a chunk is not zero", path=self.path, chunk=m, tensor=tensor)
 
     def _views(
-        self, chunks: np.ndarray, first: int, tensor: str | None, buffer: np.ndarray, base: int
+        self, chunks: np.ndarray, buffer: np.ndarray, base: int
     ) -> tuple[list[memoryview], tuple[int, ...]]:
-        """Each chunk's payload as a view of ``buffer``, and where it starts there; the
-        padding after each must be zero."""
-        offsets = chunks["offset"].astype(np.int64) - base
-        sizes = chunks["size"].astype(np.int64)
-        pad = -sizes % ALIGN
-        for m in np.flatnonzero(pad).tolist():
-            at = int(offsets[m] + sizes[m])
-            if buffer[at : at + int(pad[m])].any():
-                raise CorruptionError(
-                    "padding after a chunk is not zero", path=self.path, chunk=first + m, tensor=tensor
-                )
+        """Each chunk's payload as a view of ``buffer`` (whose padding
+        :meth:`_check_padding` checked), and where it starts there."""
+        offsets = (chunks["offset"].astype(np.int64) - base).tolist()
         whole = memoryview(buffer)  # type: ignore[arg-type]
-        out = [whole[o : o + n] for o, n in zip(offsets.tolist(), sizes.tolist(), strict=True)]
-        return out, tuple(offsets.tolist())
+        out = [whole[o : o + n] for o, n in zip(offsets, chunks["size"].tolist(), strict=True)]
+        return out, tuple(offsets)
 
     def start(self, i: int) -> Future[np.ndarray]:
         """Read and check frame ``i``'s payloads and queue its decoding; :meth:`finish` the result.
@@ -351,10 +366,6 @@ class FrameDecoder:
                 out.append(block[at : at + sizes[m]])
             j = k
         return out
-
-
-def _nth(leaves: list[Ranges | None] | None, k: int) -> Ranges | None:
-    return None if leaves is None else leaves[k]
 
 
 def _buffer_size(n: int) -> int:

@@ -227,7 +227,9 @@ class _Restore:
         self.engine_leaves = (
             engine.hashes and not self.on_device and self.digest.kind.tree and self.decoder.transform is None
         )
-        self.leaves: list[np.ndarray | None] = [None] * len(self.frames)
+        self.leaf_table = (
+            self.digest.leaf_table([f.pieces for f in self.frames]) if self.engine_leaves else None
+        )
         # Each decoded frame's users: the sink and the in-order digest walk (the sink only
         # when the digest is taken on the GPU, from the sink's bytes).
         self.users = [1 if self.on_device else 2] * len(self.frames)
@@ -319,7 +321,10 @@ class _Restore:
     def _read(self, span: range) -> None:
         """Read and check a run of frames' payloads, and queue its decoding."""
         try:
-            leaves = [self._leaf_ranges(i) for i in span] if self.engine_leaves else None
+            leaves = None
+            if self.leaf_table is not None:
+                _, frame, start, size = self.leaf_table.span(span.start, span.stop)
+                leaves = Ranges(frame, start, size) if frame.size else None
             fut, buffer = self.decoder.start_span(span, self._placer(span), self.on_device, leaves)
             if fut.done():  # decoded in this thread (a CPU engine): checked and put from here too
                 self._queue_puts(span, fut, buffer, here=True)
@@ -327,11 +332,6 @@ class _Restore:
                 fut.add_done_callback(lambda f: self._queue_puts(span, f, buffer))
         except BaseException as exc:
             self._fail(exc)
-
-    def _leaf_ranges(self, i: int) -> Ranges | None:
-        numbers, starts, sizes = self.digest.whole_ranges(self.frames[i].pieces)
-        self.leaves[i] = numbers
-        return Ranges(starts, sizes) if numbers.size else None
 
     def _queue_puts(
         self, span: range, fut: Future[DecodedSpan], buffer: np.ndarray | None, here: bool = False
@@ -354,11 +354,26 @@ class _Restore:
             self._fail(exc)
 
     def _put_run(self, span: range, fut: Future[DecodedSpan]) -> None:
+        hashed = self._take_leaves(span, fut)
         for k, i in enumerate(span):
-            if not self._put(i, fut, k):
+            if not self._put(i, fut, k, hashed):
                 return
 
-    def _put(self, i: int, fut: Future[DecodedSpan], k: int) -> bool:
+    def _take_leaves(self, span: range, fut: Future[DecodedSpan]) -> bool:
+        """The digest's leaves inside a run's frames, as the engine hashed them where it
+        decoded them (from the bytes it copied back, which the walk then covers); False
+        where it did not (each frame's are then hashed as it is put)."""
+        if self.leaf_table is None or fut.exception() is not None:
+            return False
+        numbers = self.leaf_table.span(span.start, span.stop)[0]
+        got = fut.result().leaves
+        if numbers.size:
+            if got is None or got.size != numbers.size:
+                return False
+            self.digest.set_whole(numbers, got)
+        return True
+
+    def _put(self, i: int, fut: Future[DecodedSpan], k: int, hashed: bool = False) -> bool:
         """Check decoded frame ``i`` and hand it to the sink and the digest; False once the
         run has failed."""
         try:
@@ -367,8 +382,9 @@ class _Restore:
             if isinstance(data, OnDevice):  # checked on the GPU and placed there: nothing to put
                 data = _SPENT.result()
             else:
-                if not self.on_device:
-                    self._hash_leaves(i, data, fut.result().leaf_hashes(k))
+                if not self.on_device and not hashed:
+                    with trace.span("digest leaves"):
+                        self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
                 # The sink first: the digest, which ends the run, then waits for every frame's put.
                 with trace.span("put"):
                     self.sink.put(self.frames[i], data)
@@ -379,16 +395,6 @@ class _Restore:
             self._fail(exc)
             return False
         return True
-
-    def _hash_leaves(self, i: int, data: np.ndarray, taken: np.ndarray | None) -> None:
-        """The digest's leaves inside frame ``i``: as the engine hashed them where it decoded
-        the frame (from the bytes it copied back, which the walk then covers), else here."""
-        numbers, self.leaves[i] = self.leaves[i], None
-        if taken is not None and numbers is not None and taken.size == numbers.size:
-            self.digest.set_whole(numbers, taken)
-            return
-        with trace.span("digest leaves"):
-            self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
 
 
 _SPENT: Future[np.ndarray] = Future()

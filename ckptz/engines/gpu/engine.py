@@ -37,6 +37,7 @@ top, per file in flight. All host buffers are leases from the process's pinned p
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -63,6 +64,7 @@ from ckptz.engines.base import (
     Ranges,
     SpanFrame,
     StoredChunk,
+    hash_ranges,
     payload_error,
 )
 from ckptz.engines.cpu import decode_chunks
@@ -105,6 +107,7 @@ class _EncodeJob:
     frames: list[FrameToCode]
     buffer: np.ndarray | None
     length: int
+    leaves: Ranges | None = None
     future: Future[EncodedSpan] = field(default_factory=Future)
 
 
@@ -120,6 +123,7 @@ class _DecodeJob:
     place: Place | None = None
     keep: bool = False
     check: bool = False
+    leaves: Ranges | None = None
     future: Future[DecodedSpan] = field(default_factory=Future)
 
 
@@ -209,10 +213,14 @@ class GpuEngine:
         job.future.add_done_callback(done)
         return out
 
-    def encode_span(self, frames: list[FrameToCode], buffer: np.ndarray | None) -> Future[EncodedSpan]:
+    def encode_span(
+        self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
+    ) -> Future[EncodedSpan]:
         """Queue a span: with ``buffer`` (pinned, from :meth:`host_buffer`, holding every
-        frame), one host-to-device copy; the result's ``block`` is the span's data area."""
-        job = _EncodeJob(frames, buffer, sum(f.data.size for f in frames))
+        frame), one host-to-device copy; the result's ``block`` is the span's data area.
+        Checksums (frames without one) and ``leaves`` are hashed from the frames' bytes on
+        the device."""
+        job = _EncodeJob(frames, buffer, sum(f.data.size for f in frames), leaves)
         self._put(job)
         return job.future
 
@@ -243,14 +251,15 @@ class GpuEngine:
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
+        leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
         """Queue a span: one host-to-device copy of ``buffer`` (pinned, from
         :meth:`host_buffer`), one batch, and each frame decoded here handed to ``place``
         on the device before the copy back to the host; with ``keep``, no copy back: each
         frame decoded here gives its checksum, taken on the device, instead. With
         ``check``, the payloads are checked on the device once copied there, before any
-        is decoded."""
-        job = _DecodeJob(frames, buffer, sum(f.length for f in frames), place, keep, check)
+        is decoded. ``leaves`` are hashed from the decoded bytes where they were decoded."""
+        job = _DecodeJob(frames, buffer, sum(f.length for f in frames), place, keep, check, leaves)
         self._put(job)
         return job.future
 
@@ -400,11 +409,16 @@ class GpuEngine:
             data = self._upload(w, frames, layout)
         # Checksums and leaves asked for, hashed from the frames as copied here, queued ahead
         # of the coding; read once the block is back (the stream is idle by then).
+        firsts = np.cumsum([0, *(len(j.frames) for j in jobs)])
         asked = _Hashes(
-            [data.ptr + at for at in layout.data_offsets],
-            [f.data.size for f in frames],
-            [f.checksum is None for f in frames],
-            [f.leaves for f in frames],
+            data.ptr + np.array(layout.data_offsets, np.uint64),
+            np.array([f.data.size for f in frames], np.uint64),
+            np.array([f.checksum is None for f in frames]),
+            [
+                (int(first), j.leaves)
+                for first, j in zip(firsts[:-1], jobs, strict=True)
+                if j.leaves is not None
+            ],
         )
         queued = w.ops.queue_xxh3(asked.ptrs, asked.lengths, "frame_hashes")
         batch = encode_batch(w.codecs, w.ops, self.codec_id, data, layout)
@@ -412,6 +426,7 @@ class GpuEngine:
         with trace.span("to host"):
             host = _to_host(batch.block, w.stream)
         sums, leaves = asked.split(w.ops.download(queued, np.uint64) if queued.size else _NO_HASHES)
+        by_job = iter(leaves)
         view = memoryview(host)  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
         end = (batch.offset + padded_sizes(batch.size)).tolist()
@@ -427,13 +442,13 @@ class GpuEngine:
                 ]
                 checksum = x.checksum if x.checksum is not None else sums[m]
                 assert checksum is not None  # asked for where not given
-                coded.append(EncodedFrame(checksum, chunks, leaves[m]))
+                coded.append(EncodedFrame(checksum, chunks))
                 c += n
                 m += 1
             # A job's chunks lie back to back in the block: the container's data area for
             # its frames.
             block = host[offset[first] : end[c - 1]] if c > first else host[:0]
-            j.future.set_result(EncodedSpan(coded, block))
+            j.future.set_result(EncodedSpan(coded, block, next(by_job) if j.leaves is not None else None))
 
     def _upload(self, w: _Worker, frames: list[FrameToCode], layout: BatchLayout) -> Buf:
         """The batch's frames on the device, laid out as ``layout`` says: each copied from
@@ -452,7 +467,8 @@ class GpuEngine:
         # Each frame's result, job by job: host bytes or an error.
         results: list[list[np.ndarray | OnDevice | BaseException]] = [[] for _ in jobs]
         taken: list[list[int | None]] = [[None] * len(j.frames) for j in jobs]
-        hashed: list[list[np.ndarray | None]] = [[None] * len(j.frames) for j in jobs]
+        # Each job's leaves asked for, and which of them the GPU hashed.
+        hashed = [np.zeros(0 if j.leaves is None else j.leaves.frame.size, np.uint64) for j in jobs]
         gpu: list[tuple[int, int, SpanFrame]] = []
         cpu: list[tuple[int, int, Future[np.ndarray]]] = []
         for n, j in enumerate(jobs):
@@ -485,7 +501,16 @@ class GpuEngine:
             # which its reader reuses once the span is done.
             results[n][k] = failed if failed is not None else np.array(fut.result(), copy=True)
         for n, j in enumerate(jobs):
-            j.future.set_result(DecodedSpan(results[n], taken[n], hashed[n]))
+            leaves = None
+            if j.leaves is not None:  # those of frames decoded on the CPU threads: hashed here
+                rest = ~np.isin(j.leaves.frame, [k for m, k, _ in gpu if m == n])
+                if rest.any():
+                    r = j.leaves
+                    hashed[n][rest] = hash_ranges(
+                        results[n], Ranges(r.frame[rest], r.start[rest], r.size[rest])
+                    )
+                leaves = hashed[n]
+            j.future.set_result(DecodedSpan(results[n], taken[n], leaves))
 
     def _decode_on_gpu(
         self,
@@ -494,7 +519,7 @@ class GpuEngine:
         gpu: list[tuple[int, int, SpanFrame]],
         results: list[list[np.ndarray | OnDevice | BaseException]],
         taken: list[list[int | None]],
-        hashed: list[list[np.ndarray | None]],
+        hashed: list[np.ndarray],
         spare: bool = False,
     ) -> None:
         """Decode ``gpu``'s frames in one batch (``spare``: no CPU thread reads the span's
@@ -548,11 +573,22 @@ class GpuEngine:
         # digest then covers byte for byte; and the leaves of that digest asked for.
         stays = all(j.keep for j in jobs)
         whole = stays or any(j.check for j in jobs)
+        # A job's leaves, by frame of the job, to frames of this batch.
+        place_of = [np.full(len(j.frames), -1, np.int64) for j in jobs]
+        for m, (n, k, _) in enumerate(gpu):
+            place_of[n][k] = m
+        picks, wanted = [], []
+        for n, j in enumerate(jobs):
+            if j.leaves is not None and not stays:
+                at = place_of[n][j.leaves.frame]
+                pick = np.flatnonzero(at >= 0)
+                picks.append((n, pick))
+                wanted.append((0, Ranges(at[pick], j.leaves.start[pick], j.leaves.size[pick])))
         asked = _Hashes(
-            [data.ptr + off for off in layout.data_offsets],
-            [f.length for f in frames],
-            [whole] * len(frames),
-            [f.leaves for f in frames],
+            data.ptr + np.array(layout.data_offsets, np.uint64),
+            np.array([f.length for f in frames], np.uint64),
+            np.full(len(frames), whole),
+            wanted,
         )
         if stays:  # the frames stay on the device: their checksums only
             with trace.span("checksums"):
@@ -572,7 +608,8 @@ class GpuEngine:
         for m, ((n, k, f), off) in enumerate(zip(gpu, layout.data_offsets, strict=True)):
             results[n][k] = view[off : off + f.length]
             taken[n][k] = sums[m]
-            hashed[n][k] = leaves[m]
+        for (n, pick), got in zip(picks, leaves, strict=True):
+            hashed[n][pick] = got
 
     @staticmethod
     def _check_payloads(
@@ -673,37 +710,37 @@ def _check_chunks(j: SpanFrame) -> None:
 
 class _Hashes:
     """The ranges of a batch's frames hashed on the device, in one call: each frame whole
-    where ``whole`` says, then its ``leaves`` ranges (:class:`~ckptz.engines.base.Ranges`)."""
+    where ``whole`` says, then each set of ``leaves`` ranges (:class:`~ckptz.engines.base.Ranges`,
+    their frames counted from the given first frame of the batch).
+
+    Args:
+        addresses: each frame's device address (uint64).
+        lengths: its bytes (uint64).
+        whole: whether its checksum is wanted.
+        leaves: (first frame, ranges) for each set of ranges wanted.
+    """
 
     def __init__(
-        self, addresses: list[int], lengths: list[int], whole: list[bool], leaves: list[Ranges | None]
+        self, addresses: np.ndarray, lengths: np.ndarray, whole: np.ndarray, leaves: list[tuple[int, Ranges]]
     ) -> None:
-        ptrs: list[np.ndarray] = []
-        sizes: list[np.ndarray] = []
-        count = 0
-        self._at: list[tuple[int, int, int]] = []  # per frame: its checksum's slot (-1: none), leaves
-        for address, n, entire, ranges in zip(addresses, lengths, whole, leaves, strict=True):
-            slot = -1
-            if entire:
-                slot, count = count, count + 1
-                ptrs.append(np.array([address], np.uint64))
-                sizes.append(np.array([n], np.uint64))
-            first = count
-            if ranges is not None:
-                ptrs.append(ranges.start.astype(np.uint64) + np.uint64(address))
-                sizes.append(ranges.size.astype(np.uint64))
-                count += ranges.size.size
-            self._at.append((slot, first, count))
-        self.ptrs = np.concatenate(ptrs) if ptrs else _NO_HASHES
-        self.lengths = np.concatenate(sizes) if sizes else _NO_HASHES
+        entire = np.flatnonzero(whole)
+        self._slots = np.full(len(addresses), -1, np.int64)
+        self._slots[entire] = np.arange(entire.size)
+        ptrs, sizes, self._ends = [addresses[entire]], [lengths[entire]], [entire.size]
+        for first, r in leaves:
+            ptrs.append(addresses[r.frame + first] + r.start.astype(np.uint64))
+            sizes.append(r.size.astype(np.uint64))
+            self._ends.append(self._ends[-1] + r.frame.size)
+        self.ptrs = np.concatenate(ptrs)
+        self.lengths = np.concatenate(sizes)
 
-    def split(self, got: np.ndarray) -> tuple[list[int | None], list[np.ndarray | None]]:
-        """The hashes of one call by frame: its checksum (None where not asked) and its
-        leaves' (None where none were asked)."""
-        sums = got.tolist()
+    def split(self, got: np.ndarray) -> tuple[list[int | None], list[np.ndarray]]:
+        """The hashes of one call: each frame's checksum (None where not asked), and the
+        hashes of each set of leaves."""
+        sums = got[: self._ends[0]].tolist()
         return (
-            [sums[slot] if slot >= 0 else None for slot, _, _ in self._at],
-            [got[a:b] if b > a else None for _, a, b in self._at],
+            [sums[slot] if slot >= 0 else None for slot in self._slots.tolist()],
+            [got[a:b] for a, b in itertools.pairwise(self._ends)],
         )
 
 
