@@ -273,6 +273,7 @@ class Piecewise:
         self.hashes = LeafHashes(leaf_count(size, kind.leaf) if kind.tree else 0)
         self._open = xxhash.xxh3_64()  # the leaf the walk is inside, if any
         self._open_leaf = -1
+        self._elsewhere: np.ndarray | None = None  # straddling leaves hashed by others
 
     def hash_whole(self, pieces: Iterable[tuple[int, int, int]], data: np.ndarray | memoryview) -> None:
         """Hash the leaves lying whole inside ``pieces``: ``(file offset, offset in data,
@@ -310,6 +311,14 @@ class Piecewise:
         """:meth:`whole_ranges` of every frame's pieces at once, in frame order."""
         return LeafTable(self, frames)
 
+    def hashed_elsewhere(self, numbers: np.ndarray) -> None:
+        """Leaves that straddle pieces but whose hashes someone else gives :meth:`set_whole`
+        (a :class:`LeafTable` span's joined leaves): the walk skips them. Call before the walk."""
+        if numbers.size:
+            if self._elsewhere is None:
+                self._elsewhere = np.zeros(leaf_count(self.size, self.kind.leaf), bool)
+            self._elsewhere[numbers] = True
+
     def set_whole(self, numbers: np.ndarray, hashes: np.ndarray) -> None:
         """The hashes of leaves :meth:`whole_ranges` gave, taken wherever the bytes lie."""
         if numbers.size:
@@ -337,6 +346,10 @@ class Piecewise:
             k = at // leaf
             end = min((k + 1) * leaf, self.size)
             take = min(len(data), end - at)
+            if self._elsewhere is not None and self._elsewhere[k]:  # hashed where it was assembled
+                at += take
+                data = data[take:]
+                continue
             if self._open_leaf != k:
                 assert self._open_leaf < 0, "pieces walked out of order"
                 self._open.reset()
@@ -357,15 +370,16 @@ class Piecewise:
 
 
 class LeafTable:
-    """The leaves lying whole inside each of a file's frames (each frame's pieces, as
-    :meth:`Piecewise.hash_whole` takes them), found for all frames at once: a run of frames
-    then takes its leaves as slices (:meth:`span`) rather than each frame working them out.
+    """The leaves of a whole-file digest inside each of a file's frames (their pieces, as
+    :meth:`Piecewise.hash_whole` takes them), found for all frames at once, so that a run of
+    consecutive frames takes its leaves as slices (:meth:`span`) rather than each frame
+    working them out.
 
-    Attributes:
-        numbers: every frame's leaves' numbers, frame after frame (int64).
-        frame: the frame each lies in.
-        start: where each starts in its frame.
-        size: its bytes.
+    A run's leaves are those lying whole inside one of its frames' pieces, and those that
+    straddle pieces of its frames only (*joined* leaves: a frame boundary inside a large
+    tensor, whose frames follow each other in a run): each is given as its parts, which
+    whoever holds the run's bytes joins and hashes. The in-order walk is told to skip the
+    joined leaves of every run (:meth:`joined`), and hashes only those that straddle runs.
     """
 
     def __init__(self, digest: Piecewise, frames: Sequence[Sequence[tuple[int, int, int]]]) -> None:
@@ -373,28 +387,73 @@ class LeafTable:
         flat = np.array([p for pieces in frames for p in pieces], np.int64).reshape(-1, 3)
         at, within, n = flat[:, 0], flat[:, 1], flat[:, 2]
         owner = np.repeat(np.arange(len(frames), dtype=np.int64), counts)
-        if digest.kind.tree:
-            leaf, size = digest.kind.leaf, digest.size
-            first = -(-at // leaf)
-            end = at + n
-            stop = np.where(end == size, -(-end // leaf), end // leaf)
-            whole = np.maximum(stop - first, 0)  # whole_leaves(), for every piece at once
-        else:
-            leaf, size, first, whole = 1, 0, at, np.zeros_like(at)
+        tree = digest.kind.tree
+        leaf, size = (digest.kind.leaf, digest.size) if tree else (1, 0)
+        end = at + n
+        first = -(-at // leaf)
+        stop = np.where(end == size, -(-end // leaf), end // leaf)
+        whole = np.maximum(stop - first, 0) if tree else np.zeros_like(at)  # whole_leaves(), at once
         total = int(whole.sum())
         begins = np.repeat(np.cumsum(whole) - whole, whole)
         self.numbers = np.repeat(first, whole) + np.arange(total, dtype=np.int64) - begins
         self.frame = np.repeat(owner, whole)
         self.start = self.numbers * leaf + np.repeat(within - at, whole)
         self.size = np.minimum((self.numbers + 1) * leaf, size) - self.numbers * leaf
-        per_frame = np.bincount(self.frame, minlength=len(frames))
-        self.bounds = np.concatenate([[0], np.cumsum(per_frame)]).astype(np.int64)
+        self.bounds = np.concatenate([[0], np.cumsum(np.bincount(self.frame, minlength=len(frames)))])
+        # Parts of the leaves that straddle pieces: a piece holds part of at most two, the
+        # one it starts in and the one it ends in (each where not whole inside it).
+        heads = (at // leaf < first) & (n > 0)
+        tails = (stop * leaf < end) & (n > 0) & ((stop * leaf > at) | ~heads) if tree else heads & False
+        heads &= tree
+        k = np.concatenate([at[heads] // leaf, stop[tails]])
+        j = np.concatenate([np.flatnonzero(heads), np.flatnonzero(tails)])
+        order = np.lexsort((at[j], k))
+        k, j = k[order], j[order]
+        lo_byte = np.maximum(k * leaf, at[j])
+        hi_byte = np.minimum(np.minimum((k + 1) * leaf, size), end[j])
+        self._part_leaf, self._part_frame = k, owner[j]
+        self._part_start, self._part_size = within[j] + lo_byte - at[j], hi_byte - lo_byte
+        # Each straddling leaf: its number, its parts, and the frames they lie in.
+        self._joined, first_part = np.unique(k, return_index=True)
+        self._part_bounds = np.concatenate([first_part, [k.size]]).astype(np.int64)
+        frames_of = self._part_frame
+        self._lo = np.minimum.reduceat(frames_of, first_part) if k.size else k
+        self._hi = np.maximum.reduceat(frames_of, first_part) if k.size else k
 
-    def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The leaves of frames ``lo`` to ``hi - 1``: numbers, frame (counted from ``lo``),
-        start in that frame, and size."""
+    def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The leaves of frames ``lo`` to ``hi - 1``: whole ones, then joined ones. Their
+        numbers, and their parts: frame (counted from ``lo``), start in that frame, size,
+        and how many parts each leaf has (in order)."""
         a, b = int(self.bounds[lo]), int(self.bounds[hi])
-        return self.numbers[a:b], self.frame[a:b] - lo, self.start[a:b], self.size[a:b]
+        mine = np.flatnonzero((self._lo >= lo) & (self._hi < hi))
+        numbers = self.numbers[a:b]
+        if not mine.size:
+            ones = np.ones(b - a, np.int64)
+            return numbers, self.frame[a:b] - lo, self.start[a:b], self.size[a:b], ones
+        firsts, lasts = self._part_bounds[mine], self._part_bounds[mine + 1]
+        parts = lasts - firsts
+        rows = (
+            np.repeat(firsts, parts)
+            + np.arange(int(parts.sum()))
+            - np.repeat(np.cumsum(parts) - parts, parts)
+        )
+        return (
+            np.concatenate([numbers, self._joined[mine]]),
+            np.concatenate([self.frame[a:b], self._part_frame[rows]]) - lo,
+            np.concatenate([self.start[a:b], self._part_start[rows]]),
+            np.concatenate([self.size[a:b], self._part_size[rows]]),
+            np.concatenate([np.ones(b - a, np.int64), parts]),
+        )
+
+    def joined(self, runs: Sequence[range]) -> np.ndarray:
+        """The numbers of the straddling leaves that :meth:`span` gives some run of ``runs``
+        (runs of consecutive frames, in order), for :meth:`Piecewise.hashed_elsewhere`."""
+        if not self._joined.size or not runs:
+            return self._joined[:0]
+        starts = np.array([r.start for r in runs], np.int64)
+        run_of_lo = np.searchsorted(starts, self._lo, side="right") - 1
+        run_of_hi = np.searchsorted(starts, self._hi, side="right") - 1
+        return self._joined[run_of_lo == run_of_hi]
 
 
 def of_file(file: int | str | os.PathLike[str], kind: Kind = TREE, threads: int | None = None) -> Digest:

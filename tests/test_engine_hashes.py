@@ -27,11 +27,16 @@ from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
 
 
 class HostHashing(CpuEngine):
-    """The CPU engine with frames of two leaves and runs of several frames."""
+    """The CPU engine with frames of two leaves and runs of several frames (coding too: a
+    look-ahead that holds many runs)."""
 
     frame_size = 2 * LEAF
     largest_frame = 2 * LEAF
     span_bytes = 8 * LEAF
+
+    def __init__(self, threads: int = 4) -> None:
+        super().__init__(threads=threads)
+        self.look_ahead = 200
 
 
 class HashingCpu(HostHashing):
@@ -41,13 +46,14 @@ class HashingCpu(HostHashing):
 
     def __init__(self, threads: int = 4) -> None:
         super().__init__(threads=threads)
-        self.asked = {"checksums": 0, "leaves": 0, "decoded leaves": 0}
+        self.asked = {"checksums": 0, "leaves": 0, "joined": 0, "decoded leaves": 0, "decoded joined": 0}
 
     def encode_span(
         self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
     ) -> Future[EncodedSpan]:
         self.asked["checksums"] += sum(f.checksum is None for f in frames)
-        self.asked["leaves"] += 0 if leaves is None else leaves.size.size
+        self.asked["leaves"] += 0 if leaves is None else leaves.count
+        self.asked["joined"] += 0 if leaves is None or leaves.parts is None else int((leaves.parts > 1).sum())
         return super().encode_span(frames, buffer, leaves)
 
     def decode_span(
@@ -59,19 +65,24 @@ class HashingCpu(HostHashing):
         check: bool = False,
         leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        self.asked["decoded leaves"] += 0 if leaves is None else leaves.size.size
+        self.asked["decoded leaves"] += 0 if leaves is None else leaves.count
+        joined = 0 if leaves is None or leaves.parts is None else int((leaves.parts > 1).sum())
+        self.asked["decoded joined"] += joined
         return super().decode_span(buffer, frames, place, keep, check, leaves)
 
 
 class WrongLeaves(HashingCpu):
-    """Gives a wrong hash for the first leaf of every span, coding or decoding."""
+    """Gives a wrong hash for the first leaf of every span, coding or decoding (``last``:
+    for the last, a joined one where the span has any)."""
+
+    last = False
 
     def encode_span(
         self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
     ) -> Future[EncodedSpan]:
         span = super().encode_span(frames, buffer, leaves).result()
         if span.leaves is not None and span.leaves.size:
-            span.leaves[0] ^= 1
+            span.leaves[-1 if self.last else 0] ^= 1
         return _done(span)
 
     def decode_span(
@@ -85,7 +96,7 @@ class WrongLeaves(HashingCpu):
     ) -> Future[DecodedSpan]:
         span = super().decode_span(buffer, frames, place, keep, check, leaves).result()
         if span.leaves is not None and span.leaves.size:
-            span.leaves[0] ^= 1
+            span.leaves[-1 if self.last else 0] ^= 1
         return _done(span)
 
 
@@ -138,8 +149,10 @@ def test_an_engine_that_hashes_makes_the_same_container(source: Path, tmp_path: 
     with open(tmp_path / "c.ckptz", "rb") as f:
         frames = len(read_index(f, "c").frames)
     assert engine.asked["checksums"] == frames
-    # Every frame of two leaves at an offset of its own holds at least one whole leaf.
+    # Every frame of two leaves at an offset of its own holds at least one whole leaf, and
+    # the leaf across a boundary between two frames of a run is joined from both.
     assert engine.asked["leaves"] >= frames // 2
+    assert engine.asked["joined"] > 0
 
 
 def test_an_engine_that_hashes_restores_and_checks(source: Path, tmp_path: Path) -> None:
@@ -149,7 +162,7 @@ def test_an_engine_that_hashes_restores_and_checks(source: Path, tmp_path: Path)
     with open(packed, "rb") as f, open(back, "wb") as sink, HashingCpu() as engine:
         restore(f, "c", engine, FileSink(sink))
     assert back.read_bytes() == source.read_bytes()
-    assert engine.asked["decoded leaves"] > 0
+    assert engine.asked["decoded leaves"] > 0 and engine.asked["decoded joined"] > 0
 
 
 def test_wrong_leaf_hashes_from_the_engine_fail_the_digest(source: Path, tmp_path: Path) -> None:
@@ -167,6 +180,19 @@ def test_wrong_leaf_hashes_from_the_engine_fail_the_digest(source: Path, tmp_pat
     packed.write_bytes(_compress(source, HostHashing(threads=4)))
     with open(packed, "rb") as f, WrongLeaves() as engine, pytest.raises(CorruptionError, match="digest"):
         restore(f, "c", engine, DiscardSink())
+
+
+@pytest.mark.parametrize("coding", [True, False])
+def test_a_wrong_joined_leaf_from_the_engine_fails_the_digest(
+    source: Path, tmp_path: Path, coding: bool
+) -> None:
+    wrong = WrongLeaves()
+    wrong.last = True
+    packed = tmp_path / "c.ckptz"
+    packed.write_bytes(_compress(source, wrong if coding else HostHashing(threads=4)))
+    reader = HostHashing(threads=4) if coding else wrong
+    with open(packed, "rb") as f, reader, pytest.raises(CorruptionError, match="digest"):
+        restore(f, "c", reader, DiscardSink())
 
 
 def test_an_engine_that_drops_the_leaves_fails_the_compression(source: Path) -> None:

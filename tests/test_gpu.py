@@ -660,7 +660,8 @@ def test_a_gpu_restore_decodes_each_span_back_into_its_own_buffer(
 def test_the_gpu_engine_hashes_frames_and_leaves_where_it_holds_them(tmp_path: Path, codec: str) -> None:
     """Coding, the frame checksums and the digest come from the device's hashes of the
     frames copied there; restoring, the digest's leaves from its hashes of the decoded
-    frames. Each is checked here against the host's hashes of the original bytes."""
+    frames (those across two frames of a span joined there first). Each is checked here
+    against the host's hashes of the original bytes."""
     from ckptz.digest import Piecewise, of_file
     from ckptz.engines.base import Ranges
     from ckptz.engines.gpu.engine import GpuEngine
@@ -683,20 +684,23 @@ def test_the_gpu_engine_hashes_frames_and_leaves_where_it_holds_them(tmp_path: P
         decoder = FrameDecoder(f.fileno(), str(out), index, engine)
         digest = Piecewise(index.source_digest.kind, index.source_size)
         table = digest.leaf_table([frame.pieces for frame in decoder.frames])
-        hashed = 0
+        hashed = joined = 0
         for span in decoder.spans(engine.span_bytes):
-            _, frame, start, size = table.span(span.start, span.stop)
-            fut, _ = decoder.start_span(span, leaves=Ranges(frame, start, size))
+            _, frame, start, size, parts = table.span(span.start, span.stop)
+            fut, _ = decoder.start_span(span, leaves=Ranges(frame, start, size, parts))
             data = [b"".join(original[at : at + n] for at, _, n in decoder.frames[i].pieces) for i in span]
             for k, i in enumerate(span):
                 row = int(decoder._chunks(i)[0])  # type: ignore[index]
                 assert int(index.frames[row]["checksum"]) == checksum(data[k])  # taken on the device
             got = fut.result().leaves
             assert got is not None
-            want = [checksum(data[f][a : a + n]) for f, a, n in zip(frame, start, size, strict=True)]
+            pieces = [data[f][a : a + n] for f, a, n in zip(frame, start, size, strict=True)]
+            ends = np.cumsum(parts).tolist()
+            want = [checksum(b"".join(pieces[e - p : e])) for e, p in zip(ends, parts.tolist(), strict=True)]
             assert got.tolist() == want
             hashed += got.size
-        assert hashed > 0
+            joined += int((parts > 1).sum())
+        assert hashed > 0 and joined > 0  # leaves across frames of a span joined there
         back = tmp_path / "back.pt"
         with open(back, "wb") as sink:
             restore(f, str(out), engine, FileSink(sink), index=index)

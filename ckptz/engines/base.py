@@ -25,17 +25,51 @@ from ckptz.errors import CorruptionError
 @dataclass(frozen=True, slots=True)
 class Ranges:
     """Byte ranges of a span's frames for an engine to hash where it holds their bytes: the
-    leaves of a whole-file digest lying whole inside them (:class:`ckptz.digest.LeafTable`).
+    leaves of a whole-file digest inside them (:class:`ckptz.digest.LeafTable`).
+
+    A range may be in parts, in several frames (a leaf straddling two frames of the span):
+    its hash is of its parts joined in order.
 
     Attributes:
-        frame: the frame each range lies in (its place in the span; int64).
-        start: where the range starts in that frame (int64).
+        frame: the frame each part lies in (its place in the span; int64).
+        start: where the part starts in that frame (int64).
         size: its bytes (int64).
+        parts: how many parts each range has, in order (None: one each).
     """
 
     frame: np.ndarray
     start: np.ndarray
     size: np.ndarray
+    parts: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        """How many ranges (hashes) there are."""
+        return self.frame.size if self.parts is None else self.parts.size
+
+    def _firsts(self) -> np.ndarray:
+        assert self.parts is not None
+        return np.cumsum(self.parts) - self.parts
+
+    def within(self, frames: np.ndarray) -> np.ndarray:
+        """The ranges (indices) whose every part lies in a frame that ``frames`` (bool, by
+        frame) marks."""
+        inside = frames[self.frame]
+        if self.parts is None or not inside.size:
+            return np.flatnonzero(inside)
+        return np.flatnonzero(np.logical_and.reduceat(inside, self._firsts()))
+
+    def pick(self, which: np.ndarray, frames: np.ndarray | None = None) -> Ranges:
+        """The ranges ``which`` (indices, ascending) with their parts (their frames renumbered
+        through ``frames``, by frame, where given)."""
+        if self.parts is None:
+            rows, counts = which, None
+        else:
+            counts = self.parts[which]
+            shift = np.repeat(np.cumsum(counts) - counts, counts)
+            rows = np.repeat(self._firsts()[which], counts) + np.arange(int(counts.sum())) - shift
+        frame = self.frame[rows]
+        return Ranges(frame if frames is None else frames[frame], self.start[rows], self.size[rows], counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,8 +372,23 @@ def decode_each(
 
 
 def hash_ranges(frames: Sequence[object], ranges: Ranges) -> np.ndarray:
-    """The xxh3_64 of each of ``ranges`` of ``frames`` (host bytes; a range of anything else,
-    such as a frame's error, hashes to 0), a call per frame."""
+    """The xxh3_64 of each of ``ranges`` of ``frames`` (host bytes; a range with a part in
+    anything else, such as a frame's error, hashes to 0): one call per frame for ranges in
+    one part, each joined range on its own."""
+    if ranges.parts is not None and (ranges.parts != 1).any():
+        out = np.zeros(ranges.count, np.uint64)
+        ends = np.cumsum(ranges.parts)
+        for r, (a, b) in enumerate(zip((ends - ranges.parts).tolist(), ends.tolist(), strict=True)):
+            pieces = [frames[f] for f in ranges.frame[a:b].tolist()]
+            if all(isinstance(p, np.ndarray) for p in pieces):
+                joined = b"".join(
+                    p[at : at + n].tobytes()
+                    for p, at, n in zip(
+                        pieces, ranges.start[a:b].tolist(), ranges.size[a:b].tolist(), strict=True
+                    )
+                )
+                out[r] = xxh3_64(joined)
+        return out
     out = np.zeros(ranges.frame.size, np.uint64)
     for k in np.unique(ranges.frame).tolist():
         data = frames[k]

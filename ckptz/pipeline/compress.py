@@ -239,6 +239,8 @@ class _Compression:
         # inside the frames (not with a transform, whose coded bytes are not the file's).
         hashes = engine.hashes and change is None
         self.leaf_table = self.digest.leaf_table([f.pieces for f in self.frames]) if hashes else None
+        if self.leaf_table is not None:  # leaves straddling a run's frames: the engine's too
+            self.digest.hashed_elsewhere(self.leaf_table.joined(self.runs))
         self.buffers: list[np.ndarray | None] = [None] * len(self.runs)
         # Each frame has three users of its run's buffer: the digest, the writer stage, verification.
         self.users = [3 * len(run) for run in self.runs]
@@ -327,13 +329,13 @@ class _Compression:
                 self._scatter_read(pieces, buf)
             views = [buf[self.at[i] : self.at[i] + self.frames[i].length] for i in run]
             if self.leaf_table is not None:  # the engine hashes where it holds the bytes (its GPU)
-                _, frame, start, size = self.leaf_table.span(run.start, run.stop)
+                _, frame, start, size, parts = self.leaf_table.span(run.start, run.stop)
                 todo = [
                     FrameToCode(self.plan.streams[self.frames[i].stream], v, None)
                     for i, v in zip(run, views, strict=True)
                 ]
                 self.coded[r] = self.engine.encode_span(
-                    todo, buf, Ranges(frame, start, size) if frame.size else None
+                    todo, buf, Ranges(frame, start, size, parts) if frame.size else None
                 )
                 self._read_done(run, views)
                 return

@@ -230,6 +230,8 @@ class _Restore:
         self.leaf_table = (
             self.digest.leaf_table([f.pieces for f in self.frames]) if self.engine_leaves else None
         )
+        if self.leaf_table is not None:  # leaves straddling a run's frames: the engine's too
+            self.digest.hashed_elsewhere(self.leaf_table.joined(self.spans))
         # Each decoded frame's users: the sink and the in-order digest walk (the sink only
         # when the digest is taken on the GPU, from the sink's bytes).
         self.users = [1 if self.on_device else 2] * len(self.frames)
@@ -323,8 +325,8 @@ class _Restore:
         try:
             leaves = None
             if self.leaf_table is not None:
-                _, frame, start, size = self.leaf_table.span(span.start, span.stop)
-                leaves = Ranges(frame, start, size) if frame.size else None
+                _, frame, start, size, parts = self.leaf_table.span(span.start, span.stop)
+                leaves = Ranges(frame, start, size, parts) if frame.size else None
             fut, buffer = self.decoder.start_span(span, self._placer(span), self.on_device, leaves)
             if fut.done():  # decoded in this thread (a CPU engine): checked and put from here too
                 self._queue_puts(span, fut, buffer, here=True)

@@ -411,6 +411,7 @@ class GpuEngine:
         # of the coding; read once the block is back (the stream is idle by then).
         firsts = np.cumsum([0, *(len(j.frames) for j in jobs)])
         asked = _Hashes(
+            w.ops,
             data.ptr + np.array(layout.data_offsets, np.uint64),
             np.array([f.data.size for f in frames], np.uint64),
             np.array([f.checksum is None for f in frames]),
@@ -468,7 +469,8 @@ class GpuEngine:
         results: list[list[np.ndarray | OnDevice | BaseException]] = [[] for _ in jobs]
         taken: list[list[int | None]] = [[None] * len(j.frames) for j in jobs]
         # Each job's leaves asked for, and which of them the GPU hashed.
-        hashed = [np.zeros(0 if j.leaves is None else j.leaves.frame.size, np.uint64) for j in jobs]
+        hashed = [np.zeros(0 if j.leaves is None else j.leaves.count, np.uint64) for j in jobs]
+        done = [np.zeros(h.size, bool) for h in hashed]
         gpu: list[tuple[int, int, SpanFrame]] = []
         cpu: list[tuple[int, int, Future[np.ndarray]]] = []
         for n, j in enumerate(jobs):
@@ -490,7 +492,7 @@ class GpuEngine:
                 cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
         if gpu:
             try:
-                self._decode_on_gpu(w, jobs, gpu, results, taken, hashed, spare=not cpu)
+                self._decode_on_gpu(w, jobs, gpu, results, taken, (hashed, done), spare=not cpu)
             except CkptzError as exc:
                 error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
                 for n, k, _ in gpu:
@@ -502,13 +504,10 @@ class GpuEngine:
             results[n][k] = failed if failed is not None else np.array(fut.result(), copy=True)
         for n, j in enumerate(jobs):
             leaves = None
-            if j.leaves is not None:  # those of frames decoded on the CPU threads: hashed here
-                rest = ~np.isin(j.leaves.frame, [k for m, k, _ in gpu if m == n])
-                if rest.any():
-                    r = j.leaves
-                    hashed[n][rest] = hash_ranges(
-                        results[n], Ranges(r.frame[rest], r.start[rest], r.size[rest])
-                    )
+            if j.leaves is not None:  # those with a part in a frame decoded on the CPU: here
+                rest = np.flatnonzero(~done[n])
+                if rest.size:
+                    hashed[n][rest] = hash_ranges(results[n], j.leaves.pick(rest))
                 leaves = hashed[n]
             j.future.set_result(DecodedSpan(results[n], taken[n], leaves))
 
@@ -519,12 +518,13 @@ class GpuEngine:
         gpu: list[tuple[int, int, SpanFrame]],
         results: list[list[np.ndarray | OnDevice | BaseException]],
         taken: list[list[int | None]],
-        hashed: list[np.ndarray],
+        leaves: tuple[list[np.ndarray], list[np.ndarray]],
         spare: bool = False,
     ) -> None:
         """Decode ``gpu``'s frames in one batch (``spare``: no CPU thread reads the span's
         buffer meanwhile, so the frames may come back into it), filling in each frame's
-        result, its checksum and its leaves' hashes taken here."""
+        result, its checksum, and the hashes of the leaves of the jobs taken here (``leaves``:
+        each job's hashes, and which of them were taken)."""
         chunks = [c for _, _, f in gpu for c in f.chunks]
         codec = np.array([c.codec for c in chunks], dtype=np.int64)
         const = codec == CONST_ID
@@ -579,12 +579,12 @@ class GpuEngine:
             place_of[n][k] = m
         picks, wanted = [], []
         for n, j in enumerate(jobs):
-            if j.leaves is not None and not stays:
-                at = place_of[n][j.leaves.frame]
-                pick = np.flatnonzero(at >= 0)
+            if j.leaves is not None and not stays:  # those with every part decoded here
+                pick = j.leaves.within(place_of[n] >= 0)
                 picks.append((n, pick))
-                wanted.append((0, Ranges(at[pick], j.leaves.start[pick], j.leaves.size[pick])))
+                wanted.append((0, j.leaves.pick(pick, place_of[n])))
         asked = _Hashes(
+            w.ops,
             data.ptr + np.array(layout.data_offsets, np.uint64),
             np.array([f.length for f in frames], np.uint64),
             np.full(len(frames), whole),
@@ -604,12 +604,14 @@ class GpuEngine:
             # bytes by its size, and one region per span keeps the pinned pool to one size.
             fits = spare and buffer is not None and int(data.size) <= buffer.size
             view = _to_host(data, w.stream, buffer if fits else None)
-        sums, leaves = asked.split(w.ops.download(queued, np.uint64) if queued.size else _NO_HASHES)
+        sums, joined = asked.split(w.ops.download(queued, np.uint64) if queued.size else _NO_HASHES)
         for m, ((n, k, f), off) in enumerate(zip(gpu, layout.data_offsets, strict=True)):
             results[n][k] = view[off : off + f.length]
             taken[n][k] = sums[m]
-        for (n, pick), got in zip(picks, leaves, strict=True):
+        hashed, done = leaves
+        for (n, pick), got in zip(picks, joined, strict=True):
             hashed[n][pick] = got
+            done[n][pick] = True
 
     @staticmethod
     def _check_payloads(
@@ -711,9 +713,11 @@ def _check_chunks(j: SpanFrame) -> None:
 class _Hashes:
     """The ranges of a batch's frames hashed on the device, in one call: each frame whole
     where ``whole`` says, then each set of ``leaves`` ranges (:class:`~ckptz.engines.base.Ranges`,
-    their frames counted from the given first frame of the batch).
+    their frames counted from the given first frame of the batch). A range in parts is first
+    joined in scratch memory (a copy queued on the stream now).
 
     Args:
+        ops: the worker's device.
         addresses: each frame's device address (uint64).
         lengths: its bytes (uint64).
         whole: whether its checksum is wanted.
@@ -721,18 +725,59 @@ class _Hashes:
     """
 
     def __init__(
-        self, addresses: np.ndarray, lengths: np.ndarray, whole: np.ndarray, leaves: list[tuple[int, Ranges]]
+        self,
+        ops: kernels.CudaOps,
+        addresses: np.ndarray,
+        lengths: np.ndarray,
+        whole: np.ndarray,
+        leaves: list[tuple[int, Ranges]],
     ) -> None:
         entire = np.flatnonzero(whole)
         self._slots = np.full(len(addresses), -1, np.int64)
         self._slots[entire] = np.arange(entire.size)
         ptrs, sizes, self._ends = [addresses[entire]], [lengths[entire]], [entire.size]
         for first, r in leaves:
-            ptrs.append(addresses[r.frame + first] + r.start.astype(np.uint64))
-            sizes.append(r.size.astype(np.uint64))
-            self._ends.append(self._ends[-1] + r.frame.size)
+            at = addresses[r.frame + first] + r.start.astype(np.uint64)
+            size = r.size.astype(np.uint64)
+            if r.parts is None or not (r.parts > 1).any():
+                ptrs.append(at)
+                sizes.append(size)
+            else:  # joined: the range's hash is of its parts, copied one after another
+                firsts = np.cumsum(r.parts) - r.parts
+                ptrs.append(at[firsts])
+                sizes.append(np.add.reduceat(size, firsts))
+                self._join(ops, ptrs[-1], sizes[-1], r.parts, at, size)
+            self._ends.append(self._ends[-1] + r.count)
         self.ptrs = np.concatenate(ptrs)
         self.lengths = np.concatenate(sizes)
+
+    def _join(
+        self,
+        ops: kernels.CudaOps,
+        ptrs: np.ndarray,
+        sizes: np.ndarray,
+        parts: np.ndarray,
+        at: np.ndarray,
+        size: np.ndarray,
+    ) -> None:
+        """Queue the copies that join each range of more than one part into scratch memory
+        (``at``/``size``: every part), and point ``ptrs`` there."""
+        multi = np.flatnonzero(parts > 1)
+        slots = np.cumsum(sizes[multi]) - sizes[multi]
+        room = ops.scratch(f"joined{len(self._ends)}", max(int(sizes[multi].sum()), 1))
+        counts = parts[multi]
+        firsts = (np.cumsum(parts) - parts)[multi]
+        rows = (
+            np.repeat(firsts, counts)
+            + np.arange(int(counts.sum()))
+            - np.repeat(np.cumsum(counts) - counts, counts)
+        )
+        # Each part's place in its range's slot: the slot, plus the parts before it.
+        before = np.cumsum(size[rows]) - size[rows]
+        before -= np.repeat(before[np.cumsum(counts) - counts], counts)
+        dst = np.uint64(room.ptr) + np.repeat(slots, counts) + before
+        ops.copy_ranges(at[rows], dst, size[rows])
+        ptrs[multi] = np.uint64(room.ptr) + slots
 
     def split(self, got: np.ndarray) -> tuple[list[int | None], list[np.ndarray]]:
         """The hashes of one call: each frame's checksum (None where not asked), and the
