@@ -49,7 +49,6 @@ _PENDING = 4096
 #: Leaf hashes per block of a :class:`LeafHashes` (512 KiB of hashes for 8 GiB of file).
 _BLOCK_SHIFT = 16
 _HEX32 = re.compile(r"[0-9a-f]{32}")
-_NONE = np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,51 +277,33 @@ class Piecewise:
     def hash_whole(self, pieces: Iterable[tuple[int, int, int]], data: np.ndarray | memoryview) -> None:
         """Hash the leaves lying whole inside ``pieces``: ``(file offset, offset in data,
         bytes)`` of ``data``'s bytes (a frame's pieces). Safe from any thread."""
-        numbers, starts, sizes = self.whole_ranges(pieces)
-        if numbers.size:  # one call for the frame's leaves, without the GIL
-            self.hashes.set_many(numbers, xxh3_64_ranges(data, starts, sizes))
-
-    def whole_ranges(
-        self, pieces: Iterable[tuple[int, int, int]]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The leaves lying whole inside ``pieces`` (as :meth:`hash_whole` takes them): their
-        numbers, where each starts in the pieces' data, and their sizes (int64). Whoever
-        hashes them where the data lies gives the hashes to :meth:`set_whole`. None for
-        :data:`SEQUENTIAL`, whose walk hashes every byte."""
         if self._walked is not None:
-            return _NONE, _NONE, _NONE
+            return
         leaf, size = self.kind.leaf, self.size
         numbers, starts = [], []
         for at, within, n in pieces:
             whole = whole_leaves(at, n, leaf, size)
-            if whole:
-                numbers.append(np.arange(whole.start, whole.stop, dtype=np.int64))
-                starts.append(numbers[-1] * leaf + (within - at))
+            numbers.append(np.arange(whole.start, whole.stop, dtype=np.int64))
+            starts.append(numbers[-1] * leaf + (within - at))
         if not numbers:
-            return _NONE, _NONE, _NONE
-        k = np.concatenate(numbers) if len(numbers) > 1 else numbers[0]
-        return (
-            k,
-            np.concatenate(starts) if len(starts) > 1 else starts[0],
-            np.minimum((k + 1) * leaf, size) - k * leaf,
-        )
+            return
+        k = np.concatenate(numbers)
+        if k.size:  # one call for the frame's leaves, without the GIL
+            sizes = np.minimum((k + 1) * leaf, size) - k * leaf
+            self.hashes.set_many(k, xxh3_64_ranges(data, np.concatenate(starts), sizes))
 
     def leaf_table(self, frames: Sequence[Sequence[tuple[int, int, int]]]) -> LeafTable:
-        """:meth:`whole_ranges` of every frame's pieces at once, in frame order."""
+        """The leaves inside each frame's pieces, for runs of frames hashed where their bytes
+        lie (:class:`LeafTable`)."""
         return LeafTable(self, frames)
 
     def hashed_elsewhere(self, numbers: np.ndarray) -> None:
-        """Leaves that straddle pieces but whose hashes someone else gives :meth:`set_whole`
-        (a :class:`LeafTable` span's joined leaves): the walk skips them. Call before the walk."""
+        """Leaves that straddle pieces but whose hashes someone else sets (a
+        :class:`LeafTable` run's joined leaves): the walk skips them. Call before the walk."""
         if numbers.size:
             if self._elsewhere is None:
                 self._elsewhere = np.zeros(leaf_count(self.size, self.kind.leaf), bool)
             self._elsewhere[numbers] = True
-
-    def set_whole(self, numbers: np.ndarray, hashes: np.ndarray) -> None:
-        """The hashes of leaves :meth:`whole_ranges` gave, taken wherever the bytes lie."""
-        if numbers.size:
-            self.hashes.set_many(numbers, hashes)
 
     def walk(self, at: int, piece: memoryview) -> None:
         """Hash what :meth:`hash_whole` leaves of the piece at file offset ``at``: its bytes
@@ -383,6 +364,7 @@ class LeafTable:
     """
 
     def __init__(self, digest: Piecewise, frames: Sequence[Sequence[tuple[int, int, int]]]) -> None:
+        self._digest = digest
         counts = [len(pieces) for pieces in frames]
         flat = np.array([p for pieces in frames for p in pieces], np.int64).reshape(-1, 3)
         at, within, n = flat[:, 0], flat[:, 1], flat[:, 2]
@@ -411,14 +393,13 @@ class LeafTable:
         k, j = k[order], j[order]
         lo_byte = np.maximum(k * leaf, at[j])
         hi_byte = np.minimum(np.minimum((k + 1) * leaf, size), end[j])
-        self._part_leaf, self._part_frame = k, owner[j]
+        self._part_frame = owner[j]
         self._part_start, self._part_size = within[j] + lo_byte - at[j], hi_byte - lo_byte
         # Each straddling leaf: its number, its parts, and the frames they lie in.
         self._joined, first_part = np.unique(k, return_index=True)
         self._part_bounds = np.concatenate([first_part, [k.size]]).astype(np.int64)
-        frames_of = self._part_frame
-        self._lo = np.minimum.reduceat(frames_of, first_part) if k.size else k
-        self._hi = np.maximum.reduceat(frames_of, first_part) if k.size else k
+        self._lo = np.minimum.reduceat(self._part_frame, first_part) if k.size else k
+        self._hi = np.maximum.reduceat(self._part_frame, first_part) if k.size else k
 
     def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The leaves of frames ``lo`` to ``hi - 1``: whole ones, then joined ones. Their
@@ -444,6 +425,19 @@ class LeafTable:
             np.concatenate([self.size[a:b], self._part_size[rows]]),
             np.concatenate([np.ones(b - a, np.int64), parts]),
         )
+
+    def take(self, run: range, hashes: np.ndarray | None) -> None:
+        """The hashes an engine gave for the leaves :meth:`span` gave it for ``run``, in
+        order, into the digest.
+
+        Raises:
+            RuntimeError: the engine gave none, or not one per leaf.
+        """
+        numbers = self.span(run.start, run.stop)[0]
+        if numbers.size:
+            if hashes is None or hashes.size != numbers.size:
+                raise RuntimeError("the engine did not hash the leaves it was given")
+            self._digest.hashes.set_many(numbers, hashes)
 
     def joined(self, runs: Sequence[range]) -> np.ndarray:
         """The numbers of the straddling leaves that :meth:`span` gives some run of ``runs``

@@ -195,6 +195,45 @@ def test_pieces_in_any_order_give_the_sequential_digest(
     assert old == Digest(SEQUENTIAL, xxhash.xxh3_128_hexdigest(data))
 
 
+@settings(max_examples=200, deadline=None)
+@given(layouts(), st.data())
+def test_leaves_by_run_give_the_sequential_digest(
+    layout: tuple[bytes, int, list[Frame], list[int]], draw: st.DataObject
+) -> None:
+    """Runs of consecutive frames hashed where their bytes are (:class:`LeafTable`): the
+    leaves inside their frames, and those straddling two of a run's frames joined from
+    their parts; the walk skips the joined ones and hashes the rest."""
+    data, leaf, frames, _ = layout
+    kind = Kind("xxh3_tree", leaf)
+    cuts = draw.draw(st.sets(st.integers(1, len(frames) - 1))) if len(frames) > 1 else set()
+    runs = [range(a, b) for a, b in itertools.pairwise([0, *sorted(cuts), len(frames)]) if b > a]
+    digest = Piecewise(kind, len(data))
+    table = digest.leaf_table([f.pieces for f in frames])
+    digest.hashed_elsewhere(table.joined(runs))
+    futures: list[Future[np.ndarray]] = [Future() for _ in frames]
+    for r in runs:
+        numbers, frame, start, size, parts = table.span(r.start, r.stop)
+        assert parts.sum() == frame.size and (parts >= 1).all()
+        got, ends = [], np.cumsum(parts).tolist()
+        for k, end, count in zip(numbers.tolist(), ends, parts.tolist(), strict=True):
+            joined = b"".join(
+                _frame_bytes(data, frames[r.start + f])[a : a + n].tobytes()
+                for f, a, n in zip(
+                    frame[end - count : end], start[end - count : end], size[end - count : end], strict=True
+                )
+            )
+            assert joined == data[k * leaf : (k + 1) * leaf]  # each leaf, whole
+            got.append(xxhash.xxh3_64_intdigest(joined))
+        table.take(r, np.array(got, np.uint64))
+        for i in r:
+            futures[i].set_result(_frame_bytes(data, frames[i]))
+    walked = file_digest(frames, futures, lambda _: None, digest)
+    assert walked == Digest(kind, tree_digest(data, leaf))
+    if runs and table.span(runs[0].start, runs[0].stop)[0].size:
+        with pytest.raises(RuntimeError, match="did not hash"):
+            table.take(runs[0], None)  # an engine that gave no hashes
+
+
 def test_hashing_threads_beside_the_walk(tmp_path: Path) -> None:
     """Frames finished by many threads while the walk runs, as in the pipelines."""
     data = np.random.default_rng(1).integers(0, 256, 3 * LEAF * 7 + 5, dtype=np.uint8).tobytes()

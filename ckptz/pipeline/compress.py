@@ -58,7 +58,7 @@ from ckptz.container import (
     padded_size,
     read_index,
 )
-from ckptz.digest import TREE, Digest, Kind, LeafTable, Piecewise
+from ckptz.digest import TREE, Digest, Kind, Piecewise
 from ckptz.engines.base import (
     NO_BUFFER,
     DecodedSpan,
@@ -424,8 +424,10 @@ class _Compression:
             start, parts, payloads = pos, list[bytes | memoryview](), list[bytes | memoryview]()
             rows: list[list[int]] = []
             firsts = []
-            if self.leaf_table is not None:
-                self._take_hashes(run, span, self.leaf_table)
+            if self.leaf_table is not None:  # the engine took each frame's checksum and leaves
+                for i, coded in zip(run, span.frames, strict=True):
+                    self.sums[i] = coded.checksum
+                self.leaf_table.take(run, span.leaves)
             for i, coded in zip(run, span.frames, strict=True):
                 frame = self.frames[i]
                 first = len(chunks) + len(rows)
@@ -460,16 +462,6 @@ class _Compression:
             writes.append(w)
             self.tasks.append(w)
         return frames, chunks, writes, checks, pos
-
-    def _take_hashes(self, run: range, span: EncodedSpan, table: LeafTable) -> None:
-        """Each frame's checksum and the digest's leaves, as the engine took them."""
-        for i, coded in zip(run, span.frames, strict=True):
-            self.sums[i] = coded.checksum
-        numbers = table.span(run.start, run.stop)[0]
-        if numbers.size:
-            if span.leaves is None or span.leaves.size != numbers.size:
-                raise RuntimeError("the engine did not hash the leaves it was given")
-            self.digest.set_whole(numbers, span.leaves)
 
     def _store(
         self,

@@ -224,12 +224,10 @@ class _Restore:
         )
         # The engine hashes the digest's leaves inside each frame where it decodes it (on its
         # GPU), unless a transform changes the bytes after decoding.
-        self.engine_leaves = (
+        engine_leaves = (
             engine.hashes and not self.on_device and self.digest.kind.tree and self.decoder.transform is None
         )
-        self.leaf_table = (
-            self.digest.leaf_table([f.pieces for f in self.frames]) if self.engine_leaves else None
-        )
+        self.leaf_table = self.digest.leaf_table([f.pieces for f in self.frames]) if engine_leaves else None
         if self.leaf_table is not None:  # leaves straddling a run's frames: the engine's too
             self.digest.hashed_elsewhere(self.leaf_table.joined(self.spans))
         # Each decoded frame's users: the sink and the in-order digest walk (the sink only
@@ -356,26 +354,17 @@ class _Restore:
             self._fail(exc)
 
     def _put_run(self, span: range, fut: Future[DecodedSpan]) -> None:
-        hashed = self._take_leaves(span, fut)
+        if self.leaf_table is not None and fut.exception() is None:  # else each _put fails
+            try:
+                self.leaf_table.take(span, fut.result().leaves)
+            except BaseException as exc:
+                self._fail(exc)
+                return
         for k, i in enumerate(span):
-            if not self._put(i, fut, k, hashed):
+            if not self._put(i, fut, k):
                 return
 
-    def _take_leaves(self, span: range, fut: Future[DecodedSpan]) -> bool:
-        """The digest's leaves inside a run's frames, as the engine hashed them where it
-        decoded them (from the bytes it copied back, which the walk then covers); False
-        where it did not (each frame's are then hashed as it is put)."""
-        if self.leaf_table is None or fut.exception() is not None:
-            return False
-        numbers = self.leaf_table.span(span.start, span.stop)[0]
-        got = fut.result().leaves
-        if numbers.size:
-            if got is None or got.size != numbers.size:
-                return False
-            self.digest.set_whole(numbers, got)
-        return True
-
-    def _put(self, i: int, fut: Future[DecodedSpan], k: int, hashed: bool = False) -> bool:
+    def _put(self, i: int, fut: Future[DecodedSpan], k: int) -> bool:
         """Check decoded frame ``i`` and hand it to the sink and the digest; False once the
         run has failed."""
         try:
@@ -384,7 +373,7 @@ class _Restore:
             if isinstance(data, OnDevice):  # checked on the GPU and placed there: nothing to put
                 data = _SPENT.result()
             else:
-                if not self.on_device and not hashed:
+                if not self.on_device and self.leaf_table is None:  # else the engine hashed them
                     with trace.span("digest leaves"):
                         self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
                 # The sink first: the digest, which ends the run, then waits for every frame's put.

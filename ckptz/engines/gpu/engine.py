@@ -426,7 +426,7 @@ class GpuEngine:
         # One copy back: the batch's payloads, already laid out as the container stores them.
         with trace.span("to host"):
             host = _to_host(batch.block, w.stream)
-        sums, leaves = asked.split(w.ops.download(queued, np.uint64) if queued.size else _NO_HASHES)
+        sums, leaves = asked.split(w.ops.download(queued, np.uint64))
         by_job = iter(leaves)
         view = memoryview(host)  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
@@ -604,7 +604,7 @@ class GpuEngine:
             # bytes by its size, and one region per span keeps the pinned pool to one size.
             fits = spare and buffer is not None and int(data.size) <= buffer.size
             view = _to_host(data, w.stream, buffer if fits else None)
-        sums, joined = asked.split(w.ops.download(queued, np.uint64) if queued.size else _NO_HASHES)
+        sums, joined = asked.split(w.ops.download(queued, np.uint64))
         for m, ((n, k, f), off) in enumerate(zip(gpu, layout.data_offsets, strict=True)):
             results[n][k] = view[off : off + f.length]
             taken[n][k] = sums[m]
@@ -787,9 +787,6 @@ class _Hashes:
             [sums[slot] if slot >= 0 else None for slot in self._slots.tolist()],
             [got[a:b] for a, b in itertools.pairwise(self._ends)],
         )
-
-
-_NO_HASHES = np.zeros(0, np.uint64)
 
 
 def _job_bytes(job: _Job) -> int:

@@ -347,6 +347,8 @@ class CudaOps:
     def download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray:
         """``buf``'s bytes as a host array of ``dtype``, once the work queued before is done."""
         out = np.empty(buf.size // np.dtype(dtype).itemsize, dtype=dtype)
+        if not out.nbytes:  # nothing queued to wait for (an empty buffer has no address)
+            return out
         driver.copy_to_host(out.ctypes.data, buf.ptr, out.nbytes, self.stream, pinned=False)
         return out
 
@@ -447,8 +449,6 @@ class CudaOps:
     def xxh3(self, ptrs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """The xxh3_64 (seed 0) of ``lengths[i]`` bytes at device address ``ptrs[i]`` for each
         ``i``, once the work queued before on the stream is done (uint64, on the host)."""
-        if not len(ptrs):
-            return np.zeros(0, np.uint64)
         return self.download(self.queue_xxh3(ptrs, lengths), np.uint64)
 
     def queue_xxh3(self, ptrs: np.ndarray, lengths: np.ndarray, name: str = "hash") -> Buf:
