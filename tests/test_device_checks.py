@@ -16,7 +16,7 @@ import pytest
 import xxhash
 
 from ckptz.digest import TREE, Hasher
-from ckptz.engines.gpu import hashing
+from ckptz.engines.gpu import hashing, kernels
 from ckptz.engines.gpu.transform import HostOps
 
 gpu = pytest.mark.gpu
@@ -112,6 +112,20 @@ def test_gpu_xxh3_is_xxhash_on_every_path(cuda_ops: Any) -> None:
         for skew in (0, 1, 8):  # aligned and unaligned inputs
             starts.append(skew + (n * 7919) % 4096 * 8 % max(1, data.size - n - 16))
             sizes.append(n)
+    got = cuda_ops.xxh3(np.array(starts, np.uint64) + np.uint64(dev.ptr), np.array(sizes, np.uint64))
+    want = [xxhash.xxh3_64_intdigest(data[a : a + n].tobytes()) for a, n in zip(starts, sizes, strict=True)]
+    assert got.tolist() == want
+
+
+@gpu
+def test_gpu_xxh3_in_several_launches_is_xxhash(cuda_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inputs whose block sums outgrow the scratch are hashed in several pairs of launches,
+    # an input bigger than the scratch on its own.
+    monkeypatch.setattr(kernels, "_HASH_BLOCKS", 5)
+    data = np.random.default_rng(4).integers(0, 256, 64 << 10, dtype=np.uint8)
+    dev = cuda_ops.upload("data", data)
+    sizes = [3000, 100, 9 * 1024 + 5, 241, 1025, 0, 2048, 5 * 1024 + 1, 20 * 1024, 7]
+    starts = [(37 * k) % 4000 for k in range(len(sizes))]
     got = cuda_ops.xxh3(np.array(starts, np.uint64) + np.uint64(dev.ptr), np.array(sizes, np.uint64))
     want = [xxhash.xxh3_64_intdigest(data[a : a + n].tobytes()) for a, n in zip(starts, sizes, strict=True)]
     assert got.tolist() == want

@@ -1,15 +1,20 @@
 """CUDA source of xxh3_64 on the GPU: the checksums of FORMAT.md taken where bytes were decoded.
 
-``xxh3_many`` hashes any number of inputs lying anywhere in device memory, one warp each,
+``xxh3_blocks`` and ``xxh3_many`` hash any number of inputs lying anywhere in device memory
 with xxHash's XXH3_64bits (seed 0, the default secret): exactly what ``xxhash.xxh3_64``
 gives on the host, which the GPU tests compare over every length path.
 
 XXH3's long path keeps eight 64-bit lanes; each 1024-byte block adds one term per lane and
-stripe (16 stripes of 64 bytes), then scrambles every lane. Addition is associative, so the
-warp's four groups of eight threads (one thread per lane) sum four stripes each, two
-shuffles add the four partial sums, and only the scramble stays in sequence: a 4 MiB frame
-is 4096 dependent steps of a few instructions each, not 65536 stripes. Inputs of at most
-240 bytes (XXH3's short paths) are hashed by the warp's first thread.
+stripe (16 stripes of 64 bytes), then scrambles every lane. The terms do not depend on the
+lanes, only the scrambles do, so the work is split in two launches. ``xxh3_blocks`` sums the
+terms of every whole block of every input at once, one warp per block (its four groups of
+eight threads, one thread per lane, sum four stripes each, and two shuffles add the four
+partial sums): all the bytes are read in parallel. ``xxh3_many`` then runs, one warp per
+input, the only chain left, the scrambles: a 4 MiB input is 4096 dependent steps of a few
+instructions each, fed by the block sums 32 blocks at a time, the next 32 loaded while these
+are chained. (One warp reading its input block after block, as before, waited on memory at
+every block: 3.6 ms per 4 MiB input, however many ran at once, on an H100.) Inputs of at
+most 240 bytes (XXH3's short paths) are hashed by the warp's first thread.
 
 ``copy_ranges`` copies byte ranges between device addresses: the leaves of a whole-file
 digest that straddle two buffers are assembled with it before they are hashed.
@@ -168,30 +173,81 @@ __device__ __forceinline__ u64 xxh_load(const u8* p) {
   return xxh_rd64(p);
 }
 
-/* XXH3_64bits of len > 240 bytes at `in`, by the 32 threads of a warp (thread t is lane
-   t % 8 of group t / 8); every thread returns the hash. */
+/* The terms of one whole block at `p` (its group's first stripe) for lane l of group g,
+   summed over the warp's four groups (the neighbouring lane's word comes from thread t ^ 1):
+   every thread returns its lane's sum. */
 template <bool ALIGNED>
-__device__ u64 xxh3_long(const u8* in, u64 len, int t) {
-  const int l = t & 7, g = t >> 3;
+__device__ __forceinline__ u64 xxh_block(const u8* p, const u64* key, int l) {
+  u64 sum = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const u64 mine = xxh_load<ALIGNED>(p + j * 256 + 8 * l);
+    sum += xxh_term(mine, __shfl_xor_sync(FULL, mine, 1), key[j]);
+  }
+  sum += __shfl_xor_sync(FULL, sum, 8);
+  return sum + __shfl_xor_sync(FULL, sum, 16);
+}
+
+/* Phase 1 of the long path: sums[8 i + l] = lane l's terms of whole block i, the blocks of
+   all inputs numbered one input after another (input h's first is starts[h]; starts[count]
+   = total). Each warp takes BLOCKS_PER_WARP consecutive blocks. */
+extern "C" __global__ void __launch_bounds__(THREADS)
+xxh3_blocks(const u64* ptrs, const u64* starts, i64 count, i64 total, u64* sums) {
+  const i64 first = ((i64)blockIdx.x * (THREADS / 32) + threadIdx.x / 32) * BLOCKS_PER_WARP;
+  if (first >= total) return;  /* the whole warp */
+  const int t = threadIdx.x & 31, l = t & 7, g = t >> 3;
   u64 key[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) key[j] = xxh_rd64(XXH_SECRET + (g + 4 * j) * 8 + 8 * l);
+  i64 h = 0, hi = count - 1;  /* the last input whose first block is at most `first` */
+  while (h < hi) {
+    const i64 mid = (h + hi + 1) >> 1;
+    if ((i64)starts[mid] <= first) h = mid; else hi = mid - 1;
+  }
+  const i64 last = first + BLOCKS_PER_WARP < total ? first + BLOCKS_PER_WARP : total;
+  for (i64 i = first; i < last; ++i) {
+    while ((i64)starts[h + 1] <= i) ++h;  /* inputs without whole blocks are skipped */
+    const u8* p = (const u8*)ptrs[h] + (u64)(i - (i64)starts[h]) * 1024 + g * 64;
+    const u64 sum = (ptrs[h] & 7) == 0 ? xxh_block<true>(p, key, l) : xxh_block<false>(p, key, l);
+    if (g == 0) sums[8 * i + l] = sum;
+  }
+}
+
+/* Lane l's words of 32 blocks from `round * 32` of one input's block sums `s`: thread
+   (l, g) holds blocks round * 32 + 4 k + g (0 past the last). */
+__device__ __forceinline__ void xxh_fetch(u64* v, const u64* s, u64 round, u64 blocks, int l, int g) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const u64 b = round * 32 + 4 * k + g;
+    v[k] = b < blocks ? s[8 * b + l] : 0;
+  }
+}
+
+/* Phase 2 of the long path, XXH3_64bits of len > 240 bytes at `in` whose whole blocks' sums
+   are `s`, by the 32 threads of a warp (thread t is lane t % 8 of group t / 8): the
+   scrambles in order, the last stripes, the merge. Every thread returns the hash. */
+__device__ u64 xxh3_long(const u8* in, u64 len, const u64* s, int t) {
+  const int l = t & 7, g = t >> 3;
   const u64 scramble_key = xxh_rd64(XXH_SECRET + 128 + 8 * l);
   u64 acc = xxh_init(l);
-  const u64 blocks = (len - 1) / 1024;
-  const u8* p = in + g * 64;
-#pragma unroll 2
-  for (u64 b = 0; b < blocks; ++b, p += 1024) {
-    u64 sum = 0;
+  const u64 blocks = (len - 1) / 1024, rounds = (blocks + 31) / 32;
+  u64 next[8], cur[8];
+  if (rounds) xxh_fetch(next, s, 0, blocks, l, g);
+  for (u64 r = 0; r < rounds; ++r) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      sum += xxh_term(xxh_load<ALIGNED>(p + j * 256 + 8 * l), xxh_load<ALIGNED>(p + j * 256 + 8 * (l ^ 1)), key[j]);
-    sum += __shfl_xor_sync(FULL, sum, 8);
-    sum += __shfl_xor_sync(FULL, sum, 16);
-    acc += sum;
-    acc ^= acc >> 47;
-    acc ^= scramble_key;
-    acc *= XP32_1;
+    for (int k = 0; k < 8; ++k) cur[k] = next[k];
+    if (r + 1 < rounds) xxh_fetch(next, s, r + 1, blocks, l, g);
+    const u64 left = blocks - r * 32;
+#pragma unroll
+    for (int m = 0; m < 32; ++m) {
+      const u64 v = __shfl_sync(FULL, cur[m >> 2], (m & 3) * 8 + l);
+      if ((u64)m < left) {
+        acc += v;
+        acc ^= acc >> 47;
+        acc ^= scramble_key;
+        acc *= XP32_1;
+      }
+    }
   }
   u64 sum = xxh_tail(in, len, blocks, l, g);
   sum += __shfl_xor_sync(FULL, sum, 8);
@@ -203,9 +259,10 @@ __device__ u64 xxh3_long(const u8* in, u64 len, int t) {
   return xxh_merge(a, len);
 }
 
-/* out[h] = XXH3_64bits(lengths[h] bytes at address ptrs[h]), one warp per input. */
+/* out[h] = XXH3_64bits(lengths[h] bytes at address ptrs[h]), one warp per input, once
+   xxh3_blocks has summed their whole blocks into `sums` (input h's from starts[h]). */
 extern "C" __global__ void __launch_bounds__(THREADS)
-xxh3_many(const u64* ptrs, const u64* lengths, u64* out, i64 count) {
+xxh3_many(const u64* ptrs, const u64* lengths, const u64* starts, const u64* sums, u64* out, i64 count) {
   const i64 h = (i64)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
   if (h >= count) return;  /* the whole warp: h is the same for its threads */
   const int t = threadIdx.x & 31;
@@ -213,8 +270,7 @@ xxh3_many(const u64* ptrs, const u64* lengths, u64* out, i64 count) {
   const u64 len = lengths[h];
   u64 r;
   if (len <= 240) r = t == 0 ? xxh3_short(in, len) : 0;
-  else if ((ptrs[h] & 7) == 0) r = xxh3_long<true>(in, len, t);
-  else r = xxh3_long<false>(in, len, t);
+  else r = xxh3_long(in, len, sums + 8 * starts[h], t);
   if (t == 0) out[h] = r;
 }
 
@@ -231,6 +287,6 @@ copy_ranges(const u64* src, const u64* dst, const u64* lengths) {
 """
 
 #: The kernels the source defines.
-NAMES = ("xxh3_many", "copy_ranges")
+NAMES = ("xxh3_blocks", "xxh3_many", "copy_ranges")
 
 __all__ = ["NAMES", "SOURCE"]

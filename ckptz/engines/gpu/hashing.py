@@ -5,7 +5,8 @@ GPU; the file's bytes then lie there in pieces (one storage per record, the zip'
 and pickle beside them). FORMAT.md's whole-file digest is the xxh3_128 of the xxh3_64 of
 every leaf (:mod:`ckptz.digest`). A leaf lying inside one piece is hashed where it lies;
 a leaf that straddles pieces is first assembled in scratch memory, a batch of such leaves
-at a time, by one copy kernel. One warp hashes each leaf (:mod:`ckptz.engines.gpu.hash_source`).
+at a time, by one copy kernel. Every leaf's blocks are summed in parallel, then one warp
+per leaf chains them (:mod:`ckptz.engines.gpu.hash_source`).
 """
 
 from __future__ import annotations

@@ -58,11 +58,17 @@ _BLOCK = SAMPLE_BLOCK
 _THREADS = 256
 #: CUDA's limit on a grid's second dimension (frames or chunks per launch).
 _MAX_Y = 65535
+#: Whole 1024-byte blocks each warp of ``xxh3_blocks`` sums.
+_BLOCKS_PER_WARP = 8
+#: Whole blocks whose sums one pair of hashing launches keeps (64 bytes each: 64 MiB of
+#: scratch for a GiB of input); more inputs are hashed in several pairs.
+_HASH_BLOCKS = 1 << 20
 _WORDS = (1, 2, 4, 8)
 
 _DEFINES = f"""
 #define BLOCK {_BLOCK}
 #define THREADS {_THREADS}
+#define BLOCKS_PER_WARP {_BLOCKS_PER_WARP}
 #define NSTATS {STATS}
 #define SAMPLE_EVERY {SAMPLE_EVERY}
 #define STORED ({STORED})
@@ -454,14 +460,40 @@ class CudaOps:
     def queue_xxh3(self, ptrs: np.ndarray, lengths: np.ndarray, name: str = "hash") -> Buf:
         """:meth:`xxh3`, queued on the stream without waiting: the hashes land in scratch
         buffer ``name`` (uint64 each) for :meth:`download` once wanted (a batch's frames,
-        hashed while the rest of its work is queued behind)."""
+        hashed while the rest of its work is queued behind).
+
+        Two launches per group of inputs (:mod:`~ckptz.engines.gpu.hash_source`): every
+        whole block's sums at once, then one warp per input chaining them."""
         n = len(ptrs)
         if not n:
             return Buf(0, 0)
-        table = self.upload(f"{name}_in", np.concatenate([ptrs, lengths]).astype(np.uint64))
+        sizes = np.asarray(lengths, np.int64)
+        blocks = np.where(sizes > 240, (sizes - 1) // 1024, 0)
+        before = np.concatenate([[0], np.cumsum(blocks)])
         out = self.scratch(f"{name}_out", 8 * n)
-        args = [_ptr(table.ptr), _ptr(table.ptr + 8 * n), _ptr(out.ptr), ctypes.c_int64(n)]
-        self._launch("xxh3_many", (_cdiv(n, _THREADS // 32), 1), args)
+        lo = 0
+        while lo < n:  # inputs whose sums fit the scratch (at least one)
+            hi = max(lo + 1, int(np.searchsorted(before, before[lo] + _HASH_BLOCKS, "right")) - 1)
+            hi = min(hi, n)
+            starts = before[lo : hi + 1] - before[lo]
+            total = int(starts[-1])
+            table = self.upload(
+                f"{name}_in",
+                np.concatenate([np.asarray(a, np.uint64) for a in (ptrs[lo:hi], lengths[lo:hi], starts)]),
+            )
+            count = hi - lo
+            at_lengths, at_starts = table.ptr + 8 * count, table.ptr + 16 * count
+            sums = self.scratch(f"{name}_sums", max(64 * total, 8))
+            if total:
+                args = [_ptr(table.ptr), _ptr(at_starts), ctypes.c_int64(count), ctypes.c_int64(total)]
+                per = (_THREADS // 32) * _BLOCKS_PER_WARP
+                self._launch("xxh3_blocks", (_cdiv(total, per), 1), [*args, _ptr(sums.ptr)])
+            args = [_ptr(table.ptr), _ptr(at_lengths), _ptr(at_starts), _ptr(sums.ptr)]
+            out_at = _ptr(out.ptr + 8 * lo)
+            self._launch(
+                "xxh3_many", (_cdiv(count, _THREADS // 32), 1), [*args, out_at, ctypes.c_int64(count)]
+            )
+            lo = hi
         return out
 
     def copy_ranges(self, src: np.ndarray, dst: np.ndarray, lengths: np.ndarray) -> None:
