@@ -63,22 +63,30 @@ def test_tree_leaves_of_an_empty_file() -> None:
     assert hashing.tree_leaves(HostOps(), [], 0, 4096).size == 0
 
 
-def test_an_engine_asked_to_check_payloads_decodes_no_frame_that_fails() -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+def test_an_engine_asked_to_check_payloads_decodes_no_frame_that_fails(device: str) -> None:
     from ckptz.checksums import xxh3_64
     from ckptz.container import StreamInfo
-    from ckptz.engines.base import NO_BUFFER, SpanFrame, StoredChunk
+    from ckptz.engines.base import SpanFrame, StoredChunk, StoredSpan
     from ckptz.engines.cpu import CpuEngine
     from ckptz.errors import CorruptionError
 
     stream = StreamInfo(0, "weights", "float32", 4, True, 1 << 16, 1 << 16, 1)
     data = np.random.default_rng(4).standard_normal(1 << 14).astype(np.float32).view(np.uint8)
-    with CpuEngine(threads=2) as engine:
-        coded = engine.encode(stream, data, xxh3_64(data)).result()
-        frames = []
-        for damaged in (False, True):
+    zeros = np.zeros_like(data)  # every plane a constant chunk
+    if device == "cpu":
+        engine: Any = CpuEngine(threads=2)
+    else:
+        from ckptz.engines.gpu.engine import GpuEngine
+
+        engine = GpuEngine(0, codec="ans")
+    with engine:
+        frames, want = [], []
+        for n, (damaged, values) in enumerate([(False, data), (True, data), (False, zeros), (True, zeros)]):
+            coded = engine.encode(stream, values, xxh3_64(values)).result()
             chunks = [
                 StoredChunk(
-                    10 * damaged + j,
+                    10 * n + j,
                     c.codec,
                     c.raw_size,
                     c.payload,
@@ -86,15 +94,20 @@ def test_an_engine_asked_to_check_payloads_decodes_no_frame_that_fails() -> None
                 )
                 for j, c in enumerate(coded.chunks)
             ]
-            frames.append(SpanFrame(stream, chunks, data.size, f"frame {int(damaged)}", ()))
-        span = engine.decode_span(NO_BUFFER, frames, check=True).result()
-        first = span.frame(0)
-        assert isinstance(first, np.ndarray) and first.tobytes() == data.tobytes()
-        with pytest.raises(CorruptionError) as err:
-            span.frame(1)
-        assert err.value.chunk == 12
-        # Unasked (the payloads were checked before), the same span decodes both frames.
-        assert len(engine.decode_span(NO_BUFFER, frames).result().frames) == 2
+            frames.append(SpanFrame(stream, chunks, values.size, f"frame {n}", ()))
+            want.append(values)
+        span = engine.decode_span(StoredSpan.of(frames), check=True).result()
+        for n, damaged in enumerate([False, True, False, True]):
+            if not damaged:
+                got = span.frame(n)
+                assert isinstance(got, np.ndarray) and got.tobytes() == want[n].tobytes()
+                continue
+            with pytest.raises(CorruptionError) as err:
+                span.frame(n)
+            assert err.value.chunk == 10 * n + 2
+            assert f"frame {n}" in err.value.reason
+        # Unasked (the payloads were checked before), the same span decodes every frame.
+        assert len(engine.decode_span(StoredSpan.of(frames)).result().frames) == 4
 
 
 # -- on a GPU --------------------------------------------------------------------------------

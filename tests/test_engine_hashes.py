@@ -20,7 +20,7 @@ import torch
 
 from ckptz.container import read_index
 from ckptz.digest import LEAF
-from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, Ranges, SpanFrame
+from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, Ranges, StoredSpan
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError
 from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
@@ -58,8 +58,7 @@ class HashingCpu(HostHashing):
 
     def decode_span(
         self,
-        buffer: np.ndarray,
-        frames: list[SpanFrame],
+        span: StoredSpan,
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
@@ -68,7 +67,7 @@ class HashingCpu(HostHashing):
         self.asked["decoded leaves"] += 0 if leaves is None else leaves.count
         joined = 0 if leaves is None or leaves.parts is None else int((leaves.parts > 1).sum())
         self.asked["decoded joined"] += joined
-        return super().decode_span(buffer, frames, place, keep, check, leaves)
+        return super().decode_span(span, place, keep, check, leaves)
 
 
 class WrongLeaves(HashingCpu):
@@ -87,17 +86,16 @@ class WrongLeaves(HashingCpu):
 
     def decode_span(
         self,
-        buffer: np.ndarray,
-        frames: list[SpanFrame],
+        span: StoredSpan,
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
         leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        span = super().decode_span(buffer, frames, place, keep, check, leaves).result()
-        if span.leaves is not None and span.leaves.size:
-            span.leaves[-1 if self.last else 0] ^= 1
-        return _done(span)
+        got = super().decode_span(span, place, keep, check, leaves).result()
+        if got.leaves is not None and got.leaves.size:
+            got.leaves[-1 if self.last else 0] ^= 1
+        return _done(got)
 
 
 class NoLeaves(HashingCpu):

@@ -20,7 +20,7 @@ import torch
 import ckptz
 from ckptz import api
 from ckptz.container import read_index
-from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, Ranges, SpanFrame
+from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, Ranges, StoredSpan
 from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.gpu.memory import Buf, DeviceBytes
 from ckptz.errors import CorruptionError, FormatError
@@ -152,14 +152,13 @@ class PlacingCpu(SpanningCpu):
 
     def decode_span(
         self,
-        buffer: np.ndarray,
-        frames: list[SpanFrame],
+        span: StoredSpan,
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
         leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        done = super().decode_span(buffer, frames, place, keep, check, leaves)
+        done = super().decode_span(span, place, keep, check, leaves)
         if place is not None:
             for k, got in enumerate(done.result().frames):
                 if not isinstance(got, BaseException):

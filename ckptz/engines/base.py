@@ -21,6 +21,10 @@ from ckptz.container import StreamInfo
 from ckptz.dtypes import DType, lookup
 from ckptz.errors import CorruptionError
 
+#: The ``buffer`` of a :class:`StoredSpan` whose frames' payloads lie anywhere (each chunk's
+#: own payload), not in one buffer read for the span.
+NO_BUFFER = np.zeros(0, np.uint8)
+
 
 @dataclass(frozen=True, slots=True)
 class Ranges:
@@ -139,6 +143,99 @@ class SpanFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredSpan:
+    """Consecutive frames handed to :meth:`Engine.decode_span` as one table: a row per chunk
+    (each frame's chunks in plane order, frame after frame) and an entry per frame, so an
+    engine that decodes the span as a whole never builds an object per chunk.
+
+    Attributes:
+        buffer: holds every payload at ``at`` (16-byte aligned, as the container stores
+            them, read with one ``pread`` into a buffer from :meth:`Engine.host_buffer`;
+            the caller frees it once the future is done), or :data:`NO_BUFFER` where the
+            payloads lie anywhere (``payloads``).
+        streams: each frame's stream.
+        lengths: bytes each frame decodes to (int64).
+        bounds: frame ``k``'s chunks are rows ``bounds[k]`` to ``bounds[k + 1]`` (int64).
+        index: each chunk's number in its container, for errors (int64).
+        codec: its bitstream id (int64).
+        raw_size: bytes it decodes to (int64).
+        size: its payload's bytes (int64).
+        checksum: the stored xxh3_64 of its payload (uint64; 0 where none is stored).
+        at: where its payload starts in ``buffer`` (int64; empty without a buffer).
+        payloads: each chunk's payload where they are not in a buffer (else None).
+        names: how errors name frame ``k`` (called only for an error).
+    """
+
+    buffer: np.ndarray
+    streams: Sequence[StreamInfo]
+    lengths: np.ndarray
+    bounds: np.ndarray
+    index: np.ndarray
+    codec: np.ndarray
+    raw_size: np.ndarray
+    size: np.ndarray
+    checksum: np.ndarray
+    at: np.ndarray
+    payloads: Sequence[bytes | memoryview] | None
+    names: Callable[[int], str]
+
+    @classmethod
+    def of(cls, frames: Sequence[SpanFrame], buffer: np.ndarray = NO_BUFFER) -> StoredSpan:
+        """The table of ``frames`` (with ``buffer``: their payloads lie in it at their
+        ``at``; else anywhere)."""
+        chunks = [c for f in frames for c in f.chunks]
+        counts = [len(f.chunks) for f in frames]
+
+        def column(values: Sequence[int], dtype: type = np.int64) -> np.ndarray:
+            return np.array(values, dtype)
+
+        return cls(
+            buffer,
+            [f.stream for f in frames],
+            column([f.length for f in frames]),
+            np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]),
+            column([c.index for c in chunks]),
+            column([c.codec for c in chunks]),
+            column([c.raw_size for c in chunks]),
+            column([len(c.payload) for c in chunks]),
+            column([c.checksum for c in chunks], np.uint64),
+            column([a for f in frames for a in f.at]) if buffer.size else column([]),
+            None if buffer.size else [c.payload for c in chunks],
+            [f.where for f in frames].__getitem__,
+        )
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def payload(self, c: int) -> memoryview:
+        """Chunk ``c``'s payload (a view of the buffer, or as given)."""
+        if self.payloads is not None:
+            return memoryview(self.payloads[c])
+        at = int(self.at[c])
+        return memoryview(self.buffer)[at : at + int(self.size[c])]  # type: ignore[arg-type]
+
+    def frame(self, k: int) -> SpanFrame:
+        """Frame ``k`` as an engine that decodes frame by frame takes it."""
+        a, b = int(self.bounds[k]), int(self.bounds[k + 1])
+        chunks = [
+            StoredChunk(
+                int(self.index[c]),
+                int(self.codec[c]),
+                int(self.raw_size[c]),
+                self.payload(c),
+                int(self.checksum[c]),
+            )
+            for c in range(a, b)
+        ]
+        at = tuple(self.at[a:b].tolist()) if self.payloads is None else ()
+        return SpanFrame(self.streams[k], chunks, int(self.lengths[k]), self.names(k), at)
+
+    def frames(self) -> list[SpanFrame]:
+        """Every frame, as :meth:`frame` gives it."""
+        return [self.frame(k) for k in range(len(self))]
+
+
+@dataclass(frozen=True, slots=True)
 class OnDevice:
     """A frame decoded on a GPU and kept there (:meth:`Engine.decode_span` with ``keep``):
     handed to ``place``, never copied back; ``checksum`` is the xxh3_64 of its decoded bytes,
@@ -186,10 +283,6 @@ class DecodedSpan:
 #: engine's GPU (a uint8 tensor), from the engine's thread, on its CUDA stream, before any
 #: check of the frame: copies queued there are ordered before the engine reuses the memory.
 Place = Callable[[int, Any], None]
-
-#: The ``buffer`` of a :meth:`Engine.decode_span` whose frames' payloads lie anywhere (each
-#: chunk's own ``payload``), not in one buffer read for the span.
-NO_BUFFER = np.zeros(0, np.uint8)
 
 #: Bytes of original data per frame unless an engine prefers another size (the container
 #: records each stream's, so any reader decodes any size). Frames are the unit of
@@ -268,26 +361,25 @@ class Engine(Protocol):
 
     def decode_span(
         self,
-        buffer: np.ndarray,
-        frames: list[SpanFrame],
+        span: StoredSpan,
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
         leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        """Decode consecutive frames whose payloads were read together into ``buffer`` (from
-        :meth:`host_buffer`; the caller frees it once the future is done). With ``check``,
-        each payload is first checked against its chunk's checksum (a GPU engine checks
-        the bytes it copied to the device), and a frame with one that fails is not
-        decoded: its error is a :class:`~ckptz.errors.CorruptionError` naming the chunk.
-        An error in one frame is that frame's; the future fails only where the whole span
-        did. An engine
-        that decodes a frame on a GPU also hands it to ``place`` there (:data:`Place`), and
-        with ``keep`` (an engine that is :class:`DeviceChecks`) gives back its
-        :class:`OnDevice` record instead of copying it to the host
-        (:meth:`DecodedSpan.measure` gives either's length and checksum). Frames decoded on
-        a CPU always come back as host bytes. ``leaves``: ranges of the decoded frames to
-        hash as well (:attr:`DecodedSpan.leaves`; not with ``keep``)."""
+        """Decode consecutive frames, given as one table (:class:`StoredSpan`; where their
+        payloads were read together into its buffer, a GPU engine copies it to the device
+        at once). With ``check``, each payload is first checked against its chunk's
+        checksum (a GPU engine checks the bytes it copied to the device), and a frame with
+        one that fails is not decoded: its error is a
+        :class:`~ckptz.errors.CorruptionError` naming the chunk. An error in one frame is
+        that frame's; the future fails only where the whole span did. An engine that
+        decodes a frame on a GPU also hands it to ``place`` there (:data:`Place`), and with
+        ``keep`` (an engine that is :class:`DeviceChecks`) gives back its :class:`OnDevice`
+        record instead of copying it to the host (:meth:`DecodedSpan.measure` gives
+        either's length and checksum). Frames decoded on a CPU always come back as host
+        bytes. ``leaves``: ranges of the decoded frames to hash as well
+        (:attr:`DecodedSpan.leaves`; not with ``keep``)."""
         ...
 
     def codec_config(self) -> dict[str, dict[str, object]]:
@@ -351,7 +443,7 @@ def encode_each(
 
 
 def decode_each(
-    engine: Engine, frames: list[SpanFrame], check: bool = False, leaves: Ranges | None = None
+    engine: Engine, span: StoredSpan, check: bool = False, leaves: Ranges | None = None
 ) -> Future[DecodedSpan]:
     """:meth:`Engine.decode_span` for an engine that decodes frame by frame (``check``: each
     frame's payloads checked first, on the host; ``leaves`` hashed here too)."""
@@ -368,7 +460,7 @@ def decode_each(
         out.set_exception(failed)
         return out
 
-    return _gather([one(f) for f in frames], each)
+    return _gather([one(f) for f in span.frames()], each)
 
 
 def hash_ranges(frames: Sequence[object], ranges: Ranges) -> np.ndarray:
@@ -460,6 +552,7 @@ __all__ = [
     "Ranges",
     "SpanFrame",
     "StoredChunk",
+    "StoredSpan",
     "decode_each",
     "encode_each",
     "hash_ranges",

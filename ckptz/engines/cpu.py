@@ -21,8 +21,8 @@ from ckptz.engines.base import (
     FrameToCode,
     Place,
     Ranges,
-    SpanFrame,
     StoredChunk,
+    StoredSpan,
     decode_each,
     encode_each,
     stream_dtype,
@@ -123,15 +123,14 @@ class CpuEngine:
 
     def decode_span(
         self,
-        buffer: np.ndarray,
-        frames: list[SpanFrame],
+        span: StoredSpan,
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
         leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
         # Nothing is decoded on a GPU: ``place`` is not called, every frame comes back as bytes.
-        return decode_each(self, frames, check, leaves)
+        return decode_each(self, span, check, leaves)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         return {"zstd": {"level": self.options.level, "implementation": "zstandard"}}

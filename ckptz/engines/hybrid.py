@@ -44,8 +44,8 @@ from ckptz.engines.base import (
     FrameToCode,
     Place,
     Ranges,
-    SpanFrame,
     StoredChunk,
+    StoredSpan,
     decode_each,
     encode_each,
 )
@@ -287,15 +287,14 @@ class HybridEngine:
 
     def decode_span(
         self,
-        buffer: np.ndarray,
-        frames: list[SpanFrame],
+        span: StoredSpan,
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
         leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
         # Nothing is decoded on a GPU: ``place`` is not called, every frame comes back as bytes.
-        return decode_each(self, frames, check, leaves)
+        return decode_each(self, span, check, leaves)
 
     def codec_config(self) -> dict[str, dict[str, object]]:
         config = dict(self.cpu.codec_config())

@@ -66,8 +66,7 @@ from ckptz.engines.base import (
     Engine,
     FrameToCode,
     Ranges,
-    SpanFrame,
-    StoredChunk,
+    StoredSpan,
 )
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
@@ -495,20 +494,28 @@ class _Compression:
         GPU, one copy of ``block``); each frame's checksum must come back."""
         # These payloads are the ones in memory, not yet stored: there is no stored checksum
         # to check (engines decode what they are given; the read-back checks the file).
-        frames, at = [], 0
-        for i, coded, first in zip(run, span.frames, firsts, strict=True):
-            stored, where = [], []
-            for p, c in enumerate(coded.chunks):
-                stored.append(StoredChunk(first + p, c.codec, c.raw_size, c.payload, 0))
-                where.append(at)
-                at += padded_size(len(c.payload))
-            stream = self.plan.streams[self.frames[i].stream]
-            name = f"frame {i} of {self.relpath}"
-            frames.append(
-                SpanFrame(
-                    stream, stored, self.frames[i].length, name, tuple(where) if block is not None else ()
-                )
-            )
+        chunks = [c for coded in span.frames for c in coded.chunks]
+        counts = [len(coded.chunks) for coded in span.frames]
+        size = np.array([len(c.payload) for c in chunks], np.int64)
+        padded = size + (-size % ALIGN)
+
+        def name(k: int) -> str:
+            return f"frame {run[k]} of {self.relpath}"
+
+        stored = StoredSpan(
+            NO_BUFFER if block is None else block,
+            [self.plan.streams[self.frames[i].stream] for i in run],
+            np.array([self.frames[i].length for i in run], np.int64),
+            np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]),
+            np.repeat(np.array(firsts, np.int64), counts) + np.concatenate([np.arange(c) for c in counts]),
+            np.array([c.codec for c in chunks], np.int64),
+            np.array([c.raw_size for c in chunks], np.int64),
+            size,
+            np.zeros(len(chunks), np.uint64),
+            np.cumsum(padded) - padded if block is not None else np.zeros(0, np.int64),
+            [c.payload for c in chunks] if block is None else None,
+            name,
+        )
         done: Future[None] = Future()
 
         def compare(fut: Future[DecodedSpan]) -> None:
@@ -518,7 +525,7 @@ class _Compression:
                     # On a GPU, checked there: the decoded bytes are not needed on the host.
                     if got.measure(k) != (self.frames[i].length, self.sums[i]):
                         raise CorruptionError(
-                            f"{frames[k].where} does not decode back to its original", path=self.relpath
+                            f"{name(k)} does not decode back to its original", path=self.relpath
                         )
             except BaseException as exc:
                 done.set_exception(exc)
@@ -530,8 +537,7 @@ class _Compression:
 
         def decode() -> None:  # on a reader: an inline engine decodes in the caller's thread
             try:
-                buffer = NO_BUFFER if block is None else block
-                self.engine.decode_span(buffer, frames, keep=True).add_done_callback(compare)
+                self.engine.decode_span(stored, keep=True).add_done_callback(compare)
             except BaseException as exc:
                 for i in run:
                     self._release(i)

@@ -25,7 +25,6 @@ from ckptz import trace
 from ckptz.checksums import xxh3_64_ranges
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
 from ckptz.engines.base import (
-    NO_BUFFER,
     DecodedSpan,
     DeviceChecks,
     Engine,
@@ -34,6 +33,7 @@ from ckptz.engines.base import (
     Ranges,
     SpanFrame,
     StoredChunk,
+    StoredSpan,
 )
 from ckptz.errors import CodecError, CorruptionError
 from ckptz.pipeline.plan import Frame, frame_map
@@ -63,6 +63,7 @@ class FrameDecoder:
         self.frames: list[Frame] = frame_map(segments, [s.frame_size for s in index.streams])
         self._rows = stream_frame_lists(index)
         self._chunk_starts = frame_chunk_starts(index.frames)
+        self._frame_tables()
         # Chunks by container offset: a span's are a slice, its padding checked in one go.
         self._by_offset = np.argsort(index.chunks["offset"], kind="stable")
         self._offsets = index.chunks["offset"][self._by_offset].astype(np.int64)
@@ -96,20 +97,49 @@ class FrameDecoder:
                 yield self._pieces[j]
             j += 1
 
+    def _frame_tables(self) -> None:
+        """Each frame's row in the frame table (-1: its stream has fewer frames than its
+        segments need), its first chunk and chunk count, its length, and where its payloads
+        start and end (with padding) in the container where they lie back to back."""
+        n = len(self.frames)
+        stream = np.array([f.stream for f in self.frames], np.int64)
+        number = np.array([f.number for f in self.frames], np.int64)
+        row = np.full(n, -1, np.int64)
+        for s, rows in enumerate(self._rows):
+            mine = np.flatnonzero(stream == s)
+            ok = mine[number[mine] < rows.size]
+            row[ok] = rows[number[ok]]
+        known = np.flatnonzero(row >= 0)
+        first, count = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        first[known] = self._chunk_starts[row[known]]
+        count[known] = self.index.frames["chunks"][row[known]]
+        self._row, self._first, self._count = row, first, count
+        self._lengths = np.array([f.length for f in self.frames], np.int64)
+        chunks = self.index.chunks
+        offsets, sizes = chunks["offset"].astype(np.int64), chunks["size"].astype(np.int64)
+        ends = offsets + sizes + (-sizes % ALIGN)
+        gaps = np.concatenate([[0], np.cumsum(offsets[1:] != ends[:-1])])
+        lo, hi, lying = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+        has = np.flatnonzero((count > 0) & (first + count <= len(chunks)))
+        a, b = first[has], first[has] + count[has] - 1
+        lying[has] = gaps[b] == gaps[a]
+        lo[has], hi[has] = offsets[a], ends[b]
+        self._back_to_back, self._lo, self._hi = lying.tolist(), lo.tolist(), hi.tolist()
+
     def spans(self, limit: int) -> list[range]:
         """Every frame, in runs of consecutive frames whose payloads lie back to back in the
         container, of at most ``limit`` original bytes each (a lone frame may exceed it);
         ``limit`` 0 gives one frame per run."""
         out: list[range] = []
         lo, size, end = 0, 0, -1
-        for i, frame in enumerate(self.frames):
-            bounds = self._extent(i) if limit else None
-            joins = bounds is not None and bounds[0] == end and size + frame.length <= limit
+        lying, starts, ends = self._back_to_back, self._lo, self._hi
+        for i, length in enumerate(self._lengths.tolist()):
+            joins = limit and lying[i] and starts[i] == end and size + length <= limit
             if not joins and i > lo:
                 out.append(range(lo, i))
                 lo, size = i, 0
-            size += frame.length
-            end = bounds[1] if bounds is not None else -1
+            size += length
+            end = ends[i] if limit and lying[i] else -1
         if self.frames:
             out.append(range(lo, len(self.frames)))
         return out
@@ -117,15 +147,7 @@ class FrameDecoder:
     def _extent(self, i: int) -> tuple[int, int] | None:
         """Where frame ``i``'s payloads start and end (with padding) in the container, if
         they lie back to back; None if they do not, or the index is inconsistent."""
-        found = self._chunks(i)
-        if found is None or not len(found[2]):
-            return None
-        chunks = found[2]
-        offsets, sizes = chunks["offset"].astype(np.int64), chunks["size"].astype(np.int64)
-        ends = offsets + sizes + (-sizes % ALIGN)
-        if not np.array_equal(offsets[1:], ends[:-1]):
-            return None
-        return int(offsets[0]), int(ends[-1])
+        return (self._lo[i], self._hi[i]) if self._back_to_back[i] else None
 
     def start_span(
         self,
@@ -150,8 +172,8 @@ class FrameDecoder:
         first = self._extent(frames[0]) if self.engine.span_bytes else None
         last = self._extent(frames[-1]) if first is not None else None
         if first is None or last is None:  # frame by frame (a run of one, from spans())
-            stored = [self._stored(i, None, 0) for i in frames]
-            return self.engine.decode_span(NO_BUFFER, stored, place, keep, leaves=leaves), None
+            span = StoredSpan.of([self._stored(i) for i in frames])
+            return self.engine.decode_span(span, place, keep, leaves=leaves), None
         lo, hi = first[0], last[1]
         buffer = self.engine.host_buffer(_buffer_size(max(hi - lo, self.engine.span_bytes)))
         try:
@@ -163,17 +185,15 @@ class FrameDecoder:
                 raise CorruptionError(
                     "container ends inside a chunk (truncated?)",
                     path=self.path,
-                    chunk=self._chunks(frames[0])[1],  # type: ignore[index]
+                    chunk=int(self._first[frames[0]]),
                 )
             with trace.span("check payloads"):
                 self._check_padding(buffer, lo, hi, frames)
-                stored = [self._stored(i, buffer, lo) for i in frames]
+                span = self._table(frames, buffer, lo)
         except BaseException:
             self.engine.free_buffer(buffer)
             raise
-        return self.engine.decode_span(
-            buffer, stored, place, keep, check=self._engine_checks, leaves=leaves
-        ), buffer
+        return self.engine.decode_span(span, place, keep, check=self._engine_checks, leaves=leaves), buffer
 
     def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> np.ndarray | OnDevice:
         """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
@@ -196,46 +216,77 @@ class FrameDecoder:
         first = int(self._chunk_starts[row])
         return row, first, self.index.chunks[first : first + int(self.index.frames[row]["chunks"])]
 
-    def _stored(self, i: int, buffer: np.ndarray | None, base: int) -> SpanFrame:
-        """Frame ``i``'s payloads, checked: views of ``buffer`` (which holds the container from
-        offset ``base``), or read now where ``buffer`` is None."""
+    def _stored(self, i: int) -> SpanFrame:
+        """Frame ``i``'s payloads, read now and checked."""
         frame = self.frames[i]
         found = self._chunks(i)
         if found is None:
             raise CorruptionError("a stream has fewer frames than its segments need", path=self.path)
         row, first, chunks = found
         tensor = self.tensor_at(frame.start)
-        at: tuple[int, ...] = ()
-        sums: list[int] | None  # None: the engine checks them
-        if buffer is None:
-            with trace.span("read"):
-                payloads = self._payloads(chunks, first, tensor)
-            with trace.span("check payloads"):
-                sums = [checksum(p) for p in payloads]
-        else:
-            payloads, at = self._views(chunks, buffer, base)
-            # An engine that checks a span's payloads where it decodes them (on its GPU)
-            # does so before decoding (start_span asks it to); else they are checked here.
-            sums = (
-                None
-                if self._engine_checks
-                else xxh3_64_ranges(buffer, np.array(at, np.int64), chunks["size"]).tolist()
-            )
+        with trace.span("read"):
+            payloads = self._payloads(chunks, first, tensor)
         stored = [
             StoredChunk(first + j, int(c["codec"]), int(c["raw_size"]), payload, int(c["checksum"]))
             for j, (c, payload) in enumerate(zip(chunks, payloads, strict=True))
         ]
-        for c, got in zip(stored, sums, strict=True) if sums is not None else ():
-            if got != c.checksum:
-                raise CorruptionError(
-                    f"stored bytes of frame {row} of stream {frame.stream} fail their checksum",
-                    path=self.path,
-                    chunk=c.index,
-                    tensor=tensor,
-                )
+        with trace.span("check payloads"):
+            for c in stored:
+                if checksum(c.payload) != c.checksum:
+                    raise CorruptionError(
+                        f"stored bytes of frame {row} of stream {frame.stream} fail their checksum",
+                        path=self.path,
+                        chunk=c.index,
+                        tensor=tensor,
+                    )
         with self._count_lock:
             self.frames_decoded += 1
-        return SpanFrame(self.index.streams[frame.stream], stored, frame.length, self._where(i), at)
+        return SpanFrame(self.index.streams[frame.stream], stored, frame.length, self._where(i), ())
+
+    def _table(self, frames: range, buffer: np.ndarray, base: int) -> StoredSpan:
+        """The run ``frames`` as one table, its payloads in ``buffer`` (the container from
+        offset ``base``), checked here unless the engine checks them where it decodes them
+        (on its GPU: :meth:`start_span` asks it to)."""
+        rows = self._row[frames.start : frames.stop]
+        if (rows < 0).any():
+            raise CorruptionError("a stream has fewer frames than its segments need", path=self.path)
+        counts = self._count[frames.start : frames.stop]
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        index = np.repeat(self._first[frames.start : frames.stop] - bounds[:-1], counts) + np.arange(
+            bounds[-1]
+        )
+        chunks = self.index.chunks[index]
+        size = chunks["size"].astype(np.int64)
+        at = chunks["offset"].astype(np.int64) - base
+        stored = chunks["checksum"]
+        if not self._engine_checks:
+            bad = np.flatnonzero(xxh3_64_ranges(buffer, at, size) != stored)
+            if bad.size:
+                k = int(np.searchsorted(bounds, bad[0], side="right")) - 1
+                frame = self.frames[frames[k]]
+                raise CorruptionError(
+                    f"stored bytes of frame {int(rows[k])} of stream {frame.stream} fail their checksum",
+                    path=self.path,
+                    chunk=int(index[bad[0]]),
+                    tensor=self.tensor_at(frame.start),
+                )
+        with self._count_lock:
+            self.frames_decoded += len(frames)
+        streams = self.index.streams
+        return StoredSpan(
+            buffer,
+            [streams[self.frames[i].stream] for i in frames],
+            self._lengths[frames.start : frames.stop],
+            bounds,
+            index,
+            chunks["codec"].astype(np.int64),
+            chunks["raw_size"].astype(np.int64),
+            size,
+            stored,
+            at,
+            None,
+            lambda k: self._where(frames[k]),
+        )
 
     def _check_padding(self, buffer: np.ndarray, lo: int, hi: int, frames: range) -> None:
         """The padding after every chunk of ``frames``, read into ``buffer`` (container bytes
@@ -256,23 +307,13 @@ class FrameDecoder:
             tensor = None if owner is None else self.tensor_at(self.frames[owner].start)
             raise CorruptionError("padding after a chunk is not zero", path=self.path, chunk=m, tensor=tensor)
 
-    def _views(
-        self, chunks: np.ndarray, buffer: np.ndarray, base: int
-    ) -> tuple[list[memoryview], tuple[int, ...]]:
-        """Each chunk's payload as a view of ``buffer`` (whose padding
-        :meth:`_check_padding` checked), and where it starts there."""
-        offsets = (chunks["offset"].astype(np.int64) - base).tolist()
-        whole = memoryview(buffer)  # type: ignore[arg-type]
-        out = [whole[o : o + n] for o, n in zip(offsets, chunks["size"].tolist(), strict=True)]
-        return out, tuple(offsets)
-
     def start(self, i: int) -> Future[np.ndarray]:
         """Read and check frame ``i``'s payloads and queue its decoding; :meth:`finish` the result.
 
         Raises:
             CorruptionError: the payloads are truncated, badly padded or fail their checksum.
         """
-        f = self._stored(i, None, 0)
+        f = self._stored(i)
         return self.engine.decode(f.stream, f.chunks, f.length, f.where)
 
     def finish(self, i: int, decoded: Future[np.ndarray]) -> np.ndarray:

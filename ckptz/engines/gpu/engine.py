@@ -64,6 +64,7 @@ from ckptz.engines.base import (
     Ranges,
     SpanFrame,
     StoredChunk,
+    StoredSpan,
     hash_ranges,
     payload_error,
 )
@@ -113,13 +114,14 @@ class _EncodeJob:
 
 @dataclass(slots=True)
 class _DecodeJob:
-    """Frames to decode: a span read into one pinned ``buffer`` (payloads at ``SpanFrame.at``),
-    or (``buffer`` None) frames whose payloads lie anywhere, packed by the worker; ``place``
-    takes each frame's device bytes (:data:`~ckptz.engines.base.Place`)."""
+    """Frames to decode, as one table: a span (``alone``: a batch of its own), whose payloads
+    were read into one pinned buffer or lie anywhere (packed by the worker), or one frame
+    from :meth:`GpuEngine.decode`, batched with others; ``place`` takes each frame's device
+    bytes (:data:`~ckptz.engines.base.Place`)."""
 
-    frames: list[SpanFrame]
-    buffer: np.ndarray | None
+    span: StoredSpan
     length: int
+    alone: bool
     place: Place | None = None
     keep: bool = False
     check: bool = False
@@ -231,7 +233,7 @@ class GpuEngine:
         if any(c.codec not in GPU_CODECS for c in chunks):
             # A bitstream this engine has no GPU coder for (e.g. a newer CPU codec).
             return self._cpu.submit(decode_chunks, stream, chunks, length, where)
-        job = _DecodeJob([SpanFrame(stream, chunks, length, where, ())], None, length)
+        job = _DecodeJob(StoredSpan.of([SpanFrame(stream, chunks, length, where, ())]), length, False)
         self._put(job)
         out: Future[np.ndarray] = Future()
 
@@ -246,20 +248,19 @@ class GpuEngine:
 
     def decode_span(
         self,
-        buffer: np.ndarray,
-        frames: list[SpanFrame],
+        span: StoredSpan,
         place: Place | None = None,
         keep: bool = False,
         check: bool = False,
         leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        """Queue a span: one host-to-device copy of ``buffer`` (pinned, from
-        :meth:`host_buffer`), one batch, and each frame decoded here handed to ``place``
-        on the device before the copy back to the host; with ``keep``, no copy back: each
-        frame decoded here gives its checksum, taken on the device, instead. With
-        ``check``, the payloads are checked on the device once copied there, before any
-        is decoded. ``leaves`` are hashed from the decoded bytes where they were decoded."""
-        job = _DecodeJob(frames, buffer, sum(f.length for f in frames), place, keep, check, leaves)
+        """Queue a span, a batch of its own: one host-to-device copy of its buffer (pinned,
+        from :meth:`host_buffer`), and each frame decoded here handed to ``place`` on the
+        device before the copy back to the host; with ``keep``, no copy back: each frame
+        decoded here gives its checksum, taken on the device, instead. With ``check``, the
+        payloads are checked on the device once copied there, before any is decoded.
+        ``leaves`` are hashed from the decoded bytes where they were decoded."""
+        job = _DecodeJob(span, int(span.lengths.sum()), True, place, keep, check, leaves)
         self._put(job)
         return job.future
 
@@ -465,38 +466,46 @@ class GpuEngine:
         return data.at(0, layout.data_bytes)
 
     def _decode(self, w: _Worker, jobs: list[_DecodeJob]) -> None:
+        t = _Table(jobs)
         # Each frame's result, job by job: host bytes or an error.
-        results: list[list[np.ndarray | OnDevice | BaseException]] = [[] for _ in jobs]
-        taken: list[list[int | None]] = [[None] * len(j.frames) for j in jobs]
+        results: list[list[np.ndarray | OnDevice | BaseException]] = [[_NOT_YET] * len(j.span) for j in jobs]
+        taken: list[list[int | None]] = [[None] * len(j.span) for j in jobs]
         # Each job's leaves asked for, and which of them the GPU hashed.
         hashed = [np.zeros(0 if j.leaves is None else j.leaves.count, np.uint64) for j in jobs]
         done = [np.zeros(h.size, bool) for h in hashed]
-        gpu: list[tuple[int, int, SpanFrame]] = []
         cpu: list[tuple[int, int, Future[np.ndarray]]] = []
-        for n, j in enumerate(jobs):
-            for k, f in enumerate(j.frames):
-                results[n].append(_NOT_YET)
-                try:
-                    _check_chunks(f)
-                except CorruptionError as exc:
-                    results[n][k] = exc
-                    continue
-                if all(c.codec in GPU_CODECS for c in f.chunks):
-                    gpu.append((n, k, f))
-                    continue
-                # A bitstream without a GPU coder: the CPU threads check and decode it meanwhile.
-                bad = payload_error(f) if j.check else None
-                if bad is not None:
-                    results[n][k] = bad
-                    continue
-                cpu.append((n, k, self._cpu.submit(decode_chunks, f.stream, f.chunks, f.length, f.where)))
-        if gpu:
+        on_gpu = np.ones(t.frames, bool)
+        # Frames whose chunks do not fit them (nvCOMP assumes well-formed input), and those
+        # with a bitstream that has no GPU coder (e.g. a newer CPU codec): the CPU threads
+        # check and decode them meanwhile.
+        for f in np.flatnonzero(t.malformed() | t.off_gpu()).tolist():
+            n, k = t.job_of[f], t.k_of[f]
+            frame = jobs[n].span.frame(k)
+            on_gpu[f] = False
             try:
-                self._decode_on_gpu(w, jobs, gpu, results, taken, (hashed, done), spare=not cpu)
+                _check_chunks(frame)
+            except CorruptionError as exc:
+                results[n][k] = exc
+                continue
+            if all(c.codec in GPU_CODECS for c in frame.chunks):
+                on_gpu[f] = True  # (the table's checks flag no more than _check_chunks)
+                continue
+            bad = payload_error(frame) if jobs[n].check else None
+            if bad is not None:
+                results[n][k] = bad
+                continue
+            cpu.append(
+                (n, k, self._cpu.submit(decode_chunks, frame.stream, frame.chunks, frame.length, frame.where))
+            )
+        gpu = np.flatnonzero(on_gpu)
+        if gpu.size:
+            try:
+                self._decode_on_gpu(w, jobs, t, gpu, results, taken, (hashed, done), spare=not cpu)
             except CkptzError as exc:
-                error = CorruptionError(f"{gpu[0][2].where} does not decode ({exc.message})")
-                for n, k, _ in gpu:
-                    results[n][k] = error
+                f = int(gpu[0])
+                error = CorruptionError(f"{t.name(f)} does not decode ({exc.message})")
+                for f in gpu.tolist():
+                    results[t.job_of[f]][t.k_of[f]] = error
         for n, k, fut in cpu:
             failed = fut.exception()
             # A copy: the decoded bytes may be a view of a stored payload in the span's buffer,
@@ -515,26 +524,26 @@ class GpuEngine:
         self,
         w: _Worker,
         jobs: list[_DecodeJob],
-        gpu: list[tuple[int, int, SpanFrame]],
+        t: _Table,
+        gpu: np.ndarray,
         results: list[list[np.ndarray | OnDevice | BaseException]],
         taken: list[list[int | None]],
         leaves: tuple[list[np.ndarray], list[np.ndarray]],
         spare: bool = False,
     ) -> None:
-        """Decode ``gpu``'s frames in one batch (``spare``: no CPU thread reads the span's
-        buffer meanwhile, so the frames may come back into it), filling in each frame's
-        result, its checksum, and the hashes of the leaves of the jobs taken here (``leaves``:
-        each job's hashes, and which of them were taken)."""
-        chunks = [c for _, _, f in gpu for c in f.chunks]
-        codec = np.array([c.codec for c in chunks], dtype=np.int64)
+        """Decode frames ``gpu`` of the batch's table in one batch (``spare``: no CPU thread
+        reads the span's buffer meanwhile, so the frames may come back into it), filling in
+        each frame's result, its checksum, and the hashes of the leaves of the jobs taken
+        here (``leaves``: each job's hashes, and which of them were taken)."""
+        rows = t.rows(gpu)
+        codec = t.codec[rows]
         const = codec == CONST_ID
-        size = np.array([0 if k else len(c.payload) for c, k in zip(chunks, const, strict=True)], np.int64)
-        buffer = jobs[0].buffer if len(jobs) == 1 else None
-        buffer = buffer if buffer is not None and self._pinned.holds(buffer) else None
+        size = np.where(const, 0, t.size[rows])
+        buffer = t.buffer if t.buffer is not None and self._pinned.holds(t.buffer) else None
         if buffer is not None:
             # A span: its payloads already lie 16-byte aligned in pinned memory, as the
             # container stores them. One copy moves them all.
-            offset = np.array([a for _, _, f in gpu for a in f.at], dtype=np.int64)
+            offset = t.at[rows]
             end = min(int((offset + padded_sizes(size)).max(initial=1)), buffer.size)
             host = buffer[:end]
         else:
@@ -542,40 +551,43 @@ class GpuEngine:
             offset = np.cumsum(padded) - padded
             total = max(int(padded.sum()), 1)
             host = w.staging.get("in", total)[:total]
-            for c, o, n in zip(chunks, offset.tolist(), size.tolist(), strict=True):
+            for c, o, n in zip(rows.tolist(), offset.tolist(), size.tolist(), strict=True):
                 if n:
-                    host[o : o + n] = np.frombuffer(c.payload, dtype=np.uint8)
+                    host[o : o + n] = np.frombuffer(t.payload(c), dtype=np.uint8)
+        const_value = np.zeros(rows.size, np.int64)
+        const_value[const] = t.first_bytes(rows[const])
         payloads = w.ops.scratch("payloads", host.size)
         driver.copy_to_device(payloads.ptr, host.ctypes.data, host.size, w.ops.stream)
         if any(j.check for j in jobs):  # before decoding: nvCOMP assumes well-formed input
             with trace.span("check payloads"):
-                good = self._check_payloads(w, jobs, gpu, chunks, payloads.ptr + offset, results)
-            if not all(good):
-                keep = np.repeat(np.array(good), [len(f.chunks) for _, _, f in gpu])
-                gpu = [g for g, ok in zip(gpu, good, strict=True) if ok]
-                chunks = [c for c, ok in zip(chunks, keep.tolist(), strict=True) if ok]
-                codec, const, size, offset = codec[keep], const[keep], size[keep], offset[keep]
-                if not gpu:
+                good = self._check_payloads(
+                    w, jobs, t, gpu, rows, payloads.ptr + offset, const_value, results
+                )
+            if not good.all():
+                keep = np.repeat(good, t.counts[gpu])
+                gpu, rows = gpu[good], rows[keep]
+                codec, size, offset, const_value = codec[keep], size[keep], offset[keep], const_value[keep]
+                if not gpu.size:
                     return
-        frames = [f for _, _, f in gpu]
-        layout = plan_batch([_shape(f.stream, f.length) for f in frames])
-        const_value = np.array(
-            [c.payload[0] if k else 0 for c, k in zip(chunks, const, strict=True)], np.int64
-        )
+        frames = gpu.tolist()
+        job_of = [t.job_of[f] for f in frames]
+        k_of = [t.k_of[f] for f in frames]
+        lengths = t.lengths[gpu]
+        layout = plan_batch([_shape(t.streams[f], n) for f, n in zip(frames, lengths.tolist(), strict=True)])
         data = decode_batch(w.codecs, w.ops, payloads, layout, codec, offset, size, const_value)
         with trace.span("place"):
-            for (n, k, f), off in zip(gpu, layout.data_offsets, strict=True):
+            for n, k, off, length in zip(job_of, k_of, layout.data_offsets, lengths.tolist(), strict=True):
                 place = jobs[n].place
                 if place is not None:  # queued on this stream: over before the copy back
-                    place(k, DeviceBytes(data.at(off, f.length), self.index, w.ops.stream))
+                    place(k, DeviceBytes(data.at(off, length), self.index, w.ops.stream))
         # Each frame's checksum, taken where it was decoded: for frames that stay on the
         # device, and for those of a restore (``check``), whose host copy the whole-file
         # digest then covers byte for byte; and the leaves of that digest asked for.
         stays = all(j.keep for j in jobs)
         whole = stays or any(j.check for j in jobs)
         # A job's leaves, by frame of the job, to frames of this batch.
-        place_of = [np.full(len(j.frames), -1, np.int64) for j in jobs]
-        for m, (n, k, _) in enumerate(gpu):
+        place_of = [np.full(len(j.span), -1, np.int64) for j in jobs]
+        for m, (n, k) in enumerate(zip(job_of, k_of, strict=True)):
             place_of[n][k] = m
         picks, wanted = [], []
         for n, j in enumerate(jobs):
@@ -586,16 +598,16 @@ class GpuEngine:
         asked = _Hashes(
             w.ops,
             data.ptr + np.array(layout.data_offsets, np.uint64),
-            np.array([f.length for f in frames], np.uint64),
+            lengths.astype(np.uint64),
             np.full(len(frames), whole),
             wanted,
         )
         if stays:  # the frames stay on the device: their checksums only
             with trace.span("checksums"):
                 sums, _ = asked.split(w.ops.xxh3(asked.ptrs, asked.lengths))
-            for (n, k, f), checksum in zip(gpu, sums, strict=True):
+            for n, k, length, checksum in zip(job_of, k_of, lengths.tolist(), sums, strict=True):
                 assert checksum is not None
-                results[n][k] = OnDevice(f.length, checksum)
+                results[n][k] = OnDevice(length, checksum)
             return
         queued = w.ops.queue_xxh3(asked.ptrs, asked.lengths, "frame_hashes")
         with trace.span("to host"):
@@ -605,8 +617,10 @@ class GpuEngine:
             fits = spare and buffer is not None and int(data.size) <= buffer.size
             view = _to_host(data, w.stream, buffer if fits else None)
         sums, joined = asked.split(w.ops.download(queued, np.uint64))
-        for m, ((n, k, f), off) in enumerate(zip(gpu, layout.data_offsets, strict=True)):
-            results[n][k] = view[off : off + f.length]
+        for m, (n, k, off, length) in enumerate(
+            zip(job_of, k_of, layout.data_offsets, lengths.tolist(), strict=True)
+        ):
+            results[n][k] = view[off : off + length]
             taken[n][k] = sums[m]
         hashed, done = leaves
         for (n, pick), got in zip(picks, joined, strict=True):
@@ -617,28 +631,113 @@ class GpuEngine:
     def _check_payloads(
         w: _Worker,
         jobs: list[_DecodeJob],
-        gpu: list[tuple[int, int, SpanFrame]],
-        chunks: list[StoredChunk],
+        t: _Table,
+        gpu: np.ndarray,
+        rows: np.ndarray,
         addresses: np.ndarray,
+        const_value: np.ndarray,
         results: list[list[np.ndarray | OnDevice | BaseException]],
-    ) -> list[bool]:
-        """Check the payloads of the frames of ``jobs`` that ask for it, on the device where
-        they were copied (``addresses``, one per chunk; a constant chunk's one byte on the
-        host); a frame that fails gets its error in ``results``. Whether each frame passed."""
-        lengths = np.array([0 if c.codec == CONST_ID else len(c.payload) for c in chunks], np.uint64)
+    ) -> np.ndarray:
+        """Check the payloads (chunks ``rows`` of frames ``gpu``) of the jobs that ask for
+        it, on the device where they were copied (``addresses``; a constant chunk by its
+        byte); a frame that fails gets its error in ``results``, naming its first chunk that
+        does. Whether each frame passed."""
+        codec = t.codec[rows]
+        const = codec == CONST_ID
+        lengths = np.where(const, 0, t.size[rows]).astype(np.uint64)
         sums = w.ops.xxh3(addresses.astype(np.uint64), lengths)
-        good, at = [], 0
-        for n, k, f in gpu:
-            got = [
-                xxh3_64(c.payload) if c.codec == CONST_ID else int(sums[at + m])
-                for m, c in enumerate(f.chunks)
-            ]
-            at += len(f.chunks)
-            failed = payload_error(f, got) if jobs[n].check else None
-            if failed is not None:
-                results[n][k] = failed
-            good.append(failed is None)
-        return good
+        sums[const] = _ONE_BYTE_SUMS[const_value[const]]
+        asked = np.array([jobs[n].check for n in t.job_of], bool)[t.frame_of(rows)]
+        bad = (sums != t.checksum[rows]) & asked
+        if not bad.any():
+            return np.ones(gpu.size, bool)
+        place = np.repeat(np.arange(gpu.size), t.counts[gpu])
+        failed = np.bincount(place[bad], minlength=gpu.size) > 0
+        for m in np.flatnonzero(failed).tolist():
+            f = int(gpu[m])
+            first = int(rows[np.flatnonzero(bad & (place == m))[0]])
+            results[t.job_of[f]][t.k_of[f]] = CorruptionError(
+                f"stored bytes of {t.name(f)} fail their checksum", chunk=int(t.index[first])
+            )
+        return ~failed
+
+
+class _Table:
+    """The chunk tables of a batch's jobs (:class:`~ckptz.engines.base.StoredSpan`) as one:
+    their frames one after another, and their chunks."""
+
+    def __init__(self, jobs: list[_DecodeJob]) -> None:
+        spans = [j.span for j in jobs]
+        self._spans = spans
+        counts = [len(s) for s in spans]
+        self.frames = sum(counts)
+        self.job_of = [n for n, c in enumerate(counts) for _ in range(c)]
+        self.k_of = [k for c in counts for k in range(c)]
+        self.streams = [x for s in spans for x in s.streams]
+        self.lengths = _cat([s.lengths for s in spans], np.int64)
+        self.counts = _cat([np.diff(s.bounds) for s in spans], np.int64)
+        self.bounds = np.concatenate([[0], np.cumsum(self.counts)])
+        chunks = [s.index.size for s in spans]
+        self._chunk_job = np.repeat(np.arange(len(spans)), chunks)
+        self._chunk_base = np.repeat(np.cumsum(chunks) - chunks, chunks)
+        self.index = _cat([s.index for s in spans], np.int64)
+        self.codec = _cat([s.codec for s in spans], np.int64)
+        self.raw_size = _cat([s.raw_size for s in spans], np.int64)
+        self.size = _cat([s.size for s in spans], np.int64)
+        self.checksum = _cat([s.checksum for s in spans], np.uint64)
+        # One span read into one buffer: its payloads' places there.
+        one = len(spans) == 1 and spans[0].payloads is None
+        self.buffer = spans[0].buffer if one else None
+        self.at = spans[0].at.astype(np.int64) if one else np.zeros(0, np.int64)
+
+    def frame_of(self, rows: np.ndarray) -> np.ndarray:
+        """The frame each of chunks ``rows`` belongs to."""
+        return np.searchsorted(self.bounds, rows, side="right") - 1
+
+    def rows(self, frames: np.ndarray) -> np.ndarray:
+        """The chunks of ``frames`` (ascending), in order."""
+        counts = self.counts[frames]
+        starts = np.repeat(self.bounds[frames] - (np.cumsum(counts) - counts), counts)
+        return starts + np.arange(int(counts.sum()))
+
+    def malformed(self) -> np.ndarray:
+        """By frame: whether its chunks may not fit it (:func:`_check_chunks` says)."""
+        words = np.array([max(s.word, 1) for s in self.streams], np.int64)
+        of = np.repeat(np.arange(self.frames), self.counts)
+        bad = (
+            (self.raw_size * self.counts[of] != self.lengths[of])
+            | ((self.codec == CONST_ID) & (self.size != 1))
+            | ((self.codec == RAW_ID) & (self.size != self.raw_size))
+        )
+        return (self.counts != words) | (np.bincount(of[bad], minlength=self.frames) > 0)
+
+    def off_gpu(self) -> np.ndarray:
+        """By frame: whether a chunk of it has a bitstream without a GPU coder."""
+        of = np.repeat(np.arange(self.frames), self.counts)
+        off = ~np.isin(self.codec, list(GPU_CODECS))
+        return np.bincount(of[off], minlength=self.frames) > 0
+
+    def payload(self, c: int) -> memoryview:
+        """Chunk ``c``'s payload."""
+        return self._spans[int(self._chunk_job[c])].payload(c - int(self._chunk_base[c]))
+
+    def first_bytes(self, rows: np.ndarray) -> np.ndarray:
+        """The first byte of each of chunks ``rows``' payloads (non-empty)."""
+        if self.buffer is not None:
+            return self.buffer[self.at[rows]].astype(np.int64)
+        return np.array([self.payload(c)[0] for c in rows.tolist()], np.int64)
+
+    def name(self, f: int) -> str:
+        """How errors name frame ``f``."""
+        return self._spans[self.job_of[f]].names(self.k_of[f])
+
+
+def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+
+
+#: The xxh3_64 of each one-byte payload (a constant chunk's), by its byte.
+_ONE_BYTE_SUMS = np.array([xxh3_64(bytes([v])) for v in range(256)], np.uint64)
 
 
 @dataclass(slots=True)
@@ -794,7 +893,7 @@ def _job_bytes(job: _Job) -> int:
 
 
 def _is_span(job: _Job) -> bool:
-    return isinstance(job, _DecodeJob) and job.buffer is not None
+    return isinstance(job, _DecodeJob) and job.alone
 
 
 _NOT_YET = np.zeros(0, np.uint8)
