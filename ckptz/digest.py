@@ -400,11 +400,25 @@ class LeafTable:
         self._part_bounds = np.concatenate([first_part, [k.size]]).astype(np.int64)
         self._lo = np.minimum.reduceat(self._part_frame, first_part) if k.size else k
         self._hi = np.maximum.reduceat(self._part_frame, first_part) if k.size else k
+        # Made by joined() for the runs it is given (span() of another range works it out).
+        self._run_at: dict[int, int] = {}
+        self._run_stop: list[int] = []
 
     def span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The leaves of frames ``lo`` to ``hi - 1``: whole ones, then joined ones. Their
         numbers, and their parts: frame (counted from ``lo``), start in that frame, size,
-        and how many parts each leaf has (in order)."""
+        and how many parts each leaf has (in order). A run given to :meth:`joined` takes
+        slices of tables made for every run at once there."""
+        r = self._run_at.get(lo, -1)
+        if r >= 0 and self._run_stop[r] == hi:
+            a, b = self._by_run_leaves[r : r + 2].tolist()
+            c, d = self._by_run_parts[r : r + 2].tolist()
+            numbers, parts = self._run_tables[0], self._run_tables[4]
+            frame, start, size = self._run_tables[1:4]
+            return numbers[a:b], frame[c:d], start[c:d], size[c:d], parts[a:b]
+        return self._span(lo, hi)
+
+    def _span(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         a, b = int(self.bounds[lo]), int(self.bounds[hi])
         mine = np.flatnonzero((self._lo >= lo) & (self._hi < hi))
         numbers = self.numbers[a:b]
@@ -442,12 +456,45 @@ class LeafTable:
     def joined(self, runs: Sequence[range]) -> np.ndarray:
         """The numbers of the straddling leaves that :meth:`span` gives some run of ``runs``
         (runs of consecutive frames, in order), for :meth:`Piecewise.hashed_elsewhere`."""
-        if not self._joined.size or not runs:
-            return self._joined[:0]
         starts = np.array([r.start for r in runs], np.int64)
         run_of_lo = np.searchsorted(starts, self._lo, side="right") - 1
         run_of_hi = np.searchsorted(starts, self._hi, side="right") - 1
-        return self._joined[run_of_lo == run_of_hi]
+        inside = run_of_lo == run_of_hi
+        self._by_runs(runs, starts, np.where(inside, run_of_lo, -1))
+        return self._joined[inside]
+
+    def _by_runs(self, runs: Sequence[range], starts: np.ndarray, run_of: np.ndarray) -> None:
+        """What :meth:`span` gives each of ``runs`` (consecutive frames, in order, tiling
+        them), made at once and kept run after run (``run_of``: the run holding each joined
+        leaf, -1 for none)."""
+        if not runs:
+            return
+        stops = np.array([r.stop for r in runs], np.int64)
+        whole_run = np.searchsorted(starts, self.frame, side="right") - 1
+        joined = np.flatnonzero(run_of >= 0)
+        counts = np.diff(self._part_bounds)[joined]
+        # Leaves in run order: a run's whole leaves, then its joined ones, each in order.
+        key = np.concatenate([2 * whole_run, 2 * run_of[joined] + 1])
+        order = np.argsort(key, kind="stable")
+        numbers = np.concatenate([self.numbers, self._joined[joined]])[order]
+        parts = np.concatenate([np.ones(self.numbers.size, np.int64), counts])[order]
+        # Their parts, in the same order: a whole leaf is its own part.
+        first = np.concatenate([np.arange(self.numbers.size), self.numbers.size + self._part_bounds[joined]])
+        rows = np.repeat(first[order] - (np.cumsum(parts) - parts), parts) + np.arange(int(parts.sum()))
+        frame = np.concatenate([self.frame, self._part_frame])[rows]
+        self._run_tables = (
+            numbers,
+            frame - starts[np.searchsorted(starts, frame, side="right") - 1],
+            np.concatenate([self.start, self._part_start])[rows],
+            np.concatenate([self.size, self._part_size])[rows],
+            parts,
+        )
+        run_of_leaf = key[order] // 2
+        self._by_run_leaves = np.searchsorted(run_of_leaf, np.arange(len(runs) + 1))
+        run_of_part = np.repeat(run_of_leaf, parts)
+        self._by_run_parts = np.searchsorted(run_of_part, np.arange(len(runs) + 1))
+        self._run_at = {r.start: n for n, r in enumerate(runs)}
+        self._run_stop = stops.tolist()
 
 
 def of_file(file: int | str | os.PathLike[str], kind: Kind = TREE, threads: int | None = None) -> Digest:

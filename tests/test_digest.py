@@ -211,8 +211,12 @@ def test_leaves_by_run_give_the_sequential_digest(
     table = digest.leaf_table([f.pieces for f in frames])
     digest.hashed_elsewhere(table.joined(runs))
     futures: list[Future[np.ndarray]] = [Future() for _ in frames]
+    # A table not told the runs works each span out on its own: the same leaves and parts.
+    unplanned = Piecewise(kind, len(data)).leaf_table([f.pieces for f in frames])
     for r in runs:
         numbers, frame, start, size, parts = table.span(r.start, r.stop)
+        for got, want in zip(table.span(r.start, r.stop), unplanned.span(r.start, r.stop), strict=True):
+            assert got.tolist() == want.tolist()
         assert parts.sum() == frame.size and (parts >= 1).all()
         got, ends = [], np.cumsum(parts).tolist()
         for k, end, count in zip(numbers.tolist(), ends, parts.tolist(), strict=True):

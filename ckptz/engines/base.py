@@ -216,23 +216,33 @@ class StoredSpan:
 
     def frame(self, k: int) -> SpanFrame:
         """Frame ``k`` as an engine that decodes frame by frame takes it."""
-        a, b = int(self.bounds[k]), int(self.bounds[k + 1])
-        chunks = [
-            StoredChunk(
-                int(self.index[c]),
-                int(self.codec[c]),
-                int(self.raw_size[c]),
-                self.payload(c),
-                int(self.checksum[c]),
-            )
-            for c in range(a, b)
-        ]
-        at = tuple(self.at[a:b].tolist()) if self.payloads is None else ()
-        return SpanFrame(self.streams[k], chunks, int(self.lengths[k]), self.names(k), at)
+        return self._frames(range(k, k + 1))[0]
 
     def frames(self) -> list[SpanFrame]:
         """Every frame, as :meth:`frame` gives it."""
-        return [self.frame(k) for k in range(len(self))]
+        return self._frames(range(len(self)))
+
+    def _frames(self, which: range) -> list[SpanFrame]:
+        a, b = int(self.bounds[which.start]), int(self.bounds[which.stop])
+        index, codec, raw, stored, size = (
+            x[a:b].tolist() for x in (self.index, self.codec, self.raw_size, self.checksum, self.size)
+        )
+        if self.payloads is None:
+            at = self.at[a:b].tolist()
+            whole = memoryview(self.buffer)  # type: ignore[arg-type]
+            payloads: Sequence[bytes | memoryview] = [whole[o : o + n] for o, n in zip(at, size, strict=True)]
+        else:
+            at, payloads = [], self.payloads[a:b]
+        chunks = [StoredChunk(*row) for row in zip(index, codec, raw, payloads, stored, strict=True)]
+        out = []
+        for k in which:
+            lo, hi = int(self.bounds[k]) - a, int(self.bounds[k + 1]) - a
+            out.append(
+                SpanFrame(
+                    self.streams[k], chunks[lo:hi], int(self.lengths[k]), self.names(k), tuple(at[lo:hi])
+                )
+            )
+        return out
 
 
 @dataclass(frozen=True, slots=True)
