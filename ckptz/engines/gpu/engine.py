@@ -488,7 +488,7 @@ class GpuEngine:
                 results[n][k] = exc
                 continue
             if all(c.codec in GPU_CODECS for c in frame.chunks):
-                on_gpu[f] = True  # (the table's checks flag no more than _check_chunks)
+                on_gpu[f] = True  # flagged by the table, yet well formed: the GPU decodes it
                 continue
             bad = payload_error(frame) if jobs[n].check else None
             if bad is not None:
