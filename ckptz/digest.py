@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import xxhash
 
+from ckptz import indices
 from ckptz.checksums import xxh3_64, xxh3_64_ranges
 
 #: Bytes per leaf that ckptz writes. python-xxhash releases the GIL only for inputs above
@@ -375,9 +376,7 @@ class LeafTable:
         first = -(-at // leaf)
         stop = np.where(end == size, -(-end // leaf), end // leaf)
         whole = np.maximum(stop - first, 0) if tree else np.zeros_like(at)  # whole_leaves(), at once
-        total = int(whole.sum())
-        begins = np.repeat(np.cumsum(whole) - whole, whole)
-        self.numbers = np.repeat(first, whole) + np.arange(total, dtype=np.int64) - begins
+        self.numbers = indices.runs(first, whole)
         self.frame = np.repeat(owner, whole)
         self.start = self.numbers * leaf + np.repeat(within - at, whole)
         self.size = np.minimum((self.numbers + 1) * leaf, size) - self.numbers * leaf
@@ -427,11 +426,7 @@ class LeafTable:
             return numbers, self.frame[a:b] - lo, self.start[a:b], self.size[a:b], ones
         firsts, lasts = self._part_bounds[mine], self._part_bounds[mine + 1]
         parts = lasts - firsts
-        rows = (
-            np.repeat(firsts, parts)
-            + np.arange(int(parts.sum()))
-            - np.repeat(np.cumsum(parts) - parts, parts)
-        )
+        rows = indices.runs(firsts, parts)
         return (
             np.concatenate([numbers, self._joined[mine]]),
             np.concatenate([self.frame[a:b], self._part_frame[rows]]) - lo,
@@ -480,7 +475,7 @@ class LeafTable:
         parts = np.concatenate([np.ones(self.numbers.size, np.int64), counts])[order]
         # Their parts, in the same order: a whole leaf is its own part.
         first = np.concatenate([np.arange(self.numbers.size), self.numbers.size + self._part_bounds[joined]])
-        rows = np.repeat(first[order] - (np.cumsum(parts) - parts), parts) + np.arange(int(parts.sum()))
+        rows = indices.runs(first[order], parts)
         frame = np.concatenate([self.frame, self._part_frame])[rows]
         self._run_tables = (
             numbers,

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from ckptz import indices
 from ckptz.checksums import xxh3_64, xxh3_64_ranges
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
@@ -70,8 +71,7 @@ class Ranges:
             rows, counts = which, None
         else:
             counts = self.parts[which]
-            shift = np.repeat(np.cumsum(counts) - counts, counts)
-            rows = np.repeat(self._firsts()[which], counts) + np.arange(int(counts.sum())) - shift
+            rows = indices.runs(self._firsts()[which], counts)
         frame = self.frame[rows]
         return Ranges(frame if frames is None else frames[frame], self.start[rows], self.size[rows], counts)
 

@@ -45,7 +45,7 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from ckptz import safeio, trace
+from ckptz import indices, safeio, trace
 from ckptz._version import __version__
 from ckptz.checksums import xxh3_64_ranges
 from ckptz.container import (
@@ -507,7 +507,7 @@ class _Compression:
             [self.plan.streams[self.frames[i].stream] for i in run],
             np.array([self.frames[i].length for i in run], np.int64),
             np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]),
-            np.repeat(np.array(firsts, np.int64), counts) + np.concatenate([np.arange(c) for c in counts]),
+            indices.runs(firsts, counts),
             np.array([c.codec for c in chunks], np.int64),
             np.array([c.raw_size for c in chunks], np.int64),
             size,

@@ -21,7 +21,7 @@ from typing import cast
 
 import numpy as np
 
-from ckptz import trace
+from ckptz import indices, trace
 from ckptz.checksums import xxh3_64_ranges
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
 from ckptz.engines.base import (
@@ -252,9 +252,7 @@ class FrameDecoder:
             raise CorruptionError("a stream has fewer frames than its segments need", path=self.path)
         counts = self._count[frames.start : frames.stop]
         bounds = np.concatenate([[0], np.cumsum(counts)])
-        index = np.repeat(self._first[frames.start : frames.stop] - bounds[:-1], counts) + np.arange(
-            bounds[-1]
-        )
+        index = indices.runs(self._first[frames.start : frames.stop], counts)
         chunks = self.index.chunks[index]
         size = chunks["size"].astype(np.int64)
         at = chunks["offset"].astype(np.int64) - base
@@ -300,7 +298,7 @@ class FrameDecoder:
         total = int(pad.sum())
         if not total:
             return
-        at = np.repeat(ends - lo, pad) + np.arange(total) - np.repeat(np.cumsum(pad) - pad, pad)
+        at = indices.runs(ends - lo, pad)
         if buffer[at].any():
             m = int(np.repeat(rows, pad)[np.flatnonzero(buffer[at])[0]])
             owner = next((i for i in frames if (c := self._chunks(i)) and c[1] <= m < c[1] + len(c[2])), None)

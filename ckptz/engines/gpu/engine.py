@@ -49,7 +49,7 @@ from typing import cast
 
 import numpy as np
 
-from ckptz import trace
+from ckptz import indices, trace
 from ckptz.checksums import xxh3_64
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
@@ -696,9 +696,7 @@ class _Table:
 
     def rows(self, frames: np.ndarray) -> np.ndarray:
         """The chunks of ``frames`` (ascending), in order."""
-        counts = self.counts[frames]
-        starts = np.repeat(self.bounds[frames] - (np.cumsum(counts) - counts), counts)
-        return starts + np.arange(int(counts.sum()))
+        return indices.runs(self.bounds[frames], self.counts[frames])
 
     def malformed(self) -> np.ndarray:
         """By frame: whether its chunks may not fit it (:func:`_check_chunks` says)."""
@@ -866,11 +864,7 @@ class _Hashes:
         room = ops.scratch(f"joined{len(self._ends)}", max(int(sizes[multi].sum()), 1))
         counts = parts[multi]
         firsts = (np.cumsum(parts) - parts)[multi]
-        rows = (
-            np.repeat(firsts, counts)
-            + np.arange(int(counts.sum()))
-            - np.repeat(np.cumsum(counts) - counts, counts)
-        )
+        rows = indices.runs(firsts, counts)
         # Each part's place in its range's slot: the slot, plus the parts before it.
         before = np.cumsum(size[rows]) - size[rows]
         before -= np.repeat(before[np.cumsum(counts) - counts], counts)
