@@ -110,6 +110,43 @@ def test_an_engine_asked_to_check_payloads_decodes_no_frame_that_fails(device: s
         assert len(engine.decode_span(StoredSpan.of(frames)).result().frames) == 4
 
 
+@gpu
+def test_the_gpu_engine_refuses_chunks_that_do_not_fit_their_frame() -> None:
+    # nvCOMP assumes well-formed input: such a frame fails with what is wrong, its span's
+    # other frames decode.
+    from ckptz.checksums import xxh3_64
+    from ckptz.container import StreamInfo
+    from ckptz.engines.base import SpanFrame, StoredChunk, StoredSpan
+    from ckptz.engines.gpu.coder import CONST_ID, RAW_ID
+    from ckptz.engines.gpu.engine import GpuEngine
+    from ckptz.errors import CorruptionError
+
+    stream = StreamInfo(0, "weights", "float32", 4, True, 1 << 16, 1 << 16, 1)
+    data = np.random.default_rng(5).standard_normal(1 << 14).astype(np.float32).view(np.uint8)
+    with GpuEngine(0, codec="ans") as engine:
+        coded = engine.encode(stream, data, xxh3_64(data)).result()
+        good = [StoredChunk(j, c.codec, c.raw_size, c.payload, 0) for j, c in enumerate(coded.chunks)]
+        raw = good[0].raw_size
+        cases = {
+            "has malformed chunks": good[:3],
+            ": constant chunk of 2 bytes": [StoredChunk(0, CONST_ID, raw, b"ab", 0), *good[1:]],
+            ": stored chunk of the wrong size": [StoredChunk(0, RAW_ID, raw, bytes(raw - 1), 0), *good[1:]],
+        }
+        frames = [SpanFrame(stream, good, data.size, "frame 0", ())]
+        frames += [
+            SpanFrame(stream, chunks, data.size, f"frame {n + 1}", ())
+            for n, chunks in enumerate(cases.values())
+        ]
+        span = engine.decode_span(StoredSpan.of(frames)).result()
+        got = span.frame(0)
+        assert isinstance(got, np.ndarray) and got.tobytes() == data.tobytes()
+        for n, reason in enumerate(cases, start=1):
+            with pytest.raises(CorruptionError) as err:
+                span.frame(n)
+            assert err.value.reason == f"frame {n}{' ' if reason[0] != ':' else ''}{reason}"
+            assert err.value.chunk == 0
+
+
 # -- on a GPU --------------------------------------------------------------------------------
 
 

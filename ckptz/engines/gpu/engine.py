@@ -474,30 +474,22 @@ class GpuEngine:
         hashed = [np.zeros(0 if j.leaves is None else j.leaves.count, np.uint64) for j in jobs]
         done = [np.zeros(h.size, bool) for h in hashed]
         cpu: list[tuple[int, int, Future[np.ndarray]]] = []
-        on_gpu = np.ones(t.frames, bool)
-        # Frames whose chunks do not fit them (nvCOMP assumes well-formed input), and those
-        # with a bitstream that has no GPU coder (e.g. a newer CPU codec): the CPU threads
-        # check and decode them meanwhile.
-        for f in np.flatnonzero(t.malformed() | t.off_gpu()).tolist():
+        # Frames whose chunks do not fit them (nvCOMP assumes well-formed input) fail; those
+        # with a bitstream that has no GPU coder (e.g. a newer CPU codec) the CPU threads
+        # check and decode meanwhile.
+        malformed = t.malformed()
+        elsewhere = malformed | t.off_gpu()
+        for f in np.flatnonzero(elsewhere).tolist():
             n, k = t.job_of[f], t.k_of[f]
             frame = jobs[n].span.frame(k)
-            on_gpu[f] = False
-            try:
-                _check_chunks(frame)
-            except CorruptionError as exc:
-                results[n][k] = exc
-                continue
-            if all(c.codec in GPU_CODECS for c in frame.chunks):
-                on_gpu[f] = True  # flagged by the table, yet well formed: the GPU decodes it
-                continue
-            bad = payload_error(frame) if jobs[n].check else None
-            if bad is not None:
-                results[n][k] = bad
+            refused = _chunk_error(frame) if malformed[f] else payload_error(frame) if jobs[n].check else None
+            if refused is not None:
+                results[n][k] = refused
                 continue
             cpu.append(
                 (n, k, self._cpu.submit(decode_chunks, frame.stream, frame.chunks, frame.length, frame.where))
             )
-        gpu = np.flatnonzero(on_gpu)
+        gpu = np.flatnonzero(~elsewhere)
         if gpu.size:
             try:
                 self._decode_on_gpu(w, jobs, t, gpu, results, taken, (hashed, done), spare=not cpu)
@@ -647,7 +639,7 @@ class GpuEngine:
         lengths = np.where(const, 0, t.size[rows]).astype(np.uint64)
         sums = w.ops.xxh3(addresses.astype(np.uint64), lengths)
         sums[const] = _ONE_BYTE_SUMS[const_value[const]]
-        asked = np.array([jobs[n].check for n in t.job_of], bool)[t.frame_of(rows)]
+        asked = np.array([jobs[n].check for n in t.job_of], bool)[t.frame_of[rows]]
         bad = (sums != t.checksum[rows]) & asked
         if not bad.any():
             return np.ones(gpu.size, bool)
@@ -677,6 +669,8 @@ class _Table:
         self.lengths = _cat([s.lengths for s in spans], np.int64)
         self.counts = _cat([np.diff(s.bounds) for s in spans], np.int64)
         self.bounds = np.concatenate([[0], np.cumsum(self.counts)])
+        #: The frame each chunk belongs to.
+        self.frame_of = np.repeat(np.arange(self.frames), self.counts)
         chunks = [s.index.size for s in spans]
         self._chunk_job = np.repeat(np.arange(len(spans)), chunks)
         self._chunk_base = np.repeat(np.cumsum(chunks) - chunks, chunks)
@@ -690,18 +684,14 @@ class _Table:
         self.buffer = spans[0].buffer if one else None
         self.at = spans[0].at.astype(np.int64) if one else np.zeros(0, np.int64)
 
-    def frame_of(self, rows: np.ndarray) -> np.ndarray:
-        """The frame each of chunks ``rows`` belongs to."""
-        return np.searchsorted(self.bounds, rows, side="right") - 1
-
     def rows(self, frames: np.ndarray) -> np.ndarray:
         """The chunks of ``frames`` (ascending), in order."""
         return indices.runs(self.bounds[frames], self.counts[frames])
 
     def malformed(self) -> np.ndarray:
-        """By frame: whether its chunks may not fit it (:func:`_check_chunks` says)."""
+        """By frame: whether its chunks do not fit it (:func:`_chunk_error` says how)."""
         words = np.array([max(s.word, 1) for s in self.streams], np.int64)
-        of = np.repeat(np.arange(self.frames), self.counts)
+        of = self.frame_of
         bad = (
             (self.raw_size * self.counts[of] != self.lengths[of])
             | ((self.codec == CONST_ID) & (self.size != 1))
@@ -711,9 +701,8 @@ class _Table:
 
     def off_gpu(self) -> np.ndarray:
         """By frame: whether a chunk of it has a bitstream without a GPU coder."""
-        of = np.repeat(np.arange(self.frames), self.counts)
         off = ~np.isin(self.codec, list(GPU_CODECS))
-        return np.bincount(of[off], minlength=self.frames) > 0
+        return np.bincount(self.frame_of[off], minlength=self.frames) > 0
 
     def payload(self, c: int) -> memoryview:
         """Chunk ``c``'s payload."""
@@ -794,17 +783,21 @@ def _to_host(data: Buf, stream: driver.Stream, into: np.ndarray | None = None) -
     return host
 
 
-def _check_chunks(j: SpanFrame) -> None:
-    """Refuse chunks that do not fit the frame: nvCOMP assumes well-formed input."""
+def _chunk_error(j: SpanFrame) -> CorruptionError:
+    """The error of a frame whose chunks do not fit it (:meth:`_Table.malformed`), naming
+    what is wrong first: their count or sizes, a constant chunk not of one byte, or a stored
+    chunk not of its plane's size."""
+    first = j.chunks[0].index if j.chunks else None
     if len(j.chunks) != max(j.stream.word, 1) or any(
         c.raw_size * len(j.chunks) != j.length for c in j.chunks
     ):
-        raise CorruptionError(f"{j.where} has malformed chunks", chunk=j.chunks[0].index)
+        return CorruptionError(f"{j.where} has malformed chunks", chunk=first)
     for c in j.chunks:
         if c.codec == CONST_ID and len(c.payload) != 1:
-            raise CorruptionError(f"{j.where}: constant chunk of {len(c.payload)} bytes", chunk=c.index)
+            return CorruptionError(f"{j.where}: constant chunk of {len(c.payload)} bytes", chunk=c.index)
         if c.codec == RAW_ID and len(c.payload) != c.raw_size:
-            raise CorruptionError(f"{j.where}: stored chunk of the wrong size", chunk=c.index)
+            return CorruptionError(f"{j.where}: stored chunk of the wrong size", chunk=c.index)
+    return CorruptionError(f"{j.where} has malformed chunks", chunk=first)
 
 
 class _Hashes:
