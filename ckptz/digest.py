@@ -12,10 +12,11 @@ Two kinds exist (docs/FORMAT.md, *Integrity*):
 :class:`Digest` is the recorded value, :class:`Hasher` computes either kind from bytes in
 order, :func:`of_file` hashes a plain file's leaves in parallel, and :class:`Piecewise`
 serves the pipelines, whose frames hold the file in *pieces* that arrive in any order: the
-thread that holds a piece hashes the leaves lying whole inside it (:meth:`Piecewise.hash_whole`),
-and an in-order walk over all pieces (:meth:`Piecewise.walk`) hashes only the rest, at most
-one leaf per piece boundary. :func:`whole_leaves` alone decides which leaves those are, for
-both sides.
+thread that holds a piece hashes the leaves lying whole inside it (:meth:`Piecewise.hash_whole`;
+:func:`whole_leaves` alone decides which leaves those are), and a leaf that straddles pieces
+is hashed from its parts (:class:`LeafTable` finds them all at once) by an engine that holds
+a run of frames together, or else by whichever thread gives the last frame it lies in
+(:class:`LeafJoins`). Only an ``xxh3_128`` digest is walked in file order.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import xxhash
 
-from ckptz import indices
+from ckptz import indices, trace
 from ckptz.checksums import xxh3_64, xxh3_64_ranges
 
 #: Bytes per leaf that ckptz writes. python-xxhash releases the GIL only for inputs above
@@ -136,7 +137,7 @@ def whole_leaves(at: int, n: int, leaf: int, size: int) -> range:
     """The leaves lying entirely inside bytes ``[at, at + n)`` of a ``size``-byte file.
 
     This is the one rule that splits the work: whoever holds such a piece hashes these
-    leaves; every other leaf is hashed from the in-order walk. The file's last leaf ends at
+    leaves; every other leaf is joined from its parts (:class:`LeafTable`). The file's last leaf ends at
     ``size``, so it lies inside a piece that reaches the end.
     """
     first = -(-at // leaf)
@@ -258,10 +259,11 @@ class Piecewise:
     """The digest of a ``size``-byte file whose bytes come in pieces, in any order, from
     many threads (the pipelines' frames; see the module docstring).
 
-    Every piece must be given to :meth:`walk` once, in file order, and :meth:`hash_whole`
-    must have returned for a piece before :meth:`walk` is given it (the pipelines hand a
-    frame to the walk through a future set after hashing it). For :data:`SEQUENTIAL`,
-    :meth:`hash_whole` does nothing and the walk hashes every byte.
+    For :data:`TREE`, whoever holds a piece hashes the leaves lying whole inside it
+    (:meth:`hash_whole`), and the leaves that straddle pieces are hashed from their parts
+    (a :class:`LeafTable` tells which; an engine joins those inside a run of frames, and
+    :class:`LeafJoins` the rest). For :data:`SEQUENTIAL`, :meth:`hash_whole` does nothing
+    and every piece must be given to :meth:`walk`, once, in file order.
 
     Attributes:
         hashes: the leaf hashes, by leaf number (none for :data:`SEQUENTIAL`).
@@ -271,9 +273,6 @@ class Piecewise:
         self.kind, self.size = kind, size
         self._walked = Hasher(kind) if not kind.tree else None
         self.hashes = LeafHashes(leaf_count(size, kind.leaf) if kind.tree else 0)
-        self._open = xxhash.xxh3_64()  # the leaf the walk is inside, if any
-        self._open_leaf = -1
-        self._elsewhere: np.ndarray | None = None  # straddling leaves hashed by others
 
     def hash_whole(self, pieces: Iterable[tuple[int, int, int]], data: np.ndarray | memoryview) -> None:
         """Hash the leaves lying whole inside ``pieces``: ``(file offset, offset in data,
@@ -294,61 +293,141 @@ class Piecewise:
             self.hashes.set_many(k, xxh3_64_ranges(data, np.concatenate(starts), sizes))
 
     def leaf_table(self, frames: Sequence[Sequence[tuple[int, int, int]]]) -> LeafTable:
-        """The leaves inside each frame's pieces, for runs of frames hashed where their bytes
-        lie (:class:`LeafTable`)."""
+        """The leaves inside each frame's pieces, and those straddling pieces (:class:`LeafTable`)."""
         return LeafTable(self, frames)
 
-    def hashed_elsewhere(self, numbers: np.ndarray) -> None:
-        """Leaves that straddle pieces but whose hashes someone else sets (a
-        :class:`LeafTable` run's joined leaves): the walk skips them. Call before the walk."""
-        if numbers.size:
-            if self._elsewhere is None:
-                self._elsewhere = np.zeros(leaf_count(self.size, self.kind.leaf), bool)
-            self._elsewhere[numbers] = True
+    @property
+    def walks(self) -> bool:
+        """Whether every piece must be given to :meth:`walk` in file order (:data:`SEQUENTIAL`)."""
+        return self._walked is not None
 
-    def walk(self, at: int, piece: memoryview) -> None:
-        """Hash what :meth:`hash_whole` leaves of the piece at file offset ``at``: its bytes
-        outside the leaves lying whole inside it. Pieces come in file order, from one thread."""
-        if self._walked is not None:
-            self._walked.update(piece)
-            return
-        whole = whole_leaves(at, len(piece), self.kind.leaf, self.size)
-        if not whole:
-            self._fragment(at, piece)
-            return
-        head = whole.start * self.kind.leaf
-        tail = min(whole.stop * self.kind.leaf, self.size)
-        self._fragment(at, piece[: head - at])
-        self._fragment(tail, piece[tail - at :])
-
-    def _fragment(self, at: int, data: memoryview) -> None:
-        """Stream bytes of leaves that straddle pieces into their leaf's state."""
-        leaf = self.kind.leaf
-        while data:
-            k = at // leaf
-            end = min((k + 1) * leaf, self.size)
-            take = min(len(data), end - at)
-            if self._elsewhere is not None and self._elsewhere[k]:  # hashed where it was assembled
-                at += take
-                data = data[take:]
-                continue
-            if self._open_leaf != k:
-                assert self._open_leaf < 0, "pieces walked out of order"
-                self._open.reset()
-                self._open_leaf = k
-            self._open.update(data[:take])
-            at += take
-            data = data[take:]
-            if at == end:
-                self.hashes[k] = self._open.intdigest()
-                self._open_leaf = -1
+    def walk(self, piece: memoryview) -> None:
+        """The next piece of the file, in file order (:data:`SEQUENTIAL` only; one thread)."""
+        assert self._walked is not None, "a tree digest is not walked"
+        self._walked.update(piece)
 
     def digest(self) -> Digest:
-        """The file's digest, once every piece was walked."""
+        """The file's digest, once every leaf was hashed (every piece walked)."""
         if self._walked is not None:
             return self._walked.digest()
-        assert self._open_leaf < 0, "a leaf was left unfinished"
         return Digest(self.kind, self.hashes.hexdigest())
+
+
+class LeafJoins:
+    """The leaves of a :data:`TREE` digest that straddle frames and that no engine joins
+    (:meth:`LeafTable.loose`), each hashed from its parts, in order, by the threads that give
+    the frames they lie in (:meth:`give`), without waiting for the frames around them.
+
+    Each leaf is hashed as a stream: a part is hashed as soon as its frame and every part
+    before it are in, and a frame is released once its parts are hashed. So a frame is
+    held no longer than an in-order walk of the file would hold it (a leaf spanning many
+    small frames holds one at a time), while the leaves progress in parallel. Where
+    streams interleave in a file (a ``torch.save`` archive's records between its tensors),
+    such leaves are many: hashing them in one thread that walked the whole file in order
+    was the slowest stage of a GPU compression (BENCHMARKS.md, session 25).
+
+    Args:
+        digest: where the hashes go.
+        table: the leaves (its runs planned first, where an engine joins theirs).
+        on_done: called with each frame once no leaf needs its bytes any more (from
+            :meth:`give` of it, or of the frame whose bytes let its last part be hashed).
+    """
+
+    def __init__(self, digest: Piecewise, table: LeafTable, on_done: Callable[[int], None]) -> None:
+        self._digest, self._on_done = digest, on_done
+        numbers, frame, start, size, bounds = table.loose()
+        count, frames = numbers.size, table.frames
+        self._numbers = numbers.tolist()
+        self._parts = [
+            list(
+                zip(frame[a:b].tolist(), start[a:b].tolist(), (start[a:b] + size[a:b]).tolist(), strict=True)
+            )
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+        ]
+        # Each frame's leaves (once each), and its parts still to hash.
+        leaf_of_part = np.repeat(np.arange(count, dtype=np.int64), np.diff(bounds))
+        pair = np.unique(frame * max(count, 1) + leaf_of_part)  # by frame, then leaf
+        self._frame_leaves = (pair % max(count, 1)).tolist()
+        self._frame_bounds = np.searchsorted(pair // max(count, 1), np.arange(frames + 1)).tolist()
+        self._unhashed = np.bincount(frame, minlength=frames).tolist()
+        self._next = [0] * count  # each leaf's first part not hashed yet
+        self._state: list[Any] = [xxhash.xxh3_64() for _ in range(count)]
+        self._busy = [False] * count  # a thread is hashing the leaf's parts
+        self._views: dict[int, np.ndarray] = {}  # frames given whose parts are not all hashed
+        self._left = count + frames  # leaves to hash, and frames to be given
+        self._lock = threading.Lock()
+        self.done: Future[None] = Future()
+        if not self._left:
+            self.done.set_result(None)
+
+    def give(self, i: int, data: np.ndarray) -> None:
+        """Frame ``i``'s bytes (once, after :meth:`Piecewise.hash_whole` of them, from any
+        thread): hash the parts they let through, and release the frames no leaf needs now."""
+        a, b = self._frame_bounds[i], self._frame_bounds[i + 1]
+        with self._lock:
+            if a < b:
+                self._views[i] = data
+            mine = [m for m in self._frame_leaves[a:b] if not self._busy[m]]
+            for m in mine:
+                self._busy[m] = True
+        if a == b:
+            self._on_done(i)
+        for m in mine:
+            self._advance(m)
+        with self._lock:  # last: once done, the pipeline may close what on_done uses
+            self._finish(1)
+
+    def _advance(self, m: int) -> None:
+        """Hash leaf ``m``'s parts from its next one while their frames are in (this thread
+        alone, until it finds none: a frame given meanwhile is seen on the next round)."""
+        parts, state = self._parts[m], self._state[m]
+        while True:
+            with self._lock:
+                first = stop = self._next[m]
+                while stop < len(parts) and parts[stop][0] in self._views:
+                    stop += 1
+                if stop == first:
+                    self._busy[m] = False
+                    return
+                views = [self._views[f].data[lo:hi] for f, lo, hi in parts[first:stop]]
+            with trace.span("digest joins"):
+                for view in views:
+                    state.update(view)
+            if stop == len(parts):
+                self._digest.hashes[self._numbers[m]] = state.intdigest()
+            free = []
+            with self._lock:
+                self._next[m] = stop
+                for f, _, _ in parts[first:stop]:
+                    self._unhashed[f] -= 1
+                    if not self._unhashed[f]:
+                        free.append(f)
+                        del self._views[f]
+                if stop == len(parts):
+                    self._busy[m] = False
+                    self._state[m] = None
+                    self._finish(1)
+            for f in free:
+                self._on_done(f)
+            if stop == len(parts):
+                return
+
+    def _finish(self, n: int) -> None:
+        """``n`` more leaves hashed or frames given (under the lock)."""
+        self._left -= n
+        if not self._left and not self.done.done():
+            self.done.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        """A stage failed: :meth:`result` raises ``exc`` rather than wait for frames that will not come."""
+        with self._lock:
+            if not self.done.done():
+                self.done.set_exception(exc)
+
+    def result(self) -> Digest:
+        """The file's digest, once every frame was given and every leaf hashed."""
+        self.done.result()
+        return self._digest.digest()
 
 
 class LeafTable:
@@ -360,12 +439,14 @@ class LeafTable:
     A run's leaves are those lying whole inside one of its frames' pieces, and those that
     straddle pieces of its frames only (*joined* leaves: a frame boundary inside a large
     tensor, whose frames follow each other in a run): each is given as its parts, which
-    whoever holds the run's bytes joins and hashes. The in-order walk is told to skip the
-    joined leaves of every run (:meth:`joined`), and hashes only those that straddle runs.
+    whoever holds the run's bytes joins and hashes. The leaves that straddle runs (or all
+    that straddle pieces, where no runs were planned with :meth:`joined`) are *loose*
+    (:meth:`loose`): :class:`LeafJoins` hashes them.
     """
 
     def __init__(self, digest: Piecewise, frames: Sequence[Sequence[tuple[int, int, int]]]) -> None:
         self._digest = digest
+        self.frames = len(frames)
         counts = [len(pieces) for pieces in frames]
         flat = np.array([p for pieces in frames for p in pieces], np.int64).reshape(-1, 3)
         at, within, n = flat[:, 0], flat[:, 1], flat[:, 2]
@@ -400,6 +481,7 @@ class LeafTable:
         self._lo = np.minimum.reduceat(self._part_frame, first_part) if k.size else k
         self._hi = np.maximum.reduceat(self._part_frame, first_part) if k.size else k
         # Made by joined() for the runs it is given (span() of another range works it out).
+        self._in_run = np.zeros(self._joined.size, bool)
         self._run_at: dict[int, int] = {}
         self._run_stop: list[int] = []
 
@@ -448,15 +530,31 @@ class LeafTable:
                 raise RuntimeError("the engine did not hash the leaves it was given")
             self._digest.hashes.set_many(numbers, hashes)
 
-    def joined(self, runs: Sequence[range]) -> np.ndarray:
-        """The numbers of the straddling leaves that :meth:`span` gives some run of ``runs``
-        (runs of consecutive frames, in order), for :meth:`Piecewise.hashed_elsewhere`."""
+    def joined(self, runs: Sequence[range]) -> None:
+        """Plan ``runs`` (of consecutive frames, in order, tiling them) whose bytes an engine
+        holds together: :meth:`span` of each gives the straddling leaves inside it too, and
+        :meth:`loose` leaves them out."""
         starts = np.array([r.start for r in runs], np.int64)
         run_of_lo = np.searchsorted(starts, self._lo, side="right") - 1
         run_of_hi = np.searchsorted(starts, self._hi, side="right") - 1
-        inside = run_of_lo == run_of_hi
-        self._by_runs(runs, starts, np.where(inside, run_of_lo, -1))
-        return self._joined[inside]
+        self._in_run = run_of_lo == run_of_hi
+        self._by_runs(runs, starts, np.where(self._in_run, run_of_lo, -1))
+
+    def loose(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The straddling leaves no planned run holds whole: their numbers, and their parts
+        in order (frame, start in that frame, size), leaf ``m``'s from ``bounds[m]`` to
+        ``bounds[m + 1]``."""
+        mine = np.flatnonzero(~self._in_run)
+        firsts, parts = self._part_bounds[mine], np.diff(self._part_bounds)[mine]
+        rows = indices.runs(firsts, parts)
+        bounds = np.concatenate([[0], np.cumsum(parts)]).astype(np.int64)
+        return (
+            self._joined[mine],
+            self._part_frame[rows],
+            self._part_start[rows],
+            self._part_size[rows],
+            bounds,
+        )
 
     def _by_runs(self, runs: Sequence[range], starts: np.ndarray, run_of: np.ndarray) -> None:
         """What :meth:`span` gives each of ``runs`` (consecutive frames, in order, tiling
@@ -537,6 +635,7 @@ __all__ = [
     "Hasher",
     "Kind",
     "LeafHashes",
+    "LeafJoins",
     "LeafTable",
     "Piecewise",
     "leaf_count",

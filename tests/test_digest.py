@@ -10,7 +10,7 @@ import random
 import struct
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from unittest import mock
 
@@ -48,7 +48,7 @@ from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import ContainerError, CorruptionError, ReferenceChangedError
 from ckptz.pipeline import FileSink, compress_file, restore
 from ckptz.pipeline.plan import Frame, frame_map
-from ckptz.pipeline.workers import file_digest
+from ckptz.pipeline.workers import FileDigest
 from ckptz.series.delta import delta_for, index_tensors
 from ckptz.series.reference import ContainerReference, RefSpec
 from ckptz.series.run import recode
@@ -152,19 +152,27 @@ def _frame_bytes(data: bytes, frame: Frame) -> np.ndarray:
     return np.frombuffer(b"".join(data[at : at + n] for at, _, n in frame.pieces), np.uint8)
 
 
-def _pipeline_digest(data: bytes, kind: Kind, frames: list[Frame], order: list[int]) -> tuple[Digest, bytes]:
+def _pipeline_digest(
+    data: bytes, kind: Kind, frames: list[Frame], order: list[int], in_order: bool = True
+) -> tuple[Digest, bytes]:
     """The digest as the pipelines take it: frames finished in ``order``, each hashed where
-    it is before its future is set, then the in-order walk."""
+    it is before its future is set and it is given; with ``in_order``, a sink that takes the
+    file's bytes in order too (stdout), walked by ``result``."""
     digest = Piecewise(kind, len(data))
     futures: list[Future[np.ndarray]] = [Future() for _ in frames]
+    released: list[int] = []
+    seen: list[bytes] = []
+    each = (lambda piece: seen.append(bytes(piece))) if in_order else None
+    taker = FileDigest(digest, frames, futures, released.append, None, each)
     for i in order:
         buf = _frame_bytes(data, frames[i])
         digest.hash_whole(frames[i].pieces, buf)
         futures[i].set_result(buf)
-    released: list[int] = []
-    seen: list[bytes] = []
-    got = file_digest(frames, futures, released.append, digest, lambda piece: seen.append(bytes(piece)))
-    assert sorted(released) == list(range(len(frames)))
+        taker.give(i, buf)
+    if not in_order and not digest.walks:  # nothing walks: every frame is free once given
+        assert sorted(released) == list(range(len(frames)))
+    got = taker.result()
+    assert sorted(released) == list(range(len(frames)))  # each frame once
     return got, b"".join(seen)
 
 
@@ -179,6 +187,7 @@ def test_pieces_in_any_order_give_the_sequential_digest(
     with mock.patch.object(ckptz.digest, "_BLOCK_SHIFT", shift):
         got, seen = _pipeline_digest(data, kind, frames, order)
         assert seen == data
+        assert _pipeline_digest(data, kind, frames, order, in_order=False)[0] == got
         sequential = Hasher(kind)
         at = 0
         while at < len(data):  # fed in random amounts, across leaf boundaries
@@ -191,8 +200,9 @@ def test_pieces_in_any_order_give_the_sequential_digest(
             f.flush()
             assert of_file(f.name, kind, threads=draw.draw(st.integers(1, 4))) == got
             assert of_file(f.fileno(), SEQUENTIAL) == Digest(SEQUENTIAL, xxhash.xxh3_128_hexdigest(data))
-    old, _ = _pipeline_digest(data, SEQUENTIAL, frames, order)
-    assert old == Digest(SEQUENTIAL, xxhash.xxh3_128_hexdigest(data))
+    for in_order in (True, False):
+        old, _ = _pipeline_digest(data, SEQUENTIAL, frames, order, in_order)
+        assert old == Digest(SEQUENTIAL, xxhash.xxh3_128_hexdigest(data))
 
 
 @settings(max_examples=200, deadline=None)
@@ -202,22 +212,27 @@ def test_leaves_by_run_give_the_sequential_digest(
 ) -> None:
     """Runs of consecutive frames hashed where their bytes are (:class:`LeafTable`): the
     leaves inside their frames, and those straddling two of a run's frames joined from
-    their parts; the walk skips the joined ones and hashes the rest."""
+    their parts; :class:`LeafJoins` hashes those straddling runs as frames are given."""
     data, leaf, frames, _ = layout
     kind = Kind("xxh3_tree", leaf)
     cuts = draw.draw(st.sets(st.integers(1, len(frames) - 1))) if len(frames) > 1 else set()
     runs = [range(a, b) for a, b in itertools.pairwise([0, *sorted(cuts), len(frames)]) if b > a]
     digest = Piecewise(kind, len(data))
-    table = digest.leaf_table([f.pieces for f in frames])
-    digest.hashed_elsewhere(table.joined(runs))
     futures: list[Future[np.ndarray]] = [Future() for _ in frames]
+    released: list[int] = []
+    taker = FileDigest(digest, frames, futures, released.append, runs)
+    table = taker.table
+    assert table is not None
     # A table not told the runs works each span out on its own: the same leaves and parts.
     unplanned = Piecewise(kind, len(data)).leaf_table([f.pieces for f in frames])
-    for r in runs:
+    loose = set(table.loose()[0].tolist())
+    assert loose <= set(unplanned.loose()[0].tolist())
+    for r in [runs[i] for i in draw.draw(st.permutations(range(len(runs))))]:
         numbers, frame, start, size, parts = table.span(r.start, r.stop)
         for got, want in zip(table.span(r.start, r.stop), unplanned.span(r.start, r.stop), strict=True):
             assert got.tolist() == want.tolist()
         assert parts.sum() == frame.size and (parts >= 1).all()
+        assert not loose & set(numbers.tolist())  # a leaf is the run's or loose, never both
         got, ends = [], np.cumsum(parts).tolist()
         for k, end, count in zip(numbers.tolist(), ends, parts.tolist(), strict=True):
             joined = b"".join(
@@ -231,15 +246,79 @@ def test_leaves_by_run_give_the_sequential_digest(
         table.take(r, np.array(got, np.uint64))
         for i in r:
             futures[i].set_result(_frame_bytes(data, frames[i]))
-    walked = file_digest(frames, futures, lambda _: None, digest)
-    assert walked == Digest(kind, tree_digest(data, leaf))
+            taker.give(i, futures[i].result())
+    assert taker.result() == Digest(kind, tree_digest(data, leaf))
+    assert sorted(released) == list(range(len(frames)))
     if runs and table.span(runs[0].start, runs[0].stop)[0].size:
         with pytest.raises(RuntimeError, match="did not hash"):
             table.take(runs[0], None)  # an engine that gave no hashes
 
 
-def test_hashing_threads_beside_the_walk(tmp_path: Path) -> None:
-    """Frames finished by many threads while the walk runs, as in the pipelines."""
+def test_a_frame_is_held_only_while_a_leaf_needs_it() -> None:
+    """A leaf straddling frames holds each until the last of them is given, no longer; a
+    frame with no such leaf is free at once; a failure wakes whoever waits for the digest."""
+    leaf = 1 << 12
+    data = np.random.default_rng(3).integers(0, 256, 4 * leaf, dtype=np.uint8).tobytes()
+    # Frame 0: bytes 0-99 and from 100 + leaf to 3 leaves; frame 1: the bytes between (leaves
+    # 0 and 1 straddle both); frame 2: the last leaf, whole.
+    cut = 100 + leaf
+    pieces = [[(0, 0, 100), (cut, 100, 3 * leaf - cut)], [(100, 0, cut - 100)], [(3 * leaf, 0, leaf)]]
+    frames = [Frame(0, k, sum(p[2] for p in ps), tuple(ps)) for k, ps in enumerate(pieces)]
+    assert sum(f.length for f in frames) == len(data)
+    digest = Piecewise(Kind("xxh3_tree", leaf), len(data))
+    futures: list[Future[np.ndarray]] = [Future() for _ in frames]
+    released: list[int] = []
+    taker = FileDigest(digest, frames, futures, released.append)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(taker.result)
+        for i in (2, 0, 1):
+            assert not wait([waiting], timeout=0.05).done  # a frame is still to come
+            buf = _frame_bytes(data, frames[i])
+            digest.hash_whole(frames[i].pieces, buf)
+            futures[i].set_result(buf)
+            taker.give(i, buf)
+            assert sorted(released) == {2: [2], 0: [2], 1: [0, 1, 2]}[i]
+        assert waiting.result() == Digest(digest.kind, tree_digest(data, leaf))
+    # A leaf over many small frames, given in order, holds none of them (it is hashed as a
+    # stream, part by part); given backwards, it holds each until the first one comes.
+    small = [
+        Frame(0, k, 1000, ((1000 * k, 0, min(1000, len(data) - 1000 * k)),))
+        for k in range(-(-len(data) // 1000))
+    ]
+    small[-1] = Frame(0, len(small) - 1, small[-1].pieces[0][2], small[-1].pieces)
+    for order in (list(range(len(small))), list(range(len(small)))[::-1]):
+        freed: list[int] = []
+        stream = FileDigest(Piecewise(digest.kind, len(data)), small, [Future() for _ in small], freed.append)
+        for n, i in enumerate(order):
+            buf = _frame_bytes(data, small[i])
+            stream.digest.hash_whole(small[i].pieces, buf)
+            stream.give(i, buf)
+            if order[0] == 0:
+                assert freed == order[: n + 1]
+            elif i:  # frames 1-3 lie in leaf 0 only, whose first part is in frame 0
+                assert not {1, 2, 3} & set(freed)
+        assert sorted(freed) == list(range(len(small)))
+        assert stream.result() == Digest(digest.kind, tree_digest(data, leaf))
+    # Nothing straddles: the digest still waits for every frame's whole leaves.
+    whole = Frame(0, 0, len(data), ((0, 0, len(data)),))
+    lone = FileDigest(Piecewise(digest.kind, len(data)), [whole], [Future()], released.append)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(lone.result)
+        assert not wait([waiting], timeout=0.05).done
+        lone.digest.hash_whole(whole.pieces, np.frombuffer(data, np.uint8))
+        lone.give(0, np.frombuffer(data, np.uint8))
+        assert waiting.result() == Digest(digest.kind, tree_digest(data, leaf))
+    stalled = FileDigest(
+        Piecewise(digest.kind, len(data)), frames, [Future() for _ in frames], released.append
+    )
+    stalled.give(1, _frame_bytes(data, frames[1]))  # frame 0 never comes
+    stalled.fail(OSError("read failed"))
+    with pytest.raises(OSError, match="read failed"):
+        stalled.result()
+
+
+def test_hashing_threads_give_frames_at_once(tmp_path: Path) -> None:
+    """Frames finished by many threads at once, as in the pipelines."""
     data = np.random.default_rng(1).integers(0, 256, 3 * LEAF * 7 + 5, dtype=np.uint8).tobytes()
     segments = [(s % 3, n) for s, n in enumerate([1000, 2 * LEAF + 7, 5, LEAF - 3, 300_000, 1_000_000])]
     segments.append((1, len(data) - sum(n for _, n in segments)))
@@ -247,17 +326,23 @@ def test_hashing_threads_beside_the_walk(tmp_path: Path) -> None:
     digest = Piecewise(TREE, len(data))
     futures: list[Future[np.ndarray]] = [Future() for _ in frames]
 
+    released: list[int] = []
+    taker = FileDigest(digest, frames, futures, released.append)
+
     def finish(i: int) -> None:
         buf = _frame_bytes(data, frames[i])
         digest.hash_whole(frames[i].pieces, buf)
         futures[i].set_result(buf)
+        taker.give(i, buf)
 
     order = list(range(len(frames)))
     random.Random(2).shuffle(order)
     with ThreadPoolExecutor(4) as pool:
+        waiting = pool.submit(taker.result)  # waits beside the threads that give frames
         for _ in pool.map(finish, order):
             pass
-        got = file_digest(frames, futures, lambda _: None, digest)
+        got = waiting.result()
+    assert sorted(released) == list(range(len(frames)))
     (tmp_path / "f").write_bytes(data)
     assert got == Digest(TREE, tree_digest(data)) == of_file(tmp_path / "f")
 

@@ -16,11 +16,11 @@ engine's ``span_bytes``, a frame at a time where that is 0):
 Per-frame Python in every stage was what held a GPU compression to ~3.5 GB/s on the H100
 host (the GIL, not the GPU, BENCHMARKS.md); runs take it to one call per run.
 
-The whole-file digest (``xxh3_tree``, :mod:`ckptz.digest`) is taken where the bytes are: a
-reader hashes the leaves that lie whole inside the pieces it read, and beside the stages one
-thread walks the frame buffers in file order as they fill, hashing only the leaves that
-straddle pieces. A run's buffer goes back to the pool once its frames are walked and
-coded, so memory stays at :func:`~ckptz.pipeline.workers.slots_needed` runs per file (the
+The whole-file digest (``xxh3_tree``, :mod:`ckptz.digest`) is taken where the bytes are: the
+engine (or the reader) hashes the leaves that lie whole inside the run's frames, and those
+that straddle its frames; the reader that completes a leaf straddling runs hashes it from
+its parts (:class:`~ckptz.pipeline.workers.FileDigest`). A run's buffer goes back to the
+pool once no leaf needs its frames and they are coded, so memory stays at :func:`~ckptz.pipeline.workers.slots_needed` runs per file (the
 engine's look-ahead in bytes), plus the coded runs waiting for a writer (about
 :data:`WRITE_DEPTH` frames' worth per writer).
 
@@ -73,7 +73,7 @@ from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
 from ckptz.pipeline.plan import StreamPlan, frame_map, frame_runs, plan_streams
 from ckptz.pipeline.transform import FrameTransform
-from ckptz.pipeline.workers import Failures, FrameSlots, Stopped, Workers, file_digest, slots_needed
+from ckptz.pipeline.workers import Failures, FileDigest, FrameSlots, Stopped, Workers, slots_needed
 
 Progress = Callable[[int], None]
 #: Coded frames queued per writer thread before the pipeline waits for the storage.
@@ -223,8 +223,8 @@ class _Compression:
         # Runs of consecutive frames are read into one buffer and coded as one unit (one
         # copy to a GPU, one write), so the per-frame Python of each stage runs per run. A
         # run is at most the engine's span, and small enough that RUNS_AHEAD of them, and
-        # every stream's open frame holding one while the in-order digest walks
-        # (``slots_needed``), fit the engine's look-ahead.
+        # every stream's open frame holding one while a digest leaf straddling it waits for
+        # the next stream's bytes (``slots_needed``), fit the engine's look-ahead.
         budget = engine.look_ahead * max(engine.frame_size, 1)
         runs_ahead = max(len(plan.streams) + 2, RUNS_AHEAD)
         limit = min(engine.span_bytes, budget // runs_ahead) if engine.span_bytes else 0
@@ -237,9 +237,10 @@ class _Compression:
         # The engine hashes each frame where it holds its bytes, and the digest's leaves
         # inside the frames (not with a transform, whose coded bytes are not the file's).
         hashes = engine.hashes and change is None
-        self.leaf_table = self.digest.leaf_table([f.pieces for f in self.frames]) if hashes else None
-        if self.leaf_table is not None:  # leaves straddling a run's frames: the engine's too
-            self.digest.hashed_elsewhere(self.leaf_table.joined(self.runs))
+        self.file_digest = FileDigest(
+            self.digest, self.frames, self.read, self._release, self.runs if hashes else None
+        )
+        self.leaf_table = self.file_digest.table if hashes else None
         self.buffers: list[np.ndarray | None] = [None] * len(self.runs)
         # Each frame has three users of its run's buffer: the digest, the writer stage, verification.
         self.users = [3 * len(run) for run in self.runs]
@@ -308,6 +309,7 @@ class _Compression:
     def _fail(self, exc: BaseException) -> None:
         """Stop every stage: waiting threads wake and leave, unread frames fail."""
         self.failures.add(exc, self.read)
+        self.file_digest.fail(exc)
         self.slots.stop()
 
     def _feed(self) -> None:
@@ -361,6 +363,7 @@ class _Compression:
     def _read_done(self, run: range, views: list[np.ndarray]) -> None:
         for i, view in zip(run, views, strict=True):
             self.read[i].set_result(view)
+            self.file_digest.give(i, view)
         self.progress(sum(v.size for v in views))
 
     def _scatter_read(self, pieces: list[tuple[int, int, int]], buf: np.ndarray) -> None:
@@ -383,7 +386,7 @@ class _Compression:
 
     def _hash(self, digest: Future[Digest]) -> None:
         try:
-            digest.set_result(file_digest(self.frames, self.read, self._release, self.digest))
+            digest.set_result(self.file_digest.result())
         except BaseException as exc:
             digest.set_exception(exc)
 

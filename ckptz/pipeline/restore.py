@@ -14,8 +14,10 @@ and differ only in their :class:`Sink`. Every check FORMAT.md promises runs on e
   the sink, which puts its pieces where they belong (``pwrite`` at file offsets, compare,
   copy);
 - that thread also hashes the leaves of the whole-file digest lying whole inside the
-  frame, and one thread walks the restored bytes in file order, hashes the rest (all of an
-  ``xxh3_128`` digest) and compares the digest (:mod:`ckptz.digest`).
+  frame (or the engine did, with those straddling its run's frames), and those straddling
+  frames that it completes (:class:`~ckptz.pipeline.workers.FileDigest`; an ``xxh3_128``
+  digest is walked in file order); the digest is compared once every frame is in
+  (:mod:`ckptz.digest`).
 
 Where the bytes are wanted on a GPU (a :class:`DeviceSink` that holds the whole file there,
 ``ckptz.load(map_location="cuda")``) and the engine decodes on that GPU, the checks run
@@ -46,7 +48,7 @@ from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Plac
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.plan import Frame
-from ckptz.pipeline.workers import Failures, Workers, file_digest, slots_needed
+from ckptz.pipeline.workers import Failures, FileDigest, Workers, slots_needed
 
 Progress = Callable[[int], None]
 
@@ -227,11 +229,16 @@ class _Restore:
         engine_leaves = (
             engine.hashes and not self.on_device and self.digest.kind.tree and self.decoder.transform is None
         )
-        self.leaf_table = self.digest.leaf_table([f.pieces for f in self.frames]) if engine_leaves else None
-        if self.leaf_table is not None:  # leaves straddling a run's frames: the engine's too
-            self.digest.hashed_elsewhere(self.leaf_table.joined(self.spans))
-        # Each decoded frame's users: the sink and the in-order digest walk (the sink only
-        # when the digest is taken on the GPU, from the sink's bytes).
+        ordered = sink.write if isinstance(sink, _Ordered) else None
+        runs = self.spans if engine_leaves else None
+        self.file_digest = (
+            None
+            if self.on_device
+            else FileDigest(self.digest, self.frames, self.data, self._release, runs, ordered)
+        )
+        self.leaf_table = self.file_digest.table if self.file_digest is not None and engine_leaves else None
+        # Each decoded frame's users: the sink and the digest (the sink only when the digest
+        # is taken on the GPU, from the sink's bytes).
         self.users = [1 if self.on_device else 2] * len(self.frames)
         self.lock = threading.Lock()
         room = slots_needed(len(self.frames), len(index.streams), engine.look_ahead)
@@ -245,12 +252,8 @@ class _Restore:
     def run(self) -> None:
         feeder = threading.Thread(target=self._feed, name="ckptz-feed", daemon=True)
         feeder.start()
-        ordered = self.sink.write if isinstance(self.sink, _Ordered) else None
         try:
-            if self.on_device:
-                digest = self._device_digest()
-            else:
-                digest = file_digest(self.frames, self.data, self._release, self.digest, ordered)
+            digest = self._device_digest() if self.file_digest is None else self.file_digest.result()
         except BaseException as exc:
             self._fail(exc)
             raise self.failures.first() from None
@@ -291,6 +294,8 @@ class _Restore:
         with self.lock:
             self.stopped = True
         self.failures.add(exc, self.data)
+        if self.file_digest is not None:
+            self.file_digest.fail(exc)
         self.room.release()  # wake the feeder, which then sees ``stopped``
 
     def _release(self, i: int) -> None:
@@ -381,6 +386,8 @@ class _Restore:
                     self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)
             self.progress(self.frames[i].length)
+            if self.file_digest is not None:
+                self.file_digest.give(i, data)
             self._release(i)
         except BaseException as exc:
             self._fail(exc)

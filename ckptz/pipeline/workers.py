@@ -3,8 +3,8 @@
 Reading, writing, hashing and numpy copies release the GIL, so plain threads run them in
 parallel: :class:`Workers` holds a pool of readers and one of writers for every file of a
 run, so one large file uses the whole machine and many small ones share it.
-:class:`FrameSlots` bounds the frames a file holds in memory, and :func:`file_digest` walks
-a file's bytes in file order from frames that arrive in any order, for its whole-file digest.
+:class:`FrameSlots` bounds the frames a file holds in memory, and :class:`FileDigest` takes a
+file's whole-file digest from frames that arrive in any order.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from contextlib import contextmanager, suppress
 import numpy as np
 
 from ckptz import trace
-from ckptz.digest import Digest, Piecewise
+from ckptz.digest import Digest, LeafJoins, Piecewise
 from ckptz.pipeline.plan import Frame
 
 #: Reader threads by default: page-cache reads reach ~20 GB/s on eight threads (FACTS: 3 GB/s
@@ -213,50 +213,101 @@ class FrameSlots:
 def slots_needed(units: int, streams: int, look_ahead: int) -> int:
     """Buffers a file keeps in memory, each holding a frame or a run of frames (``units`` in
     all): the engine's look-ahead, and never fewer than one per stream plus one, which the
-    in-order digest needs to make progress (it holds each stream's open frame while it
-    reads the others)."""
+    whole-file digest needs to make progress (a leaf that straddles two streams' frames
+    holds the first until the second is read, so each stream's open frame may be held
+    while the others are read)."""
     return max(1, min(units, max(look_ahead, streams + 2)))
 
 
-def file_digest(
-    frames: Sequence[Frame],
-    data: Sequence[Future[np.ndarray]],
-    on_done: Callable[[int], None],
-    digest: Piecewise,
-    each: Callable[[memoryview], object] | None = None,
-) -> Digest:
-    """A file's whole-file digest, walked in file order from its frames.
+class FileDigest:
+    """A file's whole-file digest, taken from its frames as a pipeline finishes them, in any
+    order (:mod:`ckptz.digest`).
 
-    ``data[i]`` resolves to frame ``i``'s bytes, once whoever set it has given them to
-    ``digest.hash_whole``; ``on_done(i)`` is called once frame ``i`` has been walked to its
-    end. Frames resolve in any order: this walks the file and waits for each frame as it
-    reaches it, so it runs beside the readers and coders. The walk hashes what
-    :meth:`~ckptz.digest.Piecewise.walk` leaves to it (every byte for an ``xxh3_128``
-    digest; for ``xxh3_tree`` only the leaves that straddle pieces). ``each``, if given,
-    receives the file's bytes in order too (a sink that needs them so, like stdout).
+    Whoever finishes frame ``i`` hashes the leaves lying whole inside it
+    (:meth:`~ckptz.digest.Piecewise.hash_whole`), sets ``data[i]`` and calls :meth:`give`,
+    which hashes the straddling leaves it completes (:class:`~ckptz.digest.LeafJoins`; those
+    inside a run of ``runs`` are the engine's, which hands their hashes to
+    :attr:`table`). An ``xxh3_128`` digest, or a sink that needs the file's bytes in order
+    (``each``, like stdout), is walked in file order by :meth:`result`'s thread.
+    ``on_done(i)`` is called once the digest (and ``each``) no longer need frame ``i``.
+
+    Args:
+        runs: runs of consecutive frames whose straddling leaves an engine hashes where it
+            holds them (None: none does).
     """
-    pieces = sorted((p[0], i, p[1], p[2]) for i, f in enumerate(frames) for p in f.pieces)
-    left = [len(f.pieces) for f in frames]
-    for at, i, within, n in pieces:
-        with trace.span("wait frame"):
-            piece = data[i].result().data[within : within + n]
-        with trace.span("digest walk"):
-            digest.walk(at, piece)
-        if each is not None:
-            each(piece)
-        left[i] -= 1
-        if not left[i]:
-            on_done(i)
-    return digest.digest()
+
+    def __init__(
+        self,
+        digest: Piecewise,
+        frames: Sequence[Frame],
+        data: Sequence[Future[np.ndarray]],
+        on_done: Callable[[int], None],
+        runs: Sequence[range] | None = None,
+        each: Callable[[memoryview], object] | None = None,
+    ) -> None:
+        self.digest, self._frames, self._data, self._each = digest, frames, data, each
+        self._walks = digest.walks or each is not None
+        self.table = digest.leaf_table([f.pieces for f in frames]) if digest.kind.tree else None
+        if self.table is not None and runs is not None:
+            self.table.joined(runs)
+        self._joins = LeafJoins(digest, self.table, self._done) if self.table is not None else None
+        # Who must be done with each frame: the joins and the walk, where there are both.
+        both = self._walks and self._joins is not None
+        self._on_done = on_done
+        self._users = [2] * len(frames) if both else None
+        self._lock = threading.Lock()
+
+    def give(self, i: int, data: np.ndarray) -> None:
+        """Frame ``i``'s bytes, hashed whole and set in ``data[i]`` (any thread, once)."""
+        if self._joins is not None:
+            self._joins.give(i, data)
+        elif not self._walks:
+            self._on_done(i)
+
+    def fail(self, exc: BaseException) -> None:
+        """A stage failed: :meth:`result` raises rather than wait."""
+        if self._joins is not None:
+            self._joins.fail(exc)
+
+    def result(self) -> Digest:
+        """The digest, once every frame was given (walking the file first where needed)."""
+        if self._walks:
+            self._walk()
+        return self._joins.result() if self._joins is not None else self.digest.digest()
+
+    def _done(self, i: int) -> None:
+        if self._users is not None:
+            with self._lock:
+                self._users[i] -= 1
+                if self._users[i]:
+                    return
+        self._on_done(i)
+
+    def _walk(self) -> None:
+        """Every piece in file order, waiting for each frame as the walk reaches it."""
+        frames = self._frames
+        pieces = sorted((p[0], i, p[1], p[2]) for i, f in enumerate(frames) for p in f.pieces)
+        left = [len(f.pieces) for f in frames]
+        for _, i, within, n in pieces:
+            with trace.span("wait frame"):
+                piece = self._data[i].result().data[within : within + n]
+            if self.digest.walks:
+                with trace.span("digest walk"):
+                    self.digest.walk(piece)
+            if self._each is not None:
+                self._each(piece)
+            left[i] -= 1
+            if not left[i]:
+                self._done(i)
 
 
 __all__ = [
     "MAX_READERS",
     "MAX_WRITERS",
     "Failures",
+    "FileDigest",
     "FrameSlots",
     "Stopped",
     "Workers",
-    "file_digest",
     "slots_needed",
 ]
