@@ -10,6 +10,9 @@ and hashes many ranges of one buffer in one call; where the extension is not bui
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+
 import numpy as np
 import xxhash
 
@@ -50,4 +53,53 @@ def xxh3_64_ranges(data: Buffer, offsets: np.ndarray, sizes: np.ndarray) -> np.n
     return out
 
 
-__all__ = ["xxh3_64", "xxh3_64_ranges"]
+class Streams:
+    """xxh3_64 (seed 0) of inputs given in parts over several calls, one *state* each, from
+    any thread (a digest leaf whose parts lie in frames that arrive at different times).
+
+    :meth:`update` streams parts into a state and returns the hash of all streamed into it
+    so far, releasing the GIL once for all the parts; :meth:`give` frees the state. With the
+    C extension the states are rows of tables that never move; without it, python
+    ``xxhash`` objects.
+    """
+
+    _ROWS = 256  # states per table
+
+    def __init__(self) -> None:
+        self._tables: list[np.ndarray] = []
+        self._free: list[int] = []
+        self._python: dict[int, xxhash.xxh3_64] = {}
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        """A free state (reset by the first :meth:`update`)."""
+        with self._lock:
+            if not self._free:
+                n = len(self._tables) * self._ROWS
+                if native is not None:
+                    self._tables.append(np.zeros((self._ROWS, native.xxh3_state_bytes), np.uint8))
+                else:
+                    self._tables.append(np.zeros(0, np.uint8))
+                self._free.extend(range(n + self._ROWS - 1, n - 1, -1))
+            return self._free.pop()
+
+    def update(self, state: int, parts: Sequence[Buffer], first: bool) -> int:
+        """Stream ``parts`` into ``state`` (afresh if ``first``); the hash so far."""
+        if native is not None:
+            table = self._tables[state // self._ROWS]
+            return int(native.xxh3_64_stream(table, state % self._ROWS, [_view(p) for p in parts], first))
+        if first:
+            self._python[state] = xxhash.xxh3_64()
+        hasher = self._python[state]
+        for p in parts:
+            hasher.update(_view(p))
+        return hasher.intdigest()
+
+    def give(self, state: int) -> None:
+        """``state`` is free again."""
+        with self._lock:
+            self._python.pop(state, None)
+            self._free.append(state)
+
+
+__all__ = ["Streams", "xxh3_64", "xxh3_64_ranges"]

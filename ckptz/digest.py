@@ -33,7 +33,7 @@ import numpy as np
 import xxhash
 
 from ckptz import indices, trace
-from ckptz.checksums import xxh3_64, xxh3_64_ranges
+from ckptz.checksums import Streams, xxh3_64, xxh3_64_ranges
 
 #: Bytes per leaf that ckptz writes. python-xxhash releases the GIL only for inputs above
 #: 100 000 bytes, so leaves are hashed in parallel by plain threads; but each leaf is one
@@ -351,7 +351,8 @@ class LeafJoins:
         self._frame_bounds = np.searchsorted(pair // max(count, 1), np.arange(frames + 1)).tolist()
         self._unhashed = np.bincount(frame, minlength=frames).tolist()
         self._next = [0] * count  # each leaf's first part not hashed yet
-        self._state: list[Any] = [xxhash.xxh3_64() for _ in range(count)]
+        self._streams = Streams()
+        self._state = [-1] * count  # a leaf's streaming state, from its first part to its last
         self._busy = [False] * count  # a thread is hashing the leaf's parts
         self._views: dict[int, np.ndarray] = {}  # frames given whose parts are not all hashed
         self._left = count + frames  # leaves to hash, and frames to be given
@@ -380,7 +381,7 @@ class LeafJoins:
     def _advance(self, m: int) -> None:
         """Hash leaf ``m``'s parts from its next one while their frames are in (this thread
         alone, until it finds none: a frame given meanwhile is seen on the next round)."""
-        parts, state = self._parts[m], self._state[m]
+        parts = self._parts[m]
         while True:
             with self._lock:
                 first = stop = self._next[m]
@@ -390,11 +391,13 @@ class LeafJoins:
                     self._busy[m] = False
                     return
                 views = [self._views[f].data[lo:hi] for f, lo, hi in parts[first:stop]]
+            if not first:
+                self._state[m] = self._streams.take()
             with trace.span("digest joins"):
-                for view in views:
-                    state.update(view)
+                got = self._streams.update(self._state[m], views, first == 0)
             if stop == len(parts):
-                self._digest.hashes[self._numbers[m]] = state.intdigest()
+                self._digest.hashes[self._numbers[m]] = got
+                self._streams.give(self._state[m])
             free = []
             with self._lock:
                 self._next[m] = stop
@@ -405,7 +408,6 @@ class LeafJoins:
                         del self._views[f]
                 if stop == len(parts):
                     self._busy[m] = False
-                    self._state[m] = None
                     self._finish(1)
             for f in free:
                 self._on_done(f)

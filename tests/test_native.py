@@ -536,3 +536,17 @@ def test_checksums_are_xxh3_64_on_both_paths(use_native: bool, monkeypatch: pyte
     for o, n in ((0, data.size + 1), (data.size, 1), (-1, 2), (5, -1)):
         with pytest.raises(ValueError, match="outside"):
             checksums.xxh3_64_ranges(data, np.array([0, o]), np.array([1, n]))
+    # Streamed in parts over several calls, many inputs at once on states taken and given
+    # back (more than one table of them): the same hashes, after every call.
+    streams = checksums.Streams()
+    states = [streams.take() for _ in sizes] + [streams.take() for _ in range(300)]
+    assert len(set(states)) == len(states)
+    cuts = [sorted({0, n, *(int(c) for c in rng.integers(0, n + 1, 3))}) for n in sizes]
+    for k in range(5):
+        for s, o, cut in zip(states, offsets, cuts, strict=False):
+            if k + 1 < len(cut):
+                got_so_far = streams.update(s, [data[o + cut[k] : o + cut[k + 1]], b""], k == 0)
+                assert got_so_far == xxhash.xxh3_64_intdigest(data[o : o + cut[k + 1]].tobytes())
+    for s in states:
+        streams.give(s)
+    assert streams.take() in states

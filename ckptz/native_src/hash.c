@@ -12,10 +12,12 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include "xxh_x86dispatch.c"
 #define CKPTZ_XXH3_64(p, n) XXH3_64bits_dispatch((p), (n))
+#define CKPTZ_XXH3_64_UPDATE(s, p, n) XXH3_64bits_update_dispatch((s), (p), (n))
 #else
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 #define CKPTZ_XXH3_64(p, n) XXH3_64bits((p), (n))
+#define CKPTZ_XXH3_64_UPDATE(s, p, n) XXH3_64bits_update((s), (p), (n))
 #endif
 
 /* xxh3_64 of each range [offsets[i], offsets[i] + sizes[i]) of data into out[i]. */

@@ -18,6 +18,8 @@
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
  *   xxh3_64_ranges(data, offsets, sizes, out)  the same of many ranges of data, into out
+ *   xxh3_64_stream(states, row, parts, reset)  the same of an input given in parts over
+ *                                       several calls (a row of a table of states)
  *
  * Every function checks its arguments, raises ValueError on bad ones, and releases the GIL
  * while it works.
@@ -499,11 +501,73 @@ done:
     return result;
 }
 
+/* One row of a table of xxh3_64 streaming states: XXH3_state_t must be 64-byte aligned, and
+ * a row's state starts at its first aligned byte (the same one while the table stays put). */
+#define XXH3_STATE_ROW ((sizeof(XXH3_state_t) + 63) / 64 * 64 + 64)
+
+static XXH3_state_t *state_row(Py_buffer *table, Py_ssize_t row) {
+    if (row < 0 || (size_t)table->len / XXH3_STATE_ROW <= (size_t)row) {
+        PyErr_SetString(PyExc_IndexError, "xxh3_64_stream: row outside the state table");
+        return NULL;
+    }
+    uintptr_t at = (uintptr_t)table->buf + (size_t)row * XXH3_STATE_ROW;
+    return (XXH3_state_t *)((at + 63) & ~(uintptr_t)63);
+}
+
+/* Streams parts of one input into a state row (reset first if asked) and returns the
+ * xxh3_64 of everything streamed into it so far: a digest leaf hashed part by part as the
+ * frames holding its parts arrive, with the GIL released once for all the parts given. */
+static PyObject *native_xxh3_64_stream(PyObject *self, PyObject *args) {
+    Py_buffer table;
+    Py_ssize_t row;
+    PyObject *seq;
+    int reset;
+    if (!PyArg_ParseTuple(args, "w*nOp", &table, &row, &seq, &reset)) return NULL;
+    PyObject *result = NULL, *fast = NULL;
+    Py_buffer *views = NULL;
+    Py_ssize_t got = 0, total = 0;
+    XXH3_state_t *state = state_row(&table, row);
+    if (!state) goto done;
+    fast = PySequence_Fast(seq, "xxh3_64_stream: parts must be a sequence of buffers");
+    if (!fast) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    if (!views) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, got), &views[got], PyBUF_SIMPLE) < 0) goto done;
+        total += views[got].len;
+    }
+    if (reset) XXH3_64bits_reset(state);
+    uint64_t h;
+    if (total >= HASH_WITHOUT_GIL) {
+        Py_BEGIN_ALLOW_THREADS;
+        for (Py_ssize_t i = 0; i < n; i++) CKPTZ_XXH3_64_UPDATE(state, views[i].buf, (size_t)views[i].len);
+        h = XXH3_64bits_digest(state);
+        Py_END_ALLOW_THREADS;
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) CKPTZ_XXH3_64_UPDATE(state, views[i].buf, (size_t)views[i].len);
+        h = XXH3_64bits_digest(state);
+    }
+    result = PyLong_FromUnsignedLongLong(h);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_XDECREF(fast);
+    PyBuffer_Release(&table);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"xxh3_64", native_xxh3_64, METH_VARARGS, "xxh3_64(data) -> int: xxh3_64 (seed 0), without the GIL for large data."},
     {"xxh3_64_ranges", native_xxh3_64_ranges, METH_VARARGS,
      "xxh3_64_ranges(data, offsets, sizes, out): xxh3_64 of each range of data (int64 offsets and sizes)\n"
      "into out (uint64), without the GIL."},
+    {"xxh3_64_stream", native_xxh3_64_stream, METH_VARARGS,
+     "xxh3_64_stream(states, row, parts, reset) -> int: stream parts into row of a table of\n"
+     "xxh3_state_bytes-byte states (reset first if asked); the xxh3_64 of all streamed so far."},
     {"copy", native_copy, METH_VARARGS, "copy(data) -> bytes, copied without holding the GIL."},
     {"split", native_split, METH_VARARGS,
      "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"
@@ -547,5 +611,6 @@ PyMODINIT_FUNC PyInit__native(void) {
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "avx2", have_avx2) < 0) Py_CLEAR(m);
+    if (m && PyModule_AddIntConstant(m, "xxh3_state_bytes", (long)XXH3_STATE_ROW) < 0) Py_CLEAR(m);
     return m;
 }
