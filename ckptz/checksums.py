@@ -57,8 +57,9 @@ class Streams:
     """xxh3_64 (seed 0) of inputs given in parts over several calls, one *state* each, from
     any thread (a digest leaf whose parts lie in frames that arrive at different times).
 
-    :meth:`update` streams parts into a state and returns the hash of all streamed into it
-    so far, releasing the GIL once for all the parts; :meth:`give` frees the state. With the
+    :meth:`update` streams parts into states and returns the hash of all streamed into each
+    so far, releasing the GIL once for them all (taking it back, among a pipeline's threads,
+    costs more than hashing a leaf); :meth:`give` frees a state. With the
     C extension the states are rows of tables that never move; without it, python
     ``xxhash`` objects.
     """
@@ -83,17 +84,28 @@ class Streams:
                 self._free.extend(range(n + self._ROWS - 1, n - 1, -1))
             return self._free.pop()
 
-    def update(self, state: int, parts: Sequence[Buffer], first: bool) -> int:
-        """Stream ``parts`` into ``state`` (afresh if ``first``); the hash so far."""
+    def update(self, jobs: Sequence[tuple[int, Sequence[Buffer], bool]]) -> list[int]:
+        """For each ``(state, parts, first)``: stream ``parts`` into ``state`` (afresh if
+        ``first``). Each state's hash so far, all in one call."""
         if native is not None:
-            table = self._tables[state // self._ROWS]
-            return int(native.xxh3_64_stream(table, state % self._ROWS, [_view(p) for p in parts], first))
-        if first:
-            self._python[state] = xxhash.xxh3_64()
-        hasher = self._python[state]
-        for p in parts:
-            hasher.update(_view(p))
-        return hasher.intdigest()
+            rows = self._ROWS
+            return list(
+                native.xxh3_64_streams(
+                    [
+                        (self._tables[s // rows], s % rows, first, [_view(p) for p in parts])
+                        for s, parts, first in jobs
+                    ]
+                )
+            )
+        out = []
+        for state, parts, first in jobs:
+            if first:
+                self._python[state] = xxhash.xxh3_64()
+            hasher = self._python[state]
+            for p in parts:
+                hasher.update(_view(p))
+            out.append(hasher.intdigest())
+        return out
 
     def give(self, state: int) -> None:
         """``state`` is free again."""

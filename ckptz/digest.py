@@ -361,58 +361,71 @@ class LeafJoins:
         if not self._left:
             self.done.set_result(None)
 
-    def give(self, i: int, data: np.ndarray) -> None:
-        """Frame ``i``'s bytes (once, after :meth:`Piecewise.hash_whole` of them, from any
-        thread): hash the parts they let through, and release the frames no leaf needs now."""
-        a, b = self._frame_bounds[i], self._frame_bounds[i + 1]
+    def give(self, frames: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Frames' numbers and bytes (each once, after :meth:`Piecewise.hash_whole` of them,
+        from any thread; a run's at once): hash the parts they let through, in one call, and
+        release the frames no leaf needs now."""
+        mine, alone = [], []
         with self._lock:
-            if a < b:
+            for i, data in frames:
+                a, b = self._frame_bounds[i], self._frame_bounds[i + 1]
+                if a == b:
+                    alone.append(i)
+                    continue
                 self._views[i] = data
-            mine = [m for m in self._frame_leaves[a:b] if not self._busy[m]]
-            for m in mine:
-                self._busy[m] = True
-        if a == b:
+                for m in self._frame_leaves[a:b]:
+                    if not self._busy[m]:
+                        self._busy[m] = True
+                        mine.append(m)
+        for i in alone:
             self._on_done(i)
-        for m in mine:
-            self._advance(m)
+        if mine:
+            self._advance(mine)
         with self._lock:  # last: once done, the pipeline may close what on_done uses
-            self._finish(1)
+            self._finish(len(frames))
 
-    def _advance(self, m: int) -> None:
-        """Hash leaf ``m``'s parts from its next one while their frames are in (this thread
+    def _advance(self, leaves: list[int]) -> None:
+        """Hash ``leaves``' parts from their next ones while their frames are in (this thread
         alone, until it finds none: a frame given meanwhile is seen on the next round)."""
-        parts = self._parts[m]
-        while True:
+        while leaves:
+            jobs, spans = [], []
             with self._lock:
-                first = stop = self._next[m]
-                while stop < len(parts) and parts[stop][0] in self._views:
-                    stop += 1
-                if stop == first:
-                    self._busy[m] = False
-                    return
-                views = [self._views[f].data[lo:hi] for f, lo, hi in parts[first:stop]]
-            if not first:
-                self._state[m] = self._streams.take()
+                for m in leaves:
+                    parts = self._parts[m]
+                    first = stop = self._next[m]
+                    while stop < len(parts) and parts[stop][0] in self._views:
+                        stop += 1
+                    if stop == first:
+                        self._busy[m] = False
+                        continue
+                    spans.append((m, first, stop))
+                    views = [self._views[f].data[lo:hi] for f, lo, hi in parts[first:stop]]
+                    if not first:
+                        self._state[m] = self._streams.take()
+                    jobs.append((self._state[m], views, first == 0))
+            if not jobs:
+                return
             with trace.span("digest joins"):
-                got = self._streams.update(self._state[m], views, first == 0)
-            if stop == len(parts):
-                self._digest.hashes[self._numbers[m]] = got
-                self._streams.give(self._state[m])
-            free = []
+                hashes = self._streams.update(jobs)
+            free, leaves = [], []
             with self._lock:
-                self._next[m] = stop
-                for f, _, _ in parts[first:stop]:
-                    self._unhashed[f] -= 1
-                    if not self._unhashed[f]:
-                        free.append(f)
-                        del self._views[f]
-                if stop == len(parts):
+                for (m, first, stop), got in zip(spans, hashes, strict=True):
+                    parts = self._parts[m]
+                    self._next[m] = stop
+                    for f, _, _ in parts[first:stop]:
+                        self._unhashed[f] -= 1
+                        if not self._unhashed[f]:
+                            free.append(f)
+                            del self._views[f]
+                    if stop < len(parts):
+                        leaves.append(m)  # more of it may have come meanwhile
+                        continue
+                    self._digest.hashes[self._numbers[m]] = got
+                    self._streams.give(self._state[m])
                     self._busy[m] = False
                     self._finish(1)
             for f in free:
                 self._on_done(f)
-            if stop == len(parts):
-                return
 
     def _finish(self, n: int) -> None:
         """``n`` more leaves hashed or frames given (under the lock)."""

@@ -168,7 +168,7 @@ def _pipeline_digest(
         buf = _frame_bytes(data, frames[i])
         digest.hash_whole(frames[i].pieces, buf)
         futures[i].set_result(buf)
-        taker.give(i, buf)
+        taker.give([(i, buf)])
     if not in_order and not digest.walks:  # nothing walks: every frame is free once given
         assert sorted(released) == list(range(len(frames)))
     got = taker.result()
@@ -246,7 +246,7 @@ def test_leaves_by_run_give_the_sequential_digest(
         table.take(r, np.array(got, np.uint64))
         for i in r:
             futures[i].set_result(_frame_bytes(data, frames[i]))
-            taker.give(i, futures[i].result())
+        taker.give([(i, futures[i].result()) for i in r])  # a run's frames at once
     assert taker.result() == Digest(kind, tree_digest(data, leaf))
     assert sorted(released) == list(range(len(frames)))
     if runs and table.span(runs[0].start, runs[0].stop)[0].size:
@@ -276,7 +276,7 @@ def test_a_frame_is_held_only_while_a_leaf_needs_it() -> None:
             buf = _frame_bytes(data, frames[i])
             digest.hash_whole(frames[i].pieces, buf)
             futures[i].set_result(buf)
-            taker.give(i, buf)
+            taker.give([(i, buf)])
             assert sorted(released) == {2: [2], 0: [2], 1: [0, 1, 2]}[i]
         assert waiting.result() == Digest(digest.kind, tree_digest(data, leaf))
     # A leaf over many small frames, given in order, holds none of them (it is hashed as a
@@ -292,7 +292,7 @@ def test_a_frame_is_held_only_while_a_leaf_needs_it() -> None:
         for n, i in enumerate(order):
             buf = _frame_bytes(data, small[i])
             stream.digest.hash_whole(small[i].pieces, buf)
-            stream.give(i, buf)
+            stream.give([(i, buf)])
             if order[0] == 0:
                 assert freed == order[: n + 1]
             elif i:  # frames 1-3 lie in leaf 0 only, whose first part is in frame 0
@@ -306,12 +306,12 @@ def test_a_frame_is_held_only_while_a_leaf_needs_it() -> None:
         waiting = pool.submit(lone.result)
         assert not wait([waiting], timeout=0.05).done
         lone.digest.hash_whole(whole.pieces, np.frombuffer(data, np.uint8))
-        lone.give(0, np.frombuffer(data, np.uint8))
+        lone.give([(0, np.frombuffer(data, np.uint8))])
         assert waiting.result() == Digest(digest.kind, tree_digest(data, leaf))
     stalled = FileDigest(
         Piecewise(digest.kind, len(data)), frames, [Future() for _ in frames], released.append
     )
-    stalled.give(1, _frame_bytes(data, frames[1]))  # frame 0 never comes
+    stalled.give([(1, _frame_bytes(data, frames[1]))])  # frame 0 never comes
     stalled.fail(OSError("read failed"))
     with pytest.raises(OSError, match="read failed"):
         stalled.result()
@@ -333,7 +333,7 @@ def test_hashing_threads_give_frames_at_once(tmp_path: Path) -> None:
         buf = _frame_bytes(data, frames[i])
         digest.hash_whole(frames[i].pieces, buf)
         futures[i].set_result(buf)
-        taker.give(i, buf)
+        taker.give([(i, buf)])
 
     order = list(range(len(frames)))
     random.Random(2).shuffle(order)

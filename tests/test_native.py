@@ -543,10 +543,26 @@ def test_checksums_are_xxh3_64_on_both_paths(use_native: bool, monkeypatch: pyte
     assert len(set(states)) == len(states)
     cuts = [sorted({0, n, *(int(c) for c in rng.integers(0, n + 1, 3))}) for n in sizes]
     for k in range(5):
-        for s, o, cut in zip(states, offsets, cuts, strict=False):
-            if k + 1 < len(cut):
-                got_so_far = streams.update(s, [data[o + cut[k] : o + cut[k + 1]], b""], k == 0)
-                assert got_so_far == xxhash.xxh3_64_intdigest(data[o : o + cut[k + 1]].tobytes())
+        jobs = [
+            (s, [data[o + cut[k] : o + cut[k + 1]], b""], k == 0)
+            for s, o, cut in zip(states, offsets, cuts, strict=False)
+            if k + 1 < len(cut)
+        ]
+        want = [
+            xxhash.xxh3_64_intdigest(data[o : o + cut[k + 1]].tobytes())
+            for o, cut in zip(offsets, cuts, strict=True)
+            if k + 1 < len(cut)
+        ]
+        assert streams.update(jobs) == want
+    assert streams.update([]) == []
     for s in states:
         streams.give(s)
     assert streams.take() in states
+    if use_native:
+        table = np.zeros((2, native.xxh3_state_bytes), np.uint8)
+        with pytest.raises(IndexError, match="row outside"):
+            native.xxh3_64_streams([(table, 2, True, [b"x"])])
+        with pytest.raises(TypeError):
+            native.xxh3_64_streams([(table, 0, True, [1])])
+        with pytest.raises(TypeError, match="a job is"):
+            native.xxh3_64_streams([(table, 0)])

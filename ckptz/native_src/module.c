@@ -18,8 +18,8 @@
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
  *   xxh3_64_ranges(data, offsets, sizes, out)  the same of many ranges of data, into out
- *   xxh3_64_stream(states, row, parts, reset)  the same of an input given in parts over
- *                                       several calls (a row of a table of states)
+ *   xxh3_64_streams(jobs)               the same of inputs given in parts over several
+ *                                       calls (rows of tables of states), many at once
  *
  * Every function checks its arguments, raises ValueError on bad ones, and releases the GIL
  * while it works.
@@ -507,56 +507,86 @@ done:
 
 static XXH3_state_t *state_row(Py_buffer *table, Py_ssize_t row) {
     if (row < 0 || (size_t)table->len / XXH3_STATE_ROW <= (size_t)row) {
-        PyErr_SetString(PyExc_IndexError, "xxh3_64_stream: row outside the state table");
+        PyErr_SetString(PyExc_IndexError, "xxh3_64_streams: row outside the state table");
         return NULL;
     }
     uintptr_t at = (uintptr_t)table->buf + (size_t)row * XXH3_STATE_ROW;
     return (XXH3_state_t *)((at + 63) & ~(uintptr_t)63);
 }
 
-/* Streams parts of one input into a state row (reset first if asked) and returns the
- * xxh3_64 of everything streamed into it so far: a digest leaf hashed part by part as the
- * frames holding its parts arrive, with the GIL released once for all the parts given. */
-static PyObject *native_xxh3_64_stream(PyObject *self, PyObject *args) {
-    Py_buffer table;
-    Py_ssize_t row;
-    PyObject *seq;
-    int reset;
-    if (!PyArg_ParseTuple(args, "w*nOp", &table, &row, &seq, &reset)) return NULL;
-    PyObject *result = NULL, *fast = NULL;
+/* Streams parts of several inputs into their state rows and returns each one's xxh3_64 so
+ * far: jobs is a sequence of (table, row, reset, parts). Digest leaves hashed part by part
+ * as the frames holding their parts arrive, all that a run of frames lets through in one
+ * call that releases the GIL once (taking it back costs more than hashing a leaf). */
+static PyObject *native_xxh3_64_streams(PyObject *self, PyObject *args) {
+    PyObject *jobs_arg;
+    if (!PyArg_ParseTuple(args, "O", &jobs_arg)) return NULL;
+    PyObject *jobs = PySequence_Fast(jobs_arg, "xxh3_64_streams: jobs must be a sequence");
+    if (!jobs) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(jobs), tables = 0, held = 0, total = 0, n_parts = 0;
+    PyObject *result = NULL, **fast = PyMem_Calloc((size_t)(count ? count : 1), sizeof(PyObject *));
+    Py_buffer *table = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Py_buffer));
+    XXH3_state_t **state = PyMem_Calloc((size_t)(count ? count : 1), sizeof(XXH3_state_t *));
+    int *reset = PyMem_Calloc((size_t)(count ? count : 1), sizeof(int));
+    uint64_t *out = PyMem_Calloc((size_t)(count ? count : 1), sizeof(uint64_t));
     Py_buffer *views = NULL;
-    Py_ssize_t got = 0, total = 0;
-    XXH3_state_t *state = state_row(&table, row);
-    if (!state) goto done;
-    fast = PySequence_Fast(seq, "xxh3_64_stream: parts must be a sequence of buffers");
-    if (!fast) goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    if (!fast || !table || !state || !reset || !out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < count; j++, tables++) {
+        PyObject *job = PySequence_Fast_GET_ITEM(jobs, j), *parts;
+        Py_ssize_t row;
+        if (!PyArg_ParseTuple(job, "w*npO;xxh3_64_streams: a job is (table, row, reset, parts)", &table[j], &row,
+                              &reset[j], &parts))
+            goto done;
+        if (!(state[j] = state_row(&table[j], row))) {
+            PyBuffer_Release(&table[j]);
+            goto done;
+        }
+        if (!(fast[j] = PySequence_Fast(parts, "xxh3_64_streams: parts must be a sequence of buffers"))) {
+            PyBuffer_Release(&table[j]);
+            goto done;
+        }
+        n_parts += PySequence_Fast_GET_SIZE(fast[j]);
+    }
+    views = PyMem_Calloc((size_t)(n_parts ? n_parts : 1), sizeof(Py_buffer));
     if (!views) {
         PyErr_NoMemory();
         goto done;
     }
-    for (; got < n; got++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, got), &views[got], PyBUF_SIMPLE) < 0) goto done;
-        total += views[got].len;
+    for (Py_ssize_t j = 0; j < count; j++)
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast[j]); k++, held++) {
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast[j], k), &views[held], PyBUF_SIMPLE) < 0) goto done;
+            total += views[held].len;
+        }
+    PyThreadState *released = total >= HASH_WITHOUT_GIL ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t j = 0, v = 0; j < count; j++) {
+        if (reset[j]) XXH3_64bits_reset(state[j]);
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast[j]); k++, v++)
+            CKPTZ_XXH3_64_UPDATE(state[j], views[v].buf, (size_t)views[v].len);
+        out[j] = XXH3_64bits_digest(state[j]);
     }
-    if (reset) XXH3_64bits_reset(state);
-    uint64_t h;
-    if (total >= HASH_WITHOUT_GIL) {
-        Py_BEGIN_ALLOW_THREADS;
-        for (Py_ssize_t i = 0; i < n; i++) CKPTZ_XXH3_64_UPDATE(state, views[i].buf, (size_t)views[i].len);
-        h = XXH3_64bits_digest(state);
-        Py_END_ALLOW_THREADS;
-    } else {
-        for (Py_ssize_t i = 0; i < n; i++) CKPTZ_XXH3_64_UPDATE(state, views[i].buf, (size_t)views[i].len);
-        h = XXH3_64bits_digest(state);
+    if (released) PyEval_RestoreThread(released);
+    result = PyList_New(count);
+    for (Py_ssize_t j = 0; result && j < count; j++) {
+        PyObject *h = PyLong_FromUnsignedLongLong(out[j]);
+        if (!h) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, j, h);
     }
-    result = PyLong_FromUnsignedLongLong(h);
 done:
-    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    for (Py_ssize_t j = 0; j < tables; j++) {
+        PyBuffer_Release(&table[j]);
+        Py_XDECREF(fast[j]);
+    }
     PyMem_Free(views);
-    Py_XDECREF(fast);
-    PyBuffer_Release(&table);
+    PyMem_Free(fast);
+    PyMem_Free(table);
+    PyMem_Free(state);
+    PyMem_Free(reset);
+    PyMem_Free(out);
+    Py_DECREF(jobs);
     return result;
 }
 
@@ -565,9 +595,10 @@ static PyMethodDef methods[] = {
     {"xxh3_64_ranges", native_xxh3_64_ranges, METH_VARARGS,
      "xxh3_64_ranges(data, offsets, sizes, out): xxh3_64 of each range of data (int64 offsets and sizes)\n"
      "into out (uint64), without the GIL."},
-    {"xxh3_64_stream", native_xxh3_64_stream, METH_VARARGS,
-     "xxh3_64_stream(states, row, parts, reset) -> int: stream parts into row of a table of\n"
-     "xxh3_state_bytes-byte states (reset first if asked); the xxh3_64 of all streamed so far."},
+    {"xxh3_64_streams", native_xxh3_64_streams, METH_VARARGS,
+     "xxh3_64_streams(jobs) -> list[int]: for each (table, row, reset, parts), stream parts into\n"
+     "that row of a table of xxh3_state_bytes-byte states (reset first if asked); each one's\n"
+     "xxh3_64 of all streamed into it so far. The GIL is released once for all."},
     {"copy", native_copy, METH_VARARGS, "copy(data) -> bytes, copied without holding the GIL."},
     {"split", native_split, METH_VARARGS,
      "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"

@@ -363,7 +363,7 @@ class _Compression:
     def _read_done(self, run: range, views: list[np.ndarray]) -> None:
         for i, view in zip(run, views, strict=True):
             self.read[i].set_result(view)
-            self.file_digest.give(i, view)
+        self.file_digest.give(list(zip(run, views, strict=True)))
         self.progress(sum(v.size for v in views))
 
     def _scatter_read(self, pieces: list[tuple[int, int, int]], buf: np.ndarray) -> None:

@@ -365,13 +365,19 @@ class _Restore:
             except BaseException as exc:
                 self._fail(exc)
                 return
+        given: list[tuple[int, np.ndarray]] = []
         for k, i in enumerate(span):
-            if not self._put(i, fut, k):
+            if not self._put(i, fut, k, given):
                 return
+        if self.file_digest is not None:  # the run's frames at once: one call hashes their joins
+            try:
+                self.file_digest.give(given)
+            except BaseException as exc:
+                self._fail(exc)
 
-    def _put(self, i: int, fut: Future[DecodedSpan], k: int) -> bool:
-        """Check decoded frame ``i`` and hand it to the sink and the digest; False once the
-        run has failed."""
+    def _put(self, i: int, fut: Future[DecodedSpan], k: int, given: list[tuple[int, np.ndarray]]) -> bool:
+        """Check decoded frame ``i`` and hand it to the sink, and to ``given`` for the
+        digest; False once the run has failed."""
         try:
             with trace.span("check frame"):
                 data = self.decoder.finish_span(i, fut, k)
@@ -386,8 +392,7 @@ class _Restore:
                     self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)
             self.progress(self.frames[i].length)
-            if self.file_digest is not None:
-                self.file_digest.give(i, data)
+            given.append((i, data))
             self._release(i)
         except BaseException as exc:
             self._fail(exc)

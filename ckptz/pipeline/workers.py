@@ -224,7 +224,7 @@ class FileDigest:
     order (:mod:`ckptz.digest`).
 
     Whoever finishes frame ``i`` hashes the leaves lying whole inside it
-    (:meth:`~ckptz.digest.Piecewise.hash_whole`), sets ``data[i]`` and calls :meth:`give`,
+    (:meth:`~ckptz.digest.Piecewise.hash_whole`), sets ``data[i]`` and gives it (:meth:`give`),
     which hashes the straddling leaves it completes (:class:`~ckptz.digest.LeafJoins`; those
     inside a run of ``runs`` are the engine's, which hands their hashes to
     :attr:`table`). An ``xxh3_128`` digest, or a sink that needs the file's bytes in order
@@ -257,12 +257,14 @@ class FileDigest:
         self._users = [2] * len(frames) if both else None
         self._lock = threading.Lock()
 
-    def give(self, i: int, data: np.ndarray) -> None:
-        """Frame ``i``'s bytes, hashed whole and set in ``data[i]`` (any thread, once)."""
+    def give(self, frames: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Frames' numbers and bytes, hashed whole and set in ``data`` (any thread, each
+        once; a run's at once, whose joins are then hashed in one call)."""
         if self._joins is not None:
-            self._joins.give(i, data)
+            self._joins.give(frames)
         elif not self._walks:
-            self._on_done(i)
+            for i, _ in frames:
+                self._on_done(i)
 
     def fail(self, exc: BaseException) -> None:
         """A stage failed: :meth:`result` raises rather than wait."""
