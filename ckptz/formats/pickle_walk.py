@@ -23,6 +23,7 @@ import pickletools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ckptz.dtypes import DTYPES, STORAGE_TYPES
@@ -97,7 +98,7 @@ class TensorRecord:
     stride: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PickleScan:
     """What walking one pickle found.
 
@@ -111,7 +112,16 @@ class PickleScan:
 
     def paths(self, key: str) -> tuple[str, ...]:
         """Key paths that reach storage ``key``, deduplicated, in walk order."""
-        return tuple(dict.fromkeys(t.path for t in self.tensors if t.key == key))
+        return tuple(dict.fromkeys(t.path for t in self._by_key.get(key, ())))
+
+    @cached_property
+    def _by_key(self) -> dict[str, list[TensorRecord]]:
+        """The tensors viewing each storage, in walk order (found once: asking each storage
+        in turn to look through every tensor took quadratic time on a large optimizer)."""
+        by_key: dict[str, list[TensorRecord]] = {}
+        for t in self.tensors:
+            by_key.setdefault(t.key, []).append(t)
+        return by_key
 
     def dtype(self, key: str) -> str:
         """The dtype to treat storage ``key``'s bytes as.
@@ -122,7 +132,7 @@ class PickleScan:
         ref = self.storages.get(key)
         if ref is not None and ref.typed:
             return ref.dtype
-        seen = {t.dtype for t in self.tensors if t.key == key}
+        seen = {t.dtype for t in self._by_key.get(key, ())}
         return seen.pop() if len(seen) == 1 else "uint8"
 
 
