@@ -510,6 +510,27 @@ def test_frame_decoder_decodes_order1_planes() -> None:
         decode_frame(damaged, dtype, np.empty(raw.size, np.uint8))
 
 
+@needs_native
+def test_pread_many_reads_like_pread(tmp_path: Path) -> None:
+    """Each read as ``os.pread`` gives it: short only past the end, empty reads, repeats."""
+    path = tmp_path / "f"
+    path.write_bytes(np.random.default_rng(3).integers(0, 256, 100_000, dtype=np.uint8).tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        spans = [(0, 10), (99_990, 50), (5, 0), (200_000, 8), (0, 100_000), (17, 4096), (17, 4096)]
+        offsets, sizes = (np.array(c, np.int64) for c in zip(*spans, strict=True))
+        assert native.pread_many(fd, offsets, sizes) == [os.pread(fd, n, at) for at, n in spans]
+        assert native.pread_many(fd, np.zeros(0, np.int64), np.zeros(0, np.int64)) == []
+        with pytest.raises(ValueError, match="negative"):
+            native.pread_many(fd, np.array([-1], np.int64), np.array([1], np.int64))
+        with pytest.raises(ValueError, match="one length"):
+            native.pread_many(fd, np.array([0, 1], np.int64), np.array([1], np.int64))
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        native.pread_many(fd, np.array([0], np.int64), np.array([1], np.int64))  # closed
+
+
 @pytest.mark.parametrize("use_native", [pytest.param(True, marks=needs_native), False])
 def test_checksums_are_xxh3_64_on_both_paths(use_native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The vendored xxHash and python xxhash agree on every length class of xxh3_64 (0-16,

@@ -16,6 +16,7 @@
  *                                       the preceding byte's bucket), or None
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
+ *   pread_many(fd, offsets, sizes)      many small reads of a file, the GIL released once
  *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
  *   xxh3_64_ranges(data, offsets, sizes, out)  the same of many ranges of data, into out
  *   xxh3_64_streams(jobs)               the same of inputs given in parts over several
@@ -66,6 +67,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <unistd.h>
 
 #include "native.h"
 
@@ -437,6 +440,79 @@ done:
 
 /* copy(data) -> bytes: a copy made without the GIL (a stored plane is a frame's biggest
    payload; copying it while holding the GIL stalled every other coder thread). */
+/* Many small preads in one call that releases the GIL once: the few hundred bytes a
+ * stream plan samples from each of a large optimizer's thousands of tensors. Each read
+ * stops early only at the end of the file (the bytes object is then shorter). */
+static PyObject *native_pread_many(PyObject *self, PyObject *args) {
+    int fd;
+    Py_buffer offsets, sizes;
+    if (!PyArg_ParseTuple(args, "iy*y*", &fd, &offsets, &sizes)) return NULL;
+    PyObject *result = NULL;
+    size_t count = (size_t)offsets.len / sizeof(int64_t);
+    const int64_t *off = offsets.buf, *len = sizes.buf;
+    char **dst = NULL;
+    Py_ssize_t *got = NULL;
+    if (offsets.len % sizeof(int64_t) || sizes.len != offsets.len) {
+        PyErr_SetString(PyExc_ValueError, "pread_many: offsets and sizes must be int64 of one length");
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++)
+        if (off[i] < 0 || len[i] < 0 || len[i] > PY_SSIZE_T_MAX) {
+            PyErr_Format(PyExc_ValueError, "pread_many: read %zu (%lld, %lld) is negative", i, (long long)off[i],
+                         (long long)len[i]);
+            goto done;
+        }
+    dst = PyMem_Calloc(count ? count : 1, sizeof(char *));
+    got = PyMem_Calloc(count ? count : 1, sizeof(Py_ssize_t));
+    if (!dst || !got || !(result = PyList_New((Py_ssize_t)count))) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++) {
+        PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len[i]);
+        if (!b) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, (Py_ssize_t)i, b);
+        dst[i] = PyBytes_AS_STRING(b);
+    }
+    int error = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t i = 0; i < count && !error; i++) {
+        while (got[i] < len[i]) {
+            ssize_t n = pread(fd, dst[i] + got[i], (size_t)(len[i] - got[i]), (off_t)(off[i] + got[i]));
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) error = errno;
+            if (n <= 0) break;
+            got[i] += n;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (error) {
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        Py_CLEAR(result);
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++)
+        if (got[i] < len[i]) {
+            PyObject *whole = PyList_GET_ITEM(result, (Py_ssize_t)i), *part = PyBytes_FromStringAndSize(dst[i], got[i]);
+            if (!part) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            PyList_SET_ITEM(result, (Py_ssize_t)i, part);
+            Py_DECREF(whole);
+        }
+done:
+    PyMem_Free(dst);
+    PyMem_Free(got);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&sizes);
+    return result;
+}
+
 static PyObject *native_copy(PyObject *self, PyObject *args) {
     Py_buffer src;
     if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
@@ -599,6 +675,9 @@ static PyMethodDef methods[] = {
      "xxh3_64_streams(jobs) -> list[int]: for each (table, row, reset, parts), stream parts into\n"
      "that row of a table of xxh3_state_bytes-byte states (reset first if asked); each one's\n"
      "xxh3_64 of all streamed into it so far. The GIL is released once for all."},
+    {"pread_many", native_pread_many, METH_VARARGS,
+     "pread_many(fd, offsets, sizes) -> list[bytes]: each read (int64 offsets and sizes), the GIL\n"
+     "released once for all; a read is shorter only at the end of the file."},
     {"copy", native_copy, METH_VARARGS, "copy(data) -> bytes, copied without holding the GIL."},
     {"split", native_split, METH_VARARGS,
      "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"

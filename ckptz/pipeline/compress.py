@@ -177,7 +177,7 @@ def compress_file(
             plan = plan_streams(
                 layout,
                 engine.frame_size,
-                reader.read_at,
+                fd if source is None else reader.read_at,
                 change.apart if change else frozenset(),
                 engine.largest_frame if largest_frame is None else largest_frame,
             )

@@ -13,10 +13,11 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import cast
 
 import numpy as np
 
+from ckptz.codecs.native import native
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DType, lookup
 from ckptz.engines.base import FRAME_SIZE
@@ -58,7 +59,7 @@ ReadAt = Callable[[int, int], bytes]
 def plan_streams(
     layout: FileLayout,
     frame_size: int = FRAME_SIZE,
-    source: Path | ReadAt | None = None,
+    source: Path | int | ReadAt | None = None,
     apart: frozenset[int] = frozenset(),
     largest_frame: int = 0,
 ) -> StreamPlan:
@@ -66,12 +67,12 @@ def plan_streams(
 
     Tensor streams are cut into ``frame_size`` frames, larger ones in a large stream up to
     ``largest_frame`` (:func:`frame_size_for`; the container records each stream's, so any
-    reader decodes any size). Given the
-    ``source`` file (or a function that reads it: the bytes may not be in ``layout``'s
-    file, :mod:`ckptz.library.torch_image`), float tensors are also sorted by
-    :func:`value_class` of a small sample, so that fp32 tensors holding bf16 values do not share frames with true fp32
-    ones: a few KB of full mantissas in a frame cost its low planes their constant and
-    bit-packed codes. Segments whose index is in ``apart`` (those a series delta codes as
+    reader decodes any size). Given the ``source`` file (its path, an open descriptor, or a
+    function that reads it: the bytes may not be in ``layout``'s file,
+    :mod:`ckptz.library.torch_image`), float tensors are also sorted by :func:`value_class`
+    of a small sample, so that fp32 tensors holding bf16 values do not share frames with
+    true fp32 ones: a few KB of full mantissas in a frame cost its low planes their
+    constant and bit-packed codes. Segments whose index is in ``apart`` (those a series delta codes as
     an XOR, :mod:`ckptz.series`) get streams of their own.
     """
     ids: dict[tuple[str, str, int, bool, int, bool], int] = {}
@@ -79,18 +80,27 @@ def plan_streams(
     lengths: list[int] = []
     tensors: list[int] = []
     seg_streams: list[int] = []
+    types = [_dtype(seg) for seg in layout.segments]
     with open(source, "rb", buffering=0) if isinstance(source, Path) else nullcontext() as f:
-        read = _read_at(f) if f is not None else cast(ReadAt | None, source)
-        for i, seg in enumerate(layout.segments):
-            key = (*_stream_key(seg, read), i in apart)
-            sid = ids.setdefault(key, len(keys))
-            if sid == len(keys):
-                keys.append(key)
-                lengths.append(0)
-                tensors.append(0)
-            lengths[sid] += seg.length
-            tensors[sid] += seg.kind == "tensor"
-            seg_streams.append(sid)
+        if f is not None:
+            classes = _classes(layout.segments, types, _read_many(f.fileno()))
+        elif isinstance(source, int):
+            classes = _classes(layout.segments, types, _read_many(source))
+        elif source is not None:
+            read = cast(ReadAt, source)
+            classes = _classes(layout.segments, types, lambda spans: [read(at, n) for at, n in spans])
+        else:
+            classes = [0] * len(types)
+    for i, (seg, dt, cls) in enumerate(zip(layout.segments, types, classes, strict=True)):
+        key = (seg.component, dt.name, dt.word, dt.is_float, cls, i in apart)
+        sid = ids.setdefault(key, len(keys))
+        if sid == len(keys):
+            keys.append(key)
+            lengths.append(0)
+            tensors.append(0)
+        lengths[sid] += seg.length
+        tensors[sid] += seg.kind == "tensor"
+        seg_streams.append(sid)
     streams = []
     for sid, (component, dtype, word, rotate, _, _) in enumerate(keys):
         if word == 1 and component in ("metadata", "other"):
@@ -101,19 +111,45 @@ def plan_streams(
     return StreamPlan(tuple(streams), tuple(seg_streams))
 
 
-def _read_at(f: BinaryIO) -> ReadAt:
-    fd = f.fileno()
-    return lambda at, n: os.pread(fd, n, at)
+#: Reads many ``(offset, size)`` spans of the file being planned, in one call.
+ReadMany = Callable[[Sequence[tuple[int, int]]], list[bytes]]
 
 
-def _stream_key(seg: Segment, read: ReadAt | None) -> tuple[str, str, int, bool, int]:
+def _read_many(fd: int) -> ReadMany:
+    """All the spans in one call that releases the GIL once (with the C extension): a large
+    optimizer's thousands of tensors are sampled in thousands of reads, each of which, read
+    alone, took the GIL back among a busy pipeline's threads."""
+    if native is None:
+        return lambda spans: [os.pread(fd, n, at) for at, n in spans]
+
+    def read(spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        table = np.array(spans, np.int64).reshape(-1, 2)
+        return list(
+            native.pread_many(fd, np.ascontiguousarray(table[:, 0]), np.ascontiguousarray(table[:, 1]))
+        )
+
+    return read
+
+
+def _dtype(seg: Segment) -> DType:
+    """How a segment's words are coded: its dtype, or bytes where it is not a tensor or its
+    length is not a whole number of words."""
     dt = lookup(seg.dtype) if seg.kind == "tensor" else lookup("uint8")
-    if seg.length % dt.word:
-        dt = lookup("uint8")
-    cls = 0
-    if read is not None:
-        cls = sampled_class(lambda at, n: read(seg.offset + at, n), seg.length, dt)
-    return (seg.component, dt.name, dt.word, dt.is_float, cls)
+    return lookup("uint8") if seg.length % dt.word else dt
+
+
+def _classes(segments: Sequence[Segment], types: Sequence[DType], read: ReadMany) -> list[int]:
+    """Each segment's :func:`value_class`, judged on samples read all at once."""
+    spans = [
+        [(seg.offset + at, n) for at, n in _sample_spans(seg.length, dt.word)] if _sampled(dt) else []
+        for seg, dt in zip(segments, types, strict=True)
+    ]
+    parts = read([span for mine in spans for span in mine])
+    classes, k = [], 0
+    for dt, mine in zip(types, spans, strict=True):
+        classes.append(_class_of(parts[k : k + len(mine)], dt) if mine else 0)
+        k += len(mine)
+    return classes
 
 
 def value_class(data: np.ndarray, word: int) -> int:
@@ -149,9 +185,16 @@ def _sample_spans(length: int, word: int) -> list[tuple[int, int]]:
 def sampled_class(read: Callable[[int, int], bytes], length: int, dt: DType) -> int:
     """The :func:`value_class` of a ``length``-byte tensor of ``dt`` (0 unless it is a
     float of 2+ bytes), judged on a few pieces that ``read(offset, size)`` returns."""
-    if not dt.is_float or dt.word == 1:
+    if not _sampled(dt):
         return 0
-    parts = [read(at, n) for at, n in _sample_spans(length, dt.word)]
+    return _class_of([read(at, n) for at, n in _sample_spans(length, dt.word)], dt)
+
+
+def _sampled(dt: DType) -> bool:
+    return dt.is_float and dt.word > 1
+
+
+def _class_of(parts: Sequence[bytes], dt: DType) -> int:
     # A short read (the file shrank since its layout was read) samples less: the
     # sequential read that follows reports it.
     data = b"".join(p[: len(p) // dt.word * dt.word] for p in parts)
