@@ -25,9 +25,9 @@ engine's look-ahead in bytes), plus the coded runs waiting for a writer (about
 :data:`WRITE_DEPTH` frames' worth per writer).
 
 With ``verify``, every coded frame is also decoded again from the very payloads that are
-written, and must give back the frame's checksum; the written container is then read back
-and its index and every payload compared with what was written (RELIABILITY.md says why this
-proves what decoding the file again would).
+written, and must give back the frame's checksum; each run's payloads are read back as soon
+as they are written, and the index once it is, and compared with what was written
+(RELIABILITY.md says why this proves what decoding the file again would).
 """
 
 from __future__ import annotations
@@ -257,10 +257,24 @@ class _Compression:
         # Every task queued on the shared threads for this file: all must be over before the
         # file's descriptors are closed, or a late one could use a number reused by another file.
         self.tasks: list[Future[None]] = []
+        # With verify: the written container, opened for reading, and each run's read-back
+        # (queued once the run is written), with the buffers they reuse.
+        self.written = -1
+        self.read_backs: list[Future[None]] = []
+        self.spare: list[np.ndarray] = []
 
     # -- stages ---------------------------------------------------------------------------
 
     def run(self, source_fields: Mapping[str, object]) -> WrittenContainer:
+        if self.verify and self.out is not None:
+            self.written = self._reopen()
+        try:
+            return self._run(source_fields)
+        finally:
+            if self.written >= 0:
+                os.close(self.written)
+
+    def _run(self, source_fields: Mapping[str, object]) -> WrittenContainer:
         feeder = threading.Thread(target=self._guard, args=(self._feed,), name="ckptz-feed", daemon=True)
         digest: Future[Digest] = Future()
         hasher = threading.Thread(target=self._hash, args=(digest,), name="ckptz-digest", daemon=True)
@@ -282,6 +296,8 @@ class _Compression:
             hasher.join()
             wait(self.tasks)
             self.slots.close()
+        if self.failures:  # a run's read-back, after the last run was placed
+            raise self.failures.first()
         if self.source.read_at(self.layout.size, 1):
             raise FormatError("file grew while being read", path=self.relpath)
         rows = [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in chunks]  # checksums are in now
@@ -489,6 +505,10 @@ class _Compression:
         if self.out is not None and parts:
             with trace.span("write"):
                 safeio.pwrite_all(self.out, parts, at)
+            if self.written >= 0 and rows:  # read it back now, beside the writes still to come
+                task = self.workers.read.submit(self._check_written, rows, at)
+                self.read_backs.append(task)
+                self.tasks.append(task)
 
     def _check(
         self, run: range, span: EncodedSpan, firsts: list[int], block: np.ndarray | None
@@ -549,53 +569,58 @@ class _Compression:
         self.tasks.append(self.workers.read.submit(decode))
         return done
 
-    def _read_back(self, index: Index, tail: bytes, end: int) -> None:
-        """The written file must hold exactly the index and payloads that were checked."""
+    def _reopen(self) -> int:
+        """The output, opened again for reading back."""
         assert self.out is not None
         flags = fcntl.fcntl(self.out, fcntl.F_GETFL) & os.O_ACCMODE
         if flags == os.O_RDWR:
-            out = os.dup(self.out)
-        elif isinstance(self.out_path, str | bytes | os.PathLike):
-            out = os.open(self.out_path, os.O_RDONLY)
-        else:
-            raise TypeError("verify needs an output file that can be read back")
+            return os.dup(self.out)
+        if isinstance(self.out_path, str | bytes | os.PathLike):
+            return os.open(self.out_path, os.O_RDONLY)
+        raise TypeError("verify needs an output file that can be read back")
+
+    def _check_written(self, rows: list[list[int]], at: int) -> None:
+        """Read back a run's data area as written (``rows``: its chunks, from ``at``): every
+        payload's checksum must be the one taken before it was written (and recorded)."""
         try:
-            with open(out, "rb", closefd=False) as f:
-                again = read_index(f, self.relpath)
-            self._check_payloads(out, again, index, tail, end)
-        finally:
-            os.close(out)
-
-    def _check_payloads(self, out: int, again: Index, index: Index, tail: bytes, end: int) -> None:
-        if os.pread(out, len(tail), end) != tail or not np.array_equal(again.chunks, index.chunks):
-            raise CorruptionError("the written index differs from the one made", path=self.relpath)
-        ranges = _frame_ranges(index)
-        # Buffers reused from range to range: a fresh one per read (``os.pread``) made the
-        # kernel fault in and zero every page it copied into, 1 GB/s a thread on the H100
-        # host, which made the read-back most of what in place costs over ``-o``.
-        spare: list[np.ndarray] = []
-        lock = threading.Lock()
-
-        def check(lo: int, hi: int) -> None:
-            with lock:
-                buf = spare.pop() if spare else np.empty(0, np.uint8)
+            offsets = np.array([row[0] - at for row in rows], np.int64)
+            sizes = np.array([row[1] for row in rows], np.int64)
+            want = np.array([row[3] for row in rows], np.uint64)
+            n = int(offsets[-1] + sizes[-1])
+            # Buffers reused from run to run: a fresh one per read made the kernel fault in
+            # and zero every page it copied into (2 GB/s a thread against 8.6).
+            with self.lock:
+                buf = self.spare.pop() if self.spare else np.empty(0, np.uint8)
             try:
-                if buf.size < hi - lo:
-                    buf = np.empty(max(hi - lo, _READ_BACK), np.uint8)
-                data = buf[: os.preadv(out, [buf.data[: hi - lo]], lo)]
-                mine = index.chunks[(index.chunks["offset"] >= lo) & (index.chunks["offset"] < hi)]
-                try:  # every payload of the range in one call, as the restore loop checks a run
-                    sums = xxh3_64_ranges(data, mine["offset"].astype(np.int64) - lo, mine["size"])
-                except ValueError:  # the read came back short: a payload is cut off
-                    sums = None
+                if buf.size < n:
+                    buf = np.empty(n, np.uint8)
+                with trace.span("read back"):
+                    data = buf[: os.preadv(self.written, [buf.data[:n]], at)]
+                    try:  # every payload of the run in one call, as the restore loop checks a run
+                        sums = xxh3_64_ranges(data, offsets, sizes)
+                    except ValueError:  # the read came back short: a payload is cut off
+                        sums = None
             finally:
-                with lock:
-                    spare.append(buf)
-            if sums is None or not np.array_equal(sums, mine["checksum"]):
+                with self.lock:
+                    self.spare.append(buf)
+            if sums is None or not np.array_equal(sums, want):
                 raise CorruptionError("a written payload differs from the one checked", path=self.relpath)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
 
-        for task in [self.workers.read.submit(check, lo, hi) for lo, hi in ranges]:
+    def _read_back(self, index: Index, tail: bytes, end: int) -> None:
+        """The written file must hold exactly the index and payloads that were checked: each
+        run's payloads were read back as soon as they were written (:meth:`_check_written`;
+        writes are confined to their own run's range, so no later one can change them), and
+        now the index and header."""
+        with open(self.written, "rb", closefd=False) as f:
+            again = read_index(f, self.relpath)
+        if os.pread(self.written, len(tail), end) != tail or not np.array_equal(again.chunks, index.chunks):
+            raise CorruptionError("the written index differs from the one made", path=self.relpath)
+        for task in self.read_backs:
             task.result()
+        self.spare.clear()
 
     def _header(self, digest: Digest, chunks: list[tuple[int, int, int, int, int, int]]) -> dict[str, object]:
         from ckptz.codecs import codec_name
@@ -636,27 +661,6 @@ def _regular(out: BinaryIO) -> bool:
         return stat.S_ISREG(os.fstat(out.fileno()).st_mode)
     except (AttributeError, OSError, ValueError):
         return False
-
-
-#: Bytes of container one read-back task checks.
-_READ_BACK = 64 << 20
-
-
-def _frame_ranges(index: Index) -> list[tuple[int, int]]:
-    """The data area cut into pieces of about :data:`_READ_BACK` bytes at payload starts."""
-    offsets = np.sort(index.chunks["offset"]).tolist()
-    if not offsets:
-        return []
-    end = int(index.chunks["offset"].max()) + padded_size(
-        int(index.chunks["size"][np.argmax(index.chunks["offset"])])
-    )
-    ranges, lo = [], offsets[0]
-    for off in offsets:
-        if off - lo >= _READ_BACK:
-            ranges.append((lo, off))
-            lo = off
-    ranges.append((lo, end))
-    return ranges
 
 
 __all__ = ["Source", "WrittenContainer", "compress_file"]
