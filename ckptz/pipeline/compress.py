@@ -294,7 +294,8 @@ class _Compression:
         finally:
             feeder.join()
             hasher.join()
-            wait(self.tasks)
+            while pending := [t for t in self.tasks if not t.done()]:
+                wait(pending)  # again: a write queues its run's read-back before it ends
             self.slots.close()
         if self.failures:  # a run's read-back, after the last run was placed
             raise self.failures.first()
