@@ -67,7 +67,8 @@ class Streams:
     _ROWS = 256  # states per table
 
     def __init__(self) -> None:
-        self._tables: list[np.ndarray] = []
+        self._tables: list[np.ndarray] = []  # with the C extension
+        self._made = 0  # states made so far
         self._free: list[int] = []
         self._python: dict[int, xxhash.xxh3_64] = {}
         self._lock = threading.Lock()
@@ -76,12 +77,10 @@ class Streams:
         """A free state (reset by the first :meth:`update`)."""
         with self._lock:
             if not self._free:
-                n = len(self._tables) * self._ROWS
                 if native is not None:
                     self._tables.append(np.zeros((self._ROWS, native.xxh3_state_bytes), np.uint8))
-                else:
-                    self._tables.append(np.zeros(0, np.uint8))
-                self._free.extend(range(n + self._ROWS - 1, n - 1, -1))
+                self._free.extend(range(self._made + self._ROWS - 1, self._made - 1, -1))
+                self._made += self._ROWS
             return self._free.pop()
 
     def update(self, jobs: Sequence[tuple[int, Sequence[Buffer], bool]]) -> list[int]:

@@ -400,9 +400,10 @@ class LeafJoins:
                         continue
                     spans.append((m, first, stop))
                     views = [self._views[f].data[lo:hi] for f, lo, hi in parts[first:stop]]
-                    if not first:
+                    fresh = first == 0  # the leaf's first part: a state of its own from here on
+                    if fresh:
                         self._state[m] = self._streams.take()
-                    jobs.append((self._state[m], views, first == 0))
+                    jobs.append((self._state[m], views, fresh))
             if not jobs:
                 return
             with trace.span("digest joins"):
