@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ckptz.errors import BusyError, OutOfSpaceError, WriteError
+from ckptz.mapped import MappedOutput, open_output, pwrite_views
 from ckptz.meta import FileMeta, apply_fd, create_mode
 
 try:
@@ -140,15 +141,23 @@ def atomic_output(final: Path, meta: FileMeta | None = None) -> Iterator[tuple[B
     except OSError as exc:
         raise os_error(exc, final) from None
     try:
+        mapped: MappedOutput | None = None
         try:
             with suppress(AttributeError, OSError, ValueError):
                 try_lock(f.fileno(), exclusive=True)  # released when the file closes
+                mapped = open_output(f.fileno())
+                if mapped is not None:
+                    _MAPPED[mapped.fd] = mapped
             yield f, tmp
             f.flush()
+            if mapped is not None:
+                mapped.finish()  # the space reserved past the end, given back
             if meta is not None:
                 apply_fd(f.fileno(), meta)
             os.fsync(f.fileno())
         finally:
+            if mapped is not None:
+                _MAPPED.pop(mapped.fd, None)  # before the number can be reused
             f.close()
         os.replace(tmp, final)
         fsync_dir(final.parent)
@@ -161,6 +170,9 @@ def atomic_output(final: Path, meta: FileMeta | None = None) -> Iterator[tuple[B
         _unlink_quietly(tmp)
         raise
 
+
+#: The outputs of :func:`atomic_output` written through mappings, by descriptor (while open).
+_MAPPED: dict[int, MappedOutput] = {}
 
 #: Writes at least this large ask the kernel to start writing them back at once.
 WRITEBACK_MIN = 256 << 10
@@ -247,19 +259,18 @@ def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> Non
     """Write ``parts`` back to back at ``offset`` of ``fd``, retrying short writes.
 
     Every output byte the pipeline writes goes through here (from many threads at once, at
-    offsets known in advance); tests replace it to inject write faults.
+    offsets known in advance); tests replace it to inject write faults. An output made by
+    :func:`atomic_output` on a file system that allows it is written through mappings of it
+    (:mod:`ckptz.mapped`: writes to one file then run in parallel).
     """
     views = [memoryview(p).cast("B") for p in parts]
-    start = offset
-    while views:
-        n = os.pwritev(fd, views, offset)
-        offset += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
-    _start_writeback(fd, start, offset - start)
+    n = sum(len(v) for v in views)
+    mapped = _MAPPED.get(fd)
+    if mapped is not None:
+        mapped.write(views, offset)
+    else:
+        pwrite_views(fd, views, offset)
+    _start_writeback(fd, offset, n)
 
 
 def cache_folder(name: str) -> str:

@@ -1,0 +1,212 @@
+r"""Writing one output from many threads at once through shared mappings of it (tmpfs).
+
+Linux serialises writes to one file on the file's lock: ``pwrite``\ s from 4 or 8 threads
+into one tmpfs file moved 1.9-2.8 GB/s on the H100 host, 20 MiB at a time; copies into
+shared mappings of it take no such lock and moved 3.1-3.9 GB/s (BENCHMARKS.md, session 26).
+A restore writes every original byte into one file, and a compression of a large file most
+of them: on tmpfs, that lock was their wall. On ext4 the same copies ran no faster than
+``pwrite`` into the page cache, and whole commands writing to the disk with ``fsync`` were
+10-22 % slower (each page's first write there starts a journal handle), so mappings are used
+on tmpfs only (:data:`FILE_SYSTEMS`).
+
+Safety. A copy into a mapped page that the file system cannot back (it is full) raises
+``SIGBUS`` and kills the process, where ``pwrite`` returns ``ENOSPC``. So the space of every
+byte a mapping is written at is reserved first (``fallocate``, which fails cleanly with
+``ENOSPC``: tests/test_mapped.py fills a small tmpfs, and without the reservation the process
+dies of ``SIGBUS``). Writes under :data:`MIN_BYTES`, files not open for reading and writing,
+and every other file system are written with ``pwrite`` as before.
+``CKPTZ_MAPPED_WRITES=0`` turns mappings off.
+
+The reservation runs up to :data:`STEP` bytes ahead of the writes without changing the
+file's size, which only ever grows to the end of a write about to be made, so the file is
+at every moment as long as ``pwrite``\ s would have made it (compressing in place reads its
+index back from its end before the run is over). :meth:`MappedOutput.finish` gives back what
+was reserved past the end. Each write maps only its own range and unmaps it once copied, so
+the mapped pages are never more than the writes in flight (and count as the process's
+memory only meanwhile).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import mmap
+import os
+import struct
+import sys
+import threading
+from collections.abc import Sequence
+
+#: File systems written through mappings (``statfs`` magic numbers): those where it was
+#: measured to pay, and where a reserved range then takes writes without allocating.
+FILE_SYSTEMS = {0x01021994: "tmpfs"}
+#: Writes smaller than this are ``pwrite``\ s: mapping costs two system calls and a fault
+#: per page, and the file's lock is held only briefly.
+MIN_BYTES = 1 << 20
+#: Bytes reserved at once ahead of the writes (fewer, larger ``fallocate`` calls).
+STEP = 256 << 20
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, with ``fallocate`` and ``fstatfs`` (Linux), loaded on first use."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    except (AttributeError, OSError):
+        return None
+    return libc
+
+
+_KEEP_SIZE = 1  # FALLOC_FL_KEEP_SIZE
+
+
+def file_system(fd: int) -> int | None:
+    """The ``statfs`` magic number of the file system ``fd`` is on (None where unknown)."""
+    libc = _libc()
+    if libc is None:
+        return None
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type, a long, comes first
+    if libc.fstatfs(fd, buf) != 0:
+        return None
+    return int(struct.unpack_from("l", buf.raw)[0]) & 0xFFFFFFFF
+
+
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Reserve the space of ``length`` bytes at ``offset`` without changing the file's size.
+
+    Raises:
+        OSError: ``ENOSPC`` where there is no room for them, or what else ``fallocate`` says.
+    """
+    libc = _libc()
+    assert libc is not None
+    if libc.fallocate(fd, _KEEP_SIZE, offset, length) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def open_output(fd: int) -> MappedOutput | None:
+    """A :class:`MappedOutput` for ``fd`` where mapped writes are safe and possible: a
+    regular file open for reading and writing, on one of :data:`FILE_SYSTEMS`; else None."""
+    if os.environ.get("CKPTZ_MAPPED_WRITES", "1") == "0" or _libc() is None:
+        return None
+    try:
+        import fcntl
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+            return None  # a shared writable mapping needs the file open for reading too
+    except (ImportError, OSError):
+        return None
+    kind = file_system(fd)
+    if kind not in FILE_SYSTEMS:
+        return None
+    return MappedOutput(fd)
+
+
+class MappedOutput:
+    r"""One regular file written at known offsets by many threads (see the module docstring).
+
+    The file's size is at every moment what ``pwrite``\ s of the same bytes would have made
+    it (the end of the last byte written): space is reserved past it without changing it,
+    and the size grows to a mapped write's end before the write.
+
+    Args:
+        fd: the file, open for reading and writing; it must outlive this object's writes.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+        #: The file's size, and the bytes whose space is reserved (at least that).
+        self.size = self.reserved = os.fstat(fd).st_size
+
+    def write(self, views: Sequence[memoryview], offset: int) -> None:
+        """Write ``views`` (byte views) back to back at ``offset``."""
+        n = sum(len(v) for v in views)
+        if n < MIN_BYTES:
+            self._grow(offset + n)  # every change of the size under the lock, never down
+            pwrite_views(self.fd, list(views), offset)
+            return
+        self._make_room(offset + n)
+        self._copy(views, offset, n)
+
+    def finish(self) -> None:
+        """Give back the space reserved past the file's end (the file keeps its size)."""
+        with self._lock:
+            size = max(self.size, os.fstat(self.fd).st_size)  # bytes written by other means too
+            if self.reserved > size:
+                os.ftruncate(self.fd, size)  # frees the pages past the end
+            self.reserved = self.size = size
+
+    def _make_room(self, end: int) -> None:
+        """Reserve the space of every byte before ``end`` (up to :data:`STEP` bytes more), and
+        make the file at least that long, so that a mapping of it can be written."""
+        with self._lock:
+            if end > self.reserved:
+                ahead = max(end, self.reserved + STEP)
+                try:
+                    reserve(self.fd, self.reserved, ahead - self.reserved)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or ahead == end:
+                        raise
+                    ahead = end  # no room to run ahead: reserve only what this write needs
+                    reserve(self.fd, self.reserved, ahead - self.reserved)
+                self.reserved = ahead
+        self._grow(end)
+
+    def _grow(self, end: int) -> None:
+        """Make the file at least ``end`` bytes long."""
+        with self._lock:
+            if end > self.size:
+                os.ftruncate(self.fd, end)
+                self.size = end
+
+    def _copy(self, views: Sequence[memoryview], offset: int, n: int) -> None:
+        import numpy as np  # here: ``ckptz --help`` imports this module, and no numpy
+
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        # Pages are faulted in as they are copied to: mapping them all at once (MAP_POPULATE)
+        # halved the rate on tmpfs (H100 host: 1.4-1.6 GB/s against 3.1-3.9 from 4-8 threads).
+        m = mmap.mmap(
+            self.fd, offset + n - start, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=start
+        )
+        try:
+            target = np.frombuffer(m, np.uint8)  # numpy copies without the GIL
+            at = offset - start
+            for v in views:
+                target[at : at + len(v)] = np.frombuffer(v, np.uint8)
+                at += len(v)
+            del target
+        finally:
+            m.close()
+
+
+def pwrite_views(fd: int, views: list[memoryview], offset: int) -> None:
+    """``pwritev`` ``views`` back to back at ``offset``, retrying short writes."""
+    while views:
+        n = os.pwritev(fd, views, offset)
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
+__all__ = [
+    "FILE_SYSTEMS",
+    "MIN_BYTES",
+    "STEP",
+    "MappedOutput",
+    "file_system",
+    "open_output",
+    "pwrite_views",
+    "reserve",
+]

@@ -1,0 +1,204 @@
+"""Writes through shared mappings (:mod:`ckptz.mapped`): the same bytes and sizes as
+``pwrite``, in parallel; a full file system is an error, never a ``SIGBUS``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tree_digests
+
+from ckptz import api, mapped, safeio
+
+_ON_LINUX = sys.platform.startswith("linux")
+needs_linux = pytest.mark.skipif(not _ON_LINUX, reason="mapped writes are Linux-only")
+
+
+def _roots(tmp_path: Path) -> list[Path]:
+    roots = [tmp_path]
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        roots.append(shm)
+    return roots
+
+
+@needs_linux
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_threads_write_what_pwrite_would(tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    roots = _roots(tmp_path)
+    if where == "shm" and len(roots) < 2:
+        pytest.skip("no writable /dev/shm")
+    root = roots[0] if where == "tmp" else roots[1]
+    path = root / f"ckptz-mapped-{os.getpid()}-{where}.bin"
+    monkeypatch.setattr(mapped, "MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(mapped, "STEP", 1 << 20)
+    rng = np.random.default_rng(7)
+    sizes = rng.integers(0, 3 << 20, 40)
+    sizes[::5] = rng.integers(0, 64 << 10, sizes[::5].size)  # some under MIN_BYTES: pwrite
+    data = rng.integers(0, 256, int(sizes.sum()), dtype=np.uint8)
+    ends = np.cumsum(sizes)
+    pieces = list(zip((ends - sizes).tolist(), sizes.tolist(), strict=True))
+    rng.shuffle(pieces)  # out of order, as the pipeline's writers are
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        out = mapped.MappedOutput(fd)  # wherever it is used or not: the same bytes
+        started = [0]
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def put(k: int) -> None:
+            try:
+                for at, n in pieces[k::4]:
+                    with lock:
+                        started[0] = max(started[0], at + n)
+                    view = memoryview(data[at : at + n])
+                    out.write([view[: n // 3], view[n // 3 :]], at)
+                    with lock:
+                        # Never longer than the end of a write begun: no reservation shows.
+                        assert os.fstat(fd).st_size <= started[0]
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=put, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert os.fstat(fd).st_size == data.size
+        out.finish()
+        st = os.fstat(fd)
+        assert st.st_size == data.size
+        assert st.st_blocks * 512 < data.size + (1 << 20)  # the reservation past the end given back
+        assert os.pread(fd, data.size + 1, 0) == data.tobytes()
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+@needs_linux
+def test_only_files_open_for_reading_and_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        assert mapped.open_output(fd) is None  # a shared writable mapping needs read access
+    finally:
+        os.close(fd)
+    r, w = os.pipe()
+    try:
+        assert mapped.open_output(w) is None
+    finally:
+        os.close(r)
+        os.close(w)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert (mapped.open_output(fd) is not None) == (mapped.file_system(fd) in mapped.FILE_SYSTEMS)
+        monkeypatch.setenv("CKPTZ_MAPPED_WRITES", "0")
+        assert mapped.open_output(fd) is None
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    from safetensors.numpy import save_file
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    rng = np.random.default_rng(3)
+    save_file({"w": rng.standard_normal(600_000).astype(np.float32)}, str(root / "a.safetensors"))
+    save_file({"b": (rng.standard_normal(300_000) * 1e-3).astype(np.float32)}, str(root / "b.safetensors"))
+    return root
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A folder on tmpfs, where outputs are written through mappings."""
+    shm = Path("/dev/shm")
+    if not (_ON_LINUX and shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm")
+    where = Path(tempfile.mkdtemp(prefix="ckptz-test-", dir=shm))
+    try:
+        probe = os.open(where, os.O_RDONLY)
+        try:
+            if mapped.file_system(probe) not in mapped.FILE_SYSTEMS:
+                pytest.skip("/dev/shm is not a tmpfs")
+        finally:
+            os.close(probe)
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@needs_linux
+def test_round_trips_through_mappings(folder: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mapped, "MIN_BYTES", 0)
+    monkeypatch.setattr(mapped, "STEP", 64 << 10)
+    copies = [0]
+    real = mapped.MappedOutput._copy
+
+    def count(self: mapped.MappedOutput, *args: object) -> None:
+        copies[0] += 1
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mapped.MappedOutput, "_copy", count)
+    folder = Path(shutil.copytree(folder, shm_dir / "ckpt"))
+    want = tree_digests(folder)
+    packed, back = shm_dir / "packed", shm_dir / "back"
+    api.compress(folder, packed, device="cpu")
+    assert copies[0] > 0
+    api.decompress(packed, back, device="cpu")
+    assert tree_digests(back) == want
+    api.compress(folder, in_place=True, device="cpu")  # read back from the mapped writes
+    api.decompress(folder, in_place=True, device="cpu")
+    assert tree_digests(folder) == want
+    assert not [p for p in shm_dir.rglob("*") if safeio.is_temp(p)]
+    assert not safeio._MAPPED  # every output's entry gone with its descriptor
+
+
+_FULL = r"""
+set -u
+mount -t tmpfs -o size=4m ckptz-test "$1" || exit 77
+"$PY" - "$1/out.bin" <<'EOF'
+import errno, os, sys
+from ckptz import mapped
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+out = mapped.open_output(fd)
+assert out is not None, "tmpfs not mapped"
+try:
+    out.write([memoryview(bytes(1 << 20))], 0)
+    out.write([memoryview(bytes(8 << 20))], 1 << 20)
+except OSError as exc:
+    print("error", errno.errorcode[exc.errno], os.fstat(fd).st_size)
+else:
+    print("no error")
+EOF
+"""
+
+
+@needs_linux
+def test_a_full_file_system_is_an_error_not_a_signal(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _FULL, "sh", str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PY": sys.executable, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    if result.returncode == 77:
+        pytest.skip(f"cannot mount a private tmpfs here: {result.stderr.strip()[:200]}")
+    assert result.returncode == 0, result.stderr  # a SIGBUS would be -7 / 135
+    assert result.stdout.split() == ["error", "ENOSPC", str(1 << 20)], result.stdout + result.stderr
