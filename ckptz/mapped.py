@@ -6,8 +6,8 @@ shared mappings of it take no such lock and moved 3.1-3.9 GB/s (BENCHMARKS.md, s
 A restore writes every original byte into one file, and a compression of a large file most
 of them: on tmpfs, that lock was their wall. On ext4 the same copies ran no faster than
 ``pwrite`` into the page cache, and whole commands writing to the disk with ``fsync`` were
-10-22 % slower (each page's first write there starts a journal handle), so mappings are used
-on tmpfs only (:data:`FILE_SYSTEMS`).
+7-22 % slower (not profiled; ext4 starts a journal handle at a page's first write through a
+mapping), so mappings are used on tmpfs only (:data:`FILE_SYSTEMS`).
 
 Safety. A copy into a mapped page that the file system cannot back (it is full) raises
 ``SIGBUS`` and kills the process, where ``pwrite`` returns ``ENOSPC``. So the space of every
