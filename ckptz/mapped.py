@@ -130,6 +130,8 @@ class MappedOutput:
     def write(self, views: Sequence[memoryview], offset: int) -> None:
         """Write ``views`` (byte views) back to back at ``offset``."""
         n = sum(len(v) for v in views)
+        if not n:
+            return  # as ``pwrite``: nothing written, the size unchanged wherever ``offset`` is
         if n < MIN_BYTES:
             self._grow(offset + n)  # every change of the size under the lock, never down
             pwrite_views(self.fd, list(views), offset)

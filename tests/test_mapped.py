@@ -74,6 +74,8 @@ def test_threads_write_what_pwrite_would(tmp_path: Path, where: str, monkeypatch
             t.join()
         assert not errors, errors
         assert os.fstat(fd).st_size == data.size
+        out.write([memoryview(b"")], data.size + (8 << 20))  # nothing to write: no longer
+        assert os.fstat(fd).st_size == data.size
         out.finish()
         st = os.fstat(fd)
         assert st.st_size == data.size
