@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from ckptz.accounting import FileStats, index_stats, layout_stats, total_components
 from ckptz.container import SUFFIX, read_index
 from ckptz.digest import Digest, of_file
+from ckptz.engines import warm_gpu
 from ckptz.engines.base import Engine
 from ckptz.errors import BusyError, CkptzError, CorruptionError, StoppedError, UsageError
 from ckptz.formats import read_layout
@@ -136,6 +137,7 @@ def compress(
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
     codec = check_codec(codec)
+    warm_gpu(device, codec)  # the GPU comes up while the files are scanned and planned
     trees = scan_sources(src)
     # Discarding names no outputs: planned as in place, which needs none.
     out = Output.parse(None if discard else dst, in_place or discard, len(trees), trees[0].is_dir)
@@ -412,6 +414,7 @@ def decompress(
     """
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
+    warm_gpu(device)
     trees = scan_sources(src)
     # Discarding names no outputs: planned as in place, which needs none.
     out = Output.parse(None if discard else dst, in_place or discard, len(trees), trees[0].is_dir)
@@ -460,7 +463,14 @@ def _restore_one(job: Job, engine: Engine, in_place: bool, reporter: Reporter, s
     with open(e.path, "rb") as c:
         index = read_index(c, job.label)
         with atomic_output(target, FileMeta.from_json(index.header.get("source"))) as (f, tmp):
-            restore(c, job.label, engine, FileSink(f), index=index, progress=stop.ticker(reporter.advance))
+            restore(
+                c,
+                job.label,
+                engine,
+                FileSink(f),
+                index=index,
+                progress=stop.ticker(reporter.advance),
+            )
             if in_place:
                 # The container goes away next: read back what reached the file first.
                 f.flush()

@@ -587,3 +587,40 @@ def test_checksums_are_xxh3_64_on_both_paths(use_native: bool, monkeypatch: pyte
             native.xxh3_64_streams([(table, 0, True, [1])])
         with pytest.raises(TypeError, match="a job is"):
             native.xxh3_64_streams([(table, 0)])
+
+
+@needs_native
+def test_pread_into_fills_each_place_as_pread_would(tmp_path: Path) -> None:
+    """Each read lands at its place in the buffer (reads that follow on in file and buffer
+    made as one); the count is short only where the file ends, and reads stop there; bad
+    tables and places outside the buffer are refused."""
+    data = np.random.default_rng(4).integers(0, 256, 100_000, dtype=np.uint8)
+    path = tmp_path / "f"
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # (file offset, buffer offset, bytes): back to back in both, apart, empty, reordered.
+        reads = [(0, 0, 10), (10, 10, 20), (500, 40, 7), (5, 60, 0), (90_000, 64, 4096), (17, 5000, 100)]
+        at, to, n = (np.array(c, np.int64) for c in zip(*reads, strict=True))
+        buf = np.zeros(6000, np.uint8)
+        assert native.pread_into(fd, buf, at, to, n) == sum(r[2] for r in reads)
+        want = np.zeros(6000, np.uint8)
+        for a, t, k in reads:
+            want[t : t + k] = data[a : a + k]
+        assert np.array_equal(buf, want)
+        # Past the end: short, and the reads after it are not made.
+        buf[:] = 0
+        got = native.pread_into(
+            fd, buf, np.array([99_990, 0], np.int64), np.array([0, 100], np.int64), np.array([50, 5], np.int64)
+        )
+        assert got == 10 and np.array_equal(buf[:10], data[99_990:]) and not buf[100:105].any()
+        with pytest.raises(ValueError, match="outside"):
+            native.pread_into(fd, buf, np.array([0], np.int64), np.array([5990], np.int64), np.array([11], np.int64))
+        with pytest.raises(ValueError, match="one length"):
+            native.pread_into(fd, buf, np.array([0, 1], np.int64), np.array([0], np.int64), np.array([1], np.int64))
+        with pytest.raises(TypeError):
+            native.pread_into(fd, bytes(10), at[:1], to[:1], n[:1])  # not writable
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        native.pread_into(fd, buf, np.array([0], np.int64), np.array([0], np.int64), np.array([1], np.int64))

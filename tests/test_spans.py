@@ -305,6 +305,31 @@ class _Shrunk:
 
 
 @pytest.mark.parametrize("engine_type", [CpuEngine, SpanningCpu])
+def test_a_file_cut_short_after_its_layout_is_refused(
+    tmp_path: Path, engine_type: type[CpuEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reads of a real file (one native call per run where the extension is built) find
+    it shorter than its layout said."""
+    from ckptz.pipeline import compress as stage
+
+    src = _checkpoint(tmp_path / "model.pt")
+    planned = stage.plan_streams
+
+    def plan_then_cut(*args: object, **kwargs: object) -> object:
+        plan = planned(*args, **kwargs)  # type: ignore[arg-type]
+        os.truncate(src, src.stat().st_size * 2 // 3)
+        return plan
+
+    monkeypatch.setattr(stage, "plan_streams", plan_then_cut)
+    with (
+        open(tmp_path / "out.ckptz", "wb") as f,
+        engine_type(threads=2) as engine,
+        pytest.raises(FormatError, match="changed or was truncated"),
+    ):
+        compress_file(src, "model.pt", f, engine)
+
+
+@pytest.mark.parametrize("engine_type", [CpuEngine, SpanningCpu])
 def test_a_file_that_shrinks_while_read_is_refused(tmp_path: Path, engine_type: type[CpuEngine]) -> None:
     src = _checkpoint(tmp_path / "model.pt")
     with (

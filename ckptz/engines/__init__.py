@@ -57,6 +57,22 @@ def nvcomp_installed() -> bool:
     )
 
 
+def warm_gpu(device: str | None, codec: str = "auto") -> None:
+    """Start bringing up the GPU a run will open (its CUDA context, on a thread of its
+    own) while the run scans and plans its files: where ``device`` names a GPU, or ``auto``
+    with a bitstream only a GPU codes. Anything wrong is left for :func:`open_engine` to
+    report."""
+    try:
+        want = requested_device(device)
+    except UsageError:
+        return
+    gpu = want.startswith("cuda") or (want == "auto" and codec.lower() in GPU_ONLY_CODECS)
+    if gpu and nvcomp_installed():
+        from ckptz.engines.gpu import driver
+
+        driver.warm(int(want[5:]) if want.startswith("cuda:") else 0)
+
+
 def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
     if nvcomp_installed():
         from ckptz.engines.gpu import driver

@@ -17,6 +17,7 @@
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *   pread_many(fd, offsets, sizes)      many small reads of a file, the GIL released once
+ *   pread_into(fd, buf, at, to, sizes)  many reads of a file into one buffer, the same
  *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
  *   xxh3_64_ranges(data, offsets, sizes, out)  the same of many ranges of data, into out
  *   xxh3_64_streams(jobs)               the same of inputs given in parts over several
@@ -443,6 +444,62 @@ done:
 /* Many small preads in one call that releases the GIL once: the few hundred bytes a
  * stream plan samples from each of a large optimizer's thousands of tensors. Each read
  * stops early only at the end of the file (the bytes object is then shorter). */
+/* pread_into(fd, buffer, file_offsets, buffer_offsets, sizes) -> int: reads of a file into
+ * places of one writable buffer (int64 tables of one length), the GIL released once; the
+ * bytes read, fewer than asked where the file ends first (the reads stop there). Reads
+ * that follow on in both the file and the buffer are made as one. */
+static PyObject *native_pread_into(PyObject *self, PyObject *args) {
+    int fd;
+    Py_buffer buf, foffs, boffs, sizes;
+    if (!PyArg_ParseTuple(args, "iw*y*y*y*", &fd, &buf, &foffs, &boffs, &sizes)) return NULL;
+    PyObject *result = NULL;
+    size_t count = (size_t)foffs.len / sizeof(int64_t);
+    const int64_t *fo = foffs.buf, *bo = boffs.buf, *len = sizes.buf;
+    if (foffs.len % sizeof(int64_t) || boffs.len != foffs.len || sizes.len != foffs.len) {
+        PyErr_SetString(PyExc_ValueError, "pread_into: the offsets and sizes must be int64 of one length");
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++)
+        if (fo[i] < 0 || bo[i] < 0 || len[i] < 0 || bo[i] > buf.len || len[i] > buf.len - bo[i]) {
+            PyErr_Format(PyExc_ValueError, "pread_into: read %zu (%lld, %lld, %lld) is outside the buffer", i,
+                         (long long)fo[i], (long long)bo[i], (long long)len[i]);
+            goto done;
+        }
+    int error = 0;
+    Py_ssize_t total = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    size_t i = 0;
+    while (i < count && !error) {
+        int64_t at = fo[i], to = bo[i], want = len[i];
+        size_t j = i + 1;
+        for (; j < count && fo[j] == at + want && bo[j] == to + want; j++) want += len[j];
+        int64_t got = 0;
+        while (got < want) {
+            ssize_t n = pread(fd, (char *)buf.buf + to + got, (size_t)(want - got), (off_t)(at + got));
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) error = errno;
+            if (n <= 0) break;
+            got += n;
+        }
+        total += (Py_ssize_t)got;
+        if (got < want) break;
+        i = j;
+    }
+    Py_END_ALLOW_THREADS;
+    if (error) {
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = PyLong_FromSsize_t(total);
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&foffs);
+    PyBuffer_Release(&boffs);
+    PyBuffer_Release(&sizes);
+    return result;
+}
+
 static PyObject *native_pread_many(PyObject *self, PyObject *args) {
     int fd;
     Py_buffer offsets, sizes;
@@ -675,6 +732,9 @@ static PyMethodDef methods[] = {
      "xxh3_64_streams(jobs) -> list[int]: for each (table, row, reset, parts), stream parts into\n"
      "that row of a table of xxh3_state_bytes-byte states (reset first if asked); each one's\n"
      "xxh3_64 of all streamed into it so far. The GIL is released once for all."},
+    {"pread_into", native_pread_into, METH_VARARGS,
+     "pread_into(fd, buffer, file_offsets, buffer_offsets, sizes) -> int: reads into places of one\n"
+     "buffer (int64 tables), the GIL released once; the bytes read (fewer where the file ends)."},
     {"pread_many", native_pread_many, METH_VARARGS,
      "pread_many(fd, offsets, sizes) -> list[bytes]: each read (int64 offsets and sizes), the GIL\n"
      "released once for all; a read is shorter only at the end of the file."},

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from ckptz import trace
 from ckptz.accounting import FileStats, total_components
 from ckptz.codecs.table import by_id
 from ckptz.container import read_index
@@ -52,7 +53,8 @@ def engine_session(
     reporter: Reporter,
     announce: bool = True,
 ) -> Iterator[tuple[Engine, list[str]]]:
-    engine, notice = open_engine(device, threads=threads, level=level, codec=codec, memory=memory)
+    with trace.span("open engine"):
+        engine, notice = open_engine(device, threads=threads, level=level, codec=codec, memory=memory)
     notices = [notice] if notice else []
     if notice and announce:
         reporter.notice(notice)

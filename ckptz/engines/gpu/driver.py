@@ -199,6 +199,11 @@ def warm(index: int) -> None:
     thread.start()
 
 
+def synchronize(stream: int) -> None:
+    """Wait for everything queued on ``stream`` (the GIL given up meanwhile)."""
+    check(_slow().cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
 class Stream:
     """A CUDA stream of the calling thread's current context, not ordered after the
     legacy default stream (torch's and anyone else's work there does not hold it up)."""
@@ -210,7 +215,7 @@ class Stream:
 
     def synchronize(self) -> None:
         """Wait for everything queued on the stream."""
-        check(_slow().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
+        synchronize(self.handle)
 
     def close(self) -> None:
         if self.handle:

@@ -365,13 +365,16 @@ class GpuEngine:
 
     def _run(self) -> None:
         try:
-            driver.use_device(self.index)
-            reason = kernels.available(self.index)
-            if reason is not None:
-                raise RuntimeError(f"ckptz's CUDA kernels cannot run: {reason}")
-            stream, scratch = driver.Stream(), DeviceScratch()
-            ops = kernels.CudaOps(self.index, stream.handle, scratch)
-            w = _Worker(ops, NvcompCodecs(ops), stream, scratch, _Staging())
+            with trace.span("gpu context"):
+                driver.use_device(self.index)
+            with trace.span("gpu kernels"):
+                reason = kernels.available(self.index)
+                if reason is not None:
+                    raise RuntimeError(f"ckptz's CUDA kernels cannot run: {reason}")
+                stream, scratch = driver.Stream(), DeviceScratch()
+                ops = kernels.CudaOps(self.index, stream.handle, scratch)
+            with trace.span("gpu nvcomp"):
+                w = _Worker(ops, NvcompCodecs(ops), stream, scratch, _Staging())
         except BaseException as exc:
             self._errors.append(exc)
             self._ready.wait()
@@ -424,10 +427,11 @@ class GpuEngine:
         )
         queued = w.ops.queue_xxh3(asked.ptrs, asked.lengths, "frame_hashes")
         batch = encode_batch(w.codecs, w.ops, self.codec_id, data, layout)
+        hashes = w.ops.queue_download(queued, np.uint64)  # in by the end of the copy back
         # One copy back: the batch's payloads, already laid out as the container stores them.
         with trace.span("to host"):
-            host = _to_host(batch.block, w.stream)
-        sums, leaves = asked.split(w.ops.download(queued, np.uint64))
+            host = _to_host(batch.block, w.ops)
+        sums, leaves = asked.split(hashes.copy())
         by_job = iter(leaves)
         view = memoryview(host)  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
@@ -601,14 +605,14 @@ class GpuEngine:
                 assert checksum is not None
                 results[n][k] = OnDevice(length, checksum)
             return
-        queued = w.ops.queue_xxh3(asked.ptrs, asked.lengths, "frame_hashes")
+        hashes = w.ops.queue_download(w.ops.queue_xxh3(asked.ptrs, asked.lengths, "frame_hashes"), np.uint64)
         with trace.span("to host"):
             # A span's frames come back into its own pinned buffer, whose payloads are on the
             # device by now (copies on one stream run in order): it holds the span's original
             # bytes by its size, and one region per span keeps the pinned pool to one size.
             fits = spare and buffer is not None and int(data.size) <= buffer.size
-            view = _to_host(data, w.stream, buffer if fits else None)
-        sums, joined = asked.split(w.ops.download(queued, np.uint64))
+            view = _to_host(data, w.ops, buffer if fits else None)
+        sums, joined = asked.split(hashes.copy())
         for m, (n, k, off, length) in enumerate(
             zip(job_of, k_of, layout.data_offsets, lengths.tolist(), strict=True)
         ):
@@ -768,7 +772,7 @@ class _Staging:
         self._buffers.reset()
 
 
-def _to_host(data: Buf, stream: driver.Stream, into: np.ndarray | None = None) -> np.ndarray:
+def _to_host(data: Buf, ops: kernels.CudaOps, into: np.ndarray | None = None) -> np.ndarray:
     """Copy a batch's device bytes into a pinned lease (or the start of ``into``, pinned
     memory the batch may reuse) and wait for them (and for everything queued on the stream
     before).
@@ -778,8 +782,8 @@ def _to_host(data: Buf, stream: driver.Stream, into: np.ndarray | None = None) -
     second copy, and no pinning per batch once the pool holds what is in flight.
     """
     host = pinned.pool().take(data.size) if into is None else into[: data.size]
-    driver.copy_to_host(host.ctypes.data, data.ptr, data.size, stream.handle)
-    stream.synchronize()
+    driver.copy_to_host(host.ctypes.data, data.ptr, data.size, ops.stream)
+    ops.synchronize()
     return host
 
 

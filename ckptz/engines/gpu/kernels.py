@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptz.engines.gpu import driver, hash_source
+from ckptz.engines.gpu import driver, hash_source, pinned
 from ckptz.engines.gpu.memory import Buf, DeviceScratch
 from ckptz.engines.gpu.transform import DECODED, SAMPLE_BLOCK, SAMPLE_EVERY, STATS, STORED
 from ckptz.safeio import cache_folder
@@ -329,6 +329,37 @@ def _ptr(address: int) -> ctypes.c_void_p:
     return ctypes.c_void_p(address)
 
 
+class _Stage:
+    """Pinned host memory for a device's small copies (tables of a few KiB), taken in turn
+    and given back all at once when its stream has done every copy queued from it.
+
+    A copy from pinned memory is queued with the GIL held (:func:`driver.copy_to_device`),
+    where one from pageable memory gives the GIL up while the driver stages it: each time,
+    the worker then waited for the GIL again among the pipeline's threads (BENCHMARKS.md,
+    session 27).
+    """
+
+    #: Bytes staged between two waits for the stream, at most.
+    SIZE = 1 << 20
+
+    def __init__(self) -> None:
+        self._memory: np.ndarray | None = None
+        self._used = 0
+
+    def take(self, size: int) -> np.ndarray | None:
+        """``size`` bytes (16-byte aligned), or None when they do not fit before a reset."""
+        if size > self.SIZE - self._used:
+            return None
+        if self._memory is None:
+            self._memory = pinned.pool().take(self.SIZE)
+        at = self._used
+        self._used += -(-size // 16) * 16
+        return self._memory[at : at + size]
+
+    def reset(self) -> None:
+        self._used = 0
+
+
 class CudaOps:
     """The coder's device on GPU ``index``: kernels and copies queued on ``stream`` (a
     ``CUstream`` handle), buffers from ``scratch``. The calling thread must have the
@@ -339,15 +370,24 @@ class CudaOps:
         self.stream = stream
         self._scratch = scratch
         self._module = _module(index)
+        self._stage = _Stage()
 
     def scratch(self, name: str, size: int) -> Buf:
         return self._scratch.get(name, size).at(0, size)
 
     def upload(self, name: str, arr: np.ndarray) -> Buf:
         """``arr`` (contiguous) copied into scratch buffer ``name``; ``arr`` may change once
-        this returns (the driver stages pageable bytes before returning)."""
+        this returns.
+
+        A small array goes through this device's pinned staging memory (:class:`_Stage`), so
+        the copy is queued without giving up the GIL; a large one the driver stages."""
         buf = self.scratch(name, arr.nbytes)
-        driver.copy_to_device(buf.ptr, arr.ctypes.data, arr.nbytes, self.stream, pinned=False)
+        room = self._stage.take(arr.nbytes)
+        if room is None:
+            driver.copy_to_device(buf.ptr, arr.ctypes.data, arr.nbytes, self.stream, pinned=False)
+        else:
+            room[:] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            driver.copy_to_device(buf.ptr, room.ctypes.data, arr.nbytes, self.stream)
         return buf
 
     def download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray:
@@ -356,7 +396,26 @@ class CudaOps:
         if not out.nbytes:  # nothing queued to wait for (an empty buffer has no address)
             return out
         driver.copy_to_host(out.ctypes.data, buf.ptr, out.nbytes, self.stream, pinned=False)
+        self._stage.reset()  # the stream has done everything queued: staged copies included
         return out
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the stream (staged copies included: their memory is
+        free again)."""
+        driver.synchronize(self.stream)
+        self._stage.reset()
+
+    def queue_download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray:
+        """``buf``'s bytes as a host array of ``dtype`` that the stream fills once the work
+        queued before is done, with no wait of its own: the caller waits for the stream
+        (:meth:`synchronize`) and reads it before its next copy. Too large to stage: a
+        :meth:`download`, which waits now."""
+        count = buf.size // np.dtype(dtype).itemsize
+        room = self._stage.take(count * np.dtype(dtype).itemsize) if count else None
+        if room is None:
+            return self.download(buf, dtype)
+        driver.copy_to_host(room.ctypes.data, buf.ptr, room.size, self.stream)
+        return room.view(dtype)
 
     def init_stats(self, stats: Buf, rows: int) -> None:
         """Statistics rows for :meth:`split_rows`: zero but for column 0 (255)."""
