@@ -467,7 +467,7 @@ def _restore_one(job: Job, engine: Engine, in_place: bool, reporter: Reporter, s
                 c,
                 job.label,
                 engine,
-                FileSink(f),
+                FileSink(f, index.source_size),
                 index=index,
                 progress=stop.ticker(reporter.advance),
             )

@@ -158,6 +158,7 @@ def atomic_output(final: Path, meta: FileMeta | None = None) -> Iterator[tuple[B
         finally:
             if mapped is not None:
                 _MAPPED.pop(mapped.fd, None)  # before the number can be reused
+                mapped.close()
             f.close()
         os.replace(tmp, final)
         fsync_dir(final.parent)
@@ -253,6 +254,19 @@ def remove(path: Path) -> None:
 def _unlink_quietly(path: Path) -> None:
     with suppress(OSError):
         os.unlink(path)
+
+
+def expect_size(fd: int, size: int) -> None:
+    """``fd`` (an output of :func:`atomic_output`) will be ``size`` bytes: where it is written
+    through mappings, reserve and size it whole now (:meth:`MappedOutput.expect`); elsewhere
+    nothing changes.
+
+    Raises:
+        OSError: ``ENOSPC`` where the file system has no room for it.
+    """
+    mapped = _MAPPED.get(fd)
+    if mapped is not None:
+        mapped.expect(size)
 
 
 def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> None:

@@ -87,6 +87,60 @@ def test_threads_write_what_pwrite_would(tmp_path: Path, where: str, monkeypatch
 
 
 @needs_linux
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_a_file_of_known_size_is_written_through_windows(
+    tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Told its final size, the file is that long and reserved at once; threads writing
+    pieces of every size out of order, across windows, give the same bytes; each window is
+    unmapped as soon as all of it is written."""
+    roots = _roots(tmp_path)
+    if where == "shm" and len(roots) < 2:
+        pytest.skip("no writable /dev/shm")
+    root = roots[0] if where == "tmp" else roots[1]
+    path = root / f"ckptz-windows-{os.getpid()}-{where}.bin"
+    monkeypatch.setattr(mapped, "WINDOW", 256 << 10)
+    rng = np.random.default_rng(11)
+    sizes = rng.integers(0, 600 << 10, 60)
+    sizes[::3] = rng.integers(0, 300, sizes[::3].size)  # small pieces: copied too
+    data = rng.integers(0, 256, int(sizes.sum()), dtype=np.uint8)
+    ends = np.cumsum(sizes)
+    pieces = list(zip((ends - sizes).tolist(), sizes.tolist(), strict=True))
+    rng.shuffle(pieces)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        out = mapped.MappedOutput(fd)
+        out.expect(data.size)
+        assert os.fstat(fd).st_size == data.size and out.reserved == data.size
+        open_windows: list[int] = []
+        errors: list[BaseException] = []
+
+        def put(k: int) -> None:
+            try:
+                for at, n in pieces[k::4]:
+                    view = memoryview(data[at : at + n])
+                    out.write([view[: n // 2], view[n // 2 :]], at)
+                    open_windows.append(len(out._windows))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=put, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert not out._windows  # every window written whole: all unmapped already
+        assert 1 <= max(open_windows) < -(-data.size // mapped.WINDOW)  # some, never all at once
+        out.finish()
+        assert os.fstat(fd).st_size == data.size
+        assert os.pread(fd, data.size + 1, 0) == data.tobytes()
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+@needs_linux
 def test_only_files_open_for_reading_and_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "f.bin"
     path.write_bytes(b"")
@@ -145,6 +199,7 @@ def shm_dir() -> Iterator[Path]:
 def test_round_trips_through_mappings(folder: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mapped, "MIN_BYTES", 0)
     monkeypatch.setattr(mapped, "STEP", 64 << 10)
+    monkeypatch.setattr(mapped, "WINDOW", 64 << 10)  # restores: writes across windows
     copies = [0]
     real = mapped.MappedOutput._copy
 
@@ -158,8 +213,17 @@ def test_round_trips_through_mappings(folder: Path, shm_dir: Path, monkeypatch: 
     packed, back = shm_dir / "packed", shm_dir / "back"
     api.compress(folder, packed, device="cpu")
     assert copies[0] > 0
+    windows = [0]
+    expect = mapped.MappedOutput.expect
+
+    def sized(self: mapped.MappedOutput, size: int) -> None:
+        windows[0] += 1
+        expect(self, size)
+
+    monkeypatch.setattr(mapped.MappedOutput, "expect", sized)
     api.decompress(packed, back, device="cpu")
     assert tree_digests(back) == want
+    assert windows[0] == 2  # each restore written through windows
     api.compress(folder, in_place=True, device="cpu")  # read back from the mapped writes
     api.decompress(folder, in_place=True, device="cpu")
     assert tree_digests(folder) == want
@@ -183,6 +247,14 @@ except OSError as exc:
     print("error", errno.errorcode[exc.errno], os.fstat(fd).st_size)
 else:
     print("no error")
+fd = os.open(sys.argv[1] + ".sized", os.O_RDWR | os.O_CREAT, 0o600)
+out = mapped.open_output(fd)
+try:
+    out.expect(8 << 20)
+except OSError as exc:
+    print("error", errno.errorcode[exc.errno], os.fstat(fd).st_size, len(out._windows))
+else:
+    print("no error")
 EOF
 """
 
@@ -203,4 +275,6 @@ def test_a_full_file_system_is_an_error_not_a_signal(tmp_path: Path) -> None:
     if result.returncode == 77:
         pytest.skip(f"cannot mount a private tmpfs here: {result.stderr.strip()[:200]}")
     assert result.returncode == 0, result.stderr  # a SIGBUS would be -7 / 135
-    assert result.stdout.split() == ["error", "ENOSPC", str(1 << 20)], result.stdout + result.stderr
+    assert result.stdout.split() == ["error", "ENOSPC", str(1 << 20), "error", "ENOSPC", "0", "0"], (
+        result.stdout + result.stderr
+    )

@@ -611,13 +611,21 @@ def test_pread_into_fills_each_place_as_pread_would(tmp_path: Path) -> None:
         # Past the end: short, and the reads after it are not made.
         buf[:] = 0
         got = native.pread_into(
-            fd, buf, np.array([99_990, 0], np.int64), np.array([0, 100], np.int64), np.array([50, 5], np.int64)
+            fd,
+            buf,
+            np.array([99_990, 0], np.int64),
+            np.array([0, 100], np.int64),
+            np.array([50, 5], np.int64),
         )
         assert got == 10 and np.array_equal(buf[:10], data[99_990:]) and not buf[100:105].any()
         with pytest.raises(ValueError, match="outside"):
-            native.pread_into(fd, buf, np.array([0], np.int64), np.array([5990], np.int64), np.array([11], np.int64))
+            native.pread_into(
+                fd, buf, np.array([0], np.int64), np.array([5990], np.int64), np.array([11], np.int64)
+            )
         with pytest.raises(ValueError, match="one length"):
-            native.pread_into(fd, buf, np.array([0, 1], np.int64), np.array([0], np.int64), np.array([1], np.int64))
+            native.pread_into(
+                fd, buf, np.array([0, 1], np.int64), np.array([0], np.int64), np.array([1], np.int64)
+            )
         with pytest.raises(TypeError):
             native.pread_into(fd, bytes(10), at[:1], to[:1], n[:1])  # not writable
     finally:

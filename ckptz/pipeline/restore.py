@@ -91,10 +91,13 @@ class DeviceSink(Sink, Protocol):
 
 
 class FileSink:
-    """Writes each frame's pieces at their offsets in an open file."""
+    """Writes each frame's pieces at their offsets in an open file (of ``size`` bytes once
+    restored, where known: :func:`ckptz.safeio.expect_size`)."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, size: int | None = None) -> None:
         self._fd = f.fileno()
+        if size is not None:
+            safeio.expect_size(self._fd, size)
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
         for at, within, n in frame.pieces:

@@ -132,7 +132,7 @@ def decompress_stream(
             target = _stream_target(Path(out), force)
             meta = FileMeta.from_json(index.header.get("source"))
             with atomic_output(target, meta) as (f, _tmp):
-                restore(c, label, engine, FileSink(f), index=index, progress=tick)
+                restore(c, label, engine, FileSink(f, index.source_size), index=index, progress=tick)
         else:
             restore(c, label, engine, out.write, index=index, progress=tick)
             out.flush()
