@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,14 +30,38 @@ def _roots(tmp_path: Path) -> list[Path]:
     return roots
 
 
-@needs_linux
-@pytest.mark.parametrize("where", ["tmp", "shm"])
-def test_threads_write_what_pwrite_would(tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _file_in(tmp_path: Path, where: str, name: str) -> Path:
+    """A file's path in the test's folder (``tmp``) or on ``/dev/shm`` (``shm``; skipped
+    where there is none)."""
     roots = _roots(tmp_path)
     if where == "shm" and len(roots) < 2:
         pytest.skip("no writable /dev/shm")
-    root = roots[0] if where == "tmp" else roots[1]
-    path = root / f"ckptz-mapped-{os.getpid()}-{where}.bin"
+    return (roots[0] if where == "tmp" else roots[1]) / f"ckptz-{name}-{os.getpid()}-{where}.bin"
+
+
+def _in_threads(pieces: list[tuple[int, int]], write: Callable[[int, int], None], threads: int = 4) -> None:
+    """``write(at, n)`` for every piece, the pieces dealt out to ``threads`` threads."""
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            for at, n in pieces[k::threads]:
+                write(at, n)
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors, errors
+
+
+@needs_linux
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_threads_write_what_pwrite_would(tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _file_in(tmp_path, where, "mapped")
     monkeypatch.setattr(mapped, "MIN_BYTES", 64 << 10)
     monkeypatch.setattr(mapped, "STEP", 1 << 20)
     rng = np.random.default_rng(7)
@@ -52,27 +76,17 @@ def test_threads_write_what_pwrite_would(tmp_path: Path, where: str, monkeypatch
         out = mapped.MappedOutput(fd)  # wherever it is used or not: the same bytes
         started = [0]
         lock = threading.Lock()
-        errors: list[BaseException] = []
 
-        def put(k: int) -> None:
-            try:
-                for at, n in pieces[k::4]:
-                    with lock:
-                        started[0] = max(started[0], at + n)
-                    view = memoryview(data[at : at + n])
-                    out.write([view[: n // 3], view[n // 3 :]], at)
-                    with lock:
-                        # Never longer than the end of a write begun: no reservation shows.
-                        assert os.fstat(fd).st_size <= started[0]
-            except BaseException as exc:
-                errors.append(exc)
+        def put(at: int, n: int) -> None:
+            with lock:
+                started[0] = max(started[0], at + n)
+            view = memoryview(data[at : at + n])
+            out.write([view[: n // 3], view[n // 3 :]], at)
+            with lock:
+                # Never longer than the end of a write begun: no reservation shows.
+                assert os.fstat(fd).st_size <= started[0]
 
-        threads = [threading.Thread(target=put, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
+        _in_threads(pieces, put)
         assert os.fstat(fd).st_size == data.size
         out.write([memoryview(b"")], data.size + (8 << 20))  # nothing to write: no longer
         assert os.fstat(fd).st_size == data.size
@@ -94,11 +108,7 @@ def test_a_file_of_known_size_is_written_through_windows(
     """Told its final size, the file is that long and reserved at once; threads writing
     pieces of every size out of order, across windows, give the same bytes; each window is
     unmapped as soon as all of it is written."""
-    roots = _roots(tmp_path)
-    if where == "shm" and len(roots) < 2:
-        pytest.skip("no writable /dev/shm")
-    root = roots[0] if where == "tmp" else roots[1]
-    path = root / f"ckptz-windows-{os.getpid()}-{where}.bin"
+    path = _file_in(tmp_path, where, "windows")
     monkeypatch.setattr(mapped, "WINDOW", 256 << 10)
     rng = np.random.default_rng(11)
     sizes = rng.integers(0, 600 << 10, 60)
@@ -113,23 +123,13 @@ def test_a_file_of_known_size_is_written_through_windows(
         out.expect(data.size)
         assert os.fstat(fd).st_size == data.size and out.reserved == data.size
         open_windows: list[int] = []
-        errors: list[BaseException] = []
 
-        def put(k: int) -> None:
-            try:
-                for at, n in pieces[k::4]:
-                    view = memoryview(data[at : at + n])
-                    out.write([view[: n // 2], view[n // 2 :]], at)
-                    open_windows.append(len(out._windows))
-            except BaseException as exc:
-                errors.append(exc)
+        def put(at: int, n: int) -> None:
+            view = memoryview(data[at : at + n])
+            out.write([view[: n // 2], view[n // 2 :]], at)
+            open_windows.append(len(out._windows))
 
-        threads = [threading.Thread(target=put, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
+        _in_threads(pieces, put)
         assert not out._windows  # every window written whole: all unmapped already
         assert 1 <= max(open_windows) < -(-data.size // mapped.WINDOW)  # some, never all at once
         out.finish()
