@@ -66,19 +66,21 @@ def warm_gpu(device: str | None, codec: str = "auto") -> None:
         want = requested_device(device)
     except UsageError:
         return
-    gpu = want.startswith("cuda") or (want == "auto" and codec.lower() in GPU_ONLY_CODECS)
-    if gpu and nvcomp_installed():
+    if want.startswith("cuda") or (want == "auto" and codec.lower() in GPU_ONLY_CODECS):
+        _warm(want)
+
+
+def _warm(want: str) -> None:
+    """Start creating the CUDA context of ``want`` (``auto``/``cuda``: device 0) on a thread
+    of its own, where nvCOMP is installed."""
+    if nvcomp_installed():
         from ckptz.engines.gpu import driver
 
         driver.warm(int(want[5:]) if want.startswith("cuda:") else 0)
 
 
 def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
-    if nvcomp_installed():
-        from ckptz.engines.gpu import driver
-
-        # The CUDA context comes up on a thread of its own while the engine's modules load.
-        driver.warm(int(want[5:]) if want.startswith("cuda:") else 0)
+    _warm(want)  # the context comes up while the engine's modules load
     reason = gpu_unavailable_reason()
     if reason is not None:
         what = f"codec {codec!r} runs only on a GPU" if want == "auto" else f"cannot use {want}"

@@ -444,6 +444,21 @@ done:
 /* Many small preads in one call that releases the GIL once: the few hundred bytes a
  * stream plan samples from each of a large optimizer's thousands of tensors. Each read
  * stops early only at the end of the file (the bytes object is then shorter). */
+/* Read ``want`` bytes at ``at`` into ``dst`` (retrying short and interrupted reads); the
+ * bytes read, fewer where the file ends first or a read fails (``*error``: its errno). Called
+ * without the GIL. */
+static int64_t pread_fully(int fd, char *dst, int64_t want, int64_t at, int *error) {
+    int64_t got = 0;
+    while (got < want) {
+        ssize_t n = pread(fd, dst + got, (size_t)(want - got), (off_t)(at + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) *error = errno;
+        if (n <= 0) break;
+        got += n;
+    }
+    return got;
+}
+
 /* pread_into(fd, buffer, file_offsets, buffer_offsets, sizes) -> int: reads of a file into
  * places of one writable buffer (int64 tables of one length), the GIL released once; the
  * bytes read, fewer than asked where the file ends first (the reads stop there). Reads
@@ -473,14 +488,7 @@ static PyObject *native_pread_into(PyObject *self, PyObject *args) {
         int64_t at = fo[i], to = bo[i], want = len[i];
         size_t j = i + 1;
         for (; j < count && fo[j] == at + want && bo[j] == to + want; j++) want += len[j];
-        int64_t got = 0;
-        while (got < want) {
-            ssize_t n = pread(fd, (char *)buf.buf + to + got, (size_t)(want - got), (off_t)(at + got));
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) error = errno;
-            if (n <= 0) break;
-            got += n;
-        }
+        int64_t got = pread_fully(fd, (char *)buf.buf + to, want, at, &error);
         total += (Py_ssize_t)got;
         if (got < want) break;
         i = j;
@@ -536,15 +544,7 @@ static PyObject *native_pread_many(PyObject *self, PyObject *args) {
     }
     int error = 0;
     Py_BEGIN_ALLOW_THREADS;
-    for (size_t i = 0; i < count && !error; i++) {
-        while (got[i] < len[i]) {
-            ssize_t n = pread(fd, dst[i] + got[i], (size_t)(len[i] - got[i]), (off_t)(off[i] + got[i]));
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) error = errno;
-            if (n <= 0) break;
-            got[i] += n;
-        }
-    }
+    for (size_t i = 0; i < count && !error; i++) got[i] = (Py_ssize_t)pread_fully(fd, dst[i], len[i], off[i], &error);
     Py_END_ALLOW_THREADS;
     if (error) {
         errno = error;
