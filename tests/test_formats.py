@@ -474,3 +474,44 @@ def test_zip64_round_trip(tmp_path: Path) -> None:
 def test_bytesio_prefix(corpus: dict[str, Path]) -> None:
     with zipfile.ZipFile(io.BytesIO(corpus["edge/bytesio.pt"].read_bytes())) as zf:
         assert zf.namelist()[0].startswith("archive/")
+
+
+def test_zip_read_from_memory_or_descriptor(corpus: dict[str, Path], layouts: dict[str, FileLayout]) -> None:
+    """A zip's local headers are read in one call from a file's descriptor, one at a time
+    from an object without one, and the layout is the same; a file cut inside a local
+    header is refused either way."""
+    read = 0
+    for rel, layout in layouts.items():
+        if layout.format != "torch-zip":
+            continue
+        data = corpus[rel].read_bytes()
+        with corpus[rel].open("rb") as f:
+            got = [_layout_or_error(g, len(data), rel) for g in (io.BytesIO(data), f)]
+        assert got[0] == got[1]
+        read += got[0] == layout  # else a zip after a prefix, which read_layout finds
+    assert read >= 3
+
+
+def _layout_or_error(f: Any, size: int, rel: str) -> FileLayout | str:
+    try:
+        return read_torch_zip(f, size, rel)
+    except FormatError as exc:
+        return str(exc)
+
+
+def test_local_header_cut_short(tmp_path: Path) -> None:
+    """A central directory that points a record's local header at the zip's last bytes:
+    the short read is refused, from a file and from memory."""
+    p = tmp_path / "z.pt"
+    _zip_with_pickle(p, pickle.dumps({"w": 1}, protocol=2))
+    good = bytearray(p.read_bytes())
+    cd = good.rindex(b"PK\x01\x02")  # the last record's central entry
+    lho = struct.unpack_from("<I", good, cd + 42)[0]
+    struct.pack_into("<I", good, cd + 42, cd - 10)  # 10 bytes before the directory
+    assert lho != cd - 10
+    for f in (io.BytesIO(bytes(good)), None):
+        if f is None:
+            p.write_bytes(bytes(good))
+            f = p.open("rb")
+        with f, pytest.raises(FormatError, match="local header"):
+            read_torch_zip(f, len(good), p.name)

@@ -632,3 +632,115 @@ def test_pread_into_fills_each_place_as_pread_would(tmp_path: Path) -> None:
         os.close(fd)
     with pytest.raises(OSError):
         native.pread_into(fd, buf, np.array([0], np.int64), np.array([0], np.int64), np.array([1], np.int64))
+
+
+# -- pickle_scan: the opcode pass of ckptz.formats.pickle_walk ---------------------------------
+
+
+def _genops_view(data: bytes) -> tuple[int, int, int] | None:
+    """What pickle_scan should say of ``data``: pickletools.genops' opcode count, largest
+    binary memo index and protocol (-1: none), or None where genops raises."""
+    import pickletools
+
+    count, put, proto = 0, 0, -1
+    try:
+        for count, (op, arg, _) in enumerate(pickletools.genops(data), 1):  # noqa: B007
+            if op.name in ("BINPUT", "LONG_BINPUT"):
+                put = max(put, arg)
+            elif op.name == "PUT":
+                return None  # a text memo index: the native pass leaves it to genops
+            elif op.name == "PROTO":
+                proto = max(proto, arg)
+    except ValueError:
+        return None
+    return count, put, proto
+
+
+_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.binary(max_size=300),
+)
+_objects = st.recursive(
+    _leaves,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=5),
+        st.tuples(kids, kids),
+        st.dictionaries(st.text(max_size=8), kids, max_size=5),
+    ),
+    max_leaves=30,
+)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(_objects, st.integers(0, 5), st.data())
+def test_pickle_scan_agrees_with_genops(obj: object, protocol: int, data: st.DataObject) -> None:
+    """On pickles of every protocol, whole or damaged (bytes changed, cut short), the native
+    pass gives genops' own count, memo index and protocol, or is unsure; it never passes a
+    pickle genops rejects. Protocol 2+ pickles of plain objects pass natively."""
+    import pickle
+
+    from ckptz.formats import pickle_walk
+
+    whole = pickle.dumps(obj, protocol=protocol)
+    damaged = bytearray(whole)
+    for _ in range(data.draw(st.integers(0, 3))):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    cut = whole[: data.draw(st.integers(0, len(whole)))]
+    for pkl in (whole, bytes(damaged), cut):
+        got = native.pickle_scan(pkl, pickle_walk._KINDS)
+        want = _genops_view(pkl)
+        if got is not None:
+            assert got == want
+    if protocol >= 2 and not any(c in whole for c in (b"\\",)):
+        assert native.pickle_scan(whole, pickle_walk._KINDS) == _genops_view(whole)
+
+
+@needs_native
+def test_pickle_scan_cases() -> None:
+    """A torch pickle passes natively; a huge memo index, a protocol from the future, an
+    unknown opcode, text arguments and a missing STOP are left to genops, which rejects
+    them with its own messages."""
+    import io
+    import pickle
+    import struct
+    import zipfile
+
+    import torch
+
+    from ckptz.errors import FormatError
+    from ckptz.formats import pickle_walk
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(3), "step": 7, "name": "layer"}, buf)
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zf:
+        pkl = zf.read(next(n for n in zf.namelist() if n.endswith("data.pkl")))
+    assert native.pickle_scan(pkl, pickle_walk._KINDS) == _genops_view(pkl)
+    assert pickle_walk._opcodes_fine(pkl)
+    huge = b"\x80\x02N" + b"r" + struct.pack("<I", 0xFFFFFFF0) + b"."
+    assert native.pickle_scan(huge, pickle_walk._KINDS) == (4, 0xFFFFFFF0, 2)
+    assert not pickle_walk._opcodes_fine(huge)
+    with pytest.raises(FormatError, match="memo index"):
+        pickle_walk._check_opcodes(huge)
+    future = b"\x80\x09N."
+    assert not pickle_walk._opcodes_fine(future)
+    with pytest.raises(FormatError, match="protocol"):
+        pickle_walk._check_opcodes(future)
+    for unsure in (b"\x80\x02\xffN.", b"(p99999999999999\n.", b"cos\nsystem\n\\.", b"\x80\x02N", b"I12\n."):
+        assert native.pickle_scan(unsure, pickle_walk._KINDS) is None
+    with pytest.raises(FormatError, match="memo index"):
+        pickle_walk._check_opcodes(b"(p99999999999999\n.")
+    assert native.pickle_scan(pickle.dumps([1, 2], protocol=2), pickle_walk._KINDS) is not None
+    # Text: surrogates pass as genops lets them; bytes that are not UTF-8 are its to reject.
+    for text in ("\ud800x", "é€\U0001f600"):
+        pkl = pickle.dumps(text, protocol=4)
+        assert native.pickle_scan(pkl, pickle_walk._KINDS) == _genops_view(pkl) is not None
+    for bad in (b"\xc0\xaf", b"\xe0\x80\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"):
+        pkl = b"\x80\x04\x8c" + bytes([len(bad)]) + bad + b"."
+        assert native.pickle_scan(pkl, pickle_walk._KINDS) is None and _genops_view(pkl) is None
+    with pytest.raises(ValueError, match="256"):
+        native.pickle_scan(pkl, b"short")

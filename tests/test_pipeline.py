@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import sha256
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-import ckptz.pipeline.plan
+import ckptz.safeio
 from ckptz import api
 from ckptz.codecs import codec_name
 from ckptz.container import frame_chunk_starts, read_index
@@ -38,6 +40,42 @@ def test_value_class_counts_zero_low_bytes() -> None:
     mixed = fp32.bfloat16().float()
     mixed[77] = 0.1
     assert value_class(_bytes(mixed), 4) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_classes_of_many_segments_are_each_ones_value_class(data: st.DataObject) -> None:
+    """The plan judges all segments' samples at once; each gets the class its own samples
+    give (every dtype, empty and tiny tensors, bf16-exact fp32, fp32-exact fp64, reads cut
+    short by a file that shrank)."""
+    from ckptz.dtypes import DTYPES, lookup
+    from ckptz.formats.layout import Segment
+    from ckptz.pipeline.plan import _class_of, _classes, _dtype, _sample_spans, _sampled
+
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    segments, blob = [], bytearray()
+    for _ in range(data.draw(st.integers(0, 12))):
+        dt = lookup(data.draw(st.sampled_from(sorted(DTYPES))))
+        n = data.draw(st.sampled_from([0, 1, 3, 100, 600, 5000])) * dt.word
+        words = (
+            rng.integers(0, 256, n, dtype=np.uint8).reshape(-1, dt.word) if n else np.zeros((0, 1), np.uint8)
+        )
+        words[:, : data.draw(st.integers(0, dt.word))] = 0  # low bytes zero in every word
+        segments.append(Segment(len(blob), n, "tensor", dt.name, ("t",), "weights"))
+        blob += words.tobytes()
+    cut = data.draw(st.integers(0, len(blob)))  # the file, as read now
+
+    def read(spans: list[tuple[int, int]]) -> list[bytes]:
+        return [bytes(blob[:cut][at : at + n]) for at, n in spans]
+
+    types = [_dtype(seg) for seg in segments]
+    want = [
+        _class_of(read([(seg.offset + at, n) for at, n in _sample_spans(seg.length, dt.word)]), dt)
+        if _sampled(dt)
+        else 0
+        for seg, dt in zip(segments, types, strict=True)
+    ]
+    assert _classes(segments, types, read) == want
 
 
 def _mixed_file(path: Path) -> dict[str, torch.Tensor]:
@@ -81,7 +119,7 @@ def test_plan_separates_bf16_exact_fp32_tensors(tmp_path: Path) -> None:
     try:
         assert plan_streams(layout, source=fd) == split
         assert plan_streams(layout, source=lambda at, n: os.pread(fd, n, at)) == split
-        with mock.patch.object(ckptz.pipeline.plan, "native", None):
+        with mock.patch.object(ckptz.safeio, "native", None):
             assert plan_streams(layout, source=fd) == split
     finally:
         os.close(fd)

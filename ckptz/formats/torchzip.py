@@ -28,6 +28,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from ckptz import safeio
 from ckptz.components import classify
 from ckptz.dtypes import lookup
 from ckptz.errors import FormatError
@@ -78,6 +79,22 @@ def _read_at(f: BinaryIO, offset: int, length: int) -> bytes:
     if len(data) != length:
         raise FormatError(f"file ends before {length} bytes at offset {offset}")
     return data
+
+
+def _read_spans(f: BinaryIO, spans: list[tuple[int, int]]) -> list[bytes]:
+    """The bytes at each ``(offset, size)`` of ``f``: from its descriptor in one call where it
+    has one (a large optimizer's zip has thousands of local headers), else one at a time."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        fd = -1
+    if fd < 0:
+        out = []
+        for at, n in spans:
+            f.seek(at)
+            out.append(f.read(n))
+        return out
+    return safeio.pread_spans(fd, spans)
 
 
 def _find_eocd(f: BinaryIO, start: int, end: int) -> int:
@@ -159,7 +176,7 @@ def read_directory(f: BinaryIO, end: int, start: int = 0) -> tuple[int, list[Zip
     if cd_size > _MAX_CD_BYTES or count > cd_size // _CDH.size:
         raise FormatError(f"central directory claims {count} records in {cd_size} bytes")
     cd = _read_at(f, cd_abs, cd_size)
-    entries: list[ZipEntry] = []
+    records: list[tuple[str, int, int, int, int, int]] = []  # name, method, size, header, flags, directory
     pos = 0
     for _ in range(count):
         if pos + _CDH.size > len(cd):
@@ -184,7 +201,14 @@ def read_directory(f: BinaryIO, end: int, start: int = 0) -> tuple[int, list[Zip
         header = base + lho
         if header < base or header + _LFH.size > cd_abs:
             raise FormatError(f"record {name!r} has its local header outside the zip")
-        lfh = _LFH.unpack(_read_at(f, header, _LFH.size))
+        records.append((name, method, csize, header, flags, directory))
+    entries: list[ZipEntry] = []
+    for (name, method, csize, header, flags, directory), raw in zip(
+        records, _read_spans(f, [(r[3], _LFH.size) for r in records]), strict=True
+    ):
+        if len(raw) != _LFH.size:
+            raise FormatError(f"file ends before {_LFH.size} bytes at offset {header}")
+        lfh = _LFH.unpack(raw)
         if lfh[0] != ZIP_MAGIC:
             raise FormatError(f"record {name!r} has no local header")
         data = header + _LFH.size + lfh[9] + lfh[10]

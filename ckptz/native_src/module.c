@@ -16,6 +16,8 @@
  *                                       the preceding byte's bucket), or None
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
+ *   pickle_scan(data, kinds)            a pickle's opcodes counted to STOP, its largest memo
+ *                                       index and protocol (or None: unsure)
  *   pread_many(fd, offsets, sizes)      many small reads of a file, the GIL released once
  *   pread_into(fd, buf, at, to, sizes)  many reads of a file into one buffer, the same
  *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
@@ -81,6 +83,7 @@
 #include "order1.c"
 #include "frame.c"
 #include "hash.c"
+#include "pickle_ops.c"
 
 /* ---------------------------------------------------------------- split and merge */
 
@@ -589,6 +592,31 @@ static PyObject *native_copy(PyObject *self, PyObject *args) {
 /* Below this, releasing and taking back the GIL costs more than the hash. */
 #define HASH_WITHOUT_GIL (16 << 10)
 
+static PyObject *native_pickle_scan(PyObject *self, PyObject *args) {
+    Py_buffer data, kinds;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &kinds)) return NULL;
+    PyObject *result = NULL;
+    if (kinds.len != 256) {
+        PyErr_SetString(PyExc_ValueError, "pickle_scan: kinds must be 256 bytes");
+    } else {
+        pickle_scan_t scan;
+        int ok;
+        if (data.len > (1 << 20)) { /* small pickles: cheaper than giving the GIL up */
+            Py_BEGIN_ALLOW_THREADS;
+            ok = pickle_scan(data.buf, (size_t)data.len, kinds.buf, &scan);
+            Py_END_ALLOW_THREADS;
+        } else {
+            ok = pickle_scan(data.buf, (size_t)data.len, kinds.buf, &scan);
+        }
+        result = ok ? Py_BuildValue("(KKi)", (unsigned long long)scan.count, (unsigned long long)scan.max_put,
+                                    scan.max_proto)
+                    : Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&kinds);
+    return result;
+}
+
 static PyObject *native_xxh3_64(PyObject *self, PyObject *args) {
     Py_buffer src;
     if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
@@ -738,6 +766,9 @@ static PyMethodDef methods[] = {
     {"pread_many", native_pread_many, METH_VARARGS,
      "pread_many(fd, offsets, sizes) -> list[bytes]: each read (int64 offsets and sizes), the GIL\n"
      "released once for all; a read is shorter only at the end of the file."},
+    {"pickle_scan", native_pickle_scan, METH_VARARGS,
+     "pickle_scan(data, kinds) -> (opcodes, largest binary memo index, largest protocol or -1), or None "
+     "where pickletools.genops must judge the pickle."},
     {"copy", native_copy, METH_VARARGS, "copy(data) -> bytes, copied without holding the GIL."},
     {"split", native_split, METH_VARARGS,
      "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"

@@ -8,7 +8,6 @@ coders and writers can work on frames in any order and in parallel.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import cast
 
 import numpy as np
 
-from ckptz.codecs.native import native
+from ckptz import safeio
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DType, lookup
 from ckptz.engines.base import FRAME_SIZE
@@ -116,19 +115,7 @@ ReadMany = Callable[[Sequence[tuple[int, int]]], list[bytes]]
 
 
 def _read_many(fd: int) -> ReadMany:
-    """All the spans in one call that releases the GIL once (with the C extension): a large
-    optimizer's thousands of tensors are sampled in thousands of reads, each of which, read
-    alone, took the GIL back among a busy pipeline's threads."""
-    if native is None:
-        return lambda spans: [os.pread(fd, n, at) for at, n in spans]
-
-    def read(spans: Sequence[tuple[int, int]]) -> list[bytes]:
-        table = np.array(spans, np.int64).reshape(-1, 2)
-        return list(
-            native.pread_many(fd, np.ascontiguousarray(table[:, 0]), np.ascontiguousarray(table[:, 1]))
-        )
-
-    return read
+    return lambda spans: safeio.pread_spans(fd, spans)
 
 
 def _dtype(seg: Segment) -> DType:
@@ -139,16 +126,36 @@ def _dtype(seg: Segment) -> DType:
 
 
 def _classes(segments: Sequence[Segment], types: Sequence[DType], read: ReadMany) -> list[int]:
-    """Each segment's :func:`value_class`, judged on samples read all at once."""
+    """Each segment's :func:`value_class`, judged on samples read all at once, and in a few
+    array operations for all the segments of one word size (a large optimizer has
+    thousands of float tensors)."""
     spans = [
         [(seg.offset + at, n) for at, n in _sample_spans(seg.length, dt.word)] if _sampled(dt) else []
         for seg, dt in zip(segments, types, strict=True)
     ]
     parts = read([span for mine in spans for span in mine])
-    classes, k = [], 0
-    for dt, mine in zip(types, spans, strict=True):
-        classes.append(_class_of(parts[k : k + len(mine)], dt) if mine else 0)
-        k += len(mine)
+    firsts = np.cumsum([len(mine) for mine in spans]) - [len(mine) for mine in spans]
+    by_word: dict[int, list[int]] = {}
+    for i, (dt, mine) in enumerate(zip(types, spans, strict=True)):
+        if mine:
+            by_word.setdefault(dt.word, []).append(i)
+    classes = [0] * len(segments)
+    for word, which in by_word.items():
+        # A short read (the file shrank since its layout was read) samples less: the
+        # sequential read that follows reports it.
+        samples = [
+            [p[: len(p) // word * word] for p in parts[firsts[i] : firsts[i] + len(spans[i])]] for i in which
+        ]
+        rows = np.array([sum(len(p) for p in mine) // word for mine in samples], np.int64)
+        data = np.frombuffer(b"".join(p for mine in samples for p in mine), np.uint8).reshape(-1, word)
+        seen = np.zeros((len(which), word), np.uint8)
+        some = rows > 0
+        if some.any():
+            seen[some] = np.bitwise_or.reduceat(data, (np.cumsum(rows) - rows)[some], axis=0)
+        # value_class of each: its low bytes zero in every word, at most word - 1
+        zero = np.where(seen.any(axis=1), (seen != 0).argmax(axis=1), word)
+        for i, c in zip(which, np.minimum(zero, word - 1).tolist(), strict=True):
+            classes[i] = c
     return classes
 
 
