@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import io
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from ckptz.checksums import xxh3_64
 from ckptz.container import read_index
 from ckptz.digest import LEAF
 from ckptz.engines.base import DecodedSpan, EncodedSpan, FrameToCode, Place, Ranges, StoredSpan
@@ -54,7 +56,10 @@ class HashingCpu(HostHashing):
         self.asked["checksums"] += sum(f.checksum is None for f in frames)
         self.asked["leaves"] += 0 if leaves is None else leaves.count
         self.asked["joined"] += 0 if leaves is None or leaves.parts is None else int((leaves.parts > 1).sum())
-        return super().encode_span(frames, buffer, leaves)
+        # The payloads' checksums too, as a GPU takes them where it made the payloads.
+        span = super().encode_span(frames, buffer, leaves).result()
+        sums = np.array([xxh3_64(c.payload) for f in span.frames for c in f.chunks], np.uint64)
+        return _done(replace(span, sums=sums))
 
     def decode_span(
         self,
@@ -96,6 +101,18 @@ class WrongLeaves(HashingCpu):
         if got.leaves is not None and got.leaves.size:
             got.leaves[-1 if self.last else 0] ^= 1
         return _done(got)
+
+
+class WrongSums(HashingCpu):
+    """Gives a wrong checksum for the first payload of every span."""
+
+    def encode_span(
+        self, frames: list[FrameToCode], buffer: np.ndarray | None, leaves: Ranges | None = None
+    ) -> Future[EncodedSpan]:
+        span = super().encode_span(frames, buffer, leaves).result()
+        assert span.sums is not None
+        span.sums[0] ^= 1
+        return _done(span)
 
 
 class NoLeaves(HashingCpu):
@@ -196,3 +213,15 @@ def test_a_wrong_joined_leaf_from_the_engine_fails_the_digest(
 def test_an_engine_that_drops_the_leaves_fails_the_compression(source: Path) -> None:
     with pytest.raises(RuntimeError, match="did not hash the leaves"):
         _compress(source, NoLeaves())
+
+
+def test_payload_checksums_from_the_engine_are_the_ones_recorded(source: Path, tmp_path: Path) -> None:
+    """An engine that gives its payloads' checksums (a GPU takes them on the device) makes
+    the same container (the tests above); a wrong one is what the container records: the
+    read-back of a verified compression fails, and so does restoring an unverified one."""
+    packed = tmp_path / "c.ckptz"
+    with pytest.raises(CorruptionError):
+        _compress(source, WrongSums(), packed, verify=True)
+    packed.write_bytes(_compress(source, WrongSums()))
+    with open(packed, "rb") as f, HostHashing(threads=4) as engine, pytest.raises(CorruptionError):
+        restore(f, "c", engine, DiscardSink())

@@ -495,6 +495,32 @@ def test_engine_futures_and_checksums() -> None:
 
 
 @gpu
+@pytest.mark.parametrize("codec", ["zstd", "ans"])
+def test_the_gpu_engine_gives_the_checksums_of_its_payloads(codec: str) -> None:
+    """Each payload's checksum comes from the device, of the payload it made (every kind
+    of plane: coded, constant, stored whole, of any size)."""
+    from ckptz.engines.base import FrameToCode
+    from ckptz.engines.gpu.engine import GpuEngine
+
+    f32 = StreamInfo(0, "weights", "float32", 4, True, 1 << 20, 3 << 20, 1)
+    raw = StreamInfo(1, "metadata", "uint8", 1, False, 1 << 20, 1 << 20, 0)
+    rng = np.random.default_rng(3)
+    frames = [
+        FrameToCode(f32, _trained_bytes("float32", 1 << 18, seed=1), None),
+        FrameToCode(f32, np.zeros(1 << 12, np.uint8), None),
+        FrameToCode(raw, rng.integers(0, 256, 1000, dtype=np.uint8), None),
+        FrameToCode(raw, np.frombuffer(b"abc" * 3000, np.uint8), None),
+        FrameToCode(f32, _trained_bytes("float32", 4, seed=2), None),
+    ]
+    with GpuEngine(0, codec=codec, memory=64 << 20) as engine:
+        span = engine.encode_span(frames, None).result()
+    payloads = [c.payload for f in span.frames for c in f.chunks]
+    assert span.sums is not None
+    assert span.sums.tolist() == [checksum(p) for p in payloads]
+    assert len({len(p) for p in payloads}) > 3
+
+
+@gpu
 def test_bench_runs_every_configuration_on_the_gpu(small_checkpoint: Path) -> None:
     from ckptz.bench.benchmark import CONFIGS, bench
 

@@ -105,11 +105,14 @@ class EncodedSpan:
             container's data area for the span, written as it is (``None``: the payloads
             lie anywhere).
         leaves: the xxh3_64 of each of the ``leaves`` ranges asked for, in order.
+        sums: where the engine took them, the checksum (xxh3_64) of every payload in
+            frame-then-plane order (a GPU: of the payloads it made, before they came back).
     """
 
     frames: list[EncodedFrame]
     block: np.ndarray | None = None
     leaves: np.ndarray | None = None
+    sums: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -476,15 +476,16 @@ class _Compression:
             block = span.block if span.block is not None and span.block.size == pos - start else None
             if self.verify:
                 checks.append(self._check(run, span, firsts, block))
+            sums = span.sums if span.sums is not None and len(span.sums) == len(rows) else None
             if self.stream is not None:  # a pipe takes its bytes in order, from this thread
-                self._store(rows, payloads, [], start, block)
+                self._store(rows, payloads, [], start, block, sums)
                 for part in [block.data] if block is not None else parts:
                     self.stream.write(part)
                 continue
             # Payload checksums and the write run on a writer thread: this one only places.
             with trace.span("wait writers"):
                 self.write_room.acquire()
-            w = self.workers.write.submit(self._store, rows, payloads, parts, start, block)
+            w = self.workers.write.submit(self._store, rows, payloads, parts, start, block, sums)
             w.add_done_callback(lambda _: self.write_room.release())
             writes.append(w)
             self.tasks.append(w)
@@ -497,18 +498,23 @@ class _Compression:
         parts: list[bytes | memoryview],
         at: int,
         block: np.ndarray | None = None,
+        taken: np.ndarray | None = None,
     ) -> None:
-        """Take each payload's checksum into its chunk row, and write the payloads (from
-        ``block``, the run's data area, where the engine gave one)."""
-        if block is not None:
+        """Take each payload's checksum into its chunk row (``taken``: the engine's, where
+        it took them), and write the payloads (from ``block``, the run's data area, where
+        the engine gave one)."""
+        if taken is not None:
+            sums = taken.tolist()
+        elif block is not None:
             where = np.array([row[0] - at for row in rows], np.int64)
             sizes = np.array([row[1] for row in rows], np.int64)
             with trace.span("checksums"):
                 sums = xxh3_64_ranges(block, where, sizes).tolist()
-            parts = [block.data]
         else:
             with trace.span("checksums"):
                 sums = [checksum(payload) for payload in payloads]
+        if block is not None:
+            parts = [block.data]
         for row, crc in zip(rows, sums, strict=True):
             row[3] = crc
         if self.out is not None and parts:

@@ -427,11 +427,17 @@ class GpuEngine:
         )
         queued = w.ops.queue_xxh3(asked.ptrs, asked.lengths, "frame_hashes")
         batch = encode_batch(w.codecs, w.ops, self.codec_id, data, layout)
+        # The payloads' checksums, of the very bytes coded, taken while they are here.
+        payloads = w.ops.queue_xxh3(
+            batch.block.ptr + batch.offset.astype(np.uint64), batch.size.astype(np.uint64), "payload_hashes"
+        )
         hashes = w.ops.queue_download(queued, np.uint64)  # in by the end of the copy back
+        payload_sums = w.ops.queue_download(payloads, np.uint64)
         # One copy back: the batch's payloads, already laid out as the container stores them.
         with trace.span("to host"):
             host = _to_host(batch.block, w.ops)
         sums, leaves = asked.split(hashes.copy())
+        payload_sums = payload_sums.copy()
         by_job = iter(leaves)
         view = memoryview(host)  # type: ignore[arg-type]
         codec, size, offset = batch.codec.tolist(), batch.size.tolist(), batch.offset.tolist()
@@ -454,7 +460,11 @@ class GpuEngine:
             # A job's chunks lie back to back in the block: the container's data area for
             # its frames.
             block = host[offset[first] : end[c - 1]] if c > first else host[:0]
-            j.future.set_result(EncodedSpan(coded, block, next(by_job) if j.leaves is not None else None))
+            j.future.set_result(
+                EncodedSpan(
+                    coded, block, next(by_job) if j.leaves is not None else None, payload_sums[first:c]
+                )
+            )
 
     def _upload(self, w: _Worker, frames: list[FrameToCode], layout: BatchLayout) -> Buf:
         """The batch's frames on the device, laid out as ``layout`` says: each copied from
