@@ -27,9 +27,12 @@ from ckptz.pipeline.plan import Frame
 #: on one), each also hashes what it read; more threads only contend for the GIL (on the
 #: 16-core H100 host, 4 readers and 2 writers beat 16 and 8, BENCHMARKS.md).
 MAX_READERS = 8
-#: Writer threads by default: a file system takes parallel writes (NVMe RAID, Lustre); a
-#: single page-cache writer is the wall on others, where more threads cost nothing.
-MAX_WRITERS = 4
+#: Writer threads at most by default (one per core): a file system takes parallel writes
+#: (NVMe RAID, Lustre, and tmpfs through mapped windows); where one writer is the wall, more
+#: threads cost nothing. On the 16-core H100 host, compressing to tmpfs in process, 4 / 8 /
+#: 16 writers: GPU ``ans`` 3.00 / 3.73 / 4.38 GB/s, CPU 2.38 / 2.82 / 2.98 (restoring: no
+#: change; BENCHMARKS.md, session 28).
+MAX_WRITERS = 16
 
 
 #: The interpreter's thread switch interval while a pipeline runs. Its threads hold the GIL
@@ -78,7 +81,7 @@ class Workers:
 
     Args:
         readers: reader threads (default: one per core, at most :data:`MAX_READERS`).
-        writers: writer threads (default: a quarter of the cores, at least 2, at most
+        writers: writer threads (default: one per core, at least 2, at most
             :data:`MAX_WRITERS`).
     """
 
@@ -87,7 +90,7 @@ class Workers:
 
     def __init__(self, readers: int | None = None, writers: int | None = None) -> None:
         self.readers = readers or _default_readers()
-        self.writers = writers or max(2, min(MAX_WRITERS, (os.cpu_count() or 1) // 4))
+        self.writers = writers or max(2, min(MAX_WRITERS, os.cpu_count() or 1))
         self.read = ThreadPoolExecutor(self.readers, thread_name_prefix="ckptz-read")
         self.write = ThreadPoolExecutor(self.writers, thread_name_prefix="ckptz-write")
 
