@@ -500,8 +500,9 @@ def _layout_or_error(f: Any, size: int, rel: str) -> FileLayout | str:
 
 
 def test_local_header_cut_short(tmp_path: Path) -> None:
-    """A central directory that points a record's local header at the zip's last bytes:
-    the short read is refused, from a file and from memory."""
+    """A central directory that points a record's local header into its own last bytes,
+    too close to hold one: refused before any header is read, from a file and from memory
+    (the batched read's own length check guards a file that shrinks meanwhile)."""
     p = tmp_path / "z.pt"
     _zip_with_pickle(p, pickle.dumps({"w": 1}, protocol=2))
     good = bytearray(p.read_bytes())

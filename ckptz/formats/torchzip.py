@@ -87,13 +87,7 @@ def _read_spans(f: BinaryIO, spans: list[tuple[int, int]]) -> list[bytes]:
     try:
         fd = f.fileno()
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
-        fd = -1
-    if fd < 0:
-        out = []
-        for at, n in spans:
-            f.seek(at)
-            out.append(f.read(n))
-        return out
+        return [_read_at(f, at, n) for at, n in spans]
     return safeio.pread_spans(fd, spans)
 
 

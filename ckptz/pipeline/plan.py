@@ -134,7 +134,8 @@ def _classes(segments: Sequence[Segment], types: Sequence[DType], read: ReadMany
         for seg, dt in zip(segments, types, strict=True)
     ]
     parts = read([span for mine in spans for span in mine])
-    firsts = np.cumsum([len(mine) for mine in spans]) - [len(mine) for mine in spans]
+    counts = [len(mine) for mine in spans]
+    firsts = np.cumsum(counts) - counts
     by_word: dict[int, list[int]] = {}
     for i, (dt, mine) in enumerate(zip(types, spans, strict=True)):
         if mine:
@@ -144,7 +145,7 @@ def _classes(segments: Sequence[Segment], types: Sequence[DType], read: ReadMany
         # A short read (the file shrank since its layout was read) samples less: the
         # sequential read that follows reports it.
         samples = [
-            [p[: len(p) // word * word] for p in parts[firsts[i] : firsts[i] + len(spans[i])]] for i in which
+            [p[: len(p) // word * word] for p in parts[firsts[i] : firsts[i] + counts[i]]] for i in which
         ]
         rows = np.array([sum(len(p) for p in mine) // word for mine in samples], np.int64)
         data = np.frombuffer(b"".join(p for mine in samples for p in mine), np.uint8).reshape(-1, word)
