@@ -26,6 +26,7 @@ from ckptz.errors import BusyError, CkptzError, CorruptionError, StoppedError, U
 from ckptz.formats import read_layout
 from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, restore
+from ckptz.pipeline.shards import Shards, restore_with
 from ckptz.runs.compare import CheckStatus, FileCheck, VerifyResult, verify_trees
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
@@ -43,6 +44,8 @@ from ckptz.runs.run import (
     make_summary,
     prepare,
     remove_original,
+    restore_processes,
+    restore_shards,
     scan_sources,
     stopping,
 )
@@ -329,11 +332,16 @@ def _discard(
     memory: int | None,
     reporter: Reporter,
     start: float,
+    processes: int = 1,
 ) -> Summary:
-    """Code (or decode) and check every file the plan converts, and write nothing."""
+    """Code (or decode) and check every file the plan converts, and write nothing (a
+    decompression in ``processes`` processes where it splits files)."""
     stop = Stop()
     operation = "compress" if compress else "decompress"
-    with engine_session(device, threads, level, codec, memory, reporter) as (engine, notices):
+    with (
+        restore_shards(processes, device, threads, codec, memory) as (shards, memory),
+        engine_session(device, threads, level, codec, memory, reporter) as (engine, notices),
+    ):
 
         def one(job: Job) -> FileStats:
             tick = stop.ticker(reporter.advance)
@@ -341,7 +349,7 @@ def _discard(
                 written = compress_file(job.entry.path, job.label, None, engine, progress=tick)
                 return index_stats(job.label, written.index, written.size)
             with open(job.entry.path, "rb") as c:
-                index = restore(c, job.label, engine, DiscardSink(), progress=tick)
+                index = restore_with(shards, c, job.label, engine, DiscardSink(), progress=tick)
             return index_stats(job.label.removesuffix(SUFFIX), index, job.entry.size)
 
         files = run_jobs(one, p.converts + p.finishes, stop, name=job_label, done=[])
@@ -400,9 +408,14 @@ def decompress(
     reporter: Reporter | None = None,
     discard: bool = False,
     team: Team = SOLO,
+    processes: int | None = None,
 ) -> Summary:
     """Restore every container under the sources to its original bytes and metadata
     (``discard``: decode and check everything, write nothing).
+
+    A large file decoded on a GPU is restored by ``processes`` processes at once, each a
+    range of its bytes (default: 2 where that pays, see
+    :func:`~ckptz.runs.run.restore_processes`; 1: never split).
 
     Each restored file is written to a temporary name, checked against the original's
     digest, given the original's permission bits and mtime (and owner, as root), and only
@@ -424,8 +437,10 @@ def decompress(
     mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
     codec = decoding_codec(mine.converts + mine.finishes, device)
+    # A team (--nproc, torchrun) already runs a process per share of the files.
+    split = restore_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
     if discard:
-        return _discard(False, root, mine, device, threads, 3, codec, memory, reporter, start)
+        return _discard(False, root, mine, device, threads, 3, codec, memory, reporter, start, split)
     if dry_run:
         files = [_container_stats(j.entry.path, j.label) for j in mine.converts + mine.finishes]
         return make_summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
@@ -435,6 +450,7 @@ def decompress(
     with ExitStack() as stack:
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
+        shards, memory = stack.enter_context(restore_shards(split, device, threads, codec, memory))
         engine, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, 3, codec, memory, reporter, False)
         )
@@ -446,7 +462,7 @@ def decompress(
         def one(job: Job) -> FileStats:
             assert engine is not None
             reporter.file(job.label)
-            stats = _restore_one(job, engine, in_place, reporter, stop)
+            stats = _restore_one(job, engine, in_place, reporter, stop, shards)
             reporter.file_done(job.label)
             return stats
 
@@ -456,14 +472,17 @@ def decompress(
     return make_summary("decompress", root, files, p, engine, start, notices, compress=False)
 
 
-def _restore_one(job: Job, engine: Engine, in_place: bool, reporter: Reporter, stop: Stop) -> FileStats:
+def _restore_one(
+    job: Job, engine: Engine, in_place: bool, reporter: Reporter, stop: Stop, shards: Shards | None
+) -> FileStats:
     e, target = job.entry, job.target
     for stale in stale_temps(target):
         remove_temp(stale)
     with open(e.path, "rb") as c:
         index = read_index(c, job.label)
         with atomic_output(target, FileMeta.from_json(index.header.get("source"))) as (f, tmp):
-            restore(
+            restore_with(
+                shards,
                 c,
                 job.label,
                 engine,

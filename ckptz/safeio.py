@@ -272,6 +272,24 @@ def expect_size(fd: int, size: int) -> None:
         mapped.expect(size)
 
 
+@contextmanager
+def shared_output(fd: int, size: int) -> Iterator[None]:
+    """Write ``fd``, another process's output of :func:`atomic_output` (passed over a
+    socket), as that process writes it: through mappings where it does, sized ``size``
+    (:func:`expect_size`; that process gives back what it reserved and renames the file)."""
+    mapped = open_output(fd)
+    if mapped is None:
+        yield
+        return
+    mapped.expect(size)
+    _MAPPED[fd] = mapped
+    try:
+        yield
+    finally:
+        _MAPPED.pop(fd, None)
+        mapped.close()
+
+
 def pread_spans(fd: int, spans: Sequence[tuple[int, int]]) -> list[bytes]:
     """The bytes at each ``(offset, size)`` of a file (fewer past its end), in one call that
     gives the GIL up once where the C extension is built: a file's thousands of small reads

@@ -254,6 +254,23 @@ def frame_map(segments: Sequence[tuple[int, int]], frame_sizes: Sequence[int]) -
     return [Frame(sid, k, sum(p[2] for p in runs), tuple(runs)) for (sid, k), runs in pieces.items()]
 
 
+def clip_frames(frames: Sequence[Frame], lo: int, hi: int) -> list[Frame]:
+    """The frames holding bytes ``[lo, hi)`` of the file, each with only its pieces there
+    (cut at ``lo`` and ``hi``), ordered by the file offset of their first byte there. A
+    frame keeps its whole ``length``: it is still decoded and checked whole."""
+    out: list[Frame] = []
+    for f in frames:
+        pieces = tuple(
+            (max(at, lo), within + max(at, lo) - at, min(at + n, hi) - max(at, lo))
+            for at, within, n in f.pieces
+            if at < hi and at + n > lo
+        )
+        if pieces:
+            out.append(Frame(f.stream, f.number, f.length, pieces))
+    out.sort(key=lambda f: f.pieces[0][0])
+    return out
+
+
 def frame_runs(frames: Sequence[Frame], limit: int) -> list[range]:
     """``frames`` cut into runs of consecutive frames of at most ``limit`` bytes (a frame
     longer than that is a run of its own; ``limit`` 0: a frame per run)."""

@@ -43,7 +43,7 @@ import numpy as np
 
 from ckptz import safeio, trace
 from ckptz.container import Index, read_index
-from ckptz.digest import Digest, Piecewise
+from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Place, Ranges
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline.decoder import FrameDecoder
@@ -95,13 +95,13 @@ class FileSink:
     restored, where known: :func:`ckptz.safeio.expect_size`)."""
 
     def __init__(self, f: BinaryIO, size: int | None = None) -> None:
-        self._fd = f.fileno()
+        self.fd, self.size = f.fileno(), size
         if size is not None:
-            safeio.expect_size(self._fd, size)
+            safeio.expect_size(self.fd, size)
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
         for at, within, n in frame.pieces:
-            safeio.pwrite_all(self._fd, [data.data[within : within + n]], at)
+            safeio.pwrite_all(self.fd, [data.data[within : within + n]], at)
 
     def finish(self) -> None:
         pass
@@ -125,13 +125,13 @@ class Comparer:
     """
 
     def __init__(self, original: BinaryIO, path: str) -> None:
-        self._fd = original.fileno()
+        self.fd = original.fileno()
         self._path = path
         self.size = 0
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
         for at, within, n in frame.pieces:
-            theirs = os.pread(self._fd, n, at)
+            theirs = os.pread(self.fd, n, at)
             ours = data.data[within : within + n]
             if theirs != ours:
                 diff = np.flatnonzero(
@@ -145,7 +145,7 @@ class Comparer:
         self.size = size
 
     def finish(self) -> None:
-        original = os.fstat(self._fd).st_size
+        original = os.fstat(self.fd).st_size
         if original != self.size:
             raise MismatchError(
                 f"original is {original} bytes, the restored file {self.size}", path=self._path
@@ -194,8 +194,46 @@ def restore(
     pools = workers or Workers.shared(engine.threads if engine.inline else 0)
     with trace.span("plan"):
         run = _Restore(container.fileno(), path, index, engine, target, pools, progress)
-    run.run()
+    digest = run.run()
+    if digest != index.source_digest:
+        raise CorruptionError("restored file does not match the original's digest", path=path)
+    if not run.on_device:  # else finished before its bytes were hashed
+        target.finish()
     return index
+
+
+def restore_range(
+    container: BinaryIO,
+    path: str,
+    engine: Engine,
+    sink: Sink,
+    window: tuple[int, int],
+    *,
+    index: Index,
+    workers: Workers | None = None,
+    progress: Progress = _no_progress,
+) -> np.ndarray:
+    """Restore bytes ``[lo, hi)`` of the original file into ``sink`` (which
+    :meth:`~Sink.finish` is not called on), and return the hashes of the whole-file digest's
+    leaves there, leaf ``lo // leaf`` on: the caller puts the ranges of a file together and
+    checks its digest (:mod:`ckptz.pipeline.shards`). Every frame holding a byte of the range
+    is decoded and checked whole; ``lo`` and ``hi`` must be multiples of the digest's leaf
+    (``hi`` may be the file's end), an ``xxh3_tree`` digest's.
+
+    Raises:
+        as :func:`restore`, but for the digest, which the caller checks.
+    """
+    kind = index.source_digest.kind
+    lo, hi = window
+    if not kind.tree or lo % kind.leaf or (hi % kind.leaf and hi != index.source_size) or not lo < hi:
+        raise ValueError(f"bytes [{lo}, {hi}) are not a range of whole leaves of a tree digest")
+    if isinstance(sink, DeviceSink):
+        raise ValueError("a range is restored into a host sink")
+    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
+    with trace.span("plan"):
+        run = _Restore(container.fileno(), path, index, engine, sink, pools, progress, window)
+    run.run()
+    return run.digest.hashes.take(lo // kind.leaf, leaf_count(hi, kind.leaf))
 
 
 class _Restore:
@@ -208,11 +246,20 @@ class _Restore:
         sink: Sink,
         workers: Workers,
         progress: Progress,
+        window: tuple[int, int] | None = None,
     ) -> None:
         self.fd, self.path, self.index, self.engine, self.sink = fd, path, index, engine, sink
         self.workers, self.progress = workers, progress
-        self.decoder = FrameDecoder(fd, path, index, engine)
+        self.decoder = FrameDecoder(fd, path, index, engine, window)
+        if window is not None and self.decoder.transform is not None:
+            raise ValueError("a series delta is restored whole")
         self.frames = self.decoder.frames
+        # Bytes each frame gives the sink (part of it, in a window).
+        self.sizes = (
+            [f.length for f in self.frames]
+            if window is None
+            else [sum(p[2] for p in f.pieces) for f in self.frames]
+        )
         # Runs of frames read and decoded together (one frame each on a CPU engine).
         self.spans = self.decoder.spans(engine.span_bytes)
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
@@ -252,7 +299,9 @@ class _Restore:
         # (a late write could otherwise hit a descriptor number reused by another file).
         self.tasks: list[Future[None]] = []
 
-    def run(self) -> None:
+    def run(self) -> Digest:
+        """Restore every frame; return the digest of what the sink was given (for a window,
+        only its leaves are set: :func:`restore_range` takes them)."""
         feeder = threading.Thread(target=self._feed, name="ckptz-feed", daemon=True)
         feeder.start()
         try:
@@ -265,10 +314,7 @@ class _Restore:
             self._drain()
         if self.failures:
             raise self.failures.first()
-        if digest != self.index.source_digest:
-            raise CorruptionError("restored file does not match the original's digest", path=self.path)
-        if not self.on_device:  # else finished before its bytes were hashed
-            self.sink.finish()
+        return digest
 
     def _device_digest(self) -> Digest:
         """Once every frame is in the sink: the whole-file digest of the sink's bytes, its
@@ -394,7 +440,7 @@ class _Restore:
                 with trace.span("put"):
                     self.sink.put(self.frames[i], data)
             self.data[i].set_result(data)
-            self.progress(self.frames[i].length)
+            self.progress(self.sizes[i])
             given.append((i, data))
             self._release(i)
         except BaseException as exc:
@@ -407,4 +453,4 @@ _SPENT: Future[np.ndarray] = Future()
 _SPENT.set_result(np.zeros(0, np.uint8))
 
 
-__all__ = ["Comparer", "DeviceSink", "DiscardSink", "FileSink", "Sink", "restore"]
+__all__ = ["Comparer", "DeviceSink", "DiscardSink", "FileSink", "Sink", "restore", "restore_range"]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptz import trace
 from ckptz.accounting import FileStats, total_components
@@ -35,6 +36,9 @@ from ckptz.runs.lock import hold
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.results import Reporter, Summary
 from ckptz.runs.tree import Tree, expand, scan
+
+if TYPE_CHECKING:
+    from ckptz.pipeline.shards import Shards
 from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps
 
 
@@ -63,6 +67,50 @@ def engine_session(
             yield engine, notices
     finally:
         engine.close()
+
+
+#: Processes that restore a large file together where it pays: a GPU restore's pipeline is
+#: bound by its interpreter, and two processes on the H100 host moved 1.8x one
+#: (:mod:`ckptz.pipeline.shards`; BENCHMARKS.md, session 29).
+RESTORE_PROCESSES = 2
+#: Cores a machine needs before a restore is split (each process runs its own threads).
+SPLIT_CORES = 8
+
+
+def restore_processes(jobs: Sequence[Job], codec: str, processes: int | None) -> int:
+    """How many processes restore one large file together: ``processes`` where given (or
+    ``CKPTZ_PROCESSES``); else :data:`RESTORE_PROCESSES` where the files are decoded on a
+    GPU (``codec`` is a GPU-only bitstream), the machine has :data:`SPLIT_CORES` cores and a
+    container is large enough to split; else 1."""
+    from ckptz.pipeline.shards import MIN_RANGE
+
+    if processes is None and os.environ.get("CKPTZ_PROCESSES", "").isdigit():
+        processes = int(os.environ["CKPTZ_PROCESSES"])
+    if processes is not None:
+        if processes < 1:
+            raise UsageError("--processes must be at least 1")
+        return processes
+    if codec not in GPU_ONLY_CODECS or (os.cpu_count() or 1) < SPLIT_CORES:
+        return 1
+    large = any(j.entry.size >= 2 * MIN_RANGE for j in jobs)
+    return RESTORE_PROCESSES if large else 1
+
+
+@contextmanager
+def restore_shards(
+    processes: int, device: str | None, threads: int | None, codec: str, memory: int | None
+) -> Iterator[tuple[Shards | None, int | None]]:
+    """Helpers for a restore in ``processes`` processes (started now, beside the caller's
+    own start-up, where the process has none yet: :meth:`Shards.shared`), and the memory
+    budget of each process's engine (the run's, shared)."""
+    if processes <= 1:
+        yield None, memory
+        return
+    from ckptz.engines.gpu.engine import DEFAULT_MEMORY
+    from ckptz.pipeline.shards import EngineSpec, Shards
+
+    share = (memory or DEFAULT_MEMORY) // processes
+    yield Shards.shared(EngineSpec(device, threads, 3, codec, share), processes - 1), share
 
 
 def decoding_codec(jobs: Sequence[Job], device: str | None) -> str:

@@ -1,0 +1,531 @@
+"""One large file restored by several processes at once, each a range of its bytes.
+
+One process's GPU pipeline is bound by its interpreter, not by the machine: on the 16-core
+H100 host a GPU ``ans`` restore with writes discarded held the GIL 80 % of the time, and two
+processes restoring at once moved 22.5 GB/s together against 12.8 alone (BENCHMARKS.md,
+session 28). So a large file is cut into *ranges* of whole digest leaves, and helper
+processes, each with an engine of its own on the same device, restore some of them while
+the calling process restores the others (:func:`~ckptz.pipeline.restore.restore_range`:
+every frame holding a byte of the range is decoded and checked whole, and the range's bytes
+given to the sink). Each range gives the hashes of its digest leaves; the caller puts them
+together and checks the whole-file digest, so every check FORMAT.md promises still runs on
+every byte. A frame that crosses a cut is decoded once on each side (a frame per stream at
+most), which is why ranges are large (:data:`MIN_RANGE`).
+
+A helper gets the container and the sink's file as descriptors passed over its socket
+(``SCM_RIGHTS``): it restores into the very file the caller opened, at the same offsets,
+and reads nothing by name. Helpers start beside the caller's own start-up, take ranges as
+they come free (a helper still starting takes none), and die with the caller
+(``PR_SET_PDEATHSIG``); they ignore Ctrl-C, which the caller handles. A helper that dies
+gives its range back, and the caller restores it itself. Only plain containers with a
+tree digest and a sink that is a file, a comparison or nothing are split; everything else
+(stdout, GPU loads, series deltas, old digests) is restored whole by the caller.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import itertools
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, BinaryIO, cast
+
+import numpy as np
+
+from ckptz import trace
+from ckptz.container import Index, read_index
+from ckptz.digest import Digest, LeafHashes, leaf_count
+from ckptz.engines.base import Engine
+from ckptz.errors import CkptzError, CorruptionError
+from ckptz.pipeline.restore import Comparer, DiscardSink, FileSink, Sink, restore, restore_range
+
+#: Bytes of a range at least: each cut decodes up to one frame per stream twice.
+MIN_RANGE = 512 << 20
+#: Ranges per process of a file large enough: a process that starts late or runs slow
+#: takes fewer.
+RANGES_PER_PROCESS = 2
+#: Progress a helper reports at once, in bytes.
+_REPORT_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """How a helper opens its engine (:func:`ckptz.engines.open_engine`'s arguments)."""
+
+    device: str | None
+    threads: int | None
+    level: int
+    codec: str
+    memory: int | None
+
+
+def ranges(size: int, leaf: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, size)`` cut into at most ``parts`` ranges of whole leaves, of about equal size
+    and at least :data:`MIN_RANGE` each (one range where the file is smaller)."""
+    count = max(1, min(parts, size // MIN_RANGE))
+    leaves = leaf_count(size, leaf)
+    cuts = sorted({leaves * k // count * leaf for k in range(count)} | {size})
+    return [(lo, hi) for lo, hi in itertools.pairwise(cuts) if lo < hi]
+
+
+@dataclass(slots=True)
+class _Task:
+    """One range of one file, for whichever process takes it first."""
+
+    owner: object
+    window: tuple[int, int]
+    container: int
+    sink: tuple[str, int, int]
+    path: str
+    progress: Callable[[int], None]
+    future: Future[np.ndarray]
+
+
+class Shards:
+    """Helper processes that restore ranges of large files beside the calling process.
+
+    Args:
+        spec: how each helper opens its engine (the caller's own, on the same device).
+        helpers: processes to start (at once, in the background).
+    """
+
+    def __init__(self, spec: EngineSpec, helpers: int) -> None:
+        self.spec = spec
+        self._queue: list[_Task] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._lanes = [
+            threading.Thread(target=self._lane, name=f"ckptz-shard-{n}", daemon=True) for n in range(helpers)
+        ]
+        self._children: list[subprocess.Popen[bytes]] = []
+        self._started = threading.Semaphore(0)
+        #: Helpers whose engine opened, and bytes of ranges they restored.
+        self.helpers_ready = 0
+        self.helped_bytes = 0
+        for t in self._lanes:
+            t.start()
+
+    def wait_started(self) -> int:
+        """Wait until every helper is ready or failed to start; return how many are ready."""
+        for _ in self._lanes:
+            self._started.acquire()
+        for _ in self._lanes:
+            self._started.release()
+        return self.helpers_ready
+
+    @classmethod
+    def shared(cls, spec: EngineSpec, helpers: int) -> Shards:
+        """The process's helpers of this kind, started on first use and kept for later runs
+        (as the engine's pinned memory is): a library that restores again pays their
+        start-up once. They stop when the process exits."""
+        with _shared_lock:
+            key = (spec, helpers)
+            if key not in _shared:
+                if not _shared:
+                    atexit.register(_close_shared)
+                _shared[key] = cls(spec, helpers)
+            return _shared[key]
+
+    @property
+    def processes(self) -> int:
+        """Processes a file may be restored by: the helpers and the caller."""
+        return len(self._lanes) + 1
+
+    def restore(
+        self,
+        container: BinaryIO,
+        path: str,
+        engine: Engine,
+        sink: Sink,
+        index: Index,
+        progress: Callable[[int], None],
+    ) -> bool:
+        """Restore the file in ranges, the caller's thread taking those no helper took, and
+        check its digest; False (nothing done) where the file is not split: too small, or a
+        container or sink restored whole (module docstring).
+
+        Raises:
+            as :func:`~ckptz.pipeline.restore.restore`.
+        """
+        kind = index.source_digest.kind
+        plain = kind.tree and "reference" not in index.header and not index.header.get("transform")
+        target = _sink_of(sink)
+        cuts = ranges(index.source_size, kind.leaf, self.processes * RANGES_PER_PROCESS) if plain else []
+        if target is None or len(cuts) < 2:
+            return False
+        if isinstance(sink, Comparer):
+            sink.expect_size(index.source_size)
+        owner = object()
+        tasks = [_Task(owner, w, container.fileno(), target, path, progress, Future()) for w in cuts]
+        with self._cv:
+            self._queue.extend(tasks)
+            self._cv.notify_all()
+        for t in tasks:
+            t.future.add_done_callback(self._wake)
+        while (task := self._next_own(owner, tasks)) is not None:
+            if _first_error(tasks) is not None:  # a range failed: the file has
+                task.future.set_exception(_NotStarted())
+                continue
+            try:
+                task.future.set_result(
+                    restore_range(container, path, engine, sink, task.window, index=index, progress=progress)
+                )
+            except BaseException as exc:
+                task.future.set_exception(exc)
+                self._drop(owner)
+        first = _first_error(tasks)
+        if first is not None:
+            raise first
+        hashes = LeafHashes(leaf_count(index.source_size, kind.leaf))
+        for t in tasks:
+            got = t.future.result()
+            lo = t.window[0] // kind.leaf
+            if got.size != leaf_count(t.window[1], kind.leaf) - lo:
+                raise RuntimeError("a helper process gave the wrong number of leaf hashes")
+            hashes.set_many(np.arange(lo, lo + got.size, dtype=np.int64), got)
+        if Digest(kind, hashes.hexdigest()) != index.source_digest:
+            raise CorruptionError("restored file does not match the original's digest", path=path)
+        sink.finish()
+        return True
+
+    def close(self) -> None:
+        """Stop the helpers (a range being restored is abandoned)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        for child in list(self._children):
+            with contextlib.suppress(OSError):
+                child.kill()
+        for t in self._lanes:
+            t.join()
+        for child in self._children:
+            child.wait()
+
+    def __enter__(self) -> Shards:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the caller's side ----------------------------------------------------------------
+
+    def _wake(self, _: Future[np.ndarray]) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def _next_own(self, owner: object, tasks: list[_Task]) -> _Task | None:
+        """A range of the caller's file that no process took (None once all are done)."""
+        with self._cv:
+            while True:
+                for k, t in enumerate(self._queue):
+                    if t.owner is owner:
+                        return self._queue.pop(k)
+                if all(t.future.done() for t in tasks):
+                    return None
+                self._cv.wait()
+
+    def _drop(self, owner: object) -> None:
+        """A range failed: the file's ranges no helper took yet are not started."""
+        with self._cv:
+            mine = [t for t in self._queue if t.owner is owner]
+            self._queue = [t for t in self._queue if t.owner is not owner]
+        for t in mine:
+            t.future.set_exception(_NotStarted())
+
+    def _take(self) -> _Task | None:
+        with self._cv:
+            while not self._queue and not self._closed:
+                self._cv.wait()
+            return None if self._closed else self._queue.pop(0)
+
+    def _give_back(self, task: _Task) -> None:
+        with self._cv:
+            self._queue.insert(0, task)
+            self._cv.notify_all()
+
+    # -- a helper's lane ------------------------------------------------------------------
+
+    def _lane(self) -> None:
+        """Start a helper, then hand it ranges one at a time while it lives."""
+        try:
+            sock = self._start()
+        finally:
+            self._started.release()
+        if sock is None:
+            return  # the caller restores every range
+        with sock:
+            while (task := self._take()) is not None:
+                try:
+                    self._run(sock, task)
+                except (OSError, EOFError):
+                    self._give_back(task)  # the helper died: the caller restores the range
+                    return
+
+    def _start(self) -> socket.socket | None:
+        """A helper, started and with its engine open (None: it could not start)."""
+        try:
+            with trace.span("start helper"):
+                child, sock = _start(self.spec)
+        except OSError:
+            return None
+        with self._cv:
+            if self._closed:
+                child.kill()
+                child.wait()
+                sock.close()
+                return None
+            self._children.append(child)
+        try:
+            reply = _receive(sock)
+        except (OSError, EOFError):
+            reply = ("died",)
+        if reply[0] != "ready":
+            sock.close()
+            return None
+        with self._cv:
+            self.helpers_ready += 1
+        return sock
+
+    def _run(self, sock: socket.socket, task: _Task) -> None:
+        kind, fd, size = task.sink
+        fds = [task.container] if fd < 0 else [task.container, fd]
+        with trace.span("helper range"):
+            _send(sock, ("range", task.path, task.window, kind, size), fds)
+            while True:
+                reply = _receive(sock)
+                if reply[0] == "progress":
+                    with contextlib.suppress(BaseException):  # a stop shows in the caller's range
+                        task.progress(reply[1])
+                    continue
+                if reply[0] == "done":
+                    with self._cv:
+                        self.helped_bytes += task.window[1] - task.window[0]
+                    task.future.set_result(np.frombuffer(reply[1], "<u8"))
+                else:
+                    task.future.set_exception(_rebuild(reply[1]))
+                return
+
+
+_shared: dict[tuple[EngineSpec, int], Shards] = {}
+_shared_lock = threading.Lock()
+
+
+def _close_shared() -> None:
+    with _shared_lock:
+        pools = list(_shared.values())
+        _shared.clear()
+    for pool in pools:
+        pool.close()
+
+
+def restore_with(
+    shards: Shards | None,
+    container: BinaryIO,
+    path: str,
+    engine: Engine,
+    sink: Sink,
+    *,
+    index: Index | None = None,
+    progress: Callable[[int], None] = lambda _: None,
+) -> Index:
+    """:func:`~ckptz.pipeline.restore.restore`, split across ``shards``' processes where
+    the file and sink allow it (:meth:`Shards.restore`)."""
+    index = index or read_index(container, path)
+    if shards is None or not shards.restore(container, path, engine, sink, index, progress):
+        restore(container, path, engine, sink, index=index, progress=progress)
+    return index
+
+
+class _NotStarted(Exception):
+    """A range left alone once another range of its file failed."""
+
+
+def _first_error(tasks: list[_Task]) -> BaseException | None:
+    """The error of the first range that failed by itself, if any (once done)."""
+    errors = [t.future.exception() for t in tasks if t.future.done()]
+    real = [e for e in errors if e is not None and not isinstance(e, _NotStarted)]
+    return real[0] if real else None
+
+
+def _sink_of(sink: Sink) -> tuple[str, int, int] | None:
+    """What a helper needs to make the same sink: its kind, descriptor and size."""
+    if type(sink) is DiscardSink:
+        return ("discard", -1, 0)
+    if type(sink) is FileSink and sink.size is not None:
+        return ("file", sink.fd, sink.size)
+    if type(sink) is Comparer:
+        return ("compare", sink.fd, 0)
+    return None
+
+
+# -- the wire: pickled tuples, each after its length ------------------------------------------
+
+
+def _send(sock: socket.socket, message: object, fds: list[int] | None = None) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    head = struct.pack("<Q", len(data))
+    if fds:
+        socket.send_fds(sock, [head], fds)
+        sock.sendall(data)
+    else:
+        sock.sendall(head + data)
+
+
+def _receive(sock: socket.socket, fds: list[int] | None = None) -> tuple[Any, ...]:
+    """The next message (its descriptors appended to ``fds``).
+
+    Raises:
+        EOFError: the other side closed the socket.
+    """
+    if fds is not None:
+        head, got, _, _ = socket.recv_fds(sock, 8, 4)
+        fds.extend(got)
+    else:
+        head = sock.recv(8)
+    head += _exactly(sock, 8 - len(head)) if head else b""
+    if len(head) < 8:
+        raise EOFError
+    return cast(tuple[Any, ...], pickle.loads(_exactly(sock, struct.unpack("<Q", head)[0])))
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        part = sock.recv(min(left, 1 << 20))
+        if not part:
+            raise EOFError
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _portable(exc: BaseException) -> tuple[str, str, str, dict[str, object]]:
+    """An exception as plain data: ckptz's own errors keep their fields (path, chunk, hint)."""
+    fields: dict[str, object] = {k: v for k, v in vars(exc).items() if isinstance(v, str | int | type(None))}
+    return type(exc).__module__, type(exc).__qualname__, str(exc), fields
+
+
+def _rebuild(data: tuple[str, str, str, dict[str, object]]) -> BaseException:
+    module, name, text, fields = data
+    cls = getattr(sys.modules.get(module), name, None)
+    if isinstance(cls, type) and issubclass(cls, CkptzError):
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, fields.get("message", text))
+        vars(exc).update(fields)
+        return exc
+    if isinstance(cls, type) and issubclass(cls, OSError):
+        return cls(fields.get("errno"), fields.get("strerror") or text)
+    return RuntimeError(f"a helper process failed: {name}: {text}")
+
+
+# -- starting a helper, and the helper itself ----------------------------------------------
+
+
+def _start(spec: EngineSpec) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    args = pickle.dumps(spec).hex()
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "ckptz.pipeline.shards", str(theirs.fileno()), args],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        theirs.close()
+    return child, ours
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def _serve(sock: socket.socket, spec: EngineSpec) -> None:
+    """A helper's life: open the engine, then restore ranges until the socket closes."""
+    from ckptz.engines import open_engine
+    from ckptz.pipeline.workers import tuned_interpreter
+    from ckptz.safeio import shared_output
+
+    try:
+        engine, _ = open_engine(
+            spec.device, threads=spec.threads, level=spec.level, codec=spec.codec, memory=spec.memory
+        )
+    except BaseException as exc:
+        _send(sock, ("failed", _portable(exc)))
+        return
+    lock = threading.Lock()
+    with contextlib.closing(engine), tuned_interpreter():
+        _send(sock, ("ready",))
+        while True:
+            fds: list[int] = []
+            try:
+                message = _receive(sock, fds)
+            except EOFError:
+                return
+            _, path, window, kind, size = message
+            pending = [0]
+
+            def report(n: int, pending: list[int] = pending) -> None:
+                with lock:
+                    pending[0] += n
+                    if pending[0] >= _REPORT_BYTES:
+                        _send(sock, ("progress", pending[0]))
+                        pending[0] = 0
+
+            with contextlib.ExitStack() as stack:
+                files = [
+                    stack.enter_context(open(fd, "rb" if k == 0 or kind == "compare" else "r+b"))
+                    for k, fd in enumerate(fds)
+                ]
+                try:
+                    index = read_index(files[0], path)
+                    sink: Sink
+                    if kind == "file":
+                        stack.enter_context(shared_output(files[1].fileno(), size))
+                        sink = FileSink(files[1], size)
+                    elif kind == "compare":
+                        sink = Comparer(files[1], path)
+                    else:
+                        sink = DiscardSink()
+                    hashes = restore_range(files[0], path, engine, sink, window, index=index, progress=report)
+                    reply: tuple[object, ...] = ("done", hashes.tobytes())
+                except Exception as exc:
+                    reply = ("error", _portable(exc))
+            with lock:
+                if pending[0]:
+                    _send(sock, ("progress", pending[0]))
+                    pending[0] = 0
+                _send(sock, reply)
+
+
+def main(argv: list[str]) -> None:
+    """``python -m ckptz.pipeline.shards FD SPEC``: a helper, on socket ``FD``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the caller stops
+    _die_with_parent()
+    spec = pickle.loads(bytes.fromhex(argv[1]))
+    with socket.socket(fileno=int(argv[0])) as sock:
+        _serve(sock, spec)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+
+
+__all__ = ["MIN_RANGE", "EngineSpec", "Shards", "ranges", "restore_with"]
