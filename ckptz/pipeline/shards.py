@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import io
 import itertools
 import os
 import pickle
@@ -55,6 +56,8 @@ MIN_RANGE = 512 << 20
 #: Ranges per process of a file large enough: a process that starts late or runs slow
 #: takes fewer.
 RANGES_PER_PROCESS = 2
+#: Seconds a helper has to end by itself once told to stop.
+_GRACE_S = 5.0
 #: Progress a helper reports at once, in bytes.
 _REPORT_BYTES = 64 << 20
 
@@ -178,9 +181,11 @@ class Shards:
                 task.future.set_exception(_NotStarted())
                 continue
             try:
-                task.future.set_result(
-                    restore_range(container, path, engine, sink, task.window, index=index, progress=progress)
-                )
+                with trace.span("range"):
+                    leaves = restore_range(
+                        container, path, engine, sink, task.window, index=index, progress=progress
+                    )
+                task.future.set_result(leaves)
             except BaseException as exc:
                 task.future.set_exception(exc)
                 self._drop(owner)
@@ -200,17 +205,21 @@ class Shards:
         return True
 
     def close(self) -> None:
-        """Stop the helpers (a range being restored is abandoned)."""
+        """Stop the helpers: each ends once its range is done and its socket closed (killed
+        after :data:`_GRACE_S`)."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        for child in list(self._children):
-            with contextlib.suppress(OSError):
+        for t in self._lanes:
+            t.join(_GRACE_S)
+        for child in self._children:
+            try:
+                child.wait(_GRACE_S)
+            except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
         for t in self._lanes:
             t.join()
-        for child in self._children:
-            child.wait()
 
     def __enter__(self) -> Shards:
         return self
@@ -432,10 +441,45 @@ def _rebuild(data: tuple[str, str, str, dict[str, object]]) -> BaseException:
 # -- starting a helper, and the helper itself ----------------------------------------------
 
 
+class _OwnOffset(io.RawIOBase):
+    """A file read with ``pread`` at an offset of its own (left open: the caller closes ``fd``)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd, self._at = fd, 0
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = os.preadv(self._fd, [buffer], self._at)
+        self._at += n
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._at, os.SEEK_END: os.fstat(self._fd).st_size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+
+_helper_numbers = itertools.count()
+
+
 def _start(spec: EngineSpec) -> tuple[subprocess.Popen[bytes], socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    if trace.PATH is not None:  # each helper's timeline beside the caller's
+        env["CKPTZ_TRACE"] = f"{trace.PATH}.helper{next(_helper_numbers)}"
     args = pickle.dumps(spec).hex()
     try:
         child = subprocess.Popen(
@@ -490,10 +534,14 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
                         pending[0] = 0
 
             with contextlib.ExitStack() as stack:
-                files = [
-                    stack.enter_context(open(fd, "rb" if k == 0 or kind == "compare" else "r+b"))
-                    for k, fd in enumerate(fds)
+                # Descriptors passed over a socket share their file offset with the caller's:
+                # the container is read through an offset of its own (every other read and
+                # write of the pipeline is at explicit offsets).
+                files: list[BinaryIO] = [cast(BinaryIO, _OwnOffset(fds[0]))]
+                files += [
+                    stack.enter_context(open(fd, "rb" if kind == "compare" else "r+b")) for fd in fds[1:]
                 ]
+                stack.callback(os.close, fds[0])
                 try:
                     index = read_index(files[0], path)
                     sink: Sink
@@ -504,7 +552,10 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
                         sink = Comparer(files[1], path)
                     else:
                         sink = DiscardSink()
-                    hashes = restore_range(files[0], path, engine, sink, window, index=index, progress=report)
+                    with trace.span("range"):
+                        hashes = restore_range(
+                            files[0], path, engine, sink, window, index=index, progress=report
+                        )
                     reply: tuple[object, ...] = ("done", hashes.tobytes())
                 except Exception as exc:
                     reply = ("error", _portable(exc))
