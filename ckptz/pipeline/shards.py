@@ -55,7 +55,9 @@ from ckptz.pipeline.restore import Comparer, DiscardSink, FileSink, Sink, restor
 MIN_RANGE = 512 << 20
 #: Ranges per process of a file large enough: a process that starts late or runs slow
 #: takes fewer.
-RANGES_PER_PROCESS = 2
+RANGES_PER_PROCESS = 3
+#: A file this large but too small to split goes whole to a free helper.
+MIN_WHOLE = 64 << 20
 #: Seconds a helper has to end by itself once told to stop.
 _GRACE_S = 5.0
 #: Progress a helper reports at once, in bytes.
@@ -113,6 +115,7 @@ class Shards:
         ]
         self._children: list[subprocess.Popen[bytes]] = []
         self._started = threading.Semaphore(0)
+        self._idle = 0  # helpers waiting for a range
         #: Helpers whose engine opened, and bytes of ranges they restored.
         self.helpers_ready = 0
         self.helped_bytes = 0
@@ -165,7 +168,9 @@ class Shards:
         plain = kind.tree and "reference" not in index.header and not index.header.get("transform")
         target = _sink_of(sink)
         cuts = ranges(index.source_size, kind.leaf, self.processes * RANGES_PER_PROCESS) if plain else []
-        if target is None or len(cuts) < 2:
+        # A file too small to split still goes to a helper that is free (files in parallel).
+        whole = len(cuts) == 1 and index.source_size >= MIN_WHOLE and self.helpers_ready > 0
+        if target is None or not (len(cuts) > 1 or whole):
             return False
         if isinstance(sink, Comparer):
             sink.expect_size(index.source_size)
@@ -234,12 +239,15 @@ class Shards:
             self._cv.notify_all()
 
     def _next_own(self, owner: object, tasks: list[_Task]) -> _Task | None:
-        """A range of the caller's file that no process took (None once all are done)."""
+        """A range of the caller's file that no helper is free to take (None once all are
+        done): a free helper goes first, since the caller's process is busy with the run's
+        other files and stages too."""
         with self._cv:
             while True:
-                for k, t in enumerate(self._queue):
-                    if t.owner is owner:
-                        return self._queue.pop(k)
+                if not self._idle:
+                    for k, t in enumerate(self._queue):
+                        if t.owner is owner:
+                            return self._queue.pop(k)
                 if all(t.future.done() for t in tasks):
                     return None
                 self._cv.wait()
@@ -254,8 +262,11 @@ class Shards:
 
     def _take(self) -> _Task | None:
         with self._cv:
+            self._idle += 1
             while not self._queue and not self._closed:
                 self._cv.wait()
+            self._idle -= 1
+            self._cv.notify_all()  # a caller waiting for free helpers looks again
             return None if self._closed else self._queue.pop(0)
 
     def _give_back(self, task: _Task) -> None:

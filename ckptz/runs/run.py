@@ -102,14 +102,15 @@ def restore_shards(
 ) -> Iterator[tuple[Shards | None, int | None]]:
     """Helpers for a restore in ``processes`` processes (started now, beside the caller's
     own start-up, where the process has none yet: :meth:`Shards.shared`), and the memory
-    budget of each process's engine (the run's, shared)."""
+    budget of each process's engine: ``memory`` shared between them where given, else the
+    engine's default each (on the H100 host, two processes of 1 GiB each restored 16.0
+    GB/s, of 2 GiB each 18.5; BENCHMARKS.md, session 29)."""
     if processes <= 1:
         yield None, memory
         return
-    from ckptz.engines.gpu.engine import DEFAULT_MEMORY
     from ckptz.pipeline.shards import EngineSpec, Shards
 
-    share = (memory or DEFAULT_MEMORY) // processes
+    share = None if memory is None else memory // processes
     yield Shards.shared(EngineSpec(device, threads, 3, codec, share), processes - 1), share
 
 
