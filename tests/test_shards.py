@@ -36,6 +36,9 @@ class SmallFrames(CpuEngine):
 @pytest.fixture
 def packed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     monkeypatch.setattr(shards_module, "MIN_RANGE", 1 << 20)
+    monkeypatch.setattr(
+        shards_module, "RANGES_PER_PROCESS", 2
+    )  # more cuts, each frame across one decoded twice
     gen = torch.Generator().manual_seed(5)
     state = {
         "w": torch.randn(1_500_000, generator=gen),

@@ -53,9 +53,12 @@ from ckptz.pipeline.restore import Comparer, DiscardSink, FileSink, Sink, restor
 
 #: Bytes of a range at least: each cut decodes up to one frame per stream twice.
 MIN_RANGE = 512 << 20
-#: Ranges per process of a file large enough: a process that starts late or runs slow
-#: takes fewer.
-RANGES_PER_PROCESS = 3
+#: Ranges per process of a file large enough. Each range costs its process a plan (the
+#: index read, frames clipped, leaf table: 15-25 ms for a 4 GB ``optimizer.pt``) and a
+#: pipeline's ramp and drain, so fewer win: 2 processes restored the H100 host's 5.35 GB
+#: folder at 14.5 GB/s with 1 range each, 14.3-13.3 with 2 and 13.1 with 3 (BENCHMARKS.md,
+#: session 29). A free helper takes a range first, so a late one takes none.
+RANGES_PER_PROCESS = 1
 #: A file this large but too small to split goes whole to a free helper.
 MIN_WHOLE = 64 << 20
 #: Seconds a helper has to end by itself once told to stop.
