@@ -223,3 +223,17 @@ def test_processes_by_default(monkeypatch: pytest.MonkeyPatch, packed: tuple[Pat
     monkeypatch.setattr(run_module.os, "cpu_count", lambda: 2)
     monkeypatch.delenv("CKPTZ_PROCESSES")
     assert restore_processes([big], "ans", None) == 1
+
+
+def test_a_file_too_small_to_split_goes_whole_to_a_free_helper(
+    packed: tuple[Path, Path], tmp_path: Path, shards: Shards, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, out = packed
+    monkeypatch.setattr(shards_module, "MIN_RANGE", 1 << 30)
+    monkeypatch.setattr(shards_module, "MIN_WHOLE", 1 << 20)
+    back = tmp_path / "back.pt"
+    with open(out, "rb") as c, open(back, "w+b") as f, SmallFrames(threads=2) as engine:
+        index = read_index(c, "x")
+        restore_with(shards, c, "x", engine, FileSink(f, index.source_size), index=index)
+    assert back.read_bytes() == src.read_bytes()
+    assert shards.helped_bytes == index.source_size
