@@ -237,3 +237,12 @@ def test_a_file_too_small_to_split_goes_whole_to_a_free_helper(
         restore_with(shards, c, "x", engine, FileSink(f, index.source_size), index=index)
     assert back.read_bytes() == src.read_bytes()
     assert shards.helped_bytes == index.source_size
+
+
+def test_a_series_delta_is_restored_whole_by_the_caller(packed: tuple[Path, Path], shards: Shards) -> None:
+    _, out = packed
+    with open(out, "rb") as c, SmallFrames(threads=2) as engine:
+        index = read_index(c, "x")
+        index.header["reference"] = {"digest": "0" * 32}  # what a delta's header names
+        assert not shards.restore(c, "x", engine, DiscardSink(), index, lambda _: None)
+    assert shards.helped_bytes == 0

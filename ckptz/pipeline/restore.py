@@ -189,17 +189,30 @@ def restore(
     """
     index = index or read_index(container, path)
     target = cast(Sink, sink) if hasattr(sink, "put") else _Ordered(sink)
-    if isinstance(target, Comparer):
-        target.expect_size(index.source_size)
-    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-    with trace.span("plan"):
-        run = _Restore(container.fileno(), path, index, engine, target, pools, progress)
-    digest = run.run()
+    prepare(target, index)
+    run = _plan(container, path, index, engine, target, workers, progress)
+    # A sink checked on the device was finished before its bytes were hashed.
+    conclude(run.run(), index, path, None if run.on_device else target)
+    return index
+
+
+def prepare(sink: Sink, index: Index) -> None:
+    """Before a file is restored (whole or in ranges): tell a :class:`Comparer` its size."""
+    if isinstance(sink, Comparer):
+        sink.expect_size(index.source_size)
+
+
+def conclude(digest: Digest, index: Index, path: str, sink: Sink | None) -> None:
+    """Once every frame of a file is in (whole or in ranges): the digest of what was
+    restored must be the original's; then ``sink`` is finished.
+
+    Raises:
+        CorruptionError: the digests differ.
+    """
     if digest != index.source_digest:
         raise CorruptionError("restored file does not match the original's digest", path=path)
-    if not run.on_device:  # else finished before its bytes were hashed
-        target.finish()
-    return index
+    if sink is not None:
+        sink.finish()
 
 
 def restore_range(
@@ -229,11 +242,24 @@ def restore_range(
         raise ValueError(f"bytes [{lo}, {hi}) are not a range of whole leaves of a tree digest")
     if isinstance(sink, DeviceSink):
         raise ValueError("a range is restored into a host sink")
-    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-    with trace.span("plan"):
-        run = _Restore(container.fileno(), path, index, engine, sink, pools, progress, window)
+    run = _plan(container, path, index, engine, sink, workers, progress, window)
     run.run()
     return run.digest.hashes.take(lo // kind.leaf, leaf_count(hi, kind.leaf))
+
+
+def _plan(
+    container: BinaryIO,
+    path: str,
+    index: Index,
+    engine: Engine,
+    sink: Sink,
+    workers: Workers | None,
+    progress: Progress,
+    window: tuple[int, int] | None = None,
+) -> _Restore:
+    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
+    with trace.span("plan"):
+        return _Restore(container.fileno(), path, index, engine, sink, pools, progress, window)
 
 
 class _Restore:
@@ -453,4 +479,14 @@ _SPENT: Future[np.ndarray] = Future()
 _SPENT.set_result(np.zeros(0, np.uint8))
 
 
-__all__ = ["Comparer", "DeviceSink", "DiscardSink", "FileSink", "Sink", "restore", "restore_range"]
+__all__ = [
+    "Comparer",
+    "DeviceSink",
+    "DiscardSink",
+    "FileSink",
+    "Sink",
+    "conclude",
+    "prepare",
+    "restore",
+    "restore_range",
+]

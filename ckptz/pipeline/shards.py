@@ -48,8 +48,18 @@ from ckptz import trace
 from ckptz.container import Index, read_index
 from ckptz.digest import Digest, LeafHashes, leaf_count
 from ckptz.engines.base import Engine
-from ckptz.errors import CkptzError, CorruptionError
-from ckptz.pipeline.restore import Comparer, DiscardSink, FileSink, Sink, restore, restore_range
+from ckptz.errors import CkptzError
+from ckptz.pipeline.restore import (
+    Comparer,
+    DiscardSink,
+    FileSink,
+    Sink,
+    conclude,
+    prepare,
+    restore,
+    restore_range,
+)
+from ckptz.pipeline.transform import transformed
 
 #: Bytes of a range at least: each cut decodes up to one frame per stream twice.
 MIN_RANGE = 512 << 20
@@ -168,15 +178,14 @@ class Shards:
             as :func:`~ckptz.pipeline.restore.restore`.
         """
         kind = index.source_digest.kind
-        plain = kind.tree and "reference" not in index.header and not index.header.get("transform")
+        plain = kind.tree and not transformed(index.header)
         target = _sink_of(sink)
         cuts = ranges(index.source_size, kind.leaf, self.processes * RANGES_PER_PROCESS) if plain else []
         # A file too small to split still goes to a helper that is free (files in parallel).
         whole = len(cuts) == 1 and index.source_size >= MIN_WHOLE and self.helpers_ready > 0
         if target is None or not (len(cuts) > 1 or whole):
             return False
-        if isinstance(sink, Comparer):
-            sink.expect_size(index.source_size)
+        prepare(sink, index)
         owner = object()
         tasks = [_Task(owner, w, container.fileno(), target, path, progress, Future()) for w in cuts]
         with self._cv:
@@ -207,9 +216,7 @@ class Shards:
             if got.size != leaf_count(t.window[1], kind.leaf) - lo:
                 raise RuntimeError("a helper process gave the wrong number of leaf hashes")
             hashes.set_many(np.arange(lo, lo + got.size, dtype=np.int64), got)
-        if Digest(kind, hashes.hexdigest()) != index.source_digest:
-            raise CorruptionError("restored file does not match the original's digest", path=path)
-        sink.finish()
+        conclude(Digest(kind, hashes.hexdigest()), index, path, sink)
         return True
 
     def close(self) -> None:

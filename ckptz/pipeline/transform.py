@@ -47,6 +47,12 @@ class FrameTransform(Protocol):
         ...
 
 
+def transformed(header: dict[str, object]) -> bool:
+    """Whether a container's frames were coded through a transform (a series delta), known
+    from its header alone, whether or not the transform's module is imported."""
+    return transform_opener(header) is not None or "reference" in header
+
+
 def transform_for(index: Index, fd: int, path: str) -> FrameTransform | None:
     """The transform a container's frames were coded through, or None (most containers).
 
@@ -61,4 +67,4 @@ def transform_for(index: Index, fd: int, path: str) -> FrameTransform | None:
     return None
 
 
-__all__ = ["FrameTransform", "transform_for"]
+__all__ = ["FrameTransform", "transform_for", "transformed"]

@@ -36,10 +36,10 @@ from ckptz.runs.lock import hold
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.results import Reporter, Summary
 from ckptz.runs.tree import Tree, expand, scan
+from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps
 
 if TYPE_CHECKING:
     from ckptz.pipeline.shards import Shards
-from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps
 
 
 def scan_sources(sources: str | Path | Sequence[str | Path]) -> list[Tree]:
@@ -70,8 +70,9 @@ def engine_session(
 
 
 #: Processes that restore a large file together where it pays: a GPU restore's pipeline is
-#: bound by its interpreter, and two processes on the H100 host moved 1.8x one
-#: (:mod:`ckptz.pipeline.shards`; BENCHMARKS.md, session 29).
+#: bound by its interpreter; two processes restoring one folder on the H100 host moved
+#: 1.25-1.44x one, three no more than two (:mod:`ckptz.pipeline.shards`; BENCHMARKS.md,
+#: session 29).
 RESTORE_PROCESSES = 2
 #: Cores a machine needs before a restore is split (each process runs its own threads).
 SPLIT_CORES = 8
@@ -88,7 +89,7 @@ def restore_processes(jobs: Sequence[Job], codec: str, processes: int | None) ->
         processes = int(os.environ["CKPTZ_PROCESSES"])
     if processes is not None:
         if processes < 1:
-            raise UsageError("--processes must be at least 1")
+            raise UsageError("processes (CKPTZ_PROCESSES) must be at least 1")
         return processes
     if codec not in GPU_ONLY_CODECS or (os.cpu_count() or 1) < SPLIT_CORES:
         return 1
