@@ -18,6 +18,7 @@ def main() -> None:
     """Console-script entry point."""
     _signals.install()
     _cache_bytecode()
+    _quiet_torch_logs()
     try:
         from ckptz.cli import app
 
@@ -74,6 +75,18 @@ def _cache_bytecode() -> None:
     if os.access(folder, os.W_OK):
         sys.pycache_prefix = folder
         sys.dont_write_bytecode = False
+
+
+def _quiet_torch_logs() -> None:
+    """Keep libtorch's own C++ log lines off stderr, where ckptz says one line per error.
+
+    A peer that dies under ``--nproc`` or torchrun made Gloo log
+    ``[E... ProcessGroupGloo.cpp] ...`` before ckptz's ``ckptz: error: cannot join the other
+    ranks: ...``, which carries the same text. Set before torch loads (its logger reads the
+    variable once); a value the user set, or ``CKPTZ_DEBUG``, keeps torch's default.
+    """
+    if "TORCH_CPP_LOG_LEVEL" not in os.environ and not os.environ.get("CKPTZ_DEBUG"):
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
 
 
 def _leave_if_gpu_starting(code: object) -> None:

@@ -26,7 +26,8 @@ from ckptz.errors import BusyError, CkptzError, CorruptionError, StoppedError, U
 from ckptz.formats import read_layout
 from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, restore
-from ckptz.pipeline.shards import Shards, restore_with
+from ckptz.pipeline.compress import WrittenContainer
+from ckptz.pipeline.shards import Shards, compress_with, restore_with
 from ckptz.runs.compare import CheckStatus, FileCheck, VerifyResult, verify_trees
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
@@ -38,15 +39,15 @@ from ckptz.runs.run import (
     decoding_codec,
     engine_for_plan,
     engine_session,
+    helper_shards,
     ignore_progress,
     job_label,
     locked,
     make_summary,
     prepare,
     remove_original,
-    restore_processes,
-    restore_shards,
     scan_sources,
+    split_processes,
     stopping,
 )
 from ckptz.runs.share import SOLO, Team
@@ -98,6 +99,7 @@ def compress(
     team: Team = SOLO,
     series: bool = False,
     keyframe_every: int = 8,
+    processes: int | None = None,
 ) -> Summary:
     """Compress checkpoint files and folders.
 
@@ -132,6 +134,9 @@ def compress(
             the next newer checkpoint's, and re-code the previous newest one when a
             checkpoint was added (:mod:`ckptz.series.run`).
         keyframe_every: with ``series``, a restore decodes at most this many containers.
+        processes: a large file coded on a GPU is compressed by this many processes at
+            once, each the streams of a part of its bytes (default: 2 where that pays, see
+            :func:`~ckptz.runs.run.split_processes`; 1: never split).
 
     Raises:
         CkptzError: bad arguments, unreadable input, a failed write, another run on the same
@@ -152,8 +157,10 @@ def compress(
     mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
     sp = _series_plan(trees, p, keyframe_every) if series and not (discard or dry_run) else None
+    # A team (--nproc, torchrun) already runs a process per share of the files.
+    split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
     if discard:
-        return _discard(True, root, mine, device, threads, level, codec, memory, reporter, start)
+        return _discard(True, root, mine, device, threads, level, codec, memory, reporter, start, split)
     if dry_run:
         from ckptz.runs.estimate import estimate
 
@@ -167,11 +174,13 @@ def compress(
     stop = Stop()
     team.watch(stop)
     done: list[str] = []
-    with (
-        stopping(mine, done),
-        locked(mine),
-        engine_for_plan(mine, device, threads, level, codec, memory, reporter, True) as (engine, notices),
-    ):
+    with ExitStack() as stack:
+        stack.enter_context(stopping(mine, done))
+        stack.enter_context(locked(mine))
+        shards, memory = stack.enter_context(helper_shards(split, device, threads, level, codec, memory))
+        engine, notices = stack.enter_context(
+            engine_for_plan(mine, device, threads, level, codec, memory, reporter, True)
+        )
         prepare(mine, stop, done)
         team.ready(p)
         _finish_interrupted(mine.finishes, engine, stop, done, compress=True)
@@ -181,7 +190,7 @@ def compress(
             assert engine is not None
             reporter.file(job.label)
             make = sp.transform(job) if sp is not None else None
-            stats = _compress_one(job, engine, verify, in_place, reporter, stop, make)
+            stats = _compress_one(job, engine, verify, in_place, reporter, stop, make, shards)
             reporter.file_done(job.label)
             return stats
 
@@ -298,24 +307,30 @@ def _compress_one(
     reporter: Reporter,
     stop: Stop,
     transform: Callable[[FileLayout], FrameTransform | None] | None = None,
+    shards: Shards | None = None,
 ) -> FileStats:
     e, target = job.entry, job.target
     for stale in stale_temps(target):
         remove_temp(stale)
     meta = FileMeta.of(os.stat(e.path))
-    with atomic_output(target, meta.container()) as (f, _tmp):
-        # ``verify`` decodes every frame back from the payloads written and reads the file
-        # back before it is renamed (see ckptz.pipeline.compress and RELIABILITY.md).
-        written = compress_file(
-            e.path,
-            job.label,
-            f,
-            engine,
-            progress=stop.ticker(reporter.advance),
-            verify=verify,
-            source_fields=meta.to_json(),
-            transform=transform,
-        )
+
+    def attempt(helpers: Shards | None) -> WrittenContainer:
+        with atomic_output(target, meta.container()) as (f, _tmp):
+            # ``verify`` decodes every frame back from the payloads written and reads the
+            # file back before it is renamed (see ckptz.pipeline.compress and RELIABILITY.md).
+            return compress_file(
+                e.path,
+                job.label,
+                f,
+                engine,
+                progress=stop.ticker(reporter.advance),
+                verify=verify,
+                source_fields=meta.to_json(),
+                transform=transform,
+                helpers=helpers,
+            )
+
+    written = compress_with(shards, attempt)
     if in_place:
         remove_original(e.path)
     return index_stats(job.label, written.index, written.size)
@@ -339,14 +354,19 @@ def _discard(
     stop = Stop()
     operation = "compress" if compress else "decompress"
     with (
-        restore_shards(processes, device, threads, codec, memory) as (shards, memory),
+        helper_shards(processes, device, threads, level, codec, memory) as (shards, memory),
         engine_session(device, threads, level, codec, memory, reporter) as (engine, notices),
     ):
 
         def one(job: Job) -> FileStats:
             tick = stop.ticker(reporter.advance)
             if compress:
-                written = compress_file(job.entry.path, job.label, None, engine, progress=tick)
+                written = compress_with(
+                    shards,
+                    lambda helpers: compress_file(
+                        job.entry.path, job.label, None, engine, progress=tick, helpers=helpers
+                    ),
+                )
                 return index_stats(job.label, written.index, written.size)
             with open(job.entry.path, "rb") as c:
                 index = restore_with(shards, c, job.label, engine, DiscardSink(), progress=tick)
@@ -415,7 +435,7 @@ def decompress(
 
     A large file decoded on a GPU is restored by ``processes`` processes at once, each a
     range of its bytes (default: 2 where that pays, see
-    :func:`~ckptz.runs.run.restore_processes`; 1: never split).
+    :func:`~ckptz.runs.run.split_processes`; 1: never split).
 
     Each restored file is written to a temporary name, checked against the original's
     digest, given the original's permission bits and mtime (and owner, as root), and only
@@ -438,7 +458,7 @@ def decompress(
     root = ", ".join(str(t.root) for t in trees)
     codec = decoding_codec(mine.converts + mine.finishes, device)
     # A team (--nproc, torchrun) already runs a process per share of the files.
-    split = restore_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
+    split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
     if discard:
         return _discard(False, root, mine, device, threads, 3, codec, memory, reporter, start, split)
     if dry_run:
@@ -450,7 +470,7 @@ def decompress(
     with ExitStack() as stack:
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
-        shards, memory = stack.enter_context(restore_shards(split, device, threads, codec, memory))
+        shards, memory = stack.enter_context(helper_shards(split, device, threads, 3, codec, memory))
         engine, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, 3, codec, memory, reporter, False)
         )

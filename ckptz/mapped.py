@@ -153,7 +153,7 @@ class MappedOutput:
                 if size > self.reserved:
                     reserve(self.fd, self.reserved, size - self.reserved)
                     self.reserved = size
-            self._grow(size)
+            self.grow(size)
             self.final = size
 
     def write(self, views: Sequence[memoryview], offset: int) -> None:
@@ -167,7 +167,7 @@ class MappedOutput:
                 offset += len(v)
             return
         if n < MIN_BYTES:
-            self._grow(offset + n)  # every change of the size under the lock, never down
+            self.grow(offset + n)  # every change of the size under the lock, never down
             pwrite_views(self.fd, list(views), offset)
             return
         self._make_room(offset + n)
@@ -204,9 +204,9 @@ class MappedOutput:
                     ahead = end  # no room to run ahead: reserve only what this write needs
                     reserve(self.fd, self.reserved, ahead - self.reserved)
                 self.reserved = ahead
-        self._grow(end)
+        self.grow(end)
 
-    def _grow(self, end: int) -> None:
+    def grow(self, end: int) -> None:
         """Make the file at least ``end`` bytes long."""
         with self._lock:
             if end > self.size:

@@ -19,12 +19,14 @@ from ckptz.container import read_index
 from ckptz.digest import Digest, LeafHashes, leaf_count
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError, MismatchError
+from ckptz.formats.layout import FileLayout, Segment
 from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file
 from ckptz.pipeline import shards as shards_module
+from ckptz.pipeline.plan import frame_map, plan_streams, split_plan
 from ckptz.pipeline.restore import restore_range
 from ckptz.pipeline.shards import EngineSpec, Shards, ranges, restore_with
 from ckptz.runs import run as run_module
-from ckptz.runs.run import restore_processes
+from ckptz.runs.run import split_processes
 
 
 class SmallFrames(CpuEngine):
@@ -214,15 +216,15 @@ def test_processes_by_default(monkeypatch: pytest.MonkeyPatch, packed: tuple[Pat
     big = Job("convert", Entry(Path("x"), "x", "file", 8 << 30, (0, 0), 1), Path("x"), "x")  # type: ignore[arg-type]
     small = Job("convert", Entry(Path("y"), "y", "file", 1 << 20, (0, 0), 1), Path("y"), "y")  # type: ignore[arg-type]
     monkeypatch.setattr(run_module.os, "cpu_count", lambda: 16)
-    assert restore_processes([big], "ans", None) == run_module.RESTORE_PROCESSES
-    assert restore_processes([small], "ans", None) == 1
-    assert restore_processes([big], "auto", None) == 1  # CPU decoding is bound by its cores
-    assert restore_processes([big], "auto", 3) == 3
+    assert split_processes([big], "ans", None) == run_module.SPLIT_PROCESSES
+    assert split_processes([small], "ans", None) == 1
+    assert split_processes([big], "auto", None) == 1  # CPU decoding is bound by its cores
+    assert split_processes([big], "auto", 3) == 3
     monkeypatch.setenv("CKPTZ_PROCESSES", "4")
-    assert restore_processes([big], "auto", None) == 4
+    assert split_processes([big], "auto", None) == 4
     monkeypatch.setattr(run_module.os, "cpu_count", lambda: 2)
     monkeypatch.delenv("CKPTZ_PROCESSES")
-    assert restore_processes([big], "ans", None) == 1
+    assert split_processes([big], "ans", None) == 1
 
 
 def test_a_file_too_small_to_split_goes_whole_to_a_free_helper(
@@ -246,3 +248,182 @@ def test_a_series_delta_is_restored_whole_by_the_caller(packed: tuple[Path, Path
         index.header["reference"] = {"digest": "0" * 32}  # what a delta's header names
         assert not shards.restore(c, "x", engine, DiscardSink(), index, lambda _: None)
     assert shards.helped_bytes == 0
+
+
+# -- a large file compressed by several processes, each the streams of a part of its bytes ---------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 5000), st.sampled_from(["float32", "bfloat16", "uint8"]), st.booleans()),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 5),
+    st.integers(1, 20000),
+)
+def test_split_plan_keeps_every_frame_in_one_part(
+    specs: list[tuple[int, str, bool]], parts: int, least: int
+) -> None:
+    segments, at = [], 0
+    for n, dtype, tensor in specs:
+        word = 2 if dtype == "bfloat16" else 4 if dtype == "float32" else 1
+        n = max(word, n // word * word)
+        kind = "tensor" if tensor else "meta"
+        segments.append(
+            Segment(
+                at,
+                n,
+                kind,
+                dtype if tensor else "uint8",
+                ("k",) if tensor else (),
+                "weights" if tensor else "metadata",
+            )
+        )  # type: ignore[arg-type]
+        at += n
+    layout = FileLayout("opaque", at, tuple(segments))
+    plan = plan_streams(layout, 256)
+    split, cut = split_plan(plan, layout, parts, least)
+    windows = [p.window for p in cut]
+    assert windows[0][0] == 0 and windows[-1][1] == layout.size
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(windows))
+    assert len(cut) <= parts
+    if len(cut) == 1:
+        assert split == plan
+        return
+    assert all(hi - lo >= least for lo, hi in windows)
+    assert {w[0] for w in windows[1:]} <= {s.offset for s in segments}  # no segment is cut
+    assert [s.id for s in split.streams] == list(range(len(split.streams)))
+    assert sorted(sid for p in cut for sid in p.streams) == list(range(len(split.streams)))
+    # Each stream keeps what it was, and counts its own part's bytes.
+    for seg, old, new in zip(segments, plan.segment_streams, split.segment_streams, strict=True):
+        a, b = plan.streams[old], split.streams[new]
+        assert (a.component, a.dtype, a.word, a.rotate, a.frame_size) == (
+            b.component,
+            b.dtype,
+            b.word,
+            b.rotate,
+            b.frame_size,
+        )
+        assert any(new in p.streams and p.window[0] <= seg.offset < p.window[1] for p in cut)
+    for sid, s in enumerate(split.streams):
+        assert s.length == sum(
+            seg.length for seg, x in zip(segments, split.segment_streams, strict=True) if x == sid
+        )
+    for f in frame_map(
+        [(sid, seg.length) for seg, sid in zip(segments, split.segment_streams, strict=True)],
+        [s.frame_size for s in split.streams],
+    ):
+        (owner,) = [p for p in cut if f.stream in p.streams]
+        assert all(owner.window[0] <= at and at + n <= owner.window[1] for at, _, n in f.pieces)
+
+
+@pytest.fixture
+def many(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An optimizer-like file of many tensors (boundaries everywhere, none on a leaf)."""
+    monkeypatch.setattr(shards_module, "MIN_RANGE", 1 << 20)
+    gen = torch.Generator().manual_seed(7)
+    state = {f"exp_avg.{i}": torch.randn(60_000 + 37 * i, generator=gen) * 1e-3 for i in range(30)}
+    state |= {f"exp_avg_sq.{i}": torch.rand(60_000 + 41 * i, generator=gen) ** 4 for i in range(30)}
+    state |= {"master": torch.randn(700_000, generator=gen).to(torch.bfloat16).float(), "step": 11}
+    src = tmp_path / "optimizer.pt"
+    torch.save(state, src)
+    return src
+
+
+def _packed(
+    src: Path, out: Path | None, helpers: Shards | None, verify: bool = False
+) -> tuple[object, bytes]:
+    with SmallFrames(threads=2) as engine:
+        if out is None:
+            w = compress_file(src, "optimizer.pt", None, engine, helpers=helpers)
+        else:
+            with open(out, "w+b") as f:
+                w = compress_file(src, "optimizer.pt", f, engine, helpers=helpers, verify=verify)
+    return w, out.read_bytes() if out is not None else b""
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_helpers_code_parts_of_a_file_into_one_container(
+    many: Path, tmp_path: Path, shards: Shards, verify: bool
+) -> None:
+    whole, _ = _packed(many, tmp_path / "whole.ckptz", None)
+    split, _ = _packed(many, tmp_path / "split.ckptz", shards, verify)
+    assert shards.helped_bytes > 0  # a helper coded a part
+    # The same file and digest; streams apart by part, so a few more of them.
+    assert split.index.source_digest == whole.index.source_digest  # type: ignore[attr-defined]
+    assert len(split.index.streams) > len(whole.index.streams)  # type: ignore[attr-defined]
+    back = tmp_path / "back.pt"
+    api.decompress(tmp_path / "split.ckptz", back, device="cpu", processes=1)
+    assert back.read_bytes() == many.read_bytes()
+    assert api.verify(tmp_path / "split.ckptz").ok
+    # Writes discarded: the same index, nothing written.
+    discarded, _ = _packed(many, None, shards)
+    assert discarded.index.source_digest == whole.index.source_digest  # type: ignore[attr-defined]
+
+
+def test_compress_splits_large_files_across_processes(
+    many: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[Shards] = []
+    real = Shards.code_parts
+
+    def spy(self: Shards, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.wait_started()  # a helper takes the part (else the caller may code it first)
+        made.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Shards, "code_parts", spy)
+    os.chmod(many, 0o640)
+    original = many.read_bytes()
+    api.compress(many, in_place=True, device="cpu", processes=2)
+    packed = many.with_name("optimizer.pt.ckptz")
+    assert not many.exists() and packed.stat().st_mode & 0o777 == 0o640
+    assert made and made[0].helped_bytes > 0
+    api.decompress(packed, tmp_path / "back.pt", device="cpu", processes=1)
+    assert (tmp_path / "back.pt").read_bytes() == original
+
+
+def test_a_helper_that_dies_while_coding_leaves_the_file_to_the_caller(
+    many: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper gone after taking places in the container: the file is compressed again,
+    whole, by the caller (the first output is dropped), and is exact."""
+    real, share = Shards._run, Shards.code_parts
+    died: list[int] = []
+
+    def dies(self: Shards, sock, task):  # type: ignore[no-untyped-def]
+        if task.places is None:
+            return real(self, sock, task)
+        task.placed = True
+        died.append(1)
+        raise EOFError  # as when its socket closes
+
+    def ready(self: Shards, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.wait_started()
+        return share(self, *args, **kwargs)
+
+    monkeypatch.setattr(Shards, "_run", dies)
+    monkeypatch.setattr(Shards, "code_parts", ready)
+    original = many.read_bytes()
+    out = tmp_path / "out"
+    api.compress(many, out / "optimizer.pt.ckptz", device="cpu", processes=2)
+    assert died  # a helper took the part, and died
+    assert [p.name for p in out.iterdir()] == ["optimizer.pt.ckptz"]  # no temp left
+    api.decompress(out / "optimizer.pt.ckptz", tmp_path / "back.pt", device="cpu", processes=1)
+    assert (tmp_path / "back.pt").read_bytes() == original
+
+
+def test_a_file_that_is_not_split_when_written_to_a_pipe(many: Path, shards: Shards) -> None:
+    r, w = os.pipe()
+    with os.fdopen(w, "wb") as f, SmallFrames(threads=2) as engine:
+        import threading
+
+        drained = bytearray()
+        t = threading.Thread(target=lambda: drained.extend(b"".join(iter(lambda: os.read(r, 1 << 20), b""))))
+        t.start()
+        compress_file(many, "optimizer.pt", f, engine, helpers=shards)
+    t.join()
+    os.close(r)
+    assert shards.helped_bytes == 0 and drained

@@ -41,9 +41,10 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeVar
 
 import numpy as np
+import xxhash
 
 from ckptz import indices, safeio, trace
 from ckptz._version import __version__
@@ -59,7 +60,7 @@ from ckptz.container import (
     padded_size,
     read_index,
 )
-from ckptz.digest import TREE, Digest, Kind, Piecewise
+from ckptz.digest import TREE, Digest, Kind, Piecewise, leaf_count
 from ckptz.engines.base import (
     NO_BUFFER,
     DecodedSpan,
@@ -72,7 +73,7 @@ from ckptz.engines.base import (
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
-from ckptz.pipeline.plan import StreamPlan, frame_map, frame_runs, plan_streams
+from ckptz.pipeline.plan import Frame, Part, StreamPlan, frame_map, frame_runs, plan_streams, split_plan
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.pipeline.workers import Failures, FileDigest, FrameSlots, Stopped, Workers, slots_needed
 
@@ -117,6 +118,92 @@ class _FileSource:
         return os.pread(self.fd, n, offset)
 
 
+class Places(Protocol):
+    """Where coded runs go in the container being written."""
+
+    def take(self, n: int) -> int:
+        """The offset of the next ``n`` bytes of the data area (a run's payloads, padded)."""
+        ...
+
+
+class _Places:
+    """A file's data area handed out run after run, from any thread (several processes':
+    a helper's runs through the caller's, :mod:`ckptz.pipeline.shards`).
+
+    With ``grow``, the output is made as long as every place handed out before it is
+    given: then nothing but this ever changes its size while several processes write it
+    (a write's own extension of the file, by ``ftruncate`` of a mapped output, could cut off
+    bytes another process had written past it).
+    """
+
+    def __init__(self, out: int | None = None, grow: bool = False) -> None:
+        self.end = len(PREFIX)
+        self._out = out if grow else None
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> int:
+        with self._lock:
+            at, self.end = self.end, self.end + n
+            if self._out is not None and n:
+                safeio.grow(self._out, self.end)
+            return at
+
+
+@dataclass(frozen=True, slots=True)
+class PartJob:
+    """What a process needs to code one part of a file split by
+    :func:`~ckptz.pipeline.plan.split_plan` (sent to helpers, so plain data)."""
+
+    relpath: str
+    layout: FileLayout
+    plan: StreamPlan
+    part: Part
+    verify: bool
+    digest: Kind
+
+
+@dataclass(frozen=True, slots=True)
+class PartResult:
+    """A part's coded frames and chunks (in the rows :func:`~ckptz.container.make_tables`
+    takes; chunk offsets are the container's), the hashes of the digest leaves lying whole
+    inside its bytes (from the first), and its bytes of the leaves it shares with the
+    parts around it, ``(file offset, bytes)``."""
+
+    frames: list[tuple[int, int, int, int]]
+    chunks: list[tuple[int, int, int, int, int, int]]
+    leaves: np.ndarray
+    edges: list[tuple[int, bytes]]
+
+
+T = TypeVar("T")
+
+
+class Helpers(Protocol):
+    """Processes beside this one that code parts of a large file (:class:`ckptz.pipeline.shards.Shards`)."""
+
+    def parts(self, size: int) -> int:
+        """Into how many parts a ``size``-byte file is cut (1: it is coded whole)."""
+        ...
+
+    def code_parts(
+        self,
+        jobs: Sequence[PartJob],
+        fds: tuple[int, int],
+        places: Places,
+        progress: Progress,
+        own: Callable[[], T],
+        local: Callable[[PartJob], PartResult],
+    ) -> tuple[T, list[PartResult]]:
+        """Give ``jobs`` to helpers (the file and the output, -1 for none, as ``fds``; each
+        helper's runs placed by ``places``) while ``own()`` runs in this thread, then code
+        with ``local`` any that no helper took; ``own``'s result and the jobs' in order.
+
+        Raises:
+            what ``own`` or a job raised, once every job is over.
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class WrittenContainer:
     """What compressing one file produced."""
@@ -140,6 +227,7 @@ def compress_file(
     digest: Kind = TREE,
     source: Source | None = None,
     largest_frame: int | None = None,
+    helpers: Helpers | None = None,
 ) -> WrittenContainer:
     """Compress ``src`` into the open, empty file ``out`` (``None``: code everything and
     write nothing, to measure the pipeline without storage).
@@ -161,6 +249,8 @@ def compress_file(
             (:mod:`ckptz.library.torch_image`).
         largest_frame: how large the frames of large streams may grow (default: the
             engine's ``largest_frame``; :func:`~ckptz.pipeline.plan.frame_size_for`).
+        helpers: processes that code parts of a large file beside this one (not a file
+            with a ``transform``, a ``source``, an ``xxh3_128`` digest or a pipe as output).
 
     Raises:
         FormatError: the source changed while being read.
@@ -183,13 +273,90 @@ def compress_file(
                 engine.largest_frame if largest_frame is None else largest_frame,
             )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-        run = _Compression(
-            reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
+        whole = Part(frozenset(range(len(plan.streams))), (0, layout.size))
+        split = helpers is not None and change is None and digest.tree and source is None
+        if split and (out is None or _regular(out)):
+            assert helpers is not None
+            plan, parts = split_plan(plan, layout, helpers.parts(layout.size), 1)
+        else:
+            parts = [whole]
+        if len(parts) == 1:
+            run = _Compression(
+                reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
+            )
+            return run.run(source_fields or {})
+        assert helpers is not None
+        places = _Places(None if out is None else out.fileno(), grow=True)
+        jobs = [PartJob(relpath, layout, plan, p, verify, digest) for p in parts]
+
+        def local(job: PartJob) -> PartResult:
+            return code_part(job, fd, out, engine, places, progress, pools)
+
+        first = _Compression(
+            reader,
+            relpath,
+            layout,
+            plan,
+            out,
+            engine,
+            pools,
+            progress,
+            verify,
+            None,
+            digest,
+            parts[0],
+            places,
         )
-        return run.run(source_fields or {})
+        try:
+            out_fd = -1 if out is None else out.fileno()
+            (frames, rows), results = helpers.code_parts(
+                jobs[1:], (fd, out_fd), places, progress, first.code, local
+            )
+            for got in results:
+                frames += got.frames
+                rows += got.chunks
+            first.take_parts([(p.window, got) for p, got in zip(parts[1:], results, strict=True)])
+            return first.finish(frames, rows, places.end, source_fields or {})
+        finally:
+            first.close()
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def code_part(
+    job: PartJob,
+    fd: int,
+    out: BinaryIO | None,
+    engine: Engine,
+    places: Places,
+    progress: Progress = _no_progress,
+    workers: Workers | None = None,
+) -> PartResult:
+    """Code one part of a split file (``fd``: the file, open for reading) into ``out`` at
+    the offsets ``places`` gives; in a helper process or in the caller's."""
+    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
+    run = _Compression(
+        _FileSource(fd),
+        job.relpath,
+        job.layout,
+        job.plan,
+        out,
+        engine,
+        pools,
+        progress,
+        job.verify,
+        None,
+        job.digest,
+        job.part,
+        places,
+    )
+    try:
+        frames, rows = run.code()
+        lo, hi = _whole_leaves(job.part.window, job.digest.leaf, job.layout.size)
+        return PartResult(frames, rows, run.digest.hashes.take(lo, hi), run.edges)
+    finally:
+        run.close()
 
 
 class _Compression:
@@ -208,6 +375,8 @@ class _Compression:
         verify: bool,
         change: FrameTransform | None = None,
         digest: Kind = TREE,
+        part: Part | None = None,
+        places: Places | None = None,
     ) -> None:
         self.change = change
         self.digest = Piecewise(digest, layout.size)
@@ -221,6 +390,14 @@ class _Compression:
         segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
         self.segments = segments
         self.frames = frame_map(segments, [s.frame_size for s in plan.streams])
+        self.places = places or _Places()
+        #: Of a part of a split file: its bytes of the digest leaves it shares with the
+        #: parts around it (``(file offset, bytes)``), taken as they are read.
+        self.edges: list[tuple[int, bytes]] = []
+        self._edge_pieces: dict[int, list[tuple[int, int, int]]] = {}
+        if part is not None:
+            self.frames = [f for f in self.frames if f.stream in part.streams]
+            self._edge_pieces = _edge_pieces(self.frames, part.window, digest.leaf, layout.size)
         # Runs of consecutive frames are read into one buffer and coded as one unit (one
         # copy to a GPU, one write), so the per-frame Python of each stage runs per run. A
         # run is at most the engine's span, and small enough that RUNS_AHEAD of them, and
@@ -267,24 +444,31 @@ class _Compression:
     # -- stages ---------------------------------------------------------------------------
 
     def run(self, source_fields: Mapping[str, object]) -> WrittenContainer:
-        if self.verify and self.out is not None:
-            self.written = self._reopen()
         try:
-            return self._run(source_fields)
+            frames, rows = self.code()
+            assert isinstance(self.places, _Places)  # its own: the file is not split
+            return self.finish(frames, rows, self.places.end, source_fields)
         finally:
-            if self.written >= 0:
-                os.close(self.written)
+            self.close()
 
-    def _run(self, source_fields: Mapping[str, object]) -> WrittenContainer:
+    def close(self) -> None:
+        if self.written >= 0:
+            os.close(self.written)
+            self.written = -1
+
+    def code(self) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int, int, int, int]]]:
+        """Read, code and write every frame (its runs' payloads read back, with verify):
+        the frame and chunk rows, the leaves of the digest hashed."""
+        if self.verify and self.out is not None and self.written < 0:
+            self.written = self._reopen()
         feeder = threading.Thread(target=self._guard, args=(self._feed,), name="ckptz-feed", daemon=True)
         digest: Future[Digest] = Future()
         hasher = threading.Thread(target=self._hash, args=(digest,), name="ckptz-digest", daemon=True)
         feeder.start()
         hasher.start()
         try:
-            frames, chunks, writes, checks, end = self._place()
+            frames, chunks, writes, checks = self._place()
             digest.result()  # walked; the leaves an engine hashed are in once placed
-            source_digest = self.digest.digest()
             for w in writes:
                 w.result()  # also fills in the chunk rows' checksums
             for c in checks:
@@ -302,7 +486,42 @@ class _Compression:
             raise self.failures.first()
         if self.source.read_at(self.layout.size, 1):
             raise FormatError("file grew while being read", path=self.relpath)
-        rows = [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in chunks]  # checksums are in now
+        return frames, [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in chunks]  # checksums are in now
+
+    def take_parts(self, parts: Sequence[tuple[tuple[int, int], PartResult]]) -> None:
+        """The digest leaves of the other parts of a split file (each part's window and
+        result): those whole inside a part as it hashed them, and those it shares with the
+        parts around it hashed here from every part's bytes of them."""
+        leaf, size = self.digest.kind.leaf, self.layout.size
+        pieces = list(self.edges)
+        for window, got in parts:
+            lo, hi = _whole_leaves(window, leaf, size)
+            if got.leaves.size != hi - lo:
+                raise RuntimeError("a part of a split file gave the wrong number of leaf hashes")
+            self.digest.hashes.set_many(np.arange(lo, hi, dtype=np.int64), got.leaves)
+            pieces += got.edges
+        shared: dict[int, list[tuple[int, bytes]]] = {}
+        for at, data in pieces:
+            shared.setdefault(at // leaf, []).append((at, data))
+        for k, parts_of in shared.items():
+            start, n = k * leaf, min(leaf, size - k * leaf)
+            whole = bytearray(n)
+            for at, data in parts_of:
+                whole[at - start : at - start + len(data)] = data
+            if sum(len(data) for _, data in parts_of) != n:
+                raise RuntimeError("the parts of a split file did not give a shared leaf whole")
+            self.digest.hashes[k] = xxhash.xxh3_64_intdigest(whole)
+
+    def finish(
+        self,
+        frames: list[tuple[int, int, int, int]],
+        rows: list[tuple[int, int, int, int, int, int]],
+        end: int,
+        source_fields: Mapping[str, object],
+    ) -> WrittenContainer:
+        """Write the index and footer after the data area (``end``), and read them back
+        with verify."""
+        source_digest = self.digest.digest()
         header = self._header(source_digest, rows)
         header["source"] = {**header["source"], **source_fields}  # type: ignore[dict-item]
         index = Index(header, self.plan.streams, *make_tables(self.segments, frames, rows))
@@ -346,6 +565,9 @@ class _Compression:
             )
             with trace.span("read"):
                 self._scatter_read(pieces, buf)
+            for i in run if self._edge_pieces else ():
+                for where, within, n in self._edge_pieces.get(i, ()):
+                    self.edges.append((where, buf[self.at[i] + within : self.at[i] + within + n].tobytes()))
             views = [buf[self.at[i] : self.at[i] + self.frames[i].length] for i in run]
             if self.leaf_table is not None:  # the engine hashes where it holds the bytes (its GPU)
                 _, frame, start, size, parts = self.leaf_table.span(run.start, run.stop)
@@ -428,27 +650,22 @@ class _Compression:
 
     def _place(
         self,
-    ) -> tuple[
-        list[tuple[int, int, int, int]],
-        list[list[int]],
-        list[Future[None]],
-        list[Future[None]],
-        int,
-    ]:
+    ) -> tuple[list[tuple[int, int, int, int]], list[list[int]], list[Future[None]], list[Future[None]]]:
         """Give each coded frame, in order, its place in the container and queue its write
         (a run of frames at a time)."""
         frames: list[tuple[int, int, int, int]] = []
         chunks: list[list[int]] = []
         writes: list[Future[None]] = []
         checks: list[Future[None]] = []
-        pos = len(PREFIX)
         for r, run in enumerate(self.runs):
             with trace.span("wait coded"):
                 self.read[run[0]].result()
                 fut, self.coded[r] = self.coded[r], None  # a coded run lives until it is written
                 assert fut is not None  # set before the reads resolve
                 span = fut.result()
-            start, parts, payloads = pos, list[bytes | memoryview](), list[bytes | memoryview]()
+            need = sum(padded_size(len(ch.payload)) for coded in span.frames for ch in coded.chunks)
+            start = pos = self.places.take(need)
+            parts, payloads = list[bytes | memoryview](), list[bytes | memoryview]()
             rows: list[list[int]] = []
             firsts = []
             if self.leaf_table is not None:  # the engine took each frame's checksum and leaves
@@ -489,7 +706,7 @@ class _Compression:
             w.add_done_callback(lambda _: self.write_room.release())
             writes.append(w)
             self.tasks.append(w)
-        return frames, chunks, writes, checks, pos
+        return frames, chunks, writes, checks
 
     def _store(
         self,
@@ -661,6 +878,33 @@ class _Compression:
         return header
 
 
+def _whole_leaves(window: tuple[int, int], leaf: int, size: int) -> tuple[int, int]:
+    """The digest leaves lying whole inside ``window`` of a ``size``-byte file: first, end."""
+    lo, hi = window
+    first = -(-lo // leaf)
+    return first, max(first, leaf_count(hi, leaf) if hi == size else hi // leaf)
+
+
+def _edge_pieces(
+    frames: Sequence[Frame], window: tuple[int, int], leaf: int, size: int
+) -> dict[int, list[tuple[int, int, int]]]:
+    """The pieces of ``frames`` (by index) that hold bytes of the leaves ``window`` shares
+    with the bytes around it: ``(file offset, offset in the frame, bytes)``."""
+    lo, hi = window
+    first, end = _whole_leaves(window, leaf, size)
+    spans = [(lo, min(hi, first * leaf))] if lo < first * leaf else []
+    if end * leaf < hi:
+        spans.append((max(lo, end * leaf), hi))
+    out: dict[int, list[tuple[int, int, int]]] = {}
+    for i, f in enumerate(frames):
+        for at, within, n in f.pieces:
+            for a, b in spans:
+                a, b = max(at, a), min(at + n, b)
+                if a < b:
+                    out.setdefault(i, []).append((a, within + a - at, b - a))
+    return out
+
+
 def _run_offsets(lengths: list[int]) -> list[int]:
     """Where each frame of a run lies in its buffer: back to back, 16-byte aligned."""
     return list(accumulate(map(padded_size, lengths[:-1]), initial=0))
@@ -678,4 +922,13 @@ def _regular(out: BinaryIO) -> bool:
         return False
 
 
-__all__ = ["Source", "WrittenContainer", "compress_file"]
+__all__ = [
+    "Helpers",
+    "PartJob",
+    "PartResult",
+    "Places",
+    "Source",
+    "WrittenContainer",
+    "code_part",
+    "compress_file",
+]

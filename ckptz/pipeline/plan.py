@@ -8,9 +8,11 @@ coders and writers can work on frames in any order and in parallel.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -108,6 +110,65 @@ def plan_streams(
             frame = frame_size_for(lengths[sid], frame_size, largest_frame)
         streams.append(StreamInfo(sid, component, dtype, word, rotate, frame, lengths[sid], tensors[sid]))
     return StreamPlan(tuple(streams), tuple(seg_streams))
+
+
+def split_plan(plan: StreamPlan, layout: FileLayout, parts: int, least: int) -> tuple[StreamPlan, list[Part]]:
+    """The file cut at segment boundaries into up to ``parts`` byte ranges of about equal
+    size and at least ``least`` bytes each, each with streams of its own, so that every
+    frame's bytes lie in one range and each range can be coded by another process.
+
+    Streams are numbered range after range (the first range's keep their order); each keeps
+    its component, dtype and frame size, and counts only its range's bytes and tensors.
+    Several streams of one (component, dtype) are what FORMAT.md allows. A segment is never
+    cut (a tensor stays one segment), so a file whose boundaries fall far from the ideal
+    cuts, or that is too small, stays whole: ``(plan, [one part])``.
+    """
+    ends = [seg.end for seg in layout.segments[:-1]]
+    cuts: list[int] = []
+    for k in range(1, parts):
+        ideal = layout.size * k // parts
+        j = bisect.bisect_left(ends, ideal)
+        near = [ends[x] for x in (j - 1, j) if 0 <= x < len(ends)]
+        if near:
+            cut = min(near, key=lambda e: abs(e - ideal))
+            if cut - (cuts[-1] if cuts else 0) >= least and layout.size - cut >= least:
+                cuts.append(cut)
+    bounds = [0, *cuts, layout.size]
+    if len(bounds) == 2:
+        return plan, [Part(frozenset(range(len(plan.streams))), (0, layout.size))]
+    ids: dict[tuple[int, int], int] = {}
+    lengths: list[int] = []
+    tensors: list[int] = []
+    olds: list[int] = []
+    seg_streams: list[int] = []
+    for seg, old in zip(layout.segments, plan.segment_streams, strict=True):
+        r = min(bisect.bisect_right(bounds, seg.offset), len(bounds) - 1) - 1  # an empty last one: the last
+        sid = ids.setdefault((r, old), len(olds))
+        if sid == len(olds):
+            olds.append(old)
+            lengths.append(0)
+            tensors.append(0)
+        lengths[sid] += seg.length
+        tensors[sid] += seg.kind == "tensor"
+        seg_streams.append(sid)
+    streams = tuple(
+        replace(plan.streams[old], id=sid, length=lengths[sid], tensors=tensors[sid])
+        for sid, old in enumerate(olds)
+    )
+    out = [
+        Part(frozenset(sid for (r, _), sid in ids.items() if r == n), (lo, hi))
+        for n, (lo, hi) in enumerate(itertools.pairwise(bounds))
+    ]
+    return StreamPlan(streams, tuple(seg_streams)), out
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A share of one file's compression that one process codes: its streams (of a plan
+    made by :func:`split_plan`) and the file bytes they hold, ``[lo, hi)``."""
+
+    streams: frozenset[int]
+    window: tuple[int, int]
 
 
 #: Reads many ``(offset, size)`` spans of the file being planned, in one call.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import io
 import itertools
 import os
@@ -37,10 +38,10 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, BinaryIO, cast
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, TypeVar, cast
 
 import numpy as np
 
@@ -49,6 +50,7 @@ from ckptz.container import Index, read_index
 from ckptz.digest import Digest, LeafHashes, leaf_count
 from ckptz.engines.base import Engine
 from ckptz.errors import CkptzError
+from ckptz.pipeline.compress import PartJob, PartResult, Places, code_part
 from ckptz.pipeline.restore import (
     Comparer,
     DiscardSink,
@@ -60,6 +62,8 @@ from ckptz.pipeline.restore import (
     restore_range,
 )
 from ckptz.pipeline.transform import transformed
+
+T = TypeVar("T")
 
 #: Bytes of a range at least: each cut decodes up to one frame per stream twice.
 MIN_RANGE = 512 << 20
@@ -99,15 +103,20 @@ def ranges(size: int, leaf: int, parts: int) -> list[tuple[int, int]]:
 
 @dataclass(slots=True)
 class _Task:
-    """One range of one file, for whichever process takes it first."""
+    """One share of one file's work (a range to restore, a part to code), for whichever
+    process takes it first: a helper is sent ``message`` and ``fds``; the caller runs
+    ``local``."""
 
     owner: object
-    window: tuple[int, int]
-    container: int
-    sink: tuple[str, int, int]
-    path: str
+    message: tuple[object, ...]
+    fds: list[int]
+    local: Callable[[], Any]
     progress: Callable[[int], None]
-    future: Future[np.ndarray]
+    size: int
+    future: Future[Any] = field(default_factory=Future)
+    places: Places | None = None
+    placed: bool = False  # a helper took places in the container for it
+    cancelled: bool = False  # its file failed: a helper coding it stops at its next run
 
 
 class Shards:
@@ -187,37 +196,61 @@ class Shards:
             return False
         prepare(sink, index)
         owner = object()
-        tasks = [_Task(owner, w, container.fileno(), target, path, progress, Future()) for w in cuts]
-        with self._cv:
-            self._queue.extend(tasks)
-            self._cv.notify_all()
-        for t in tasks:
-            t.future.add_done_callback(self._wake)
-        while (task := self._next_own(owner, tasks)) is not None:
-            if _first_error(tasks) is not None:  # a range failed: the file has
-                task.future.set_exception(_NotStarted())
-                continue
-            try:
-                with trace.span("range"):
-                    leaves = restore_range(
-                        container, path, engine, sink, task.window, index=index, progress=progress
-                    )
-                task.future.set_result(leaves)
-            except BaseException as exc:
-                task.future.set_exception(exc)
-                self._drop(owner)
-        first = _first_error(tasks)
-        if first is not None:
-            raise first
+        kind_of_sink, fd, size = target
+        fds = [container.fileno()] if fd < 0 else [container.fileno(), fd]
+
+        def local(window: tuple[int, int]) -> Callable[[], np.ndarray]:
+            return lambda: restore_range(
+                container, path, engine, sink, window, index=index, progress=progress
+            )
+
+        tasks = [
+            _Task(owner, ("range", path, w, kind_of_sink, size), fds, local(w), progress, w[1] - w[0])
+            for w in cuts
+        ]
+        _, got = self._share(owner, tasks, None)
         hashes = LeafHashes(leaf_count(index.source_size, kind.leaf))
-        for t in tasks:
-            got = t.future.result()
-            lo = t.window[0] // kind.leaf
-            if got.size != leaf_count(t.window[1], kind.leaf) - lo:
+        for window, leaves in zip(cuts, got, strict=True):
+            lo = window[0] // kind.leaf
+            if leaves.size != leaf_count(window[1], kind.leaf) - lo:
                 raise RuntimeError("a helper process gave the wrong number of leaf hashes")
-            hashes.set_many(np.arange(lo, lo + got.size, dtype=np.int64), got)
+            hashes.set_many(np.arange(lo, lo + leaves.size, dtype=np.int64), leaves)
         conclude(Digest(kind, hashes.hexdigest()), index, path, sink)
         return True
+
+    def parts(self, size: int) -> int:
+        """Into how many parts a ``size``-byte file is cut for compression: one per process
+        where each is at least :data:`MIN_RANGE` (:meth:`code_parts`)."""
+        return max(1, min(self.processes, size // MIN_RANGE))
+
+    def code_parts(
+        self,
+        jobs: Sequence[PartJob],
+        fds: tuple[int, int],
+        places: Places,
+        progress: Callable[[int], None],
+        own: Callable[[], T],
+        local: Callable[[PartJob], PartResult],
+    ) -> tuple[T, list[PartResult]]:
+        """Parts of one file coded by helpers while the caller codes its own
+        (:class:`ckptz.pipeline.compress.Helpers`): each helper's runs are placed in the
+        caller's container by ``places``, at its request."""
+        owner = object()
+        sent = [fds[0]] if fds[1] < 0 else list(fds)
+        tasks = [
+            _Task(
+                owner,
+                ("part", job),
+                sent,
+                functools.partial(local, job),
+                progress,
+                job.part.window[1] - job.part.window[0],
+                places=places,
+            )
+            for job in jobs
+        ]
+        mine, got = self._share(owner, tasks, own)
+        return cast(T, mine), got
 
     def close(self) -> None:
         """Stop the helpers: each ends once its range is done and its socket closed (killed
@@ -244,7 +277,47 @@ class Shards:
 
     # -- the caller's side ----------------------------------------------------------------
 
-    def _wake(self, _: Future[np.ndarray]) -> None:
+    def _share(
+        self, owner: object, tasks: list[_Task], own: Callable[[], T] | None
+    ) -> tuple[T | None, list[Any]]:
+        """Queue ``tasks`` for the helpers, run ``own`` in this thread (if any), then run
+        here each task no helper is free to take; every task's result, in order.
+
+        Raises:
+            the first error of ``own`` or a task, once every task is over (the tasks not
+            started by then are not started).
+        """
+        with self._cv:
+            self._queue.extend(tasks)
+            self._cv.notify_all()
+        for t in tasks:
+            t.future.add_done_callback(self._wake)
+        mine: T | None = None
+        error: BaseException | None = None
+        if own is not None:
+            try:
+                mine = own()
+            except BaseException as exc:
+                error = exc
+                for t in tasks:
+                    t.cancelled = True
+                self._drop(owner)
+        while (task := self._next_own(owner, tasks)) is not None:
+            if error is not None or _first_error(tasks) is not None:  # the file has failed
+                task.future.set_exception(_NotStarted())
+                continue
+            try:
+                with trace.span("range"):
+                    task.future.set_result(task.local())
+            except BaseException as exc:
+                task.future.set_exception(exc)
+                self._drop(owner)
+        first = error or _first_error(tasks)
+        if first is not None:
+            raise first
+        return mine, [t.future.result() for t in tasks]
+
+    def _wake(self, _: Future[Any]) -> None:
         with self._cv:
             self._cv.notify_all()
 
@@ -299,7 +372,10 @@ class Shards:
                 try:
                     self._run(sock, task)
                 except (OSError, EOFError):
-                    self._give_back(task)  # the helper died: the caller restores the range
+                    if not task.placed:
+                        self._give_back(task)  # the helper died: the caller does it
+                    else:  # the places it took in the container are lost: the file fails
+                        task.future.set_exception(HelperDiedError())
                     return
 
     def _start(self) -> socket.socket | None:
@@ -328,20 +404,23 @@ class Shards:
         return sock
 
     def _run(self, sock: socket.socket, task: _Task) -> None:
-        kind, fd, size = task.sink
-        fds = [task.container] if fd < 0 else [task.container, fd]
         with trace.span("helper range"):
-            _send(sock, ("range", task.path, task.window, kind, size), fds)
+            _send(sock, task.message, task.fds)
             while True:
                 reply = _receive(sock)
                 if reply[0] == "progress":
                     with contextlib.suppress(BaseException):  # a stop shows in the caller's range
                         task.progress(reply[1])
                     continue
+                if reply[0] == "place":  # where a helper's coded run goes in the container
+                    assert task.places is not None
+                    task.placed = True
+                    _send(sock, ("stop",) if task.cancelled else ("at", task.places.take(reply[1])))
+                    continue
                 if reply[0] == "done":
                     with self._cv:
-                        self.helped_bytes += task.window[1] - task.window[0]
-                    task.future.set_result(np.frombuffer(reply[1], "<u8"))
+                        self.helped_bytes += task.size
+                    task.future.set_result(reply[1])
                 else:
                     task.future.set_exception(_rebuild(reply[1]))
                 return
@@ -357,6 +436,18 @@ def _close_shared() -> None:
         _shared.clear()
     for pool in pools:
         pool.close()
+
+
+def compress_with(shards: Shards | None, attempt: Callable[[Shards | None], T]) -> T:
+    """``attempt(shards)`` (a file's compression into an output of its own), and again
+    without helpers where one died in the middle of it (:class:`HelperDiedError`; the
+    attempt's output is gone with its failure)."""
+    try:
+        return attempt(shards)
+    except HelperDiedError:
+        if shards is None:
+            raise
+        return attempt(None)
 
 
 def restore_with(
@@ -375,6 +466,15 @@ def restore_with(
     if shards is None or not shards.restore(container, path, engine, sink, index, progress):
         restore(container, path, engine, sink, index=index, progress=progress)
     return index
+
+
+class HelperDiedError(RuntimeError):
+    """A helper process died while coding a part of a file: the places it took in the
+    container are lost, so the file must be compressed again (:func:`compress_with` does,
+    without helpers)."""
+
+    def __init__(self) -> None:
+        super().__init__("a helper process died while compressing part of the file")
 
 
 class _NotStarted(Exception):
@@ -523,10 +623,10 @@ def _die_with_parent() -> None:
 
 
 def _serve(sock: socket.socket, spec: EngineSpec) -> None:
-    """A helper's life: open the engine, then restore ranges until the socket closes."""
+    """A helper's life: open the engine, then restore ranges and code parts until the
+    socket closes."""
     from ckptz.engines import open_engine
     from ckptz.pipeline.workers import tuned_interpreter
-    from ckptz.safeio import shared_output
 
     try:
         engine, _ = open_engine(
@@ -544,7 +644,6 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
                 message = _receive(sock, fds)
             except EOFError:
                 return
-            _, path, window, kind, size = message
             pending = [0]
 
             def report(n: int, pending: list[int] = pending) -> None:
@@ -554,37 +653,77 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
                         _send(sock, ("progress", pending[0]))
                         pending[0] = 0
 
-            with contextlib.ExitStack() as stack:
-                # Descriptors passed over a socket share their file offset with the caller's:
-                # the container is read through an offset of its own (every other read and
-                # write of the pipeline is at explicit offsets).
-                files: list[BinaryIO] = [cast(BinaryIO, _OwnOffset(fds[0]))]
-                files += [
-                    stack.enter_context(open(fd, "rb" if kind == "compare" else "r+b")) for fd in fds[1:]
-                ]
-                stack.callback(os.close, fds[0])
-                try:
-                    index = read_index(files[0], path)
-                    sink: Sink
-                    if kind == "file":
-                        stack.enter_context(shared_output(files[1].fileno(), size))
-                        sink = FileSink(files[1], size)
-                    elif kind == "compare":
-                        sink = Comparer(files[1], path)
-                    else:
-                        sink = DiscardSink()
-                    with trace.span("range"):
-                        hashes = restore_range(
-                            files[0], path, engine, sink, window, index=index, progress=report
-                        )
-                    reply: tuple[object, ...] = ("done", hashes.tobytes())
-                except Exception as exc:
-                    reply = ("error", _portable(exc))
+            try:
+                result: object
+                if message[0] == "part":
+                    result = _code_part(message[1], fds, engine, _AskPlaces(sock, lock), report)
+                else:
+                    result = _restore_range(message, fds, engine, report)
+                reply: tuple[object, ...] = ("done", result)
+            except Exception as exc:
+                reply = ("error", _portable(exc))
             with lock:
                 if pending[0]:
                     _send(sock, ("progress", pending[0]))
                     pending[0] = 0
                 _send(sock, reply)
+
+
+def _restore_range(
+    message: tuple[Any, ...], fds: list[int], engine: Engine, report: Callable[[int], None]
+) -> np.ndarray:
+    """A helper's range of a file to restore: its leaf hashes."""
+    from ckptz.safeio import shared_output
+
+    _, path, window, kind, size = message
+    with contextlib.ExitStack() as stack:
+        # Descriptors passed over a socket share their file offset with the caller's: the
+        # container is read through an offset of its own (every other read and write of
+        # the pipeline is at explicit offsets).
+        files: list[BinaryIO] = [cast(BinaryIO, _OwnOffset(fds[0]))]
+        stack.callback(os.close, fds[0])
+        files += [stack.enter_context(open(fd, "rb" if kind == "compare" else "r+b")) for fd in fds[1:]]
+        index = read_index(files[0], path)
+        sink: Sink
+        if kind == "file":
+            stack.enter_context(shared_output(files[1].fileno(), size))
+            sink = FileSink(files[1], size)
+        elif kind == "compare":
+            sink = Comparer(files[1], path)
+        else:
+            sink = DiscardSink()
+        with trace.span("range"):
+            return restore_range(files[0], path, engine, sink, window, index=index, progress=report)
+
+
+def _code_part(
+    job: PartJob, fds: list[int], engine: Engine, places: Places, report: Callable[[int], None]
+) -> PartResult:
+    """A helper's part of a file to compress (``fds``: the file, and the caller's output if
+    any): written with plain ``pwrite`` at the places the caller gives, which also sizes
+    the file (:class:`ckptz.pipeline.compress.Places`)."""
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, fds[0])
+        out = stack.enter_context(open(fds[1], "r+b")) if len(fds) > 1 else None
+        with trace.span("part"):
+            return code_part(job, fds[0], out, engine, places, report)
+
+
+class _AskPlaces:
+    """A helper's places in the caller's container, asked for run by run."""
+
+    def __init__(self, sock: socket.socket, lock: threading.Lock) -> None:
+        self._sock, self._lock = sock, lock
+
+    def take(self, n: int) -> int:
+        with self._lock:
+            _send(self._sock, ("place", n))
+            reply = _receive(self._sock)
+        if reply[0] == "stop":
+            raise _NotStarted()  # the caller's part of the file failed
+        if reply[0] != "at":
+            raise RuntimeError(f"the calling process answered {reply[0]!r} for a place")
+        return int(reply[1])
 
 
 def main(argv: list[str]) -> None:
@@ -600,4 +739,4 @@ if __name__ == "__main__":
     main(sys.argv[1:])
 
 
-__all__ = ["MIN_RANGE", "EngineSpec", "Shards", "ranges", "restore_with"]
+__all__ = ["MIN_RANGE", "EngineSpec", "HelperDiedError", "Shards", "compress_with", "ranges", "restore_with"]

@@ -69,20 +69,20 @@ def engine_session(
         engine.close()
 
 
-#: Processes that restore a large file together where it pays: a GPU restore's pipeline is
-#: bound by its interpreter; two processes restoring one folder on the H100 host moved
-#: 1.25-1.44x one, three no more than two (:mod:`ckptz.pipeline.shards`; BENCHMARKS.md,
-#: session 29).
-RESTORE_PROCESSES = 2
-#: Cores a machine needs before a restore is split (each process runs its own threads).
+#: Processes that compress or restore a large file together where it pays: a GPU run's
+#: pipeline is bound by its interpreter; two processes restoring one folder on the H100
+#: host moved 1.25-1.44x one, three no more than two (:mod:`ckptz.pipeline.shards`;
+#: BENCHMARKS.md, session 29).
+SPLIT_PROCESSES = 2
+#: Cores a machine needs before a file is split (each process runs its own threads).
 SPLIT_CORES = 8
 
 
-def restore_processes(jobs: Sequence[Job], codec: str, processes: int | None) -> int:
-    """How many processes restore one large file together: ``processes`` where given (or
-    ``CKPTZ_PROCESSES``); else :data:`RESTORE_PROCESSES` where the files are decoded on a
-    GPU (``codec`` is a GPU-only bitstream), the machine has :data:`SPLIT_CORES` cores and a
-    container is large enough to split; else 1."""
+def split_processes(jobs: Sequence[Job], codec: str, processes: int | None) -> int:
+    """How many processes compress or restore one large file together: ``processes`` where
+    given (or ``CKPTZ_PROCESSES``); else :data:`SPLIT_PROCESSES` where the files are coded
+    on a GPU (``codec`` is a GPU-only bitstream), the machine has :data:`SPLIT_CORES` cores
+    and a file is large enough to split; else 1."""
     from ckptz.pipeline.shards import MIN_RANGE
 
     if processes is None and os.environ.get("CKPTZ_PROCESSES", "").isdigit():
@@ -94,15 +94,15 @@ def restore_processes(jobs: Sequence[Job], codec: str, processes: int | None) ->
     if codec not in GPU_ONLY_CODECS or (os.cpu_count() or 1) < SPLIT_CORES:
         return 1
     large = any(j.entry.size >= 2 * MIN_RANGE for j in jobs)
-    return RESTORE_PROCESSES if large else 1
+    return SPLIT_PROCESSES if large else 1
 
 
 @contextmanager
-def restore_shards(
-    processes: int, device: str | None, threads: int | None, codec: str, memory: int | None
+def helper_shards(
+    processes: int, device: str | None, threads: int | None, level: int, codec: str, memory: int | None
 ) -> Iterator[tuple[Shards | None, int | None]]:
-    """Helpers for a restore in ``processes`` processes (started now, beside the caller's
-    own start-up, where the process has none yet: :meth:`Shards.shared`), and the memory
+    """Helpers for a run in ``processes`` processes (started now, beside the caller's own
+    start-up, where the process has none yet: :meth:`Shards.shared`), and the memory
     budget of each process's engine: ``memory`` shared between them where given, else the
     engine's default each (on the H100 host, two processes of 1 GiB each restored 16.0
     GB/s, of 2 GiB each 18.5; BENCHMARKS.md, session 29)."""
@@ -112,7 +112,7 @@ def restore_shards(
     from ckptz.pipeline.shards import EngineSpec, Shards
 
     share = None if memory is None else memory // processes
-    yield Shards.shared(EngineSpec(device, threads, 3, codec, share), processes - 1), share
+    yield Shards.shared(EngineSpec(device, threads, level, codec, share), processes - 1), share
 
 
 def decoding_codec(jobs: Sequence[Job], device: str | None) -> str:
