@@ -216,6 +216,12 @@ def test_processes_by_default(monkeypatch: pytest.MonkeyPatch, packed: tuple[Pat
     big = Job("convert", Entry(Path("x"), "x", "file", 8 << 30, (0, 0), 1), Path("x"), "x")  # type: ignore[arg-type]
     small = Job("convert", Entry(Path("y"), "y", "file", 1 << 20, (0, 0), 1), Path("y"), "y")  # type: ignore[arg-type]
     monkeypatch.setattr(run_module.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(shards_module, "helpers_running", lambda: False)
+    huge = Job("convert", Entry(Path("z"), "z", "file", 40 << 30, (0, 0), 1), Path("z"), "z")  # type: ignore[arg-type]
+    assert split_processes([big], "ans", None) == 1  # helper start-up would not pay back
+    assert split_processes([huge], "ans", None) == run_module.SPLIT_PROCESSES
+    assert split_processes([big] * 5, "ans", None) == run_module.SPLIT_PROCESSES
+    monkeypatch.setattr(shards_module, "helpers_running", lambda: True)  # a library converted before
     assert split_processes([big], "ans", None) == run_module.SPLIT_PROCESSES
     assert split_processes([small], "ans", None) == 1
     assert split_processes([big], "auto", None) == 1  # CPU decoding is bound by its cores

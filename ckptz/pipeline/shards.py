@@ -430,6 +430,12 @@ _shared: dict[tuple[EngineSpec, int], Shards] = {}
 _shared_lock = threading.Lock()
 
 
+def helpers_running() -> bool:
+    """Whether this process has helpers started and ready (:meth:`Shards.shared`)."""
+    with _shared_lock:
+        return any(pool.helpers_ready for pool in _shared.values())
+
+
 def _close_shared() -> None:
     with _shared_lock:
         pools = list(_shared.values())
@@ -739,4 +745,13 @@ if __name__ == "__main__":
     main(sys.argv[1:])
 
 
-__all__ = ["MIN_RANGE", "EngineSpec", "HelperDiedError", "Shards", "compress_with", "ranges", "restore_with"]
+__all__ = [
+    "MIN_RANGE",
+    "EngineSpec",
+    "HelperDiedError",
+    "Shards",
+    "compress_with",
+    "helpers_running",
+    "ranges",
+    "restore_with",
+]

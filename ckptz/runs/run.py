@@ -70,20 +70,27 @@ def engine_session(
 
 
 #: Processes that compress or restore a large file together where it pays: a GPU run's
-#: pipeline is bound by its interpreter; two processes restoring one folder on the H100
-#: host moved 1.25-1.44x one, three no more than two (:mod:`ckptz.pipeline.shards`;
-#: BENCHMARKS.md, session 29).
+#: pipeline is bound by its interpreter. On the H100 host, with the helper already running,
+#: two processes compressed a 5.35 GB folder 1.39x as fast as one and restored it 1.89x;
+#: three did no better than two (:mod:`ckptz.pipeline.shards`; BENCHMARKS.md, sessions 29-30).
 SPLIT_PROCESSES = 2
 #: Cores a machine needs before a file is split (each process runs its own threads).
 SPLIT_CORES = 8
+#: Bytes a run converts before starting a helper pays: a helper's start (a fresh
+#: interpreter, the GPU's context, its pinned memory) takes ~1.5 s, and while it starts
+#: the caller works alone and shares the cores with it. Fresh processes given one 10 GB file
+#: ran 0.87x (compress) and 0.95x (restore) as fast in 2 processes as in 1 on the H100 host
+#: (BENCHMARKS.md, session 30); by the rates above, the split pays from ~25 GB.
+SPLIT_BYTES = 32 << 30
 
 
 def split_processes(jobs: Sequence[Job], codec: str, processes: int | None) -> int:
     """How many processes compress or restore one large file together: ``processes`` where
     given (or ``CKPTZ_PROCESSES``); else :data:`SPLIT_PROCESSES` where the files are coded
-    on a GPU (``codec`` is a GPU-only bitstream), the machine has :data:`SPLIT_CORES` cores
-    and a file is large enough to split; else 1."""
-    from ckptz.pipeline.shards import MIN_RANGE
+    on a GPU (``codec`` is a GPU-only bitstream), the machine has :data:`SPLIT_CORES` cores,
+    a file is large enough to split, and the run converts :data:`SPLIT_BYTES` or this
+    process has helpers running already (a library that converted before); else 1."""
+    from ckptz.pipeline.shards import MIN_RANGE, helpers_running
 
     if processes is None and os.environ.get("CKPTZ_PROCESSES", "").isdigit():
         processes = int(os.environ["CKPTZ_PROCESSES"])
@@ -94,7 +101,8 @@ def split_processes(jobs: Sequence[Job], codec: str, processes: int | None) -> i
     if codec not in GPU_ONLY_CODECS or (os.cpu_count() or 1) < SPLIT_CORES:
         return 1
     large = any(j.entry.size >= 2 * MIN_RANGE for j in jobs)
-    return SPLIT_PROCESSES if large else 1
+    pays = sum(j.entry.size for j in jobs) >= SPLIT_BYTES or helpers_running()
+    return SPLIT_PROCESSES if large and pays else 1
 
 
 @contextmanager
