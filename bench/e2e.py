@@ -37,7 +37,9 @@ is left. ``--only`` picks row groups: startup, ceilings, inproc, discard, ckptz 
 command), peers.
 
 Notes: "discarded" rows read their input from tmpfs and write nothing (ckptz through the
-api's ``discard=True``, recorded as skipped while the api lacks it); ZipNN's rows time reading
+api's ``discard=True``, recorded as skipped while the api lacks it; ``cuda ans`` also runs
+them in two processes per large file, ``processes=2``, its helper started by an untimed call
+first, as a library that converted before has it); ZipNN's rows time reading
 and coding whole files. GPU kernels are warmed up (untimed) before the first timed GPU run;
 start-up records the first GPU run apart as "cold". In-place runs on tmpfs only. The file to
 file target compares compression with 0.9 × write ceiling × ratio and restores, which write

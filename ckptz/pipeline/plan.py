@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -76,11 +76,6 @@ def plan_streams(
     constant and bit-packed codes. Segments whose index is in ``apart`` (those a series delta codes as
     an XOR, :mod:`ckptz.series`) get streams of their own.
     """
-    ids: dict[tuple[str, str, int, bool, int, bool], int] = {}
-    keys: list[tuple[str, str, int, bool, int, bool]] = []
-    lengths: list[int] = []
-    tensors: list[int] = []
-    seg_streams: list[int] = []
     types = [_dtype(seg) for seg in layout.segments]
     with open(source, "rb", buffering=0) if isinstance(source, Path) else nullcontext() as f:
         if f is not None:
@@ -92,16 +87,13 @@ def plan_streams(
             classes = _classes(layout.segments, types, lambda spans: [read(at, n) for at, n in spans])
         else:
             classes = [0] * len(types)
-    for i, (seg, dt, cls) in enumerate(zip(layout.segments, types, classes, strict=True)):
-        key = (seg.component, dt.name, dt.word, dt.is_float, cls, i in apart)
-        sid = ids.setdefault(key, len(keys))
-        if sid == len(keys):
-            keys.append(key)
-            lengths.append(0)
-            tensors.append(0)
-        lengths[sid] += seg.length
-        tensors[sid] += seg.kind == "tensor"
-        seg_streams.append(sid)
+    keys, lengths, tensors, seg_streams = _number(
+        layout.segments,
+        [
+            (seg.component, dt.name, dt.word, dt.is_float, cls, i in apart)
+            for i, (seg, dt, cls) in enumerate(zip(layout.segments, types, classes, strict=True))
+        ],
+    )
     streams = []
     for sid, (component, dtype, word, rotate, _, _) in enumerate(keys):
         if word == 1 and component in ("metadata", "other"):
@@ -136,30 +128,46 @@ def split_plan(plan: StreamPlan, layout: FileLayout, parts: int, least: int) -> 
     bounds = [0, *cuts, layout.size]
     if len(bounds) == 2:
         return plan, [Part(frozenset(range(len(plan.streams))), (0, layout.size))]
-    ids: dict[tuple[int, int], int] = {}
+    # Each segment's part (an empty last one: the last part's) and stream before.
+    where = [
+        (min(bisect.bisect_right(bounds, seg.offset), len(bounds) - 1) - 1, old)
+        for seg, old in zip(layout.segments, plan.segment_streams, strict=True)
+    ]
+    keys, lengths, tensors, seg_streams = _number(layout.segments, where)
+    streams = tuple(
+        replace(plan.streams[old], id=sid, length=lengths[sid], tensors=tensors[sid])
+        for sid, (_, old) in enumerate(keys)
+    )
+    out = [
+        Part(frozenset(sid for sid, (r, _) in enumerate(keys) if r == n), (lo, hi))
+        for n, (lo, hi) in enumerate(itertools.pairwise(bounds))
+    ]
+    return StreamPlan(streams, tuple(seg_streams)), out
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _number(
+    segments: Sequence[Segment], keys: Sequence[K]
+) -> tuple[list[K], list[int], list[int], list[int]]:
+    """Streams numbered by the first appearance of their segments' ``keys``: each stream's
+    key, bytes and tensors, and each segment's stream."""
+    ids: dict[K, int] = {}
+    firsts: list[K] = []
     lengths: list[int] = []
     tensors: list[int] = []
-    olds: list[int] = []
     seg_streams: list[int] = []
-    for seg, old in zip(layout.segments, plan.segment_streams, strict=True):
-        r = min(bisect.bisect_right(bounds, seg.offset), len(bounds) - 1) - 1  # an empty last one: the last
-        sid = ids.setdefault((r, old), len(olds))
-        if sid == len(olds):
-            olds.append(old)
+    for seg, key in zip(segments, keys, strict=True):
+        sid = ids.setdefault(key, len(firsts))
+        if sid == len(firsts):
+            firsts.append(key)
             lengths.append(0)
             tensors.append(0)
         lengths[sid] += seg.length
         tensors[sid] += seg.kind == "tensor"
         seg_streams.append(sid)
-    streams = tuple(
-        replace(plan.streams[old], id=sid, length=lengths[sid], tensors=tensors[sid])
-        for sid, old in enumerate(olds)
-    )
-    out = [
-        Part(frozenset(sid for (r, _), sid in ids.items() if r == n), (lo, hi))
-        for n, (lo, hi) in enumerate(itertools.pairwise(bounds))
-    ]
-    return StreamPlan(streams, tuple(seg_streams)), out
+    return firsts, lengths, tensors, seg_streams
 
 
 @dataclass(frozen=True, slots=True)
