@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
 
 import numpy as np
-import xxhash
 
 from ckptz import indices, safeio, trace
 from ckptz._version import __version__
@@ -60,7 +59,7 @@ from ckptz.container import (
     padded_size,
     read_index,
 )
-from ckptz.digest import TREE, Digest, Kind, Piecewise, leaf_count
+from ckptz.digest import TREE, Digest, Kind, Piecewise, whole_leaves
 from ckptz.engines.base import (
     NO_BUFFER,
     DecodedSpan,
@@ -130,15 +129,15 @@ class _Places:
     """A file's data area handed out run after run, from any thread (several processes':
     a helper's runs through the caller's, :mod:`ckptz.pipeline.shards`).
 
-    With ``grow``, the output is made as long as every place handed out before it is
-    given: then nothing but this ever changes its size while several processes write it
-    (a write's own extension of the file, by ``ftruncate`` of a mapped output, could cut off
-    bytes another process had written past it).
+    Given the output ``out`` (a split file's), it is made as long as every place handed out
+    before the place is given: then nothing but this ever changes its size while several
+    processes write it (a write's own extension of the file, by ``ftruncate`` of a mapped
+    output, could cut off bytes another process had written past it).
     """
 
-    def __init__(self, out: int | None = None, grow: bool = False) -> None:
+    def __init__(self, out: int | None = None) -> None:
         self.end = len(PREFIX)
-        self._out = out if grow else None
+        self._out = out
         self._lock = threading.Lock()
 
     def take(self, n: int) -> int:
@@ -273,40 +272,22 @@ def compress_file(
                 engine.largest_frame if largest_frame is None else largest_frame,
             )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-        whole = Part(frozenset(range(len(plan.streams))), (0, layout.size))
-        split = helpers is not None and change is None and digest.tree and source is None
-        if split and (out is None or _regular(out)):
-            assert helpers is not None
+        parts: list[Part] = []
+        plain = change is None and digest.tree and source is None and (out is None or _regular(out))
+        if helpers is not None and plain:
             plan, parts = split_plan(plan, layout, helpers.parts(layout.size), 1)
-        else:
-            parts = [whole]
-        if len(parts) == 1:
+        if helpers is None or len(parts) < 2:
             run = _Compression(
                 reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
             )
             return run.run(source_fields or {})
-        assert helpers is not None
-        places = _Places(None if out is None else out.fileno(), grow=True)
+        places = _Places(None if out is None else out.fileno())
         jobs = [PartJob(relpath, layout, plan, p, verify, digest) for p in parts]
 
         def local(job: PartJob) -> PartResult:
             return code_part(job, fd, out, engine, places, progress, pools)
 
-        first = _Compression(
-            reader,
-            relpath,
-            layout,
-            plan,
-            out,
-            engine,
-            pools,
-            progress,
-            verify,
-            None,
-            digest,
-            parts[0],
-            places,
-        )
+        first = _part_run(jobs[0], reader, out, engine, places, progress, pools)
         try:
             out_fd = -1 if out is None else out.fileno()
             (frames, rows), results = helpers.code_parts(
@@ -336,14 +317,33 @@ def code_part(
     """Code one part of a split file (``fd``: the file, open for reading) into ``out`` at
     the offsets ``places`` gives; in a helper process or in the caller's."""
     pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-    run = _Compression(
-        _FileSource(fd),
+    run = _part_run(job, _FileSource(fd), out, engine, places, progress, pools)
+    try:
+        frames, rows = run.code()
+        whole = _whole_leaves(job.part.window, job.digest.leaf, job.layout.size)
+        return PartResult(frames, rows, run.digest.hashes.take(whole.start, whole.stop), run.edges)
+    finally:
+        run.close()
+
+
+def _part_run(
+    job: PartJob,
+    source: Source,
+    out: BinaryIO | None,
+    engine: Engine,
+    places: Places,
+    progress: Progress,
+    workers: Workers,
+) -> _Compression:
+    """The run through the stages of one part of a split file (no transform: never split)."""
+    return _Compression(
+        source,
         job.relpath,
         job.layout,
         job.plan,
         out,
         engine,
-        pools,
+        workers,
         progress,
         job.verify,
         None,
@@ -351,12 +351,6 @@ def code_part(
         job.part,
         places,
     )
-    try:
-        frames, rows = run.code()
-        lo, hi = _whole_leaves(job.part.window, job.digest.leaf, job.layout.size)
-        return PartResult(frames, rows, run.digest.hashes.take(lo, hi), run.edges)
-    finally:
-        run.close()
 
 
 class _Compression:
@@ -495,22 +489,22 @@ class _Compression:
         leaf, size = self.digest.kind.leaf, self.layout.size
         pieces = list(self.edges)
         for window, got in parts:
-            lo, hi = _whole_leaves(window, leaf, size)
-            if got.leaves.size != hi - lo:
+            whole = _whole_leaves(window, leaf, size)
+            if got.leaves.size != len(whole):
                 raise RuntimeError("a part of a split file gave the wrong number of leaf hashes")
-            self.digest.hashes.set_many(np.arange(lo, hi, dtype=np.int64), got.leaves)
+            self.digest.hashes.set_many(np.arange(whole.start, whole.stop, dtype=np.int64), got.leaves)
             pieces += got.edges
         shared: dict[int, list[tuple[int, bytes]]] = {}
         for at, data in pieces:
             shared.setdefault(at // leaf, []).append((at, data))
         for k, parts_of in shared.items():
             start, n = k * leaf, min(leaf, size - k * leaf)
-            whole = bytearray(n)
+            joined = bytearray(n)
             for at, data in parts_of:
-                whole[at - start : at - start + len(data)] = data
+                joined[at - start : at - start + len(data)] = data
             if sum(len(data) for _, data in parts_of) != n:
                 raise RuntimeError("the parts of a split file did not give a shared leaf whole")
-            self.digest.hashes[k] = xxhash.xxh3_64_intdigest(whole)
+            self.digest.hashes[k] = checksum(memoryview(joined))
 
     def finish(
         self,
@@ -878,11 +872,9 @@ class _Compression:
         return header
 
 
-def _whole_leaves(window: tuple[int, int], leaf: int, size: int) -> tuple[int, int]:
-    """The digest leaves lying whole inside ``window`` of a ``size``-byte file: first, end."""
-    lo, hi = window
-    first = -(-lo // leaf)
-    return first, max(first, leaf_count(hi, leaf) if hi == size else hi // leaf)
+def _whole_leaves(window: tuple[int, int], leaf: int, size: int) -> range:
+    """The digest leaves lying whole inside ``window`` of a ``size``-byte file."""
+    return whole_leaves(window[0], window[1] - window[0], leaf, size)
 
 
 def _edge_pieces(
@@ -891,10 +883,10 @@ def _edge_pieces(
     """The pieces of ``frames`` (by index) that hold bytes of the leaves ``window`` shares
     with the bytes around it: ``(file offset, offset in the frame, bytes)``."""
     lo, hi = window
-    first, end = _whole_leaves(window, leaf, size)
-    spans = [(lo, min(hi, first * leaf))] if lo < first * leaf else []
-    if end * leaf < hi:
-        spans.append((max(lo, end * leaf), hi))
+    whole = _whole_leaves(window, leaf, size)
+    spans = [(lo, min(hi, whole.start * leaf))] if lo < whole.start * leaf else []
+    if whole.stop * leaf < hi:
+        spans.append((max(lo, whole.stop * leaf), hi))
     out: dict[int, list[tuple[int, int, int]]] = {}
     for i, f in enumerate(frames):
         for at, within, n in f.pieces:
