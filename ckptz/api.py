@@ -314,7 +314,7 @@ def _compress_one(
         remove_temp(stale)
     meta = FileMeta.of(os.stat(e.path))
 
-    def attempt(helpers: Shards | None) -> WrittenContainer:
+    def attempt(helpers: Shards | None, progress: Callable[[int], None]) -> WrittenContainer:
         with atomic_output(target, meta.container()) as (f, _tmp):
             # ``verify`` decodes every frame back from the payloads written and reads the
             # file back before it is renamed (see ckptz.pipeline.compress and RELIABILITY.md).
@@ -323,14 +323,14 @@ def _compress_one(
                 job.label,
                 f,
                 engine,
-                progress=stop.ticker(reporter.advance),
+                progress=progress,
                 verify=verify,
                 source_fields=meta.to_json(),
                 transform=transform,
                 helpers=helpers,
             )
 
-    written = compress_with(shards, attempt)
+    written = compress_with(shards, attempt, stop.ticker(reporter.advance))
     if in_place:
         remove_original(e.path)
     return index_stats(job.label, written.index, written.size)
@@ -363,9 +363,10 @@ def _discard(
             if compress:
                 written = compress_with(
                     shards,
-                    lambda helpers: compress_file(
-                        job.entry.path, job.label, None, engine, progress=tick, helpers=helpers
+                    lambda helpers, progress: compress_file(
+                        job.entry.path, job.label, None, engine, progress=progress, helpers=helpers
                     ),
+                    tick,
                 )
                 return index_stats(job.label, written.index, written.size)
             with open(job.entry.path, "rb") as c:
@@ -447,7 +448,6 @@ def decompress(
     """
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
-    warm_gpu(device)
     trees = scan_sources(src)
     # Discarding names no outputs: planned as in place, which needs none.
     out = Output.parse(None if discard else dst, in_place or discard, len(trees), trees[0].is_dir)
@@ -457,6 +457,7 @@ def decompress(
     mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
     codec = decoding_codec(mine.converts + mine.finishes, device)
+    warm_gpu(device, codec)  # where a container holds a bitstream only a GPU decodes
     # A team (--nproc, torchrun) already runs a process per share of the files.
     split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
     if discard:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sha256
+from conftest import sha256, tree_digests
 
 from ckptz import api
 from ckptz.engines.base import Engine
@@ -147,3 +147,45 @@ def test_the_join_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", "lots")
     with pytest.raises(UsageError, match="CKPTZ_GPU_JOIN_BYTES"):
         HybridEngine(CpuEngine(1), _no_gpu, required=False)
+
+
+@pytest.mark.parametrize(
+    ("device", "codec", "join", "warmed"),
+    [
+        ("cuda", "auto", None, False),  # the portable bitstream starts on the CPU threads
+        ("cuda", "zstd", None, False),
+        ("cuda:1", "auto", "0", True),  # ... unless the GPU joins at once
+        ("cuda", "ans", None, True),  # only a GPU codes it: up from the start
+        ("auto", "ans", None, True),
+        ("auto", "auto", "0", False),  # no GPU named: the engine decides when it opens
+        ("cpu", "ans", None, False),
+    ],
+)
+def test_the_gpu_is_warmed_only_where_it_codes_from_the_first_frame(
+    monkeypatch: pytest.MonkeyPatch, device: str, codec: str, join: str | None, warmed: bool
+) -> None:
+    import ckptz.engines as engines
+
+    calls: list[str] = []
+    monkeypatch.setattr(engines, "_warm", calls.append)
+    if join is not None:
+        monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", join)
+    engines.warm_gpu(device, codec)
+    assert calls == ([device] if warmed else [])
+
+
+def test_a_portable_gpu_run_below_the_join_size_never_brings_the_gpu_up(
+    monkeypatch: pytest.MonkeyPatch, small_checkpoint: Path, tmp_path: Path
+) -> None:
+    """Compress and decompress with ``--device cuda`` and the portable bitstream: every
+    frame is coded on the CPU threads, and no CUDA context is asked for."""
+    import ckptz.engines as engines
+
+    calls: list[str] = []
+    monkeypatch.setattr(engines, "_warm", calls.append)
+    monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)  # the hybrid engine opens
+    out = tmp_path / "packed"
+    api.compress(small_checkpoint, out, device="cuda")
+    api.decompress(out, tmp_path / "back", device="cuda")
+    assert calls == []
+    assert tree_digests(tmp_path / "back") == tree_digests(small_checkpoint)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from ckptz.pipeline.plan import frame_map, plan_streams, split_plan
 from ckptz.pipeline.restore import restore_range
 from ckptz.pipeline.shards import EngineSpec, Shards, ranges, restore_with
 from ckptz.runs import run as run_module
+from ckptz.runs.results import SilentReporter
 from ckptz.runs.run import split_processes
 
 
@@ -391,6 +393,16 @@ def test_compress_splits_large_files_across_processes(
     assert (tmp_path / "back.pt").read_bytes() == original
 
 
+class Counting(SilentReporter):
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def advance(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes += nbytes
+
+
 def test_a_helper_that_dies_while_coding_leaves_the_file_to_the_caller(
     many: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -414,11 +426,30 @@ def test_a_helper_that_dies_while_coding_leaves_the_file_to_the_caller(
     monkeypatch.setattr(Shards, "code_parts", ready)
     original = many.read_bytes()
     out = tmp_path / "out"
-    api.compress(many, out / "optimizer.pt.ckptz", device="cpu", processes=2)
+    counted = Counting()
+    api.compress(many, out / "optimizer.pt.ckptz", device="cpu", processes=2, reporter=counted)
     assert died  # a helper took the part, and died
+    assert counted.bytes == len(original)  # the bytes coded twice are counted once
     assert [p.name for p in out.iterdir()] == ["optimizer.pt.ckptz"]  # no temp left
     api.decompress(out / "optimizer.pt.ckptz", tmp_path / "back.pt", device="cpu", processes=1)
     assert (tmp_path / "back.pt").read_bytes() == original
+
+
+def test_a_file_whose_only_cuts_are_lopsided_stays_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shards: Shards
+) -> None:
+    """One large tensor in the middle: the boundaries nearest the middle would leave one
+    part a tenth of the file, so it is coded whole (no more streams than unsplit)."""
+    monkeypatch.setattr(shards_module, "MIN_RANGE", 1 << 20)
+    gen = torch.Generator().manual_seed(3)
+    state = {"a": torch.randn(100_000, generator=gen), "big": torch.randn(2_000_000, generator=gen)}
+    state["b"] = torch.randn(100_000, generator=gen)
+    src = tmp_path / "lopsided.pt"
+    torch.save(state, src)
+    whole, _ = _packed(src, tmp_path / "whole.ckptz", None)
+    split, _ = _packed(src, tmp_path / "split.ckptz", shards)
+    assert shards.helped_bytes == 0
+    assert len(split.index.streams) == len(whole.index.streams)  # type: ignore[attr-defined]
 
 
 def test_a_file_that_is_not_split_when_written_to_a_pipe(many: Path, shards: Shards) -> None:

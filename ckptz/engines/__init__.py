@@ -12,7 +12,7 @@ import os
 from ckptz.codecs.table import CHOOSABLE
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
-from ckptz.engines.hybrid import GPU_JOIN_BYTES, HybridEngine
+from ckptz.engines.hybrid import GPU_JOIN_BYTES, HybridEngine, join_bytes
 from ckptz.errors import DeviceError, UsageError
 
 #: ``--codec`` values the CPU engine accepts: its coder writes these bitstreams itself.
@@ -58,15 +58,21 @@ def nvcomp_installed() -> bool:
 
 
 def warm_gpu(device: str | None, codec: str = "auto") -> None:
-    """Start bringing up the GPU a run will open (its CUDA context, on a thread of its
-    own) while the run scans and plans its files: where ``device`` names a GPU, or ``auto``
-    with a bitstream only a GPU codes. Anything wrong is left for :func:`open_engine` to
-    report."""
+    """Start bringing up the GPU a run will code on from its first frame (its CUDA context,
+    on a thread of its own) while the run scans and plans its files: where ``device`` names
+    a GPU and ``codec`` is not the portable bitstream, or ``auto`` with a bitstream only a
+    GPU codes. The portable bitstream is coded on the CPU threads first, and
+    :class:`HybridEngine` brings the GPU up itself once a job is long enough
+    (:func:`~ckptz.engines.hybrid.join_bytes`; at once where that is 0): a context made
+    for nothing would cost the run its creation and, at exit, its teardown. Anything wrong
+    is left for :func:`open_engine` to report."""
     try:
         want = requested_device(device)
+        codec = codec.lower()
+        gpu_first = codec not in PORTABLE_CODECS or join_bytes() == 0
     except UsageError:
         return
-    if want.startswith("cuda") or (want == "auto" and codec.lower() in GPU_ONLY_CODECS):
+    if (want.startswith("cuda") and gpu_first) or (want == "auto" and codec in GPU_ONLY_CODECS):
         _warm(want)
 
 

@@ -275,7 +275,10 @@ def compress_file(
         parts: list[Part] = []
         plain = change is None and digest.tree and source is None and (out is None or _regular(out))
         if helpers is not None and plain:
-            plan, parts = split_plan(plan, layout, helpers.parts(layout.size), 1)
+            # Parts of at least half a share: a file whose cuts would fall far from even
+            # (one huge tensor in the middle) stays whole rather than lopsided.
+            count = helpers.parts(layout.size)
+            plan, parts = split_plan(plan, layout, count, layout.size // (2 * count))
         if helpers is None or len(parts) < 2:
             run = _Compression(
                 reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest

@@ -444,16 +444,39 @@ def _close_shared() -> None:
         pool.close()
 
 
-def compress_with(shards: Shards | None, attempt: Callable[[Shards | None], T]) -> T:
-    """``attempt(shards)`` (a file's compression into an output of its own), and again
-    without helpers where one died in the middle of it (:class:`HelperDiedError`; the
-    attempt's output is gone with its failure)."""
+def compress_with(
+    shards: Shards | None,
+    attempt: Callable[[Shards | None, Callable[[int], None]], T],
+    progress: Callable[[int], None],
+) -> T:
+    """``attempt(shards, progress)`` (a file's compression into an output of its own), and
+    again without helpers where one died in the middle of it (:class:`HelperDiedError`; the
+    attempt's output is gone with its failure). The second attempt's progress counts only
+    what goes past the first's, so the file's bytes are counted once."""
+    if shards is None:
+        return attempt(None, progress)
+    counted = _Counted(progress)
     try:
-        return attempt(shards)
+        return attempt(shards, counted)
     except HelperDiedError:
-        if shards is None:
-            raise
-        return attempt(None)
+        return attempt(None, _Counted(progress, owed=counted.total))
+
+
+class _Counted:
+    """Progress passed on, less the first ``owed`` bytes (already counted), and totalled.
+    Called from many threads; each call is passed on (a stop is noticed there) even when
+    all of it was owed."""
+
+    def __init__(self, progress: Callable[[int], None], owed: int = 0) -> None:
+        self.progress, self.owed, self.total = progress, owed, 0
+        self._lock = threading.Lock()
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self.total += n
+            skip = min(self.owed, n)
+            self.owed -= skip
+        self.progress(n - skip)
 
 
 def restore_with(
