@@ -223,8 +223,11 @@ def ignore_progress(_: int) -> None:
 
 
 def remove_original(path: Path) -> None:
+    """Remove an original now represented by its verified, durable counterpart. (On tmpfs
+    this frees the file's pages, ~0.1 s a GB: traced as its own stage.)"""
     try:
-        remove(path)
+        with trace.span("remove original"):
+            remove(path)
     except OSError as exc:
         raise os_error(exc, path) from None
 
