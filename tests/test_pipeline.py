@@ -265,3 +265,55 @@ def test_library_saves_keep_small_frames_where_the_cli_grows_them(
     assert float_frames(tmp_path / "lib.pt.ckptz") == {64 << 10}
     assert float_frames(tmp_path / "cli.pt.ckptz") == {256 << 10}
     assert torch.equal(ckptz.load(tmp_path / "lib.pt.ckptz")["big"], state["big"])
+
+
+def test_a_restore_keeps_the_engines_restore_ahead_in_flight(tmp_path: Path) -> None:
+    """A restore holds at most ``engine.restore_ahead`` frames between reading and writing
+    them (a GPU engine asks for more than its compressions' look-ahead), and the file is
+    exact."""
+    import threading
+    import time
+
+    from ckptz.engines.cpu import CpuEngine
+    from ckptz.pipeline import compress_file, restore
+    from ckptz.pipeline.restore import FileSink
+
+    class Counting(CpuEngine):
+        frame_size = 64 << 10
+        largest_frame = 64 << 10
+        restore_ahead = 5  # type: ignore[assignment]
+
+        def __init__(self) -> None:
+            super().__init__(threads=8)
+            self.look_ahead = 64  # a compression's: not what bounds a restore
+            self.held = self.most = 0
+            self.lock = threading.Lock()
+
+        def decode(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            with self.lock:
+                self.held += 1
+                self.most = max(self.most, self.held)
+            return super().decode(*args, **kwargs)
+
+    class Slow(FileSink):
+        def __init__(self, f, engine: Counting) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(f)
+            self.engine = engine
+
+        def put(self, frame, data) -> None:  # type: ignore[no-untyped-def]
+            time.sleep(0.002)
+            super().put(frame, data)
+            with self.engine.lock:
+                self.engine.held -= 1
+
+    src = tmp_path / "model.safetensors"
+    save_file({"w": torch.randn(1 << 20, generator=torch.Generator().manual_seed(9))}, str(src))
+    out, back = tmp_path / "model.ckptz", tmp_path / "back.safetensors"
+    with open(out, "wb") as f, Counting() as engine:
+        compress_file(src, src.name, f, engine)
+    with open(out, "rb") as f, open(back, "wb") as sink, Counting() as engine:
+        index = read_index(f, str(out))
+        sink.truncate(index.source_size)
+        restore(f, str(out), engine, Slow(sink, engine), index=index)
+        assert 2 <= engine.most <= 5
+    assert sha256(back) == sha256(src)

@@ -318,6 +318,8 @@ class Engine(Protocol):
         largest_frame: bytes per frame it codes as well, for large streams, where fewer
             frames spare the pipeline per-frame work (:func:`ckptz.pipeline.plan.frame_size_for`).
         look_ahead: frames a file should keep in flight to keep it busy.
+        restore_ahead: frames a restore of a file keeps in flight (read, decoded, not yet
+            written): a frame's memory is held until its bytes are written.
         span_bytes: bytes the pipeline reads at once and hands over as one unit: original
             frames to :meth:`encode_span`, stored payloads lying back to back to
             :meth:`decode_span`; 0: a frame at a time.
@@ -336,6 +338,9 @@ class Engine(Protocol):
 
     @property
     def device(self) -> str: ...
+
+    @property
+    def restore_ahead(self) -> int: ...
 
     threads: int
     frame_size: int

@@ -91,6 +91,11 @@ class CpuEngine:
         self._fast = replace(self.options, fast_exponents=True)
         self._context = replace(self._fast, context_exponents=level >= CONTEXT_LEVEL)
 
+    @property
+    def restore_ahead(self) -> int:
+        """As many frames as a compression keeps in flight."""
+        return self.look_ahead
+
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
         """Literal-zstd exponents everywhere but the dense weights components; order-1
         exponents tried too on :data:`CONTEXT_COMPONENTS` from :data:`CONTEXT_LEVEL`."""

@@ -146,6 +146,11 @@ class HybridEngine:
         self._seen = 0  # bytes coded so far, until the bring-up starts
         self.join_after = join_bytes()
 
+    @property
+    def restore_ahead(self) -> int:
+        """The CPU threads' (which decode the portable bitstream)."""
+        return self.cpu.restore_ahead
+
     def _start(self) -> None:
         """Start bringing the GPU up (once)."""
         with self._lock:

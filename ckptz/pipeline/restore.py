@@ -317,7 +317,7 @@ class _Restore:
         # is taken on the GPU, from the sink's bytes).
         self.users = [1 if self.on_device else 2] * len(self.frames)
         self.lock = threading.Lock()
-        room = slots_needed(len(self.frames), len(index.streams), engine.look_ahead)
+        room = slots_needed(len(self.frames), len(index.streams), engine.restore_ahead)
         self.room = threading.Semaphore(max([room, *(2 * len(s) for s in self.spans)]))
         self.failures = Failures()
         self.stopped = False

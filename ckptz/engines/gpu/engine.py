@@ -29,8 +29,8 @@ API: the engine imports no torch, which would cost a GPU command 1.5-2 s of star
 Memory: each worker holds at most one batch on the device (input, planes, payload bounds,
 block: about 4.1 × the batch) and about 2.5 × the batch of pinned host memory, so
 ``memory`` is split as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's
-scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames) comes on
-top, per file in flight. All host buffers are leases from the process's pinned pool
+scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames; a restore's,
+:attr:`GpuEngine.restore_ahead`, half of ``memory``) comes on top, per file in flight. All host buffers are leases from the process's pinned pool
 (:mod:`ckptz.engines.gpu.pinned`), which pins fast and keeps them for the next file.
 """
 
@@ -178,6 +178,13 @@ class GpuEngine:
         #: over, so batches run full instead of with whatever a slow reader queued; three
         #: spans per worker in a restore, so that reads (one ``pread`` per span) overlap.
         self.look_ahead = max(4 * self.threads + 4, 3 * workers * self.batch_bytes // self.frame_size)
+        #: A restore holds a span until every frame of it is written, and on tmpfs its
+        #: writers wait on page faults (~1.5 GB/s a thread): with the look-ahead above (three
+        #: spans per worker) 3-4 of 16 writers were busy. So a restore keeps half the budget
+        #: in flight (six spans per worker): 5.35 GB restored to tmpfs in process in 1.13-1.19
+        #: s against 1.63-1.78 (H200 host, BENCHMARKS.md session 31); compressions with as
+        #: many frames in flight wrote to tmpfs 15 % slower, so theirs stays.
+        self.restore_ahead = max(self.look_ahead, self.memory // 2 // self.frame_size)
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
