@@ -84,6 +84,9 @@ Device = Annotated[
     ),
 ]
 Force = Annotated[bool, typer.Option("-f", "--force", help="Overwrite existing outputs.")]
+Memory = Annotated[
+    str | None, typer.Option("--memory", help="GPU pipeline buffer budget, e.g. 4GiB.", metavar="SIZE")
+]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")]
 Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="Print only errors (and --json output).")]
 Verbose = Annotated[bool, typer.Option("-v", "--verbose", help="List every file as it is done.")]
@@ -304,9 +307,7 @@ def compress(
     fast: Annotated[
         bool, typer.Option("--fast", help="Prefer speed over portability: --codec ans on a GPU.")
     ] = False,
-    memory: Annotated[
-        str | None, typer.Option("--memory", help="GPU pipeline buffer budget, e.g. 4GiB.", metavar="SIZE")
-    ] = None,
+    memory: Memory = None,
     verify: Annotated[
         bool | None,
         typer.Option(
@@ -419,6 +420,7 @@ def decompress(
     exclude: Exclude = None,
     threads: Threads = None,
     device: Device = None,
+    memory: Memory = None,
     force: Force = False,
     dry_run: DryRun = False,
     quiet: Quiet = False,
@@ -440,7 +442,16 @@ def decompress(
         if in_place or dry_run:
             raise UsageError("--in-place and --dry-run do not apply to streams")
         _stream(
-            "decompress", sources, output, to_stdout, as_json, ui, threads=threads, device=device, force=force
+            "decompress",
+            sources,
+            output,
+            to_stdout,
+            as_json,
+            ui,
+            threads=threads,
+            device=device,
+            memory=_size(memory),
+            force=force,
         )
         return
     world = _world(nproc)
@@ -454,6 +465,7 @@ def decompress(
             in_place=in_place,
             threads=threads,
             device=device,
+            memory=_size(memory),
             force=force,
             include=include or (),
             exclude=exclude or (),

@@ -175,3 +175,24 @@ def test_verify_footer_counts_in_good_english(small_checkpoint: Path, tmp_path: 
     )
     done = runner.invoke(app, ["verify", str(packed), "--no-progress"])
     assert done.exit_code == 0 and "containers decode and match their checksums" in done.output, done.output
+
+
+def test_decompress_takes_a_memory_budget(small_checkpoint: Path, tmp_path: Path) -> None:
+    """``--memory`` bounds a restore's GPU buffers as it does a compression's; a size that
+    is not one is one clear line."""
+    packed, restored = tmp_path / "c.ckptz", tmp_path / "restored"
+    assert (
+        runner.invoke(
+            app, ["compress", str(small_checkpoint), "-o", str(packed), "--device", "cpu"]
+        ).exit_code
+        == 0
+    )
+    result = runner.invoke(app, ["decompress", str(packed), "-o", str(restored), "--memory", "1GiB"])
+    assert result.exit_code == 0, result.output
+    assert tree_digests(restored) == tree_digests(small_checkpoint)
+    bad = runner.invoke(app, ["decompress", str(packed), "-o", str(tmp_path / "r2"), "--memory", "lots"])
+    assert (
+        bad.exit_code == 2
+        and bad.output == "ckptz: error: cannot read size 'lots' (write e.g. 4GiB or 512MB)\n"
+    )
+    assert not (tmp_path / "r2").exists()
