@@ -30,7 +30,7 @@ Memory: each worker holds at most one batch on the device (input, planes, payloa
 block: about 4.1 × the batch) and about 2.5 × the batch of pinned host memory, so
 ``memory`` is split as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's
 scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames; a restore's,
-:attr:`GpuEngine.restore_ahead`, half of ``memory``) comes on top, per file in flight. All host buffers are leases from the process's pinned pool
+:attr:`GpuEngine.restore_ahead`, a third of ``memory``) comes on top, per file in flight. All host buffers are leases from the process's pinned pool
 (:mod:`ckptz.engines.gpu.pinned`), which pins fast and keeps them for the next file.
 """
 
@@ -180,11 +180,15 @@ class GpuEngine:
         self.look_ahead = max(4 * self.threads + 4, 3 * workers * self.batch_bytes // self.frame_size)
         #: A restore holds a span until every frame of it is written, and on tmpfs its
         #: writers wait on page faults (~1.5 GB/s a thread): with the look-ahead above (three
-        #: spans per worker) 3-4 of 16 writers were busy. So a restore keeps half the budget
-        #: in flight (six spans per worker): 5.35 GB restored to tmpfs in process in 1.13-1.19
-        #: s against 1.63-1.78 (H200 host, BENCHMARKS.md session 31); compressions with as
-        #: many frames in flight wrote to tmpfs 15 % slower, so theirs stays.
-        self.restore_ahead = max(self.look_ahead, self.memory // 2 // self.frame_size)
+        #: spans per worker) 3-4 of 16 writers were busy. So a restore keeps a third of the
+        #: budget in flight where that is more. An 8.25 GB file restored to tmpfs in process
+        #: with --memory 4GiB and the restore's look-ahead at 0 / 1/4 / 3/8 / 1/2 of it: 3.24-
+        #: 4.20 / 3.08-3.61 / 2.87-3.43 / 2.68-2.98 s, peak RSS 2.6 / 2.8 / 3.6-4.1 / 4.7-4.9
+        #: GB (H100 host; each span's output pages stay mapped until all of it is written,
+        #: so the RSS grows twice as fast as the look-ahead). A third keeps the peak within
+        #: the budget; compressions with more frames in flight wrote to tmpfs 15 % slower, so
+        #: theirs stays (BENCHMARKS.md, session 31).
+        self.restore_ahead = max(self.look_ahead, self.memory // 3 // self.frame_size)
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
