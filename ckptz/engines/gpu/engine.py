@@ -30,8 +30,9 @@ Memory: each worker holds at most one batch on the device (input, planes, payloa
 block: about 4.1 × the batch) and about 2.5 × the batch of pinned host memory, so
 ``memory`` is split as ``batch_bytes = memory / (12 × workers)``, leaving room for nvCOMP's
 scratch memory. The pipeline's look-ahead (:attr:`GpuEngine.look_ahead` frames; a restore's,
-:attr:`GpuEngine.restore_ahead`, a third of ``memory``) comes on top, per file in flight. All host buffers are leases from the process's pinned pool
-(:mod:`ckptz.engines.gpu.pinned`), which pins fast and keeps them for the next file.
+:attr:`GpuEngine.restore_ahead`, a third of ``memory``) comes on top, per file in flight.
+All host buffers are leases from the process's pinned pool (:mod:`ckptz.engines.gpu.pinned`),
+which pins fast and keeps them for the next file.
 """
 
 from __future__ import annotations
