@@ -20,6 +20,12 @@ they come free (a helper still starting takes none), and die with the caller
 gives its range back, and the caller restores it itself. Only plain containers with a
 tree digest and a sink that is a file, a comparison or nothing are split; everything else
 (stdout, GPU loads, series deltas, old digests) is restored whole by the caller.
+
+Compression is split the same way (:meth:`Shards.code_parts`): a file is cut between
+segments into parts whose streams are their own (:func:`~ckptz.pipeline.plan.split_plan`),
+a helper codes a part into the caller's output at places the caller hands out run by run,
+and the caller joins the digest leaves across each cut. A helper that dies after taking a
+place leaves the file to be compressed again without helpers (:func:`compress_with`).
 """
 
 from __future__ import annotations
@@ -120,7 +126,8 @@ class _Task:
 
 
 class Shards:
-    """Helper processes that restore ranges of large files beside the calling process.
+    """Helper processes that restore ranges of large files, and code parts of them, beside
+    the calling process.
 
     Args:
         spec: how each helper opens its engine (the caller's own, on the same device).
@@ -167,7 +174,7 @@ class Shards:
 
     @property
     def processes(self) -> int:
-        """Processes a file may be restored by: the helpers and the caller."""
+        """Processes a file may be restored or compressed by: the helpers and the caller."""
         return len(self._lanes) + 1
 
     def restore(

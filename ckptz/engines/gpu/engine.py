@@ -175,9 +175,9 @@ class GpuEngine:
         self.threads = max(4, threads or os.cpu_count() or 4)
         #: A restore hands over spans of about a batch: one read, one copy to the device.
         self.span_bytes = self.batch_bytes
-        #: Frames the pipeline keeps in flight: enough to fill every worker's batch twice
-        #: over, so batches run full instead of with whatever a slow reader queued; three
-        #: spans per worker in a restore, so that reads (one ``pread`` per span) overlap.
+        #: Frames a compression keeps in flight: enough to fill every worker's batch twice
+        #: over, so batches run full instead of with whatever a slow reader queued (three
+        #: spans per worker, were a restore to keep this many).
         self.look_ahead = max(4 * self.threads + 4, 3 * workers * self.batch_bytes // self.frame_size)
         #: A restore holds a span until every frame of it is written, and on tmpfs its
         #: writers wait on page faults (~1.5 GB/s a thread): with the look-ahead above (three
