@@ -4,7 +4,9 @@ A tensor segment is classified from the file it is in (its path relative to the 
 folder), the key paths that reach its storage and its dtype. :data:`RULES` is read top to
 bottom and the first rule that matches wins; a rule's key pattern matches when it matches *any*
 of the storage's key paths, so the result does not depend on the order of the paths. Meta
-segments are always ``metadata`` and never reach this module.
+segments are always ``metadata`` and never reach this module. No rule may tell one all-digit
+key segment from another (``layers.7`` from ``layers.8``): :func:`classify` decides once for
+keys that differ only there (tests hold the table to it).
 
 The patterns come from the layouts in ``shared/research/formats.md`` §1.5 and §3 (HF Trainer,
 plain ``torch.save``, Megatron, DeepSpeed, Lightning, DCP flattened names).
@@ -12,6 +14,7 @@ plain ``torch.save``, Megatron, DeepSpeed, Lightning, DCP flattened names).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -113,6 +116,29 @@ def _basename(relpath: str) -> str:
     return re.split(r"[/\\]", relpath)[-1]
 
 
+@functools.lru_cache(maxsize=256)
+def _rules_for(name: str, dtype: str) -> tuple[tuple[str, re.Pattern[str] | None], ...]:
+    """:data:`RULES` as they apply in file ``name`` to ``dtype``: each rule whose file and
+    dtype conditions hold, as (component, key pattern or None), up to the first that needs
+    no key (it always matches, so none after it is ever reached). A checkpoint file holds
+    thousands of tensors of a few dtypes (an unfused MoE shard tens of thousands), so this
+    is decided once per file and dtype, and a tensor pays only for the key patterns."""
+    live: list[tuple[str, re.Pattern[str] | None]] = []
+    for rule in RULES:
+        if rule.file is not None and not rule.file.search(name):
+            continue
+        if rule.dtype is not None and dtype != rule.dtype:
+            continue
+        live.append((rule.component, rule.key))
+        if rule.key is None:
+            break
+    return tuple(live)
+
+
+#: A key path's segments that are all digits (list indices, layer numbers, parameter ids).
+_NUMBER = re.compile(r"(?<![^.])\d+(?![^.])")
+
+
 def classify(relpath: str, keys: Sequence[str], dtype: str) -> str:
     """Return the component of a tensor segment.
 
@@ -124,8 +150,17 @@ def classify(relpath: str, keys: Sequence[str], dtype: str) -> str:
     Returns:
         One of :data:`COMPONENTS` other than ``metadata``.
     """
-    name = _basename(relpath)
-    for rule in RULES:
-        if rule.matches(name, keys, dtype):
-            return rule.component
+    # No rule tells one all-digit segment from another (``layers.7.`` from ``layers.8.``),
+    # so tensors whose keys differ only there share one decision.
+    return _classify(_basename(relpath), tuple(_NUMBER.sub("0", k) for k in keys), dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _classify(name: str, keys: tuple[str, ...], dtype: str) -> str:
+    for component, key in _rules_for(name, dtype):
+        if key is None:
+            return component
+        for k in keys:
+            if key.search(k):
+                return component
     return "other"

@@ -19,7 +19,7 @@ from corpus import MARKER, make_corpus
 from safetensors.torch import load_file
 
 from ckptz import api
-from ckptz.components import COMPONENTS, classify
+from ckptz.components import COMPONENTS, RULES, classify
 from ckptz.errors import FormatError
 from ckptz.formats import CHECKPOINT_SUFFIXES, FileLayout, is_checkpoint, read_layout
 from ckptz.formats.legacy import read_legacy
@@ -303,6 +303,45 @@ def test_classify_table() -> None:
     assert classify("a.pt", ("model.w", "optimizer.state.0.exp_avg"), "float32") == "optimizer.exp_avg"
     assert classify("a.pt", ("optimizer.state.0.exp_avg", "model.w"), "float32") == "optimizer.exp_avg"
     assert set(COMPONENTS) >= {"weights", "metadata", "other"} and len(COMPONENTS) == 9
+
+
+def _walk_rules(relpath: str, keys: tuple[str, ...], dtype: str) -> str:
+    """The table read top to bottom for one tensor, as RULES documents it (no caching)."""
+    name = relpath.rsplit("/", 1)[-1]
+    return next((r.component for r in RULES if r.matches(name, keys, dtype)), "other")
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "model.layers.{n}.mlp.experts.{n}.w1.weight",
+        "optimizer.state.{n}.exp_avg",
+        "optimizer.state.{n}.exp_avg_sq",
+        "state.{n}.momentum_buffer",
+        "optimizer_state_dict.fp32_flat_groups.{n}",
+        "module.{n}.weight",
+        "rng_tracker_states.model-parallel-rng.{n}",
+        "{n}.cuda",
+        "net.blocks.{n}.grad",
+        "param_groups.{n}.lr",
+        "base_optimizer_state.{n}.step",
+        "model{n}.encoder.bias",
+    ],
+)
+def test_classify_ignores_numbers_as_segments(template: str) -> None:
+    # classify decides once for keys that differ only in all-digit segments: the table must
+    # not tell them apart, and the cached decision must be the table's.
+    for rel, dtype in (
+        ("a.pt", "float32"),
+        ("optimizer.pt", "bfloat16"),
+        ("rng_state.pth", "uint8"),
+        ("model.safetensors", "float16"),
+        ("x/grads_rank1.pt", "float32"),
+    ):
+        walked = {_walk_rules(rel, (template.format(n=n),), dtype) for n in (0, 1, 7, 12, 4096)}
+        assert len(walked) == 1, (template, rel, walked)
+        for n in (0, 3, 123):
+            assert classify(rel, (template.format(n=n),), dtype) in walked
 
 
 def test_is_checkpoint() -> None:
