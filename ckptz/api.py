@@ -53,7 +53,7 @@ from ckptz.runs.run import (
 from ckptz.runs.share import SOLO, Team
 from ckptz.runs.streams import compress_stream, decompress_stream
 from ckptz.runs.tree import Selection, Tree, expand, scan
-from ckptz.safeio import atomic_output, remove_temp, stale_temps
+from ckptz.safeio import atomic_output
 
 if TYPE_CHECKING:
     from ckptz.formats.layout import FileLayout
@@ -310,8 +310,6 @@ def _compress_one(
     shards: Shards | None = None,
 ) -> FileStats:
     e, target = job.entry, job.target
-    for stale in stale_temps(target):
-        remove_temp(stale)
     meta = FileMeta.of(os.stat(e.path))
 
     def attempt(helpers: Shards | None, progress: Callable[[int], None]) -> WrittenContainer:
@@ -497,8 +495,6 @@ def _restore_one(
     job: Job, engine: Engine, in_place: bool, reporter: Reporter, stop: Stop, shards: Shards | None
 ) -> FileStats:
     e, target = job.entry, job.target
-    for stale in stale_temps(target):
-        remove_temp(stale)
     with open(e.path, "rb") as c:
         index = read_index(c, job.label)
         with atomic_output(target, FileMeta.from_json(index.header.get("source"))) as (f, tmp):

@@ -19,7 +19,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
@@ -52,15 +52,26 @@ def temp_path(final: Path) -> Path:
 
 def stale_temps(final: Path) -> list[Path]:
     """Temporary files a killed run left for ``final`` (they are never complete outputs)."""
-    try:
-        names = os.listdir(final.parent)
-    except OSError:
-        return []
+    return stale_temps_of([final])
+
+
+def stale_temps_of(finals: Iterable[Path]) -> list[Path]:
+    """Temporary files killed runs left for any of ``finals``, each folder listed once (one
+    listing per output made a folder of N files cost N² name checks: 3000 files, 17 % of
+    a run's samples)."""
+    by_folder: dict[Path, set[str]] = {}
+    for final in finals:
+        by_folder.setdefault(final.parent, set()).add(final.name)
     out = []
-    for name in names:
-        m = _TEMP_NAME.fullmatch(name)
-        if m is not None and m["final"] == final.name:
-            out.append(final.parent / name)
+    for folder, names in by_folder.items():
+        try:
+            listing = os.listdir(folder)
+        except OSError:
+            continue
+        for name in listing:
+            m = _TEMP_NAME.fullmatch(name)
+            if m is not None and m["final"] in names:
+                out.append(folder / name)
     return out
 
 

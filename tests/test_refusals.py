@@ -160,3 +160,30 @@ def test_nothing_matched_is_said_clearly(work: Path, tmp_path: Path) -> None:
     assert "no checkpoint files" in line and "--include" in line
     line = _one_line_error(ckptz("compress", str(tmp_path / "ghost-*")))
     assert "pattern matches nothing" in line
+
+
+def test_leftover_temps_beside_outputs_are_removed(work: Path, tmp_path: Path) -> None:
+    # A killed run leaves temp files beside the outputs it was writing; the next run into the
+    # same folder removes those of its own outputs (its containers and its copies), and no
+    # other file, however it is named.
+    from ckptz.safeio import TMP_MARK
+
+    out = tmp_path / "out"
+    assert ckptz("compress", str(work), "-o", str(out)).returncode == 0
+    files = sorted(p.relative_to(work) for p in work.rglob("*") if p.is_file())
+    converted = next(f for f in files if f.suffix in (".pt", ".safetensors", ".bin"))
+    copied = next(f for f in files if f.suffix == ".json")
+    left = [
+        out / converted.parent / f".{converted.name}.ckptz{TMP_MARK}99999-0123abcd",
+        out / copied.parent / f".{copied.name}{TMP_MARK}99999-89abcdef",
+    ]
+    kept = [out / f".unrelated.pt.ckptz{TMP_MARK}99999-0123abcd", out / f"notes{TMP_MARK}1-0123abcd.txt"]
+    for p in left + kept:
+        p.write_bytes(b"partial")
+    done = ckptz("compress", str(work), "-o", str(out), "-f")
+    assert done.returncode == 0, done.stderr
+    assert not any(p.exists() for p in left)
+    assert all(p.read_bytes() == b"partial" for p in kept)
+    for p in kept:
+        p.unlink()
+    assert ckptz("verify", str(out), "--against", str(work)).returncode == 0

@@ -36,7 +36,7 @@ from ckptz.runs.lock import hold
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.results import Reporter, Summary
 from ckptz.runs.tree import Tree, expand, scan
-from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps
+from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps_of
 
 if TYPE_CHECKING:
     from ckptz.pipeline.shards import Shards
@@ -212,10 +212,14 @@ def _mkdir(path: Path, like: Path) -> None:
 
 
 def prepare(p: Plan, stop: Stop, done: list[str]) -> None:
-    """Remove temp files that killed runs left (refusing those a live run is writing)."""
+    """Remove temp files that killed runs left in the tree and beside every output this run
+    writes (refusing those a live run is writing)."""
     for j in p.temps:
         stop.check()
         remove_temp(j.entry.path)
+    for stale in stale_temps_of(j.target for j in p.converts + p.links + p.carries):
+        stop.check()
+        remove_temp(stale)
 
 
 def ignore_progress(_: int) -> None:
@@ -263,8 +267,6 @@ def _carry_one(j: Job, stop: Stop) -> None:
         make_symlink(os.readlink(j.entry.path), j.target)
         apply_link(j.target, FileMeta.of(j.entry.path.lstat()))
     else:
-        for stale in stale_temps(j.target):
-            remove_temp(stale)
         copy_file(j.entry.path, j.target, stop.ticker(ignore_progress))
 
 
