@@ -70,7 +70,7 @@ from ckptz.engines.base import (
     payload_error,
 )
 from ckptz.engines.cpu import decode_chunks
-from ckptz.engines.gpu import driver, hashing, kernels, pinned
+from ckptz.engines.gpu import driver, hashing, kernels, literals, pinned
 from ckptz.engines.gpu.coder import (
     ANS_ID,
     CONST_ID,
@@ -165,9 +165,9 @@ class GpuEngine:
         self.memory = memory or DEFAULT_MEMORY
         self.batch_bytes = min(MAX_BATCH, max(MIN_BATCH, self.memory // (12 * workers)))
         #: ANS codes 4 MiB frames (1 MiB planes) at about twice the speed of 1 MiB ones, at
-        #: the same ratio, where the budget holds several per batch; nvCOMP Zstd needs the
-        #: parallelism of smaller chunks.
-        big = self.codec_id == ANS_ID and self.batch_bytes >= 4 * ANS_FRAME_SIZE
+        #: the same ratio, where the budget holds several per batch; so do the zstd literal
+        #: frames, whose blocks are coded in parallel whatever the frame.
+        big = self.batch_bytes >= 4 * ANS_FRAME_SIZE
         self.frame_size = ANS_FRAME_SIZE if big else FRAME_SIZE
         #: One size: 8 MiB ANS frames coded and restored about 10 % faster but cost 0.1 % of
         #: ratio (16 MiB: 0.35 %; H100 host, BENCHMARKS.md session 22).
@@ -302,7 +302,11 @@ class GpuEngine:
     def codec_config(self) -> dict[str, dict[str, object]]:
         """What each bitstream was written with (recorded in the container)."""
         return {
-            "zstd": {"implementation": "nvcomp", "bitstream_kind": "RAW", "nvcomp": nvcomp_version()},
+            "zstd": (
+                {"implementation": "ckptz-gpu-literals", "block": literals.BLOCK}
+                if literals.AVAILABLE
+                else {"implementation": "nvcomp", "bitstream_kind": "RAW", "nvcomp": nvcomp_version()}
+            ),
             "ans": {"implementation": "nvcomp", "data_type": "|u1", "nvcomp": nvcomp_version()},
         }
 
@@ -386,7 +390,7 @@ class GpuEngine:
                 stream, scratch = driver.Stream(), DeviceScratch()
                 ops = kernels.CudaOps(self.index, stream.handle, scratch)
             with trace.span("gpu nvcomp"):
-                w = _Worker(ops, NvcompCodecs(ops), stream, scratch, _Staging())
+                w = _Worker(ops, literals.LiteralCodecs(NvcompCodecs(ops), ops), stream, scratch, _Staging())
         except BaseException as exc:
             self._errors.append(exc)
             self._ready.wait()
@@ -755,11 +759,12 @@ _ONE_BYTE_SUMS = np.array([xxh3_64(bytes([v])) for v in range(256)], np.uint64)
 
 @dataclass(slots=True)
 class _Worker:
-    """What one worker thread codes with: its device (kernels, scratch memory, stream) and
-    nvCOMP's codecs on it, and its pinned staging buffers."""
+    """What one worker thread codes with: its device (kernels, scratch memory, stream), the
+    batched codecs on it (ckptz's zstd literal frames, nvCOMP for the rest), and its pinned
+    staging buffers."""
 
     ops: kernels.CudaOps
-    codecs: NvcompCodecs
+    codecs: literals.LiteralCodecs
     stream: driver.Stream
     scratch: DeviceScratch
     staging: _Staging

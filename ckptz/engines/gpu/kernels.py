@@ -14,7 +14,9 @@ gather payloads):
   of another, zero-filling each up to its padded size: the container's data area for a
   whole batch, in one launch;
 * :meth:`CudaOps.xxh3` takes the xxh3_64 of any number of ranges of device memory
-  (:mod:`ckptz.engines.gpu.hash_source`): the checks of decoded bytes that stay on the GPU.
+  (:mod:`ckptz.engines.gpu.hash_source`): the checks of decoded bytes that stay on the GPU;
+* ``literals_hist`` and ``literals_encode`` write the portable ``zstd`` bitstream
+  (:mod:`ckptz.engines.gpu.literals`).
 
 Every kernel produces exactly the bytes of the CPU transform (:mod:`ckptz.codecs.planes`);
 the GPU tests compare them.
@@ -48,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptz.engines.gpu import driver, hash_source, pinned
+from ckptz.engines.gpu import driver, hash_source, literals, pinned
 from ckptz.engines.gpu.memory import Buf, DeviceScratch
 from ckptz.engines.gpu.transform import DECODED, SAMPLE_BLOCK, SAMPLE_EVERY, STATS, STORED
 from ckptz.safeio import cache_folder
@@ -77,7 +79,12 @@ _DEFINES = f"""
 
 #: (word, rotate) of every split and merge kernel compiled: rotation only for words > 1.
 _SHAPES = tuple((w, r) for w in _WORDS for r in (0, 1) if w > 1 or r == 0)
-_NAMES = (*(f"{k}_{w}_{r}" for k in ("split", "merge") for w, r in _SHAPES), "gather", *hash_source.NAMES)
+_NAMES = (
+    *(f"{k}_{w}_{r}" for k in ("split", "merge") for w, r in _SHAPES),
+    "gather",
+    *hash_source.NAMES,
+    *literals.NAMES,
+)
 
 _SOURCE = (
     _DEFINES
@@ -205,6 +212,7 @@ gather(const u32* src, const i64* src_offsets, const i64* sizes, u32* dst, const
     + "\n".join(f"{k.upper()}({w}, {r})" for k in ("split", "merge") for w, r in _SHAPES)
     + "\n#define XXH_MULHI(a, b) __umul64hi(a, b)\n#define XXH_CONST __constant__\n"
     + hash_source.SOURCE
+    + literals.SOURCE
 )
 
 
@@ -422,7 +430,8 @@ class CudaOps:
         driver.fill32(stats.ptr, 0, rows * STATS, self.stream)
         driver.fill32(stats.ptr, 255, 1, self.stream, every=STATS, rows=rows)
 
-    def _launch(self, name: str, grid: tuple[int, int], args: Sequence[Any]) -> None:
+    def launch(self, name: str, grid: tuple[int, int], args: Sequence[Any]) -> None:
+        """Queue kernel ``name`` on the stream: ``grid`` blocks of :data:`_THREADS` threads."""
         self._module.launch(name, grid, _THREADS, args, self.stream)
 
     def split_rows(
@@ -453,7 +462,7 @@ class CudaOps:
                 ctypes.c_int64(m),
                 ctypes.c_int64(stride),
             ]
-            self._launch(name, (_cdiv(m, _BLOCK), f1 - f0), args)
+            self.launch(name, (_cdiv(m, _BLOCK), f1 - f0), args)
 
     def merge_rows(
         self, stored: Buf, decoded: Buf, offsets: Buf, sources: Buf, raw: Buf, k: int, word: int, rotate: bool
@@ -483,7 +492,7 @@ class CudaOps:
                 _ptr(raw.ptr + f0 * m * word),
                 ctypes.c_int64(m),
             ]
-            self._launch(name, (_cdiv(m, _BLOCK), f1 - f0), args)
+            self.launch(name, (_cdiv(m, _BLOCK), f1 - f0), args)
 
     def gather(
         self,
@@ -509,7 +518,7 @@ class CudaOps:
                 _ptr(dst_offsets.ptr + c0 * 8),
                 _ptr(padded.ptr + c0 * 8),
             ]
-            self._launch("gather", (_cdiv(longest // 4, _BLOCK), c1 - c0), args)
+            self.launch("gather", (_cdiv(longest // 4, _BLOCK), c1 - c0), args)
 
     def xxh3(self, ptrs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """The xxh3_64 (seed 0) of ``lengths[i]`` bytes at device address ``ptrs[i]`` for each
@@ -546,10 +555,10 @@ class CudaOps:
             if total:
                 args = [_ptr(table.ptr), _ptr(at_starts), ctypes.c_int64(count), ctypes.c_int64(total)]
                 per = (_THREADS // 32) * _BLOCKS_PER_WARP
-                self._launch("xxh3_blocks", (_cdiv(total, per), 1), [*args, _ptr(sums.ptr)])
+                self.launch("xxh3_blocks", (_cdiv(total, per), 1), [*args, _ptr(sums.ptr)])
             args = [_ptr(table.ptr), _ptr(at_lengths), _ptr(at_starts), _ptr(sums.ptr)]
             out_at = _ptr(out.ptr + 8 * lo)
-            self._launch(
+            self.launch(
                 "xxh3_many", (_cdiv(count, _THREADS // 32), 1), [*args, out_at, ctypes.c_int64(count)]
             )
             lo = hi
@@ -570,7 +579,7 @@ class CudaOps:
                 _ptr(table.ptr + 8 * (n + c0)),
                 _ptr(table.ptr + 8 * (2 * n + c0)),
             ]
-            self._launch("copy_ranges", (blocks, c1 - c0), args)
+            self.launch("copy_ranges", (blocks, c1 - c0), args)
 
 
 __all__ = ["CudaOps", "available"]

@@ -1,0 +1,271 @@
+"""The portable ``zstd`` bitstream written on the GPU: frames of Huffman-coded literal blocks.
+
+The CPU coder writes a plane as one standard zstd frame made only of literal blocks
+(``ckptz/native_src/literals_encode.c``): libzstd and nvCOMP decode it, and it codes
+exponent planes 20 % smaller than nvCOMP's own Zstd (FACTS.md). This module writes the same
+kind of frame on the GPU, in blocks of :data:`BLOCK` bytes (the CPU plans block ends by
+dynamic programming; fixed 64 KiB blocks cost 0.1-0.9 % of an exponent plane's coded size,
+measured on the e2e checkpoint's planes):
+
+1. ``literals_hist`` counts the bytes of every quarter of every block (a zstd block's four
+   streams each code a quarter), one thread block per quarter;
+2. the host plans every frame from those counts (``ckptz._native.literals_plan``, in C with
+   the GIL released): each block's kind (raw, RLE, a new Huffman table or the previous
+   one), its table and headers, where each of its streams starts, each frame's size. A
+   chunk whose frame would not be smaller than itself is left out (the coder stores it);
+3. ``literals_encode`` writes every block at once: its head (frame header, block and
+   literals headers, table description, jump table) copied from the plan, each of its four
+   streams by one thread, raw blocks copied.
+
+So a batch costs one wait (the counts), and every frame's size is known before its bits are
+written. ``HD`` marks the code shared with the host build of the tests
+(``tests/test_literals_gpu.py`` compiles the stream writer with a C++ compiler and decodes
+what it writes with libzstd).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from ckptz.codecs.native import native
+from ckptz.codecs.table import ZSTD
+from ckptz.engines.gpu.memory import Buf
+
+if TYPE_CHECKING:
+    from ckptz.engines.gpu.coder import BatchCodecs
+
+#: Input bytes per zstd block.
+BLOCK = 64 << 10
+#: Fields of a plan row (``literals_plan.c``'s ``LP_FIELDS``) and head bytes per block at most.
+PLAN_FIELDS = 16
+HEAD_MAX = 160
+
+NAMES = ("literals_hist", "literals_encode")
+#: Whether this machine writes the literal frames (their plan needs ckptz's C extension;
+#: without it nvCOMP's Zstd writes the bitstream).
+AVAILABLE = native is not None
+
+SOURCE = r"""
+#ifndef HD
+#define HD __device__ __forceinline__
+#endif
+
+/* Stream k of a block of m bytes codes bytes [k * seg, ...) with seg = ceil(m / 4). */
+HD i64 lit_quarter(i64 m, int k, i64* start) {
+  const i64 seg = (m + 3) / 4, lo = k * seg < m ? k * seg : m, hi = (k + 1) * seg < m ? (k + 1) * seg : m;
+  *start = lo;
+  return k < 3 ? hi - lo : m - lo;
+}
+
+/* One Huffman stream (RFC 8878 4.2.2): src[count - 1] down to src[0] coded with `ce` (code |
+   length << 16 per byte value), first in the lowest bits, then the end mark; whole bytes out
+   only (the next stream starts right after this one's last byte). */
+HD void lit_stream(const u8* src, i64 count, const u32* ce, u8* out) {
+  u64 acc = 0;
+  unsigned nbits = 0;
+  for (i64 i = count - 1; i >= 0; --i) {
+    const u32 e = ce[src[i]];
+    acc |= (u64)(e & 0xFFFF) << nbits;
+    nbits += e >> 16;
+    if (nbits >= 32) {
+      out[0] = (u8)acc; out[1] = (u8)(acc >> 8); out[2] = (u8)(acc >> 16); out[3] = (u8)(acc >> 24);
+      out += 4;
+      acc >>= 32;
+      nbits -= 32;
+    }
+  }
+  acc |= (u64)1 << nbits;
+  nbits += 1;
+  for (; nbits > 0; nbits = nbits > 8 ? nbits - 8 : 0) {
+    *out++ = (u8)acc;
+    acc >>= 8;
+  }
+}
+
+#ifndef LITERALS_HOST
+/* Byte counts of quarter blockIdx.x (q_at[q], q_len[q]) into counts[q][256]. */
+extern "C" __global__ void __launch_bounds__(THREADS)
+literals_hist(const u8* src, const i64* q_at, const i64* q_len, u16* counts) {
+  __shared__ u32 h[256];
+  const i64 q = blockIdx.x;
+  h[threadIdx.x] = 0;
+  __syncthreads();
+  const u8* s = src + q_at[q];
+  const i64 n = q_len[q];
+  for (i64 i = threadIdx.x; i < n; i += THREADS) atomicAdd(&h[s[i]], 1u);
+  __syncthreads();
+  counts[q * 256 + threadIdx.x] = (u16)h[threadIdx.x];
+}
+
+/* Block blockIdx.x of the plan (literals_plan.c): its head, then its streams (threads 0-3)
+   or its bytes (a raw block), and for coded blocks the closing Number_of_Sequences = 0. */
+extern "C" __global__ void __launch_bounds__(THREADS)
+literals_encode(const u8* src, u8* dst, const i64* plan, const u32* tables, const u8* blob) {
+  const i64* p = plan + (i64)blockIdx.x * 16;
+  const i64 at = p[0], m = p[1], mode = p[2], d = p[3], head = p[4], head_len = p[5];
+  const int t = threadIdx.x;
+  for (i64 i = t; i < head_len; i += THREADS) dst[d + i] = blob[head + i];
+  if (mode == 0) {
+    for (i64 i = t; i < m; i += THREADS) dst[d + head_len + i] = src[at + i];
+  } else if (mode >= 2 && t < 4) {
+    i64 start;
+    const i64 count = lit_quarter(m, t, &start);
+    lit_stream(src + at + start, count, tables + p[6] * 256, dst + p[7 + t]);
+    if (t == 0) dst[p[11]] = 0;
+  }
+}
+#endif
+"""
+
+
+class _Ops(Protocol):
+    """What the coder needs of its device (:class:`ckptz.engines.gpu.kernels.CudaOps`)."""
+
+    def scratch(self, name: str, size: int) -> Buf: ...
+
+    def upload(self, name: str, arr: np.ndarray) -> Buf: ...
+
+    def download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray: ...
+
+    def launch(self, name: str, grid: tuple[int, int], args: Sequence[object]) -> None: ...
+
+
+def max_frame_size(size: int) -> int:
+    """The largest frame a ``size``-byte chunk can get (one it would store is left out)."""
+    return size + 32
+
+
+def quarters(sizes: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each quarter of each :data:`BLOCK`-byte block of each chunk (``sizes[c]`` bytes
+    at ``at[c]``) starts, and its bytes: four per block, chunk after chunk."""
+    sizes = np.asarray(sizes, np.int64)
+    blocks = -(-sizes // BLOCK)
+    chunk = np.repeat(np.arange(sizes.size), blocks)
+    first = np.cumsum(blocks) - blocks
+    b = np.arange(int(blocks.sum())) - np.repeat(first, blocks)
+    m = np.minimum(sizes[chunk] - b * BLOCK, BLOCK)
+    seg = (m + 3) // 4
+    k = np.arange(4)
+    lo = np.minimum(k * seg[:, None], m[:, None])
+    hi = np.where(k < 3, np.minimum((k + 1) * seg[:, None], m[:, None]), m[:, None])
+    start = np.asarray(at, np.int64)[chunk][:, None] + b[:, None] * BLOCK + lo
+    return start.reshape(-1), (hi - lo).reshape(-1)
+
+
+def plan(
+    counts: np.ndarray, sizes: np.ndarray, src_at: np.ndarray, dst_at: np.ndarray, capacities: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The frames of chunks ``sizes`` planned from their quarters' byte ``counts``
+    (``ckptz._native.literals_plan``): each frame's size (-1: store the chunk), and the plan's
+    rows, tables and head bytes."""
+    assert native is not None, "the literal frames are planned by ckptz's C extension"
+    sizes = np.ascontiguousarray(sizes, np.int64)
+    blocks = int((-(-sizes // BLOCK)).sum())
+    got = np.empty(sizes.size, np.int64)
+    rows = np.empty((blocks, PLAN_FIELDS), np.int64)
+    tables = np.empty((blocks, 256), np.uint32)
+    blob = np.empty(max(blocks * HEAD_MAX, 1), np.uint8)
+    n, t, used = native.literals_plan(
+        np.ascontiguousarray(counts, np.uint16),
+        sizes,
+        np.ascontiguousarray(src_at, np.int64),
+        np.ascontiguousarray(dst_at, np.int64),
+        np.ascontiguousarray(capacities, np.int64),
+        BLOCK,
+        got,
+        rows,
+        tables,
+        blob,
+    )
+    return got, rows[:n], tables[:t], blob[:used]
+
+
+def encode(
+    ops: _Ops,
+    src: Buf,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    dst: Buf,
+    dst_offsets: Sequence[int],
+    capacities: Sequence[int],
+) -> list[int]:
+    """Code chunks ``sizes[c]`` bytes at ``src + offsets[c]`` into zstd frames at ``dst +
+    dst_offsets[c]`` (at most ``capacities[c]`` bytes each), queued on ``ops``' stream after
+    one wait for the byte counts; each frame's size, or -1 for a chunk better stored."""
+    size = np.asarray(sizes, np.int64)
+    if not size.size:
+        return []
+    q_at, q_len = quarters(size, np.asarray(offsets, np.int64))
+    table = ops.upload("lit_quarters", np.concatenate([q_at, q_len]))
+    counts = ops.scratch("lit_counts", q_at.size * 512)
+    ops.launch(
+        "literals_hist",
+        (q_at.size, 1),
+        [_ptr(src.ptr), _ptr(table.ptr), _ptr(table.ptr + 8 * q_at.size), _ptr(counts.ptr)],
+    )
+    got, rows, tables, blob = plan(
+        ops.download(counts, np.uint16),
+        size,
+        np.asarray(offsets, np.int64),
+        np.asarray(dst_offsets, np.int64),
+        np.asarray(capacities, np.int64),
+    )
+    if rows.shape[0]:
+        put_rows = ops.upload("lit_plan", rows)
+        put_tables = ops.upload("lit_tables", tables if tables.size else np.zeros(256, np.uint32))
+        put_blob = ops.upload("lit_blob", blob if blob.size else np.zeros(1, np.uint8))
+        ops.launch(
+            "literals_encode",
+            (rows.shape[0], 1),
+            [_ptr(src.ptr), _ptr(dst.ptr), _ptr(put_rows.ptr), _ptr(put_tables.ptr), _ptr(put_blob.ptr)],
+        )
+    return got.tolist()
+
+
+class LiteralCodecs:
+    """The GPU coder's batched codecs (:class:`ckptz.engines.gpu.coder.BatchCodecs`): the
+    ``zstd`` bitstream written by :func:`encode`, everything else (and every decode) by
+    ``nvcomp`` (nvCOMP decodes these frames as it does any zstd frame). Without ckptz's C
+    extension (:data:`AVAILABLE`), nvCOMP's Zstd writes the bitstream too."""
+
+    def __init__(self, nvcomp: BatchCodecs, ops: _Ops) -> None:
+        self._nvcomp, self._ops = nvcomp, ops
+
+    def max_compressed_size(self, codec_id: int, size: int) -> int:
+        if codec_id == ZSTD.id and AVAILABLE:
+            return max_frame_size(size)
+        return self._nvcomp.max_compressed_size(codec_id, size)
+
+    def encode(
+        self,
+        codec_id: int,
+        src: Buf,
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        dst: Buf,
+        dst_offsets: Sequence[int],
+        capacities: Sequence[int],
+    ) -> list[int]:
+        if codec_id == ZSTD.id and AVAILABLE:
+            return encode(self._ops, src, offsets, sizes, dst, dst_offsets, capacities)
+        return self._nvcomp.encode(codec_id, src, offsets, sizes, dst, dst_offsets, capacities)
+
+    def decode(
+        self,
+        codec_id: int,
+        src: Buf,
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        dst: Buf,
+        dst_offsets: Sequence[int],
+        raw_sizes: Sequence[int],
+    ) -> None:
+        self._nvcomp.decode(codec_id, src, offsets, sizes, dst, dst_offsets, raw_sizes)
+
+
+def _ptr(address: int) -> ctypes.c_void_p:
+    return ctypes.c_void_p(address)
