@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from ckptz import trace
 from ckptz.codecs.native import native
 from ckptz.codecs.table import ZSTD
 from ckptz.engines.gpu.memory import Buf
@@ -207,13 +208,16 @@ def encode(
         (q_at.size, 1),
         [_ptr(src.ptr), _ptr(table.ptr), _ptr(table.ptr + 8 * q_at.size), _ptr(counts.ptr)],
     )
-    got, rows, tables, blob = plan(
-        ops.download(counts, np.uint16),
-        size,
-        np.asarray(offsets, np.int64),
-        np.asarray(dst_offsets, np.int64),
-        np.asarray(capacities, np.int64),
-    )
+    with trace.span("literal counts"):
+        counted = ops.download(counts, np.uint16)
+    with trace.span("literal plan"):
+        got, rows, tables, blob = plan(
+            counted,
+            size,
+            np.asarray(offsets, np.int64),
+            np.asarray(dst_offsets, np.int64),
+            np.asarray(capacities, np.int64),
+        )
     if rows.shape[0]:
         put_rows = ops.upload("lit_plan", rows)
         put_tables = ops.upload("lit_tables", tables if tables.size else np.zeros(256, np.uint32))
