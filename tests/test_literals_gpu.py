@@ -70,7 +70,9 @@ def host_encode(tmp_path_factory: pytest.TempPathFactory) -> ctypes._CFuncPtr:
     return fn
 
 
-def _frames(host_encode: ctypes._CFuncPtr, chunks: list[np.ndarray]) -> list[bytes | None]:
+def _frames(
+    host_encode: ctypes._CFuncPtr, chunks: list[np.ndarray], pool: Any = None, threads: int = 1
+) -> list[bytes | None]:
     """Each chunk's frame as the GPU would write it (None: left to be stored)."""
     sizes = np.array([c.size for c in chunks], np.int64)
     src = np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
@@ -81,7 +83,7 @@ def _frames(host_encode: ctypes._CFuncPtr, chunks: list[np.ndarray]) -> list[byt
         counts[q] = np.bincount(src[a : a + n], minlength=256)
     room = np.array([literals.max_frame_size(int(n)) for n in sizes], np.int64)
     dst_at = np.cumsum(room) - room + 7  # frames need no alignment
-    got, rows, tables, blob = literals.plan(counts, sizes, at, dst_at, room)
+    got, rows, tables, blob = literals.plan(counts, sizes, at, dst_at, room, pool, threads)
     dst = np.full(int(room.sum()) + 8, 0xEE, np.uint8)
     tables = np.ascontiguousarray(tables if tables.size else np.zeros((1, 256), np.uint32))
     blob = np.ascontiguousarray(blob if blob.size else np.zeros(1, np.uint8))
@@ -153,6 +155,29 @@ def test_frames_cost_what_the_cpu_coder_writes_in_blocks_of_that_size(host_encod
     gpu = [len(f or b"") for f in _frames(host_encode, chunks)]
     cpu = [len(_native.huffman_zstd(c.tobytes(), literals.BLOCK)) for c in chunks]
     assert gpu == cpu
+
+
+def test_plan_in_shares_writes_the_same_frames(
+    host_encode: ctypes._CFuncPtr, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch's plan split over threads (each share numbering its own tables and heads)
+    # gives every frame the bytes one thread would.
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(5)
+    chunks = [
+        _exponents(rng, int(n), float(s))
+        for n, s in zip(rng.integers(1, 300_000, 23), rng.uniform(0.5, 9, 23), strict=True)
+    ]
+    chunks[4] = rng.integers(0, 256, 90_000, dtype=np.uint8)  # stored: its rows left out
+    monkeypatch.setattr(literals, "PLAN_SHARE", 3)
+    alone = _frames(host_encode, chunks)
+    with ThreadPoolExecutor(4) as pool:
+        shared = _frames(host_encode, chunks, pool, 4)
+    assert shared == alone and alone[4] is None
+    assert all(
+        f is not None for i, (c, f) in enumerate(zip(chunks, alone, strict=True)) if c.size > 2000 and i != 4
+    )
 
 
 def test_quarters_cover_every_byte_once() -> None:

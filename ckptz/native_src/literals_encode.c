@@ -98,9 +98,10 @@ static void histogram(const uint8_t *src, size_t n, uint32_t *hist) {
 }
 
 /* Writes one block of n input bytes with byte counts `hist`; returns the end, or NULL if
- * its table cannot be described. `prev` is the table a treeless block may reuse. */
+ * its table cannot be described. `prev` is the table a treeless block may reuse; a new
+ * table must save `fresh_cost` bytes more than reusing it would. */
 static uint8_t *write_block(uint8_t *op, const uint8_t *src, size_t n, const uint32_t *hist, int last,
-                            table_t *prev, uint8_t *scratch) {
+                            table_t *prev, uint8_t *scratch, size_t fresh_cost) {
     int distinct = 0;
     for (int s = 0; s < 256; s++) distinct += hist[s] != 0;
     if (distinct == 1) { /* RLE block: Block_Size is the regenerated size */
@@ -125,7 +126,7 @@ static uint8_t *write_block(uint8_t *op, const uint8_t *src, size_t n, const uin
             mode = 1;
         }
         int64_t reused = prev->valid ? coded_bits(hist, prev) : -1;
-        if (reused >= 0 && COMPRESSED(reused) < best) {
+        if (reused >= 0 && COMPRESSED(reused) < (mode == 1 ? best + fresh_cost : best)) {
             best = COMPRESSED(reused);
             mode = 2;
         }
@@ -267,6 +268,11 @@ done:
     return count;
 }
 
+/* A new table costs its decoder a 2048-entry lookup table to build, as long as decoding a
+ * few KB of literals (the planned blocks' BLOCK_COST): with blocks of a fixed size, a new
+ * table is written only where it saves this many bytes over the previous one. */
+#define FRESH_COST 128
+
 /* The whole frame into `out` (capacity from frame_capacity): blocks of `block` bytes, or
  * planned ones for block 0. Returns its size; 0 if a block's table cannot be described
  * (or memory ran out). */
@@ -314,7 +320,7 @@ static size_t write_frame(uint8_t *out, const uint8_t *src, size_t n, size_t blo
         if (!blocks) op = NULL;
     }
     for (size_t k = 0, at = 0; op && k < blocks; at = ends[k++])
-        op = write_block(op, src + at, ends[k] - at, hist[k], k + 1 == blocks, &prev, scratch);
+        op = write_block(op, src + at, ends[k] - at, hist[k], k + 1 == blocks, &prev, scratch, block ? FRESH_COST : 0);
     free(ends);
     free(hist);
     free(scratch);

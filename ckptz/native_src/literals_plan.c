@@ -124,7 +124,8 @@ static int64_t plan_literals(const uint16_t (*quarters)[256], const int64_t *siz
                         mode = LP_FRESH;
                     }
                     s = prev.valid ? stream_sizes((const uint16_t(*)[256])quarters[q], &prev, reuse_sz) : -1;
-                    if (s >= 0 && (int64_t)(lit_header + 6 + 1) + s < best) {
+                    /* a new table must save FRESH_COST bytes (its decoding) over the last one */
+                    if (s >= 0 && (int64_t)(lit_header + 6 + 1) + s < best + (mode == LP_FRESH ? FRESH_COST : 0)) {
                         best = (int64_t)(lit_header + 6 + 1) + s;
                         mode = LP_REUSE;
                     }

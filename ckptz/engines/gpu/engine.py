@@ -390,7 +390,8 @@ class GpuEngine:
                 stream, scratch = driver.Stream(), DeviceScratch()
                 ops = kernels.CudaOps(self.index, stream.handle, scratch)
             with trace.span("gpu nvcomp"):
-                w = _Worker(ops, literals.LiteralCodecs(NvcompCodecs(ops), ops), stream, scratch, _Staging())
+                codecs = literals.LiteralCodecs(NvcompCodecs(ops), ops, self._cpu, max(1, self.threads // 4))
+                w = _Worker(ops, codecs, stream, scratch, _Staging())
         except BaseException as exc:
             self._errors.append(exc)
             self._ready.wait()
