@@ -145,7 +145,7 @@ def compress(
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
     codec = check_codec(codec)
-    warm_gpu(device, codec)  # the GPU comes up while the files are scanned and planned
+    warm_gpu(device, codec, writes=True)  # the GPU comes up while the files are scanned and planned
     trees = scan_sources(src)
     # Discarding names no outputs: planned as in place, which needs none.
     out = Output.parse(None if discard else dst, in_place or discard, len(trees), trees[0].is_dir)
@@ -164,7 +164,10 @@ def compress(
     if dry_run:
         from ckptz.runs.estimate import estimate
 
-        with engine_session(device, threads, level, codec, memory, reporter) as (sampler, notices):
+        with engine_session(device, threads, level, codec, memory, reporter, writes=True) as (
+            sampler,
+            notices,
+        ):
             files = estimate(
                 [(j.entry.path, j.label) for j in mine.converts + mine.finishes], sampler, sample_bytes
             )
@@ -179,7 +182,7 @@ def compress(
         stack.enter_context(locked(mine))
         shards, memory = stack.enter_context(helper_shards(split, device, threads, level, codec, memory))
         engine, notices = stack.enter_context(
-            engine_for_plan(mine, device, threads, level, codec, memory, reporter, True)
+            engine_for_plan(mine, device, threads, level, codec, memory, reporter, True, writes=True)
         )
         prepare(mine, stop, done)
         team.ready(p)
@@ -229,7 +232,9 @@ def _recode_all(
 
     with ExitStack() as stack:
         if engine is None:
-            engine, _ = stack.enter_context(engine_session(device, threads, level, codec, memory, reporter))
+            engine, _ = stack.enter_context(
+                engine_session(device, threads, level, codec, memory, reporter, writes=True)
+            )
         out = []
         for node, ref in sp.recodes:
             stop.check()
@@ -353,7 +358,7 @@ def _discard(
     operation = "compress" if compress else "decompress"
     with (
         helper_shards(processes, device, threads, level, codec, memory) as (shards, memory),
-        engine_session(device, threads, level, codec, memory, reporter) as (engine, notices),
+        engine_session(device, threads, level, codec, memory, reporter, writes=compress) as (engine, notices),
     ):
 
         def one(job: Job) -> FileStats:

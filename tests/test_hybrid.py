@@ -150,42 +150,55 @@ def test_the_join_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize(
-    ("device", "codec", "join", "warmed"),
+    ("device", "codec", "join", "writes", "warmed"),
     [
-        ("cuda", "auto", None, False),  # the portable bitstream starts on the CPU threads
-        ("cuda", "zstd", None, False),
-        ("cuda:1", "auto", "0", True),  # ... unless the GPU joins at once
-        ("cuda", "ans", None, True),  # only a GPU codes it: up from the start
-        ("auto", "ans", None, True),
-        ("auto", "auto", "0", False),  # no GPU named: the engine decides when it opens
-        ("cpu", "ans", None, False),
+        ("cuda", "auto", None, False, False),  # a restore of the portable bitstream: CPU threads
+        ("cuda", "zstd", None, False, False),
+        ("cuda", "auto", None, True, True),  # a compression with a GPU named writes it there
+        ("cuda:1", "zstd", None, True, True),
+        ("auto", "auto", None, True, False),  # no GPU named: CPU threads first
+        ("cuda:1", "auto", "0", False, True),  # ... unless the GPU joins at once
+        ("cuda", "ans", None, False, True),  # only a GPU codes it: up from the start
+        ("auto", "ans", None, True, True),
+        ("auto", "auto", "0", False, False),  # no GPU named: the engine decides when it opens
+        ("cpu", "ans", None, True, False),
     ],
 )
 def test_the_gpu_is_warmed_only_where_it_codes_from_the_first_frame(
-    monkeypatch: pytest.MonkeyPatch, device: str, codec: str, join: str | None, warmed: bool
+    monkeypatch: pytest.MonkeyPatch, device: str, codec: str, join: str | None, writes: bool, warmed: bool
 ) -> None:
     import ckptz.engines as engines
 
     calls: list[str] = []
     monkeypatch.setattr(engines, "_warm", calls.append)
+    monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
     if join is not None:
         monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", join)
-    engines.warm_gpu(device, codec)
+    engines.warm_gpu(device, codec, writes=writes)
     assert calls == ([device] if warmed else [])
 
 
-def test_a_portable_gpu_run_below_the_join_size_never_brings_the_gpu_up(
+def test_a_gpu_named_writes_the_portable_bitstream_there_and_restores_it_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch, small_checkpoint: Path, tmp_path: Path
 ) -> None:
-    """Compress and decompress with ``--device cuda`` and the portable bitstream: every
-    frame is coded on the CPU threads, and no CUDA context is asked for."""
+    """``--device cuda`` with the portable bitstream: the compression opens the GPU engine
+    (here a CPU engine standing in for it, on a machine without a GPU), the restore codes
+    every frame on the CPU threads and asks for no CUDA context."""
     import ckptz.engines as engines
 
-    calls: list[str] = []
-    monkeypatch.setattr(engines, "_warm", calls.append)
-    monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)  # the hybrid engine opens
+    warmed: list[str] = []
+    opened: list[str] = []
+
+    def open_gpu(want: str, **kw: object) -> CpuEngine:
+        opened.append(f"{want} {kw['codec']}")
+        return CpuEngine(2)
+
+    monkeypatch.setattr(engines, "_warm", warmed.append)
+    monkeypatch.setattr(engines, "_open_gpu", open_gpu)
+    monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
     out = tmp_path / "packed"
     api.compress(small_checkpoint, out, device="cuda")
+    assert (warmed, opened) == (["cuda"], ["cuda zstd"])
     api.decompress(out, tmp_path / "back", device="cuda")
-    assert calls == []
+    assert (warmed, opened) == (["cuda"], ["cuda zstd"])
     assert tree_digests(tmp_path / "back") == tree_digests(small_checkpoint)

@@ -7,7 +7,10 @@ torch (a 5 GB job ran 1.6x slower with the bring-up beside it, whose import held
 CPU coder needs); since session 19 it is the CUDA context, nvCOMP's library and the cached
 kernels, well under a second, but nvCOMP Zstd is still the slower coder of this bitstream.
 
-So with a GPU device and a portable codec, :class:`HybridEngine` codes on the CPU threads
+Since session 32 the GPU writes the portable bitstream's literal frames itself
+(:mod:`ckptz.engines.gpu.literals`), faster than the CPU threads, so a compression with a GPU
+named opens the GPU engine (:func:`ckptz.engines.writes_portable_on_gpu`). Restores, and runs
+with ``--device auto``, still open :class:`HybridEngine`: it codes on the CPU threads
 from the first frame, and starts bringing the GPU up in the background only once a job has
 coded :data:`GPU_JOIN_BYTES` (a job long enough to repay the bring-up). Once up, each
 direction (:class:`Lane`) gives the GPU a first window of frames, and keeps giving it

@@ -63,7 +63,7 @@ def _frame_limit(engine: Engine) -> int:
 @contextmanager
 def _engine(options: Options) -> Iterator[Engine]:
     engine, _notice = open_engine(
-        options.device, codec=options.codec, level=options.level
+        options.device, codec=options.codec, level=options.level, writes=True
     )  # the library never prints
     try:
         yield engine

@@ -56,9 +56,14 @@ def engine_session(
     memory: int | None,
     reporter: Reporter,
     announce: bool = True,
+    writes: bool = False,
 ) -> Iterator[tuple[Engine, list[str]]]:
+    """The engine of a run (``writes``: it compresses; :func:`~ckptz.engines.open_engine`),
+    its notice announced, closed at the end."""
     with trace.span("open engine"):
-        engine, notice = open_engine(device, threads=threads, level=level, codec=codec, memory=memory)
+        engine, notice = open_engine(
+            device, threads=threads, level=level, codec=codec, memory=memory, writes=writes
+        )
     notices = [notice] if notice else []
     if notice and announce:
         reporter.notice(notice)
@@ -154,12 +159,13 @@ def engine_for_plan(
     memory: int | None,
     reporter: Reporter,
     announce: bool,
+    writes: bool = False,
 ) -> Iterator[tuple[Engine | None, list[str]]]:
     """The engine for a plan, or None if it converts nothing (copying files needs none)."""
     if not (p.converts or p.finishes):
         yield None, []
         return
-    with engine_session(device, threads, level, codec, memory, reporter, announce) as opened:
+    with engine_session(device, threads, level, codec, memory, reporter, announce, writes) as opened:
         yield opened
 
 

@@ -77,7 +77,9 @@ def compress_stream(
         if _kind_of(path) == "container":
             p = Plan(skipped=[Action("skip", label, note="already a ckptz container")])
             return make_summary("compress", label, [], p, None, start, [], compress=True)
-        engine, notices = stack.enter_context(engine_session(device, threads, level, codec, memory, reporter))
+        engine, notices = stack.enter_context(
+            engine_session(device, threads, level, codec, memory, reporter, writes=True)
+        )
         reporter.start(path.stat().st_size, "compress")
         reporter.file(label)
         tick = Stop().ticker(reporter.advance)

@@ -90,6 +90,8 @@ from ckptz.errors import CkptzError, CorruptionError
 
 DEFAULT_MEMORY = 2 << 30
 ANS_FRAME_SIZE = 4 << 20
+#: The largest frame of the zstd literal frames (:mod:`ckptz.engines.gpu.literals`).
+LITERAL_FRAME_SIZE = 16 << 20
 MIN_BATCH = 1 << 20
 MAX_BATCH = 256 << 20
 #: How long a worker waits for a batch to fill before running what is queued.
@@ -169,9 +171,12 @@ class GpuEngine:
         #: frames, whose blocks are coded in parallel whatever the frame.
         big = self.batch_bytes >= 4 * ANS_FRAME_SIZE
         self.frame_size = ANS_FRAME_SIZE if big else FRAME_SIZE
-        #: One size: 8 MiB ANS frames coded and restored about 10 % faster but cost 0.1 % of
-        #: ratio (16 MiB: 0.35 %; H100 host, BENCHMARKS.md session 22).
-        self.largest_frame = self.frame_size
+        #: ANS keeps one size: 8 MiB ANS frames coded and restored about 10 % faster but cost
+        #: 0.1 % of ratio (16 MiB: 0.35 %; H100 host, BENCHMARKS.md session 22). The literal
+        #: frames' blocks have tables of their own, so large streams get the CPU coder's 16
+        #: MiB frames: compressing 8.2-8.9 GB/s against 7.1-8.7 with 4 MiB ones, and the CPU
+        #: threads restored them at 8.6-9.3 GB/s against 4.8 (session 32).
+        self.largest_frame = self.frame_size if self.codec_id == ANS_ID else LITERAL_FRAME_SIZE
         self.threads = max(4, threads or os.cpu_count() or 4)
         #: A restore hands over spans of about a batch: one read, one copy to the device.
         self.span_bytes = self.batch_bytes
