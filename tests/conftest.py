@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -123,3 +125,16 @@ def cuda_ops() -> Iterator[Any]:
     stream.synchronize()
     scratch.close()
     stream.close()
+
+
+def host_build(tmp_path_factory: pytest.TempPathFactory, name: str, source: str) -> ctypes.CDLL:
+    """``source`` (C++ shared with a CUDA kernel's, ``HD`` functions) built for the host, or
+    the test skipped where there is no C++ compiler."""
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    folder = tmp_path_factory.mktemp(name)
+    src, lib = folder / "harness.cpp", folder / "harness.so"
+    src.write_text(source)
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return ctypes.CDLL(str(lib))

@@ -9,12 +9,11 @@ each scramble) with the host's C++ compiler and compares every length path with
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import xxhash
+from conftest import host_build
 
 from ckptz.engines.gpu.hash_source import SOURCE
 
@@ -62,14 +61,7 @@ extern "C" u64 host_xxh3(const u8* in, u64 len) {
 
 @pytest.fixture(scope="module")
 def host_xxh3(tmp_path_factory: pytest.TempPathFactory) -> ctypes._CFuncPtr:
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    folder = tmp_path_factory.mktemp("hash_source")
-    src, lib = folder / "harness.cpp", folder / "harness.so"
-    src.write_text(_HARNESS)
-    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    fn = ctypes.CDLL(str(lib)).host_xxh3
+    fn = host_build(tmp_path_factory, "hash_source", _HARNESS).host_xxh3
     fn.restype = ctypes.c_uint64
     fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     return fn

@@ -10,13 +10,12 @@ kernels themselves.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from typing import Any
 
 import numpy as np
 import pytest
 import zstandard
+from conftest import host_build
 
 from ckptz.engines.gpu import literals
 
@@ -56,15 +55,8 @@ extern "C" void host_encode(const u8* src, u8* dst, const i64* plan, i64 rows, c
 
 @pytest.fixture(scope="module")
 def host_encode(tmp_path_factory: pytest.TempPathFactory) -> ctypes._CFuncPtr:
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
     pytest.importorskip("ckptz._native")
-    folder = tmp_path_factory.mktemp("literals")
-    src, lib = folder / "harness.cpp", folder / "harness.so"
-    src.write_text(_HARNESS)
-    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    fn = ctypes.CDLL(str(lib)).host_encode
+    fn = host_build(tmp_path_factory, "literals", _HARNESS).host_encode
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
     return fn

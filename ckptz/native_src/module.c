@@ -10,6 +10,8 @@
  *                                       literal blocks with no sequences, or None
  *   literals_decode(frame, out)         such a frame (or any zstd frame of raw, RLE and
  *                                       literal-only blocks) into out; False to leave it to libzstd
+ *   literals_plan(quarters, sizes, ...) such frames planned for the GPU to write
+ *                                       (ckptz.engines.gpu.literals)
  *   bitpack_encode(src, fixed, value)   a ckptz.codecs.bitpack payload (8x8 bit transposes)
  *   bitpack_decode(rows, fixed, value, out)
  *   order1_encode(src, segments)        a ckptz.codecs.order1 payload (exponents grouped by
@@ -61,6 +63,7 @@
  *   planes.c            split and merge, and a plane's statistics
  *   huffman.c           Huffman codes for zstd literals and their descriptions
  *   literals_encode.c   the zstd frame of Huffman-coded literal blocks
+ *   literals_plan.c     the same frames in fixed blocks, planned for the GPU to write
  *   literals_decode.c   such frames, decoded
  *   bitpack.c           bit packing by 8x8 bit transposes (SSE2, AVX2)
  *   order1.c            order-1 exponent coding: bytes grouped by context, literal frames

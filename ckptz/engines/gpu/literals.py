@@ -29,7 +29,7 @@ import ctypes
 import itertools
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -250,6 +250,7 @@ def encode(
     dst: Buf,
     dst_offsets: Sequence[int],
     capacities: Sequence[int],
+    *,
     pool: Executor | None = None,
     threads: int = 1,
 ) -> list[int]:
@@ -308,33 +309,15 @@ class LiteralCodecs:
             return max_frame_size(size)
         return self._nvcomp.max_compressed_size(codec_id, size)
 
-    def encode(
-        self,
-        codec_id: int,
-        src: Buf,
-        offsets: Sequence[int],
-        sizes: Sequence[int],
-        dst: Buf,
-        dst_offsets: Sequence[int],
-        capacities: Sequence[int],
-    ) -> list[int]:
+    def encode(self, codec_id: int, *args: Any) -> list[int]:
+        """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.encode`."""
         if codec_id == ZSTD.id and AVAILABLE:
-            return encode(
-                self._ops, src, offsets, sizes, dst, dst_offsets, capacities, self._pool, self._threads
-            )
-        return self._nvcomp.encode(codec_id, src, offsets, sizes, dst, dst_offsets, capacities)
+            return encode(self._ops, *args, pool=self._pool, threads=self._threads)
+        return self._nvcomp.encode(codec_id, *args)
 
-    def decode(
-        self,
-        codec_id: int,
-        src: Buf,
-        offsets: Sequence[int],
-        sizes: Sequence[int],
-        dst: Buf,
-        dst_offsets: Sequence[int],
-        raw_sizes: Sequence[int],
-    ) -> None:
-        self._nvcomp.decode(codec_id, src, offsets, sizes, dst, dst_offsets, raw_sizes)
+    def decode(self, codec_id: int, *args: Any) -> None:
+        """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.decode` (nvCOMP's)."""
+        self._nvcomp.decode(codec_id, *args)
 
 
 def _ptr(address: int) -> ctypes.c_void_p:
