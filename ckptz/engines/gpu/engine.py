@@ -94,15 +94,6 @@ ANS_FRAME_SIZE = 4 << 20
 LITERAL_FRAME_SIZE = 16 << 20
 MIN_BATCH = 1 << 20
 MAX_BATCH = 256 << 20
-#: Bitstreams this engine decodes on the GPU. The portable ``zstd`` frames go to its CPU
-#: threads where ckptz's C extension is built (its literal decoder; ``CKPTZ_GPU_ZSTD_DECODE=1``
-#: keeps them on the GPU): nvCOMP decodes the literal frames' large chunks slower than they
-#: do (session 32, BENCHMARKS.md).
-GPU_DECODES = (
-    GPU_CODECS
-    if not literals.AVAILABLE or os.environ.get("CKPTZ_GPU_ZSTD_DECODE") == "1"
-    else GPU_CODECS - {ZSTD_ID}
-)
 #: How long a worker waits for a batch to fill before running what is queued.
 BATCH_WAIT_S = 0.02
 
@@ -256,7 +247,7 @@ class GpuEngine:
         self, stream: StreamInfo, chunks: list[StoredChunk], length: int, where: str
     ) -> Future[np.ndarray]:
         """Queue one frame for decoding into host memory."""
-        if any(c.codec not in GPU_DECODES for c in chunks):
+        if any(c.codec not in GPU_CODECS for c in chunks):
             # A bitstream this engine has no GPU coder for (e.g. a newer CPU codec).
             return self._cpu.submit(decode_chunks, stream, chunks, length, where)
         job = _DecodeJob(StoredSpan.of([SpanFrame(stream, chunks, length, where, ())]), length, False)
@@ -745,9 +736,8 @@ class _Table:
         return (self.counts != words) | (np.bincount(of[bad], minlength=self.frames) > 0)
 
     def off_gpu(self) -> np.ndarray:
-        """By frame: whether a chunk of it has a bitstream the GPU does not decode
-        (:data:`GPU_DECODES`)."""
-        off = ~np.isin(self.codec, list(GPU_DECODES))
+        """By frame: whether a chunk of it has a bitstream without a GPU coder."""
+        off = ~np.isin(self.codec, list(GPU_CODECS))
         return np.bincount(self.frame_of[off], minlength=self.frames) > 0
 
     def payload(self, c: int) -> memoryview:
