@@ -111,7 +111,8 @@ static int64_t plan_literals(const uint16_t (*quarters)[256], const int64_t *siz
                 bytes = 0;
             } else {
                 int mode = LP_RAW;
-                int64_t best = m, sz[4], fresh_sz[4] = {0}, reuse_sz[4] = {0};
+                /* coded only where it saves MIN_GAIN (literals_encode.c, as its fixed blocks) */
+                int64_t best = m - MIN_GAIN(m), sz[4], fresh_sz[4] = {0}, reuse_sz[4] = {0};
                 table_t fresh;
                 uint8_t desc[160];
                 size_t desc_size = 0, lit_header = m <= 16383 ? 4 : 5;
