@@ -155,6 +155,7 @@ def compress(
         raise UsageError("--series runs in one process", hint="run it without torchrun or --nproc")
     p = plan(trees, out, compress=True, selection=selection, force=force or discard)
     mine = team.share(p)
+    warm_gpu(device, codec, writes=True, job_bytes=mine.converted_bytes)  # a large job's GPU, likewise
     root = ", ".join(str(t.root) for t in trees)
     sp = _series_plan(trees, p, keyframe_every) if series and not (discard or dry_run) else None
     # A team (--nproc, torchrun) already runs a process per share of the files.
@@ -358,7 +359,9 @@ def _discard(
     operation = "compress" if compress else "decompress"
     with (
         helper_shards(processes, device, threads, level, codec, memory) as (shards, memory),
-        engine_session(device, threads, level, codec, memory, reporter, writes=compress) as (engine, notices),
+        engine_session(
+            device, threads, level, codec, memory, reporter, writes=compress, job_bytes=p.converted_bytes
+        ) as (engine, notices),
     ):
 
         def one(job: Job) -> FileStats:

@@ -57,30 +57,29 @@ def nvcomp_installed() -> bool:
     )
 
 
-def writes_portable_on_gpu(want: str, codec: str, writes: bool) -> bool:
+def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int = 0) -> bool:
     """Whether an engine that ``writes`` (compresses) on device ``want`` with ``codec`` codes
-    the portable bitstream on the GPU from the first frame: where a GPU was asked for by
-    name and the GPU writes the bitstream's literal frames (:mod:`ckptz.engines.gpu.literals`:
-    nvCOMP installed, and ckptz's C extension to plan them). On the H100 host they compressed
-    a 5.35 GB checkpoint at 8.2-8.9 GB/s against the CPU path's 5.4-5.7 (BENCHMARKS.md,
-    session 32). Restores of the bitstream stay on the CPU threads (:class:`HybridEngine`),
-    as does ``--device auto``."""
+    the portable bitstream on the GPU from the first frame, where the GPU writes its literal
+    frames (:mod:`ckptz.engines.gpu.literals`: nvCOMP installed, and ckptz's C extension to
+    plan them): where a GPU was asked for by name, or with ``auto`` for a job of
+    :func:`~ckptz.engines.hybrid.join_bytes` or more (the size at which the GPU would join
+    the CPU threads anyway; a GPU shared with training is left alone below it). On the H100
+    host the literal frames compressed a 5.35 GB checkpoint at 9.1 GB/s against the CPU
+    path's 5.0, writes discarded (BENCHMARKS.md, session 32). Restores of the bitstream stay
+    on the CPU threads (:class:`HybridEngine`)."""
     from ckptz.codecs.native import native
 
-    return (
-        writes
-        and want.startswith("cuda")
-        and codec in PORTABLE_CODECS
-        and native is not None
-        and nvcomp_installed()
-    )
+    if not writes or codec not in PORTABLE_CODECS or native is None or not nvcomp_installed():
+        return False
+    return want.startswith("cuda") or (want == "auto" and job_bytes >= join_bytes())
 
 
-def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False) -> None:
+def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_bytes: int = 0) -> None:
     """Start bringing up the GPU a run will code on from its first frame (its CUDA context,
     on a thread of its own) while the run scans and plans its files: where ``device`` names
-    a GPU and ``codec`` is not the portable bitstream (or a compression writes it on the
-    GPU: :func:`writes_portable_on_gpu`), or ``auto`` with a bitstream only a GPU codes.
+    a GPU and ``codec`` is not the portable bitstream, or ``auto`` with a bitstream only a
+    GPU codes, or where a compression of ``job_bytes`` writes the portable bitstream on the
+    GPU (:func:`writes_portable_on_gpu`).
     Otherwise the portable bitstream is coded on the CPU threads first, and
     :class:`HybridEngine` brings the GPU up itself once a job is long enough
     (:func:`~ckptz.engines.hybrid.join_bytes`; at once where that is 0): a context made
@@ -89,12 +88,13 @@ def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False) -> N
     try:
         want = requested_device(device)
         codec = codec.lower()
-        gpu_first = (
-            codec not in PORTABLE_CODECS or join_bytes() == 0 or writes_portable_on_gpu(want, codec, writes)
-        )
+        portable_gpu = writes_portable_on_gpu(want, codec, writes, job_bytes)
+        gpu_first = codec not in PORTABLE_CODECS or join_bytes() == 0 or portable_gpu
     except UsageError:
         return
-    if (want.startswith("cuda") and gpu_first) or (want == "auto" and codec in GPU_ONLY_CODECS):
+    if (want.startswith("cuda") and gpu_first) or (
+        want == "auto" and (codec in GPU_ONLY_CODECS or portable_gpu)
+    ):
         _warm(want)
 
 
@@ -127,10 +127,11 @@ def open_engine(
     codec: str = "auto",
     memory: int | None = None,
     writes: bool = False,
+    job_bytes: int = 0,
 ) -> tuple[Engine, str | None]:
     """Open the engine for ``device``; return it with a notice for the user, if any. An
-    engine that ``writes`` (compresses) may code the portable bitstream on the GPU where one
-    that restores decodes it on the CPU threads (:func:`writes_portable_on_gpu`).
+    engine that ``writes`` (compresses) ``job_bytes`` may code the portable bitstream on the
+    GPU where one that restores decodes it on the CPU threads (:func:`writes_portable_on_gpu`).
 
     Raises:
         UsageError: unknown device or codec.
@@ -138,7 +139,9 @@ def open_engine(
     """
     want = requested_device(device)
     codec = codec.lower()
-    if writes_portable_on_gpu(want, codec, writes):
+    if writes_portable_on_gpu(want, codec, writes, job_bytes) and (
+        want != "auto" or gpu_unavailable_reason() is None
+    ):
         return _open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory), None
     if want != "cpu" and codec in PORTABLE_CODECS and nvcomp_installed():
         # The portable bitstream: CPU threads start at once, the GPU joins when it is up.

@@ -83,6 +83,11 @@ class Plan:
     writes: list[Path] = field(default_factory=list)
     reads: list[Path] = field(default_factory=list)
 
+    @property
+    def converted_bytes(self) -> int:
+        """The bytes of the files the run converts (or finishes converting)."""
+        return sum(j.entry.size for j in self.converts + self.finishes)
+
     def actions(self, compress: bool) -> tuple[Action, ...]:
         verb = "compress" if compress else "decompress"
         names = {"convert": verb, "finish": "finish", "link": "link", "copy": "copy", "symlink": "symlink"}

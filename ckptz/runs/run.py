@@ -57,12 +57,19 @@ def engine_session(
     reporter: Reporter,
     announce: bool = True,
     writes: bool = False,
+    job_bytes: int = 0,
 ) -> Iterator[tuple[Engine, list[str]]]:
-    """The engine of a run (``writes``: it compresses; :func:`~ckptz.engines.open_engine`),
-    its notice announced, closed at the end."""
+    """The engine of a run (``writes``: it compresses ``job_bytes``;
+    :func:`~ckptz.engines.open_engine`), its notice announced, closed at the end."""
     with trace.span("open engine"):
         engine, notice = open_engine(
-            device, threads=threads, level=level, codec=codec, memory=memory, writes=writes
+            device,
+            threads=threads,
+            level=level,
+            codec=codec,
+            memory=memory,
+            writes=writes,
+            job_bytes=job_bytes,
         )
     notices = [notice] if notice else []
     if notice and announce:
@@ -165,7 +172,8 @@ def engine_for_plan(
     if not (p.converts or p.finishes):
         yield None, []
         return
-    with engine_session(device, threads, level, codec, memory, reporter, announce, writes) as opened:
+    job = p.converted_bytes
+    with engine_session(device, threads, level, codec, memory, reporter, announce, writes, job) as opened:
         yield opened
 
 
