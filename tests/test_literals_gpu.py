@@ -10,12 +10,13 @@ kernels themselves.
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import zstandard
-from conftest import host_build
+from conftest import host_build, tree_digests
 
 from ckptz.engines.gpu import literals
 
@@ -231,3 +232,22 @@ def test_gpu_writes_the_planned_frames(host_encode: ctypes._CFuncPtr, cuda_ops: 
     assert all(
         decoded[o : o + c.size].tobytes() == c.tobytes() for (c, _), o in zip(coded, back_at, strict=True)
     )
+
+
+@pytest.mark.gpu
+def test_gpu_runs_leave_metadata_to_the_cpu_coder(small_checkpoint: Path, tmp_path: Path) -> None:
+    # Pickles, headers and generator states are coded by the CPU coder (zstd's matches find
+    # their repeats): the same bytes as a CPU run's, whatever the GPU codes.
+    from ckptz import api
+
+    sizes = {}
+    for device in ("cuda", "cpu"):
+        out = tmp_path / device
+        summary = api.compress(small_checkpoint, out, device=device)
+        assert summary.device.startswith(device)
+        sizes[device] = {c.name: c.compressed_bytes for c in api.inspect(out).components}
+        api.decompress(out, tmp_path / f"back-{device}", device="cpu")
+        assert tree_digests(tmp_path / f"back-{device}") == tree_digests(small_checkpoint)
+    assert "metadata" in sizes["cpu"]
+    for component in ("metadata", "rng_state"):
+        assert sizes["cuda"].get(component) == sizes["cpu"].get(component), component

@@ -450,7 +450,7 @@ def encode_each(
         hashed = None if leaves is None else hash_ranges([f.data for f in frames], leaves)
         return EncodedSpan([f.result() for f in done], None, hashed)
 
-    return _gather(
+    return when_all(
         [
             engine.encode(f.stream, f.data, xxh3_64(f.data) if f.checksum is None else f.checksum)
             for f in frames
@@ -478,7 +478,7 @@ def decode_each(
         out.set_exception(failed)
         return out
 
-    return _gather([one(f) for f in span.frames()], each)
+    return when_all([one(f) for f in span.frames()], each)
 
 
 def hash_ranges(frames: Sequence[object], ranges: Ranges) -> np.ndarray:
@@ -520,7 +520,7 @@ def payload_error(frame: SpanFrame, sums: Sequence[int] | None = None) -> Corrup
     return None
 
 
-def _gather(
+def when_all(
     futures: list[Future[_T]], combine: Callable[[list[Future[_T]]], _U], fail_whole: bool = False
 ) -> Future[_U]:
     """One future for many: ``combine`` of them once all are done (``fail_whole``: the

@@ -35,8 +35,8 @@ def open_gpu_engine(
 ) -> GpuEngine:
     """Open the GPU engine on ``want`` (``auto``, ``cuda`` or ``cuda:N``).
 
-    ``auto`` and ``cuda`` take the first device where CUDA and nvCOMP work. ``level`` is
-    accepted for the CPU engine's sake: nvCOMP Zstd has no levels.
+    ``auto`` and ``cuda`` take the first device where CUDA and nvCOMP work. ``level`` is the
+    CPU coder's, which codes the metadata frames (:data:`~ckptz.engines.gpu.engine.HOST_COMPONENTS`).
 
     Raises:
         UsageError: the codec has no GPU implementation.
@@ -62,7 +62,7 @@ def open_gpu_engine(
     failures = []
     for index in candidates:
         try:
-            return GpuEngine(index, codec=name, memory=memory, threads=threads)
+            return GpuEngine(index, codec=name, memory=memory, threads=threads, level=level)
         except (RuntimeError, OSError) as exc:
             failures.append(f"cuda:{index}: {exc}")
     raise DeviceError(
