@@ -503,7 +503,8 @@ def test_the_gpu_engine_gives_the_checksums_of_its_payloads(codec: str) -> None:
     from ckptz.engines.gpu.engine import GpuEngine
 
     f32 = StreamInfo(0, "weights", "float32", 4, True, 1 << 20, 3 << 20, 1)
-    raw = StreamInfo(1, "metadata", "uint8", 1, False, 1 << 20, 1 << 20, 0)
+    # (Not "metadata": its frames go to the CPU coder, test_literals_gpu.py.)
+    raw = StreamInfo(1, "other", "uint8", 1, False, 1 << 20, 1 << 20, 0)
     rng = np.random.default_rng(3)
     frames = [
         FrameToCode(f32, _trained_bytes("float32", 1 << 18, seed=1), None),
@@ -518,6 +519,32 @@ def test_the_gpu_engine_gives_the_checksums_of_its_payloads(codec: str) -> None:
     assert span.sums is not None
     assert span.sums.tolist() == [checksum(p) for p in payloads]
     assert len({len(p) for p in payloads}) > 3
+
+
+@gpu
+def test_a_span_with_metadata_frames_codes_them_on_the_cpu_in_order() -> None:
+    from ckptz.checksums import xxh3_64
+    from ckptz.codecs.frames import decode_frame
+    from ckptz.engines.base import FrameToCode, stream_dtype
+    from ckptz.engines.gpu.engine import GpuEngine
+
+    f32 = StreamInfo(0, "weights", "float32", 4, True, 1 << 20, 3 << 20, 1)
+    meta = StreamInfo(1, "metadata", "uint8", 1, False, 1 << 20, 1 << 20, 0)
+    frames = [
+        FrameToCode(meta, np.frombuffer(b"PK\x03\x04 header " * 500, np.uint8), None),
+        FrameToCode(f32, _trained_bytes("float32", 1 << 16, seed=4), None),
+        FrameToCode(meta, np.frombuffer(b"pickle opcodes " * 700, np.uint8), None),
+        FrameToCode(f32, _trained_bytes("float32", 1 << 15, seed=5), None),
+    ]
+    with GpuEngine(0, codec="zstd", memory=64 << 20) as engine:
+        span = engine.encode_span(frames, None).result()
+    assert len(span.frames) == 4 and span.block is None
+    for f, coded in zip(frames, span.frames, strict=True):
+        assert coded.checksum == xxh3_64(f.data)
+        chunks = [(c.codec, c.raw_size, c.payload) for c in coded.chunks]
+        back = decode_frame(chunks, stream_dtype(f.stream))
+        assert back.tobytes() == f.data.tobytes()
+    assert sum(len(c.payload) for c in span.frames[0].chunks) < 200  # zstd's matches
 
 
 @gpu
