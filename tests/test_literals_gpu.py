@@ -18,6 +18,8 @@ import pytest
 import zstandard
 from conftest import host_build, tree_digests
 
+from ckptz.codecs import cpu_codec
+from ckptz.codecs.table import BITPACK, ZSTD
 from ckptz.engines.gpu import literals
 
 _HARNESS = (
@@ -50,23 +52,39 @@ extern "C" void host_encode(const u8* src, u8* dst, const i64* plan, i64 rows, c
     }
   }
 }
+
+/* bitpack_encode's work for every chunk of `rows` (src, n, dst, fixed | value << 8). */
+extern "C" void host_bitpack(const u8* src, u8* dst, const i64* rows, i64 count) {
+  for (i64 c = 0; c < count; ++c) {
+    const i64* r = rows + c * 4;
+    const i64 m = (r[1] + 7) / 8;
+    for (i64 j = 0; j < m; ++j) bitpack_group(src + r[0], r[1], j, (int)(r[3] & 0xFF), dst + r[2] + 2, m);
+    dst[r[2]] = (u8)(r[3] & 0xFF);
+    dst[r[2] + 1] = (u8)((r[3] >> 8) & 0xFF);
+  }
+}
 """
 )
 
 
 @pytest.fixture(scope="module")
-def host_encode(tmp_path_factory: pytest.TempPathFactory) -> ctypes._CFuncPtr:
+def host_encode(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     pytest.importorskip("ckptz._native")
-    fn = host_build(tmp_path_factory, "literals", _HARNESS).host_encode
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
-    return fn
+    lib = host_build(tmp_path_factory, "literals", _HARNESS)
+    lib.host_encode.restype = lib.host_bitpack.restype = None
+    lib.host_encode.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+    lib.host_bitpack.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+    return lib
+
+
+#: A chunk as the GPU writes it: (bitstream id, payload), or None where it is left stored.
+Coded = tuple[int, bytes] | None
 
 
 def _frames(
-    host_encode: ctypes._CFuncPtr, chunks: list[np.ndarray], pool: Any = None, threads: int = 1
-) -> list[bytes | None]:
-    """Each chunk's frame as the GPU would write it (None: left to be stored)."""
+    host_encode: ctypes.CDLL, chunks: list[np.ndarray], pool: Any = None, threads: int = 1
+) -> list[Coded]:
+    """Each chunk as the GPU would write it, from the host build of its kernels."""
     sizes = np.array([c.size for c in chunks], np.int64)
     src = np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
     at = np.cumsum(sizes) - sizes
@@ -75,13 +93,13 @@ def _frames(
     for q, (a, n) in enumerate(zip(q_at.tolist(), q_len.tolist(), strict=True)):
         counts[q] = np.bincount(src[a : a + n], minlength=256)
     room = np.array([literals.max_frame_size(int(n)) for n in sizes], np.int64)
-    dst_at = np.cumsum(room) - room + 7  # frames need no alignment
-    got, rows, tables, blob = literals.plan(counts, sizes, at, dst_at, room, pool, threads)
+    dst_at = np.cumsum(room) - room + 7  # payloads need no alignment
+    got, packs, rows, tables, blob = literals.plan(counts, sizes, at, dst_at, room, pool, threads)
     dst = np.full(int(room.sum()) + 8, 0xEE, np.uint8)
     tables = np.ascontiguousarray(tables if tables.size else np.zeros((1, 256), np.uint32))
     blob = np.ascontiguousarray(blob if blob.size else np.zeros(1, np.uint8))
     rows = np.ascontiguousarray(rows)
-    host_encode(
+    host_encode.host_encode(
         src.ctypes.data,
         dst.ctypes.data,
         rows.ctypes.data,
@@ -89,10 +107,19 @@ def _frames(
         tables.ctypes.data,
         blob.ctypes.data,
     )
+    packed = np.flatnonzero(packs >= 0)
+    table = np.ascontiguousarray(np.stack([at, sizes, dst_at, packs], axis=1)[packed])
+    host_encode.host_bitpack(src.ctypes.data, dst.ctypes.data, table.ctypes.data, packed.size)
     return [
-        None if g < 0 else dst[d : d + g].tobytes()
-        for g, d in zip(got.tolist(), dst_at.tolist(), strict=True)
+        None if g < 0 else (BITPACK.id if p >= 0 else ZSTD.id, dst[d : d + g].tobytes())
+        for g, p, d in zip(got.tolist(), packs.tolist(), dst_at.tolist(), strict=True)
     ]
+
+
+def _decoded(coded: Coded, size: int) -> bytes:
+    """A chunk back from what the GPU wrote for it, by the CPU codecs."""
+    assert coded is not None
+    return cpu_codec(coded[0]).decode(coded[1], size).tobytes()
 
 
 def _exponents(rng: np.random.Generator, n: int, spread: float = 3.0) -> np.ndarray:
@@ -100,7 +127,7 @@ def _exponents(rng: np.random.Generator, n: int, spread: float = 3.0) -> np.ndar
     return np.clip(np.round(rng.normal(120, spread, n)), 0, 255).astype(np.uint8)
 
 
-def test_frames_decode_to_their_chunks(host_encode: ctypes._CFuncPtr) -> None:
+def test_frames_decode_to_their_chunks(host_encode: ctypes.CDLL) -> None:
     from ckptz import _native
 
     rng = np.random.default_rng(7)
@@ -113,30 +140,52 @@ def test_frames_decode_to_their_chunks(host_encode: ctypes._CFuncPtr) -> None:
         _exponents(rng, 3 * block + 12345),  # a short last block
         _exponents(rng, block + 1),  # a last block of one byte
         _exponents(rng, 700),  # below MIN_HUFFMAN: a raw block, so stored
-        np.full(200_000, 0x3F, np.uint8),  # one value: RLE blocks
         np.concatenate([np.full(block, 9, np.uint8), _exponents(rng, block)]),  # RLE, then coded
         drift,  # statistics that change: new tables, then the previous one again
         rng.integers(0, 256, 100_000, dtype=np.uint8),  # noise: stored
         (rng.random(300_000) < 0.001).astype(np.uint8) * 200,  # long codes (11 bits) beside 1-bit ones
         _exponents(rng, 70_000, 40.0),  # many distinct values
     ]
-    frames = _frames(host_encode, chunks)
+    coded = _frames(host_encode, chunks)
     dctx = zstandard.ZstdDecompressor()
-    for i, (chunk, frame) in enumerate(zip(chunks, frames, strict=True)):
-        if i in (3, 7):
-            assert frame is None  # a raw block or noise is not worth a frame
+    for i, (chunk, got) in enumerate(zip(chunks, coded, strict=True)):
+        if i in (3, 6):
+            assert got is None  # a raw block or noise is not worth a frame
             continue
-        assert frame is not None, i
+        assert got is not None and got[0] == ZSTD.id, i
+        frame = got[1]
         assert len(frame) < chunk.size, i
         assert dctx.decompress(frame, max_output_size=chunk.size) == chunk.tobytes(), i
         out = np.empty(chunk.size, np.uint8)
         assert _native.literals_decode(frame, out) and out.tobytes() == chunk.tobytes(), i
 
 
-def test_frames_cost_what_the_cpu_coder_writes_in_blocks_of_that_size(host_encode: ctypes._CFuncPtr) -> None:
+def test_chunks_with_fixed_bits_are_bit_packed(host_encode: ctypes.CDLL) -> None:
+    # As the CPU coder does: where only k bit positions vary and the bytes' entropy is about
+    # k bits, the bits are packed (as small, decoded ~10x faster than Huffman codes).
+    from ckptz.codecs.bitpack import packed_size
+
+    rng = np.random.default_rng(9)
+    chunks = [
+        rng.integers(0, 2, 100_003, dtype=np.uint8) * 0x80 | 0x3C,  # one varying bit (a sign plane)
+        rng.integers(0, 128, 70_001, dtype=np.uint8) & 0xFE,  # 6 varying bits, even values
+        np.full(5000, 0x41, np.uint8),  # nothing varies: 2 bytes
+        _exponents(rng, 90_000),  # entropy well below its varying bits: a frame
+    ]
+    coded = _frames(host_encode, chunks)
+    for chunk, fixed, got in zip(chunks, (0x7F, 0x81, 0xFF, None), coded, strict=True):
+        assert got is not None
+        if fixed is None:
+            assert got[0] == ZSTD.id
+        else:
+            assert got[0] == BITPACK.id and len(got[1]) == packed_size(chunk.size, fixed)
+        assert _decoded(got, chunk.size) == chunk.tobytes()
+
+
+def test_frames_cost_what_the_cpu_coder_writes_in_blocks_of_that_size(host_encode: ctypes.CDLL) -> None:
     # The same choices as the CPU coder given the same block ends (raw, RLE, a new table or
     # the previous one), so the same bytes per frame. (The CPU plans its block ends; on
-    # these drifting planes that is 2 % smaller, on the e2e checkpoint's 0.1-0.9 %.)
+    # these drifting planes that is 2 % smaller, on the e2e checkpoint's 0.1-0.2 %.)
     from ckptz import _native
 
     rng = np.random.default_rng(3)
@@ -145,13 +194,13 @@ def test_frames_cost_what_the_cpu_coder_writes_in_blocks_of_that_size(host_encod
     chunks = [plane[i : i + (256 << 10)] for i in range(0, 1 << 20, 256 << 10)] + [
         plane[: 3 * literals.BLOCK + 99]
     ]
-    gpu = [len(f or b"") for f in _frames(host_encode, chunks)]
+    gpu = [len(f[1]) if f else 0 for f in _frames(host_encode, chunks)]
     cpu = [len(_native.huffman_zstd(c.tobytes(), literals.BLOCK)) for c in chunks]
     assert gpu == cpu
 
 
 def test_plan_in_shares_writes_the_same_frames(
-    host_encode: ctypes._CFuncPtr, monkeypatch: pytest.MonkeyPatch
+    host_encode: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A batch's plan split over threads (each share numbering its own tables and heads)
     # gives every frame the bytes one thread would.
@@ -163,11 +212,12 @@ def test_plan_in_shares_writes_the_same_frames(
         for n, s in zip(rng.integers(1, 300_000, 23), rng.uniform(0.5, 9, 23), strict=True)
     ]
     chunks[4] = rng.integers(0, 256, 90_000, dtype=np.uint8)  # stored: its rows left out
+    chunks[9] = rng.integers(0, 4, 50_000, dtype=np.uint8)  # bit-packed: no rows either
     monkeypatch.setattr(literals, "PLAN_SHARE", 3)
     alone = _frames(host_encode, chunks)
     with ThreadPoolExecutor(4) as pool:
         shared = _frames(host_encode, chunks, pool, 4)
-    assert shared == alone and alone[4] is None
+    assert shared == alone and alone[4] is None and alone[9] is not None and alone[9][0] == BITPACK.id
     assert all(
         f is not None for i, (c, f) in enumerate(zip(chunks, alone, strict=True)) if c.size > 2000 and i != 4
     )
@@ -184,9 +234,9 @@ def test_quarters_cover_every_byte_once() -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_writes_the_planned_frames(host_encode: ctypes._CFuncPtr, cuda_ops: Any) -> None:
-    # The kernels on the device: the same bytes as the host build, which libzstd and nvCOMP
-    # (on the GPU) decode back to every chunk.
+def test_gpu_writes_the_planned_frames(host_encode: ctypes.CDLL, cuda_ops: Any) -> None:
+    # The kernels on the device: the same bytes as the host build, which the CPU codecs and
+    # nvCOMP (on the GPU, the zstd frames) decode back to every chunk.
     from ckptz.engines.gpu.coder import ZSTD_ID
     from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
 
@@ -194,9 +244,10 @@ def test_gpu_writes_the_planned_frames(host_encode: ctypes._CFuncPtr, cuda_ops: 
     chunks = [
         _exponents(rng, 1 << 20),
         _exponents(rng, 5 * literals.BLOCK + 777, 5.0),
-        np.full(150_000, 0x41, np.uint8),
-        rng.integers(0, 256, 70_000, dtype=np.uint8),
+        np.full(150_000, 0x41, np.uint8),  # bit-packed: 2 bytes
+        rng.integers(0, 256, 70_000, dtype=np.uint8),  # stored
         np.concatenate([_exponents(rng, 90_000, 1.0), _exponents(rng, 90_000, 9.0)]),
+        rng.integers(0, 2, 300_001, dtype=np.uint8) << 7,  # bit-packed: one varying bit
         _exponents(rng, 2000),
     ]
     codecs = literals.LiteralCodecs(NvcompCodecs(cuda_ops), cuda_ops)
@@ -209,28 +260,42 @@ def test_gpu_writes_the_planned_frames(host_encode: ctypes._CFuncPtr, cuda_ops: 
     src = cuda_ops.upload("lit_test_in", host)
     dst = cuda_ops.upload("lit_test_out", np.zeros(int(dst_offs[-1]) + caps[-1] + 16, np.uint8))
     got = codecs.encode(ZSTD_ID, src, offs.tolist(), [c.size for c in chunks], dst, dst_offs.tolist(), caps)
+    ids = codecs.bitstreams()
+    assert ids is not None
     out = cuda_ops.download(dst, np.uint8)
-    frames = [
-        None if g < 0 else out[o : o + g].tobytes() for g, o in zip(got, dst_offs.tolist(), strict=True)
+    coded = [
+        None if g < 0 else (b, out[o : o + g].tobytes())
+        for g, b, o in zip(got, ids, dst_offs.tolist(), strict=True)
     ]
-    assert frames == _frames(host_encode, chunks)
-    assert frames[3] is None and all(f is not None for i, f in enumerate(frames) if i != 3)
-    coded = [(c, f) for c, f in zip(chunks, frames, strict=True) if f is not None]
-    dctx = zstandard.ZstdDecompressor()
-    assert all(dctx.decompress(f, max_output_size=c.size) == c.tobytes() for c, f in coded)
-    packed = np.zeros(sum(len(f) + 16 for _, f in coded), np.uint8)
+    assert coded == _frames(host_encode, chunks)
+    assert [c[0] if c else None for c in coded] == [
+        ZSTD.id,
+        ZSTD.id,
+        BITPACK.id,
+        None,
+        ZSTD.id,
+        BITPACK.id,
+        ZSTD.id,
+    ]
+    assert all(
+        _decoded(c, chunk.size) == chunk.tobytes() for chunk, c in zip(chunks, coded, strict=True) if c
+    )
+    frames = [(chunk, c[1]) for chunk, c in zip(chunks, coded, strict=True) if c and c[0] == ZSTD.id]
+    packed = np.zeros(sum(len(f) + 16 for _, f in frames), np.uint8)
     at, pos = [], 0
-    for _, f in coded:
+    for _, f in frames:
         at.append(pos)
         packed[pos : pos + len(f)] = np.frombuffer(f, np.uint8)
         pos += len(f) + (-len(f) % 16)
-    back_at = np.cumsum([0] + [c.size + (-c.size % 16) for c, _ in coded])[:-1].tolist()
-    back = cuda_ops.upload("lit_test_back", np.zeros(back_at[-1] + coded[-1][0].size + 16, np.uint8))
+    back_at = np.cumsum([0] + [c.size + (-c.size % 16) for c, _ in frames])[:-1].tolist()
+    back = cuda_ops.upload("lit_test_back", np.zeros(back_at[-1] + frames[-1][0].size + 16, np.uint8))
     payload = cuda_ops.upload("lit_test_payload", packed)
-    codecs.decode(ZSTD_ID, payload, at, [len(f) for _, f in coded], back, back_at, [c.size for c, _ in coded])
+    codecs.decode(
+        ZSTD_ID, payload, at, [len(f) for _, f in frames], back, back_at, [c.size for c, _ in frames]
+    )
     decoded = cuda_ops.download(back, np.uint8)
     assert all(
-        decoded[o : o + c.size].tobytes() == c.tobytes() for (c, _), o in zip(coded, back_at, strict=True)
+        decoded[o : o + c.size].tobytes() == c.tobytes() for (c, _), o in zip(frames, back_at, strict=True)
     )
 
 
@@ -251,3 +316,9 @@ def test_gpu_runs_leave_metadata_to_the_cpu_coder(small_checkpoint: Path, tmp_pa
     assert "metadata" in sizes["cpu"]
     for component in ("metadata", "rng_state"):
         assert sizes["cuda"].get(component) == sizes["cpu"].get(component), component
+
+
+def test_kernels_share_the_block_size() -> None:
+    from ckptz.engines.gpu import kernels
+
+    assert literals._THREADS == kernels._THREADS  # bitpack_encode's grid is sized by it

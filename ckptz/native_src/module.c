@@ -240,13 +240,13 @@ done:
     return result;
 }
 
-/* literals_plan(quarters, sizes, src_at, dst_at, cap, block, got, plan, tables, blob)
+/* literals_plan(quarters, sizes, src_at, dst_at, cap, block, got, packs, plan, tables, blob)
  *   -> (rows, tables used, blob bytes used): see literals_plan.c. */
 static PyObject *native_literals_plan(PyObject *self, PyObject *args) {
-    Py_buffer in[5], out[4];
+    Py_buffer in[5], out[5];
     Py_ssize_t block;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*nw*w*w*w*", &in[0], &in[1], &in[2], &in[3], &in[4], &block, &out[0],
-                          &out[1], &out[2], &out[3]))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*nw*w*w*w*w*", &in[0], &in[1], &in[2], &in[3], &in[4], &block, &out[0],
+                          &out[4], &out[1], &out[2], &out[3]))
         return NULL;
     PyObject *result = NULL;
     int64_t chunks = (int64_t)(in[1].len / 8), blocks = 0;
@@ -254,20 +254,21 @@ static PyObject *native_literals_plan(PyObject *self, PyObject *args) {
     if (block < MIN_HUFFMAN || block > BLOCK_MAX) {
         PyErr_Format(PyExc_ValueError, "block of %zd bytes: expected %d to %d", block, MIN_HUFFMAN, BLOCK_MAX);
     } else if (in[2].len != in[1].len || in[3].len != in[1].len || in[4].len != in[1].len ||
-               out[0].len != in[1].len || in[0].len != blocks * 4 * 256 * 2 || out[1].len < blocks * LP_FIELDS * 8 ||
+               out[0].len != in[1].len || out[4].len != in[1].len || in[0].len != blocks * 4 * 256 * 2 ||
+               out[1].len < blocks * LP_FIELDS * 8 ||
                out[2].len < blocks * 256 * 4 || out[3].len < blocks * LP_HEAD_MAX) {
         PyErr_SetString(PyExc_ValueError, "literals_plan: buffer sizes do not match the chunks");
     } else {
         int64_t rows, ntab, used;
         Py_BEGIN_ALLOW_THREADS;
         rows = plan_literals((const uint16_t(*)[256])in[0].buf, in[1].buf, in[2].buf, in[3].buf, in[4].buf, chunks,
-                             (int64_t)block, out[0].buf, out[1].buf, (uint32_t(*)[256])out[2].buf, &ntab,
-                             out[3].buf, &used);
+                             (int64_t)block, out[0].buf, out[4].buf, out[1].buf, (uint32_t(*)[256])out[2].buf,
+                             &ntab, out[3].buf, &used);
         Py_END_ALLOW_THREADS;
         result = Py_BuildValue("LLL", (long long)rows, (long long)ntab, (long long)used);
     }
     for (int k = 0; k < 5; k++) PyBuffer_Release(&in[k]);
-    for (int k = 0; k < 4; k++) PyBuffer_Release(&out[k]);
+    for (int k = 0; k < 5; k++) PyBuffer_Release(&out[k]);
     return result;
 }
 
@@ -814,7 +815,7 @@ static PyMethodDef methods[] = {
     {"merge", native_merge, METH_VARARGS,
      "merge(planes, dst, word, rotate): words from byte planes (buffers, or ints for constant planes)."},
     {"literals_plan", native_literals_plan, METH_VARARGS,
-     "literals_plan(quarters, sizes, src_at, dst_at, cap, block, got, plan, tables, blob): zstd literal frames planned for a GPU."},
+     "literals_plan(quarters, sizes, src_at, dst_at, cap, block, got, packs, plan, tables, blob): zstd literal frames (or bit packs) planned for a GPU."},
     {"huffman_zstd", native_huffman_zstd, METH_VARARGS,
      "huffman_zstd(src, block=0): a zstd frame of Huffman-coded literal blocks (adaptive sizes, or `block` bytes each), or None."},
     {"bitpack_encode", native_bitpack_encode, METH_VARARGS,

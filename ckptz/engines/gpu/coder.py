@@ -109,6 +109,10 @@ class BatchCodecs(Protocol):
         raw_sizes: Sequence[int],
     ) -> None: ...
 
+    def bitstreams(self) -> Sequence[int] | None:
+        """The bitstream of each chunk of the last :meth:`encode`, where it chose one other
+        than the one asked for for some (None: that one for all)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FrameShape:
@@ -343,6 +347,9 @@ def encode_batch(
                     payload_at[todo].tolist(),
                     bounds[todo].tolist(),
                 )
+            chosen = codecs.bitstreams()
+            if chosen is not None:
+                ids[todo] = chosen
     coded = (got >= 0) & (got < sizes)
     codec = np.where(const, CONST_ID, np.where(coded, ids, RAW_ID))
     size = np.where(const, 1, np.where(coded, got, sizes))

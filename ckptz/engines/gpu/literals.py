@@ -29,13 +29,13 @@ import ctypes
 import itertools
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
 from ckptz import trace
 from ckptz.codecs.native import native
-from ckptz.codecs.table import ZSTD
+from ckptz.codecs.table import BITPACK, ZSTD
 from ckptz.engines.gpu.memory import Buf
 
 if TYPE_CHECKING:
@@ -49,7 +49,11 @@ PLAN_FIELDS = 16
 LP_HEAD, LP_TABLE = 4, 6
 HEAD_MAX = 160
 
-NAMES = ("literals_hist", "literals_encode")
+NAMES = ("literals_hist", "literals_encode", "bitpack_encode")
+#: Chunks per launch of ``bitpack_encode`` (CUDA's limit on a grid's second dimension), and
+#: the threads of a block of every kernel (:mod:`ckptz.engines.gpu.kernels`' ``THREADS``).
+_MAX_Y = 65535
+_THREADS = 256
 #: Whether this machine writes the literal frames (their plan needs ckptz's C extension;
 #: without it nvCOMP's Zstd writes the bitstream).
 AVAILABLE = native is not None
@@ -91,6 +95,22 @@ HD void lit_stream(const u8* src, i64 count, const u32* ce, u8* out) {
   }
 }
 
+/* Group j (8 bytes) of a chunk of n bytes bit-packed (ckptz.codecs.bitpack): for each bit
+   position not in `fixed`, ascending, one byte (bit t of it: that bit of byte 8j + t) at
+   row r of `out` (rows m bytes apart); bytes past n count as 0. */
+HD void bitpack_group(const u8* s, i64 n, i64 j, int fixed, u8* out, i64 m) {
+  u8 x[8];
+  for (int t = 0; t < 8; ++t) x[t] = j * 8 + t < n ? s[j * 8 + t] : 0;
+  int row = 0;
+  for (int b = 0; b < 8; ++b) {
+    if ((fixed >> b) & 1) continue;
+    u8 o = 0;
+    for (int t = 0; t < 8; ++t) o |= (u8)(((x[t] >> b) & 1) << t);
+    out[row * m + j] = o;
+    ++row;
+  }
+}
+
 #ifndef LITERALS_HOST
 /* Byte counts of quarter blockIdx.x (q_at[q], q_len[q]) into counts[q][256]. */
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -121,6 +141,21 @@ literals_encode(const u8* src, u8* dst, const i64* plan, const u32* tables, cons
     const i64 count = lit_quarter(m, t, &start);
     lit_stream(src + at + start, count, tables + p[6] * 256, dst + p[7 + t]);
     if (t == 0) dst[p[11]] = 0;
+  }
+}
+
+/* Chunk blockIdx.y of `rows` (src, n, dst, fixed | value << 8) bit-packed: its two header
+   bytes, then each thread's groups of 8 bytes. */
+extern "C" __global__ void __launch_bounds__(THREADS)
+bitpack_encode(const u8* src, u8* dst, const i64* rows) {
+  const i64* r = rows + (i64)blockIdx.y * 4;
+  const i64 at = r[0], n = r[1], d = r[2], m = (n + 7) / 8;
+  const int fixed = (int)(r[3] & 0xFF);
+  for (i64 j = (i64)blockIdx.x * THREADS + threadIdx.x; j < m; j += (i64)gridDim.x * THREADS)
+    bitpack_group(src + at, n, j, fixed, dst + d + 2, m);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    dst[d] = (u8)fixed;
+    dst[d + 1] = (u8)((r[3] >> 8) & 0xFF);
   }
 }
 #endif
@@ -161,6 +196,9 @@ def quarters(sizes: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return start.reshape(-1), (hi - lo).reshape(-1)
 
 
+#: A plan: each payload's size, each chunk's bit pack (or -1), the rows, tables and heads.
+_Plan = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
 #: Blocks a share of a batch's plan has at least: each share is planned by a thread of its
 #: own (the plan of a batch's ~700 blocks took 7.6 ms in one thread on the H100 host).
 PLAN_SHARE = 128
@@ -174,10 +212,11 @@ def plan(
     capacities: np.ndarray,
     pool: Executor | None = None,
     threads: int = 1,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> _Plan:
     """The frames of chunks ``sizes`` planned from their quarters' byte ``counts``
     (``ckptz._native.literals_plan``; where a ``pool`` is given, on up to ``threads`` of its
-    threads, each a share of whole chunks): each frame's size (-1: store the chunk), and the
+    threads, each a share of whole chunks): each payload's size (-1: store the chunk),
+    where a chunk is bit-packed instead (``fixed | value << 8``; -1: a frame), and the
     plan's rows, tables and head bytes."""
     sizes = np.ascontiguousarray(sizes, np.int64)
     ends = np.cumsum(-(-sizes // BLOCK))
@@ -189,7 +228,7 @@ def plan(
     caps = np.ascontiguousarray(capacities, np.int64)
     counts = np.ascontiguousarray(counts, np.uint16).reshape(-1, 256)
 
-    def share(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def share(lo: int, hi: int) -> _Plan:
         first = int(ends[lo - 1]) if lo else 0
         return _plan_share(
             counts[4 * first : 4 * int(ends[hi - 1])],
@@ -205,25 +244,21 @@ def plan(
     else:
         parts = list(pool.map(lambda p: share(*p), pairs))
     # Each share numbered its tables and heads from 0: shifted past the shares before it.
-    table_base = np.cumsum([0] + [p[2].shape[0] for p in parts])
-    head_base = np.cumsum([0] + [p[3].size for p in parts])
+    table_base = np.cumsum([0] + [p[3].shape[0] for p in parts])
+    head_base = np.cumsum([0] + [p[4].size for p in parts])
     for p, tb, hb in zip(parts, table_base.tolist(), head_base.tolist(), strict=False):
-        p[1][:, LP_TABLE] += tb
-        p[1][:, LP_HEAD] += hb
-    return (
-        np.concatenate([p[0] for p in parts]),
-        np.concatenate([p[1] for p in parts]),
-        np.concatenate([p[2] for p in parts]),
-        np.concatenate([p[3] for p in parts]),
-    )
+        p[2][:, LP_TABLE] += tb
+        p[2][:, LP_HEAD] += hb
+    return cast(_Plan, tuple(np.concatenate([p[k] for p in parts]) for k in range(5)))
 
 
 def _plan_share(
     counts: np.ndarray, sizes: np.ndarray, src_at: np.ndarray, dst_at: np.ndarray, capacities: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> _Plan:
     assert native is not None, "the literal frames are planned by ckptz's C extension"
     blocks = int((-(-sizes // BLOCK)).sum())
     got = np.empty(sizes.size, np.int64)
+    packs = np.empty(sizes.size, np.int64)
     rows = np.empty((blocks, PLAN_FIELDS), np.int64)
     tables = np.empty((blocks, 256), np.uint32)
     blob = np.empty(max(blocks * HEAD_MAX, 1), np.uint8)
@@ -235,11 +270,12 @@ def _plan_share(
         np.ascontiguousarray(capacities),
         BLOCK,
         got,
+        packs,
         rows,
         tables,
         blob,
     )
-    return got, rows[:n], tables[:t], blob[:used]
+    return got, packs, rows[:n], tables[:t], blob[:used]
 
 
 def encode(
@@ -253,15 +289,16 @@ def encode(
     *,
     pool: Executor | None = None,
     threads: int = 1,
-) -> list[int]:
-    """Code chunks ``sizes[c]`` bytes at ``src + offsets[c]`` into zstd frames at ``dst +
-    dst_offsets[c]`` (at most ``capacities[c]`` bytes each), queued on ``ops``' stream after
-    one wait for the byte counts (the plan on up to ``threads`` of ``pool``'s); each frame's
-    size, or -1 for a chunk better stored."""
+) -> tuple[list[int], list[int]]:
+    """Code chunks ``sizes[c]`` bytes at ``src + offsets[c]`` into zstd frames (or bit packs)
+    at ``dst + dst_offsets[c]`` (at most ``capacities[c]`` bytes each), queued on ``ops``'
+    stream after one wait for the byte counts (the plan on up to ``threads`` of ``pool``'s);
+    each payload's size (-1 for a chunk better stored), and its bitstream."""
     size = np.asarray(sizes, np.int64)
     if not size.size:
-        return []
-    q_at, q_len = quarters(size, np.asarray(offsets, np.int64))
+        return [], []
+    at, dst_at = np.asarray(offsets, np.int64), np.asarray(dst_offsets, np.int64)
+    q_at, q_len = quarters(size, at)
     table = ops.upload("lit_quarters", np.concatenate([q_at, q_len]))
     counts = ops.scratch("lit_counts", q_at.size * 512)
     ops.launch(
@@ -272,14 +309,8 @@ def encode(
     with trace.span("literal counts"):
         counted = ops.download(counts, np.uint16)
     with trace.span("literal plan"):
-        got, rows, tables, blob = plan(
-            counted,
-            size,
-            np.asarray(offsets, np.int64),
-            np.asarray(dst_offsets, np.int64),
-            np.asarray(capacities, np.int64),
-            pool,
-            threads,
+        got, packs, rows, tables, blob = plan(
+            counted, size, at, dst_at, np.asarray(capacities, np.int64), pool, threads
         )
     if rows.shape[0]:
         put_rows = ops.upload("lit_plan", rows)
@@ -290,19 +321,32 @@ def encode(
             (rows.shape[0], 1),
             [_ptr(src.ptr), _ptr(dst.ptr), _ptr(put_rows.ptr), _ptr(put_tables.ptr), _ptr(put_blob.ptr)],
         )
-    return got.tolist()
+    packed = np.flatnonzero(packs >= 0)
+    if packed.size:
+        put = ops.upload("lit_packs", np.stack([at, size, dst_at, packs], axis=1)[packed])
+        groups = int(size[packed].max() + 7) // 8
+        for c0 in range(0, packed.size, _MAX_Y):
+            c1 = min(packed.size, c0 + _MAX_Y)
+            ops.launch(
+                "bitpack_encode",
+                (min(-(-groups // _THREADS), 1024), c1 - c0),
+                [_ptr(src.ptr), _ptr(dst.ptr), _ptr(put.ptr + 32 * c0)],
+            )
+    return got.tolist(), np.where(packs >= 0, BITPACK.id, ZSTD.id).tolist()
 
 
 class LiteralCodecs:
     """The GPU coder's batched codecs (:class:`ckptz.engines.gpu.coder.BatchCodecs`): the
-    ``zstd`` bitstream written by :func:`encode`, everything else (and every decode) by
-    ``nvcomp`` (nvCOMP decodes these frames as it does any zstd frame). Without ckptz's C
-    extension (:data:`AVAILABLE`), nvCOMP's Zstd writes the bitstream too."""
+    ``zstd`` bitstream written by :func:`encode` (a chunk it bit-packs gets the ``bitpack``
+    bitstream, which CPUs decode), everything else (and every decode) by ``nvcomp``
+    (nvCOMP decodes these frames as it does any zstd frame). Without ckptz's C extension
+    (:data:`AVAILABLE`), nvCOMP's Zstd writes the bitstream too."""
 
     def __init__(
         self, nvcomp: BatchCodecs, ops: _Ops, pool: Executor | None = None, threads: int = 1
     ) -> None:
         self._nvcomp, self._ops, self._pool, self._threads = nvcomp, ops, pool, threads
+        self._chosen: list[int] | None = None
 
     def max_compressed_size(self, codec_id: int, size: int) -> int:
         if codec_id == ZSTD.id and AVAILABLE:
@@ -312,8 +356,15 @@ class LiteralCodecs:
     def encode(self, codec_id: int, *args: Any) -> list[int]:
         """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.encode`."""
         if codec_id == ZSTD.id and AVAILABLE:
-            return encode(self._ops, *args, pool=self._pool, threads=self._threads)
+            got, self._chosen = encode(self._ops, *args, pool=self._pool, threads=self._threads)
+            return got
+        self._chosen = None
         return self._nvcomp.encode(codec_id, *args)
+
+    def bitstreams(self) -> list[int] | None:
+        """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.bitstreams`: each chunk's of the last
+        :meth:`encode`."""
+        return self._chosen
 
     def decode(self, codec_id: int, *args: Any) -> None:
         """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.decode` (nvCOMP's)."""

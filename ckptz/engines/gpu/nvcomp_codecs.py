@@ -287,6 +287,10 @@ class NvcompCodecs:
             raise CodecError("nvCOMP could not code a batch (a chunk failed)", codec=NAMES[codec_id])
         return got.tolist()
 
+    def bitstreams(self) -> None:
+        """Every chunk of an :meth:`encode` gets the bitstream asked for."""
+        return None
+
     def decode(
         self,
         codec_id: int,
