@@ -123,6 +123,9 @@ class ZstdStandIn:
     def max_compressed_size(self, codec_id: int, size: int) -> int:
         return size + size // 128 + 1024
 
+    def bitstreams(self) -> None:
+        return None
+
     def encode(
         self,
         codec_id: int,
