@@ -316,7 +316,9 @@ def verify_view(result: VerifyResult, problems_only: bool = False) -> Renderable
         style = _STATUS_STYLE.get(f.status, "red")
         detail = f.error or (decimal(f.bytes) if f.bytes else "")
         table.add_row(f.path, Text(f.status, style=style), detail)
-    return Group(table, Text(verify_footer(result), style="bold green" if result.ok else "bold red"))
+    footer = Text(verify_footer(result), style="bold green" if result.ok else "bold red")
+    # With only the failures asked for and none: the verdict alone, not an empty table.
+    return Group(table, footer) if shown or not problems_only else footer
 
 
 def verify_footer(result: VerifyResult) -> str:

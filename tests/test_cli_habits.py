@@ -37,6 +37,25 @@ def test_quiet_prints_nothing_but_errors(work: Path, tmp_path: Path) -> None:
     assert done.returncode == 2 and "already exists" in done.stderr  # errors still show
 
 
+def test_quiet_verify_gives_the_verdict_and_only_failing_files(work: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert ckptz("compress", str(work), "-o", str(out), "-q").returncode == 0
+    done = ckptz("verify", str(out), "--against", str(work), "-q")
+    files = sum(p.is_file() for p in work.rglob("*"))
+    # One line, the verdict (wrapped where the path is long): no table of no rows.
+    assert (
+        done.returncode == 0
+        and " ".join(done.stdout.split()) == f"all {files} files match {work}: byte-identical"
+    )
+    victim = next(p for p in sorted(out.rglob("*.ckptz")))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    done = ckptz("verify", str(out), "--against", str(work), "-q")
+    rows = [line for line in done.stdout.splitlines() if victim.name.removesuffix(".ckptz") in line]
+    assert done.returncode != 0 and len(rows) == 1 and "failed" in done.stdout
+
+
 def test_verbose_lists_every_file(work: Path, tmp_path: Path) -> None:
     done = ckptz("compress", str(work), "-o", str(tmp_path / "out"), "-v")
     assert done.returncode == 0, done.stderr
