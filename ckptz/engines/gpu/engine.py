@@ -346,13 +346,17 @@ class GpuEngine:
         pool by itself once the last view of it is gone."""
 
     def codec_config(self) -> dict[str, dict[str, object]]:
-        """What each bitstream was written with (recorded in the container)."""
+        """What each bitstream was written with (recorded in the container; ``zstd`` also by
+        the CPU coder, for :data:`HOST_COMPONENTS`)."""
         return {
-            "zstd": (
-                {"implementation": "ckptz-gpu-literals", "block": literals.BLOCK}
-                if literals.AVAILABLE
-                else {"implementation": "nvcomp", "bitstream_kind": "RAW", "nvcomp": nvcomp_version()}
-            ),
+            "zstd": {
+                **(
+                    {"implementation": "ckptz-gpu-literals", "block": literals.BLOCK}
+                    if literals.AVAILABLE
+                    else {"implementation": "nvcomp", "bitstream_kind": "RAW", "nvcomp": nvcomp_version()}
+                ),
+                "also": self._host.codec_config()["zstd"],
+            },
             "ans": {"implementation": "nvcomp", "data_type": "|u1", "nvcomp": nvcomp_version()},
         }
 
