@@ -1149,8 +1149,9 @@ class Bench:
 
     def startup_task(self) -> Task:
         tiny = self.tmpfs / "data" / "tiny" / "tiny.pt"
-        # On cuda the GPU-coded bitstream (ans): the portable one is coded on the CPU threads
-        # at this size, so a `--device cuda` run of it would not start the GPU at all.
+        # On cuda the GPU-only bitstream (ans), whose run cannot go on without the GPU (a
+        # `--device cuda` compression of the portable one opens the GPU engine too, since
+        # session 32, but it measured the hybrid CPU-first engine before).
         rows = {
             dev: self.row(
                 "startup",
