@@ -4,23 +4,29 @@ The CPU coder writes a plane as one standard zstd frame made only of literal blo
 (``ckptz/native_src/literals_encode.c``): libzstd and nvCOMP decode it, and it codes
 exponent planes 20 % smaller than nvCOMP's own Zstd (FACTS.md). This module writes the same
 kind of frame on the GPU, in blocks of :data:`BLOCK` bytes (the CPU plans block ends by
-dynamic programming; fixed 64 KiB blocks cost 0.1-0.9 % of an exponent plane's coded size,
-measured on the e2e checkpoint's planes):
+dynamic programming; fixed 64 KiB blocks cost 0.07-0.2 % of an exponent plane's coded size
+on the e2e checkpoint's planes, BENCHMARKS.md session 32):
 
 1. ``literals_hist`` counts the bytes of every quarter of every block (a zstd block's four
    streams each code a quarter), one thread block per quarter;
 2. the host plans every frame from those counts (``ckptz._native.literals_plan``, in C with
-   the GIL released): each block's kind (raw, RLE, a new Huffman table or the previous
-   one), its table and headers, where each of its streams starts, each frame's size. A
-   chunk whose frame would not be smaller than itself is left out (the coder stores it);
+   the GIL released, in shares on the engine's CPU threads): each block's kind (raw, RLE, a
+   new Huffman table or the previous one: a new one must save 128 bytes, a coded block a
+   64th of itself), its table and headers, where each of its streams starts, each frame's
+   size. A chunk whose bytes agree on some bit positions, with about as many bits of
+   entropy as positions that vary, is bit-packed instead (the ``bitpack`` bitstream, the
+   CPU coder's rule); a chunk whose frame would not be smaller than itself is left out (the
+   coder stores it);
 3. ``literals_encode`` writes every block at once: its head (frame header, block and
    literals headers, table description, jump table) copied from the plan, each of its four
-   streams by one thread, raw blocks copied.
+   streams by one thread, raw blocks copied; ``bitpack_encode`` packs 8 bytes a thread.
 
-So a batch costs one wait (the counts), and every frame's size is known before its bits are
-written. ``HD`` marks the code shared with the host build of the tests
-(``tests/test_literals_gpu.py`` compiles the stream writer with a C++ compiler and decodes
-what it writes with libzstd).
+So a batch costs one wait (the counts), and every payload's size is known before its bits
+are written. (The GPU engine leaves metadata frames to the CPU coder, whose zstd finds the
+repeats no order-0 coder does.) ``HD`` marks the code shared with the host build of the
+tests (``tests/test_literals_gpu.py`` compiles the stream writer and the bit packer with a
+C++ compiler, runs them thread by thread, and decodes what they write with libzstd and the
+CPU codecs).
 """
 
 from __future__ import annotations
