@@ -149,7 +149,12 @@ class CompressedWriter(FileSystemWriter):
         local = Metadata(state_dict_metadata={}, storage_data={r.index: r.storage_data for r in results})
         (staging / _METADATA).write_bytes(pickle.dumps(local))
         engine, _notice = open_engine(
-            _rank_device(self.device), threads=self.threads, level=self.level, codec=self.codec, writes=True
+            _rank_device(self.device),
+            threads=self.threads,
+            level=self.level,
+            codec=self.codec,
+            writes=True,
+            job_bytes=sum(os.stat(staging / name).st_size for name in names),
         )
         try:
             for name in names:

@@ -154,8 +154,9 @@ def test_the_join_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
     [
         ("cuda", "auto", None, False, 1, False),  # a restore of the portable bitstream: CPU threads
         ("cuda", "zstd", None, False, 64, False),
-        ("cuda", "auto", None, True, 0, True),  # a compression with a GPU named writes it there
-        ("cuda:1", "zstd", None, True, 1, True),
+        ("cuda", "auto", None, True, 4, True),  # a compression with a GPU named writes it there
+        ("cuda:1", "zstd", None, True, 64, True),
+        ("cuda", "auto", None, True, 1, False),  # ... unless the CPU threads finish before it starts
         ("auto", "auto", None, True, 31, False),  # no GPU named: CPU threads below the join size
         ("auto", "auto", None, True, 32, True),  # ... the GPU writes a job that large
         ("auto", "auto", "0", True, 0, True),
@@ -216,9 +217,10 @@ def test_auto_writes_a_large_job_on_the_gpu_where_there_is_one(
 def test_a_gpu_named_writes_the_portable_bitstream_there_and_restores_it_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch, small_checkpoint: Path, tmp_path: Path
 ) -> None:
-    """``--device cuda`` with the portable bitstream: the compression opens the GPU engine
-    (here a CPU engine standing in for it, on a machine without a GPU), the restore codes
-    every frame on the CPU threads and asks for no CUDA context."""
+    """``--device cuda`` with the portable bitstream: a compression of CKPTZ_GPU_WRITE_BYTES
+    or more opens the GPU engine (here a CPU engine standing in for it, on a machine without
+    a GPU), a smaller one and the restore code every frame on the CPU threads and ask for no
+    CUDA context."""
     import ckptz.engines as engines
 
     warmed: list[str] = []
@@ -232,7 +234,10 @@ def test_a_gpu_named_writes_the_portable_bitstream_there_and_restores_it_on_the_
     monkeypatch.setattr(engines, "_open_gpu", open_gpu)
     monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
     out = tmp_path / "packed"
-    api.compress(small_checkpoint, out, device="cuda")
+    api.compress(small_checkpoint, out, device="cuda")  # a small job: the CPU threads
+    assert (warmed, opened) == ([], [])
+    monkeypatch.setenv("CKPTZ_GPU_WRITE_BYTES", "0")  # every job
+    api.compress(small_checkpoint, out, device="cuda", force=True)
     assert (set(warmed), opened) == ({"cuda"}, ["cuda zstd"])  # (warming twice is once)
     warmed.clear()
     api.decompress(out, tmp_path / "back", device="cuda")

@@ -12,7 +12,7 @@ import os
 from ckptz.codecs.table import CHOOSABLE
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
-from ckptz.engines.hybrid import GPU_JOIN_BYTES, HybridEngine, join_bytes
+from ckptz.engines.hybrid import GPU_JOIN_BYTES, HybridEngine, join_bytes, write_bytes
 from ckptz.errors import DeviceError, UsageError
 
 #: ``--codec`` values the CPU engine accepts: its coder writes these bitstreams itself.
@@ -61,7 +61,9 @@ def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int =
     """Whether an engine that ``writes`` (compresses) on device ``want`` with ``codec`` codes
     the portable bitstream on the GPU from the first frame, where the GPU writes its literal
     frames (:mod:`ckptz.engines.gpu.literals`: nvCOMP installed, and ckptz's C extension to
-    plan them): where a GPU was asked for by name, or with ``auto`` for a job of
+    plan them): where a GPU was asked for by name, for a job of
+    :func:`~ckptz.engines.hybrid.write_bytes` or more (smaller ones finish sooner on the CPU
+    threads than the GPU starts), or with ``auto`` for a job of
     :func:`~ckptz.engines.hybrid.join_bytes` or more (the size at which the GPU would join
     the CPU threads anyway; a GPU shared with training is left alone below it). On the H100
     host the literal frames compressed a 5.35 GB checkpoint at 9.1 GB/s against the CPU
@@ -71,7 +73,9 @@ def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int =
 
     if not writes or codec not in PORTABLE_CODECS or native is None or not nvcomp_installed():
         return False
-    return want.startswith("cuda") or (want == "auto" and job_bytes >= join_bytes())
+    if want.startswith("cuda"):
+        return job_bytes >= write_bytes()
+    return want == "auto" and job_bytes >= join_bytes()
 
 
 def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_bytes: int = 0) -> None:
@@ -151,10 +155,16 @@ def open_engine(
         hybrid = HybridEngine(CpuEngine(threads, level), start_gpu, required=want != "auto")
         notice = None
         if want != "auto":
+            # Only the job's size kept it off the GPU, or the GPU cannot write the bitstream.
+            small = writes_portable_on_gpu(want, codec, writes, max(job_bytes, write_bytes()))
+            why = (
+                f"a job under {write_bytes() >> 30} GiB finishes there before the GPU starts"
+                if small
+                else "faster than nvCOMP Zstd"
+            )
             notice = (
-                f"{want}: the portable bitstream is coded on the CPU threads, faster than nvCOMP Zstd;"
-                f" the GPU joins jobs over {GPU_JOIN_BYTES >> 30} GiB where it codes faster"
-                " (--codec ans codes on the GPU)"
+                f"{want}: the portable bitstream is coded on the CPU threads ({why}); the GPU joins"
+                f" jobs over {GPU_JOIN_BYTES >> 30} GiB where it codes faster (--codec ans codes on the GPU)"
             )
         return hybrid, notice
     if want == "cpu" or (want == "auto" and codec not in GPU_ONLY_CODECS):
