@@ -39,7 +39,7 @@ DEFAULT_SAMPLE = 256 << 20
 CONFIGS: dict[str, tuple[bool, str, str]] = {
     "ckptz-auto": (True, "cpu", "ckptz pipeline, --codec auto"),
     "ckptz-zstd": (True, "cpu", "ckptz pipeline, --codec zstd"),
-    "ckptz-zstd-gpu": (True, "cuda", "ckptz pipeline on the GPU, --codec zstd"),
+    "ckptz-zstd-gpu": (True, "cuda", "ckptz pipeline on the GPU, --codec zstd (restored on the CPU threads)"),
     "ckptz-ans-gpu": (True, "cuda", "ckptz pipeline on the GPU, --codec ans"),
     "zstd-raw": (False, "cpu", "zstd -3 on the raw bytes, all threads (like zstd -T0 -3)"),
     "nvcomp-zstd-raw": (False, "cuda", "nvCOMP Zstd on the raw bytes (the blog's recipe)"),

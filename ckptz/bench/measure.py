@@ -17,8 +17,9 @@ import numpy as np
 import xxhash
 
 from ckptz.codecs import PORTABLE
-from ckptz.engines import open_engine
+from ckptz.engines import PORTABLE_CODECS, open_engine
 from ckptz.engines.base import Engine, StoredChunk, run_all
+from ckptz.engines.hybrid import write_bytes
 from ckptz.errors import MismatchError
 from ckptz.pipeline.sampling import ComponentSample
 
@@ -46,24 +47,31 @@ class Runner:
     def __init__(self, name: str, gpu: str | None, threads: int, repeats: int) -> None:
         self.name, self.gpu, self.threads, self.repeats = name, gpu, threads, repeats
         self.engine: Engine | None = None
+        self.decoder: Engine | None = None
         self.device = (gpu or "cpu") if name.startswith("nvcomp-") else "cpu"
         if name.startswith("ckptz-"):
             codec = name.removeprefix("ckptz-").removesuffix("-gpu")
+            device = (gpu or "cuda") if name.endswith("-gpu") else "cpu"
+            # The engines a large compression and its restore open: on a GPU the portable
+            # bitstream is written there and decoded on the CPU threads.
             self.engine, _ = open_engine(
-                gpu if name.endswith("-gpu") else "cpu", threads=threads, codec=codec
+                device, threads=threads, codec=codec, writes=True, job_bytes=write_bytes()
             )
             self.device = self.engine.device
+            if device != "cpu" and codec in PORTABLE_CODECS:
+                self.decoder, _ = open_engine(device, threads=threads, codec="auto")
 
     def __call__(self, sample: ComponentSample) -> Measurement:
         if self.engine is not None:
-            return _engine_run(self.engine, sample, self.repeats)
+            return _engine_run(self.engine, sample, self.repeats, self.decoder)
         if self.name == "zstd-raw":
             return _zstd_raw_run(sample, self.threads, self.repeats)
         return _raw_nvcomp_run(self.name, self.gpu or "cuda:0", sample, self.repeats)
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        for engine in (self.engine, self.decoder):
+            if engine is not None:
+                engine.close()
 
     def __enter__(self) -> Runner:
         return self
@@ -77,8 +85,11 @@ def _median_gbps(nbytes: int, seconds: list[float]) -> float:
     return nbytes / s / 1e9 if s > 0 else float("inf")
 
 
-def _engine_run(engine: Engine, sample: ComponentSample, repeats: int) -> Measurement:
-    """Code a sample through an engine: (compressed bytes, portable, compress GB/s, decompress GB/s)."""
+def _engine_run(
+    engine: Engine, sample: ComponentSample, repeats: int, decoder: Engine | None = None
+) -> Measurement:
+    """Code a sample through an engine, and decode it through ``decoder`` (default: the
+    same engine): (compressed bytes, portable, compress GB/s, decompress GB/s)."""
     frames = sample.frames
 
     def encode() -> list[list[StoredChunk]]:
@@ -94,12 +105,14 @@ def _engine_run(engine: Engine, sample: ComponentSample, repeats: int) -> Measur
             for i, e in enumerate(coded)
         ]
 
+    reader = decoder or engine
+
     def decode(stored: list[list[StoredChunk]]) -> list[np.ndarray]:
         calls = [
-            partial(engine.decode, f.stream, chunks, f.data.size, f"frame {i}")
+            partial(reader.decode, f.stream, chunks, f.data.size, f"frame {i}")
             for i, (f, chunks) in enumerate(zip(frames, stored, strict=True))
         ]
-        return run_all(engine, calls)
+        return run_all(reader, calls)
 
     stored = encode()
     for i, (f, out) in enumerate(zip(frames, decode(stored), strict=True)):
