@@ -66,8 +66,8 @@ def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int =
     threads than the GPU starts), or with ``auto`` for a job of
     :func:`~ckptz.engines.hybrid.join_bytes` or more (the size at which the GPU would join
     the CPU threads anyway; a GPU shared with training is left alone below it). On the H100
-    host the literal frames compressed a 5.35 GB checkpoint at 9.1 GB/s against the CPU
-    path's 5.0, writes discarded (BENCHMARKS.md, session 32). Restores of the bitstream stay
+    host the literal frames compressed a 5.35 GB checkpoint at 8.87 GB/s against the CPU
+    path's 5.35, writes discarded (BENCHMARKS.md, session 32). Restores of the bitstream stay
     on the CPU threads (:class:`HybridEngine`)."""
     from ckptz.codecs.native import native
 

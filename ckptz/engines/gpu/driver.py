@@ -324,6 +324,11 @@ def host_free(ptr: int) -> None:
 # -- kernels --------------------------------------------------------------------------------
 
 
+def pointer(address: int) -> ctypes.c_void_p:
+    """A device (or pinned host) address as a kernel argument (:meth:`Module.launch`)."""
+    return ctypes.c_void_p(address)
+
+
 class Module:
     """A compiled image loaded into the calling thread's current context, and its kernels by
     name.

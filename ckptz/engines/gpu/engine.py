@@ -274,10 +274,11 @@ class GpuEngine:
     ) -> EncodedSpan:
         """The span's frames of :data:`HOST_COMPONENTS` coded here (the CPU coder), and the
         span's ``leaves`` hashed."""
-        checksum = [xxh3_64(f.data) if f.checksum is None else f.checksum for f in frames]
         coded = [
-            self._host.encode(f.stream, f.data, c).result()
-            for f, c, h in zip(frames, checksum, host, strict=True)
+            self._host.encode(
+                f.stream, f.data, xxh3_64(f.data) if f.checksum is None else f.checksum
+            ).result()
+            for f, h in zip(frames, host, strict=True)
             if h
         ]
         return EncodedSpan(

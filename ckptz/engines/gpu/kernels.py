@@ -333,10 +333,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _ptr(address: int) -> ctypes.c_void_p:
-    return ctypes.c_void_p(address)
-
-
 class _Stage:
     """Pinned host memory for a device's small copies (tables of a few KiB), taken in turn
     and given back all at once when its stream has done every copy queued from it.
@@ -456,9 +452,9 @@ class CudaOps:
         for f0 in range(0, k, _MAX_Y):
             f1 = min(k, f0 + _MAX_Y)
             args = [
-                _ptr(raw.ptr + f0 * m * word),
-                _ptr(planes.ptr + f0 * word * stride),
-                _ptr(stats.ptr + f0 * word * STATS * 4),
+                driver.pointer(raw.ptr + f0 * m * word),
+                driver.pointer(planes.ptr + f0 * word * stride),
+                driver.pointer(stats.ptr + f0 * word * STATS * 4),
                 ctypes.c_int64(m),
                 ctypes.c_int64(stride),
             ]
@@ -485,11 +481,11 @@ class CudaOps:
         for f0 in range(0, k if m else 0, _MAX_Y):
             f1 = min(k, f0 + _MAX_Y)
             args = [
-                _ptr(stored.ptr),
-                _ptr(decoded.ptr),
-                _ptr(offsets.ptr + f0 * word * 8),
-                _ptr(sources.ptr + f0 * word * 8),
-                _ptr(raw.ptr + f0 * m * word),
+                driver.pointer(stored.ptr),
+                driver.pointer(decoded.ptr),
+                driver.pointer(offsets.ptr + f0 * word * 8),
+                driver.pointer(sources.ptr + f0 * word * 8),
+                driver.pointer(raw.ptr + f0 * m * word),
                 ctypes.c_int64(m),
             ]
             self.launch(name, (_cdiv(m, _BLOCK), f1 - f0), args)
@@ -511,12 +507,12 @@ class CudaOps:
         for c0 in range(0, count if longest else 0, _MAX_Y):
             c1 = min(count, c0 + _MAX_Y)
             args = [
-                _ptr(src.ptr),
-                _ptr(src_offsets.ptr + c0 * 8),
-                _ptr(sizes.ptr + c0 * 8),
-                _ptr(dst.ptr),
-                _ptr(dst_offsets.ptr + c0 * 8),
-                _ptr(padded.ptr + c0 * 8),
+                driver.pointer(src.ptr),
+                driver.pointer(src_offsets.ptr + c0 * 8),
+                driver.pointer(sizes.ptr + c0 * 8),
+                driver.pointer(dst.ptr),
+                driver.pointer(dst_offsets.ptr + c0 * 8),
+                driver.pointer(padded.ptr + c0 * 8),
             ]
             self.launch("gather", (_cdiv(longest // 4, _BLOCK), c1 - c0), args)
 
@@ -553,11 +549,21 @@ class CudaOps:
             at_lengths, at_starts = table.ptr + 8 * count, table.ptr + 16 * count
             sums = self.scratch(f"{name}_sums", max(64 * total, 8))
             if total:
-                args = [_ptr(table.ptr), _ptr(at_starts), ctypes.c_int64(count), ctypes.c_int64(total)]
+                args = [
+                    driver.pointer(table.ptr),
+                    driver.pointer(at_starts),
+                    ctypes.c_int64(count),
+                    ctypes.c_int64(total),
+                ]
                 per = (_THREADS // 32) * _BLOCKS_PER_WARP
-                self.launch("xxh3_blocks", (_cdiv(total, per), 1), [*args, _ptr(sums.ptr)])
-            args = [_ptr(table.ptr), _ptr(at_lengths), _ptr(at_starts), _ptr(sums.ptr)]
-            out_at = _ptr(out.ptr + 8 * lo)
+                self.launch("xxh3_blocks", (_cdiv(total, per), 1), [*args, driver.pointer(sums.ptr)])
+            args = [
+                driver.pointer(table.ptr),
+                driver.pointer(at_lengths),
+                driver.pointer(at_starts),
+                driver.pointer(sums.ptr),
+            ]
+            out_at = driver.pointer(out.ptr + 8 * lo)
             self.launch(
                 "xxh3_many", (_cdiv(count, _THREADS // 32), 1), [*args, out_at, ctypes.c_int64(count)]
             )
@@ -575,9 +581,9 @@ class CudaOps:
         for c0 in range(0, n, _MAX_Y):
             c1 = min(n, c0 + _MAX_Y)
             args = [
-                _ptr(table.ptr + 8 * c0),
-                _ptr(table.ptr + 8 * (n + c0)),
-                _ptr(table.ptr + 8 * (2 * n + c0)),
+                driver.pointer(table.ptr + 8 * c0),
+                driver.pointer(table.ptr + 8 * (n + c0)),
+                driver.pointer(table.ptr + 8 * (2 * n + c0)),
             ]
             self.launch("copy_ranges", (blocks, c1 - c0), args)
 

@@ -31,21 +31,19 @@ CPU codecs).
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from ckptz import trace
 from ckptz.codecs.native import native
 from ckptz.codecs.table import BITPACK, ZSTD
+from ckptz.engines.gpu import driver
+from ckptz.engines.gpu.coder import BatchCodecs, Ops
 from ckptz.engines.gpu.memory import Buf
-
-if TYPE_CHECKING:
-    from ckptz.engines.gpu.coder import BatchCodecs
 
 #: Input bytes per zstd block.
 BLOCK = 64 << 10
@@ -168,14 +166,9 @@ bitpack_encode(const u8* src, u8* dst, const i64* rows) {
 """
 
 
-class _Ops(Protocol):
-    """What the coder needs of its device (:class:`ckptz.engines.gpu.kernels.CudaOps`)."""
-
-    def scratch(self, name: str, size: int) -> Buf: ...
-
-    def upload(self, name: str, arr: np.ndarray) -> Buf: ...
-
-    def download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray: ...
+class _Ops(Ops, Protocol):
+    """The coder's device (:class:`ckptz.engines.gpu.coder.Ops`) with its kernels to launch
+    (:class:`ckptz.engines.gpu.kernels.CudaOps`)."""
 
     def launch(self, name: str, grid: tuple[int, int], args: Sequence[object]) -> None: ...
 
@@ -230,19 +223,16 @@ def plan(
     shares = max(1, min(threads if pool is not None else 1, total // PLAN_SHARE))
     cuts = np.searchsorted(ends, np.arange(1, shares) * total / shares).tolist()
     bounds = [0, *sorted(set(cuts) - {0, sizes.size}), sizes.size]
-    args = (np.ascontiguousarray(src_at, np.int64), np.ascontiguousarray(dst_at, np.int64))
+    src_at = np.ascontiguousarray(src_at, np.int64)
+    dst_at = np.ascontiguousarray(dst_at, np.int64)
     caps = np.ascontiguousarray(capacities, np.int64)
     counts = np.ascontiguousarray(counts, np.uint16).reshape(-1, 256)
 
     def share(lo: int, hi: int) -> _Plan:
+        # Slices of whole chunks: contiguous, as the C extension wants them.
         first = int(ends[lo - 1]) if lo else 0
-        return _plan_share(
-            counts[4 * first : 4 * int(ends[hi - 1])],
-            sizes[lo:hi],
-            args[0][lo:hi],
-            args[1][lo:hi],
-            caps[lo:hi],
-        )
+        rows = slice(4 * first, 4 * int(ends[hi - 1]))
+        return _plan_share(counts[rows], sizes[lo:hi], src_at[lo:hi], dst_at[lo:hi], caps[lo:hi])
 
     pairs = list(itertools.pairwise(bounds))
     if len(pairs) == 1 or pool is None:
@@ -269,11 +259,11 @@ def _plan_share(
     tables = np.empty((blocks, 256), np.uint32)
     blob = np.empty(max(blocks * HEAD_MAX, 1), np.uint8)
     n, t, used = native.literals_plan(
-        np.ascontiguousarray(counts),
-        np.ascontiguousarray(sizes),
-        np.ascontiguousarray(src_at),
-        np.ascontiguousarray(dst_at),
-        np.ascontiguousarray(capacities),
+        counts,
+        sizes,
+        src_at,
+        dst_at,
+        capacities,
         BLOCK,
         got,
         packs,
@@ -310,7 +300,12 @@ def encode(
     ops.launch(
         "literals_hist",
         (q_at.size, 1),
-        [_ptr(src.ptr), _ptr(table.ptr), _ptr(table.ptr + 8 * q_at.size), _ptr(counts.ptr)],
+        [
+            driver.pointer(src.ptr),
+            driver.pointer(table.ptr),
+            driver.pointer(table.ptr + 8 * q_at.size),
+            driver.pointer(counts.ptr),
+        ],
     )
     with trace.span("literal counts"):
         counted = ops.download(counts, np.uint16)
@@ -320,12 +315,19 @@ def encode(
         )
     if rows.shape[0]:
         put_rows = ops.upload("lit_plan", rows)
+        # (Every block has a head; a batch of raw and RLE blocks has no table.)
         put_tables = ops.upload("lit_tables", tables if tables.size else np.zeros(256, np.uint32))
-        put_blob = ops.upload("lit_blob", blob if blob.size else np.zeros(1, np.uint8))
+        put_blob = ops.upload("lit_blob", blob)
         ops.launch(
             "literals_encode",
             (rows.shape[0], 1),
-            [_ptr(src.ptr), _ptr(dst.ptr), _ptr(put_rows.ptr), _ptr(put_tables.ptr), _ptr(put_blob.ptr)],
+            [
+                driver.pointer(src.ptr),
+                driver.pointer(dst.ptr),
+                driver.pointer(put_rows.ptr),
+                driver.pointer(put_tables.ptr),
+                driver.pointer(put_blob.ptr),
+            ],
         )
     packed = np.flatnonzero(packs >= 0)
     if packed.size:
@@ -336,7 +338,7 @@ def encode(
             ops.launch(
                 "bitpack_encode",
                 (min(-(-groups // _THREADS), 1024), c1 - c0),
-                [_ptr(src.ptr), _ptr(dst.ptr), _ptr(put.ptr + 32 * c0)],
+                [driver.pointer(src.ptr), driver.pointer(dst.ptr), driver.pointer(put.ptr + 32 * c0)],
             )
     return got.tolist(), np.where(packs >= 0, BITPACK.id, ZSTD.id).tolist()
 
@@ -375,7 +377,3 @@ class LiteralCodecs:
     def decode(self, codec_id: int, *args: Any) -> None:
         """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.decode` (nvCOMP's)."""
         self._nvcomp.decode(codec_id, *args)
-
-
-def _ptr(address: int) -> ctypes.c_void_p:
-    return ctypes.c_void_p(address)
