@@ -63,6 +63,28 @@ extern "C" void host_bitpack(const u8* src, u8* dst, const i64* rows, i64 count)
     dst[r[2] + 1] = (u8)((r[3] >> 8) & 0xFF);
   }
 }
+
+/* literals_decode's work for every row (kind, src, n, dst, m, code or byte); each stream's
+   exact end into ends[r]. */
+extern "C" void host_decode(const u8* src, u8* dst, const i64* rows, i64 count, const u16* codes, u8* ends) {
+  for (i64 r = 0; r < count; ++r) {
+    const i64* p = rows + r * 6;
+    ends[r] = 1;
+    if (p[0] == 2) ends[r] = (u8)lit_decode_stream(src + p[1], p[2], codes + p[5] * 2048, dst + p[3], p[4]);
+    else if (p[0] == 1) for (i64 i = 0; i < p[4]; ++i) dst[p[3] + i] = (u8)p[5];
+    else for (i64 i = 0; i < p[4]; ++i) dst[p[3] + i] = src[p[1] + i];
+  }
+}
+
+/* bitpack_decode's work for every chunk of `rows` (payload, n, dst, fixed | value << 8). */
+extern "C" void host_unpack(const u8* src, u8* dst, const i64* rows, i64 count) {
+  for (i64 c = 0; c < count; ++c) {
+    const i64* r = rows + c * 4;
+    const i64 m = (r[1] + 7) / 8;
+    for (i64 j = 0; j < m; ++j)
+      bitpack_ungroup(src + r[0] + 2, r[1], j, (int)(r[3] & 0xFF), (int)((r[3] >> 8) & 0xFF), dst + r[2], m);
+  }
+}
 """
 )
 
@@ -71,9 +93,13 @@ extern "C" void host_bitpack(const u8* src, u8* dst, const i64* rows, i64 count)
 def host_encode(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     pytest.importorskip("ckptz._native")
     lib = host_build(tmp_path_factory, "literals", _HARNESS)
-    lib.host_encode.restype = lib.host_bitpack.restype = None
+    lib.host_encode.restype = lib.host_bitpack.restype = lib.host_decode.restype = lib.host_unpack.restype = (
+        None
+    )
     lib.host_encode.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
     lib.host_bitpack.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+    lib.host_decode.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+    lib.host_unpack.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
     return lib
 
 
@@ -300,6 +326,83 @@ def test_gpu_writes_the_planned_frames(host_encode: ctypes.CDLL, cuda_ops: Any) 
 
 
 @pytest.mark.gpu
+def test_gpu_decodes_literal_frames_and_bit_packs_with_its_kernels(
+    host_encode: ctypes.CDLL, cuda_ops: Any
+) -> None:
+    # The GPU's frames and the CPU coder's (planned blocks) by the decoding kernel, a frame
+    # with sequences by nvCOMP beside them, bit packs by the unpacking kernel: every chunk back.
+    from ckptz import _native
+    from ckptz.engines.gpu.coder import ZSTD_ID
+    from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
+
+    rng = np.random.default_rng(21)
+    chunks = [
+        _exponents(rng, 1 << 20),
+        _exponents(rng, 5 * literals.BLOCK + 777, 5.0),
+        np.concatenate([_exponents(rng, 90_000, 1.0), _exponents(rng, 90_000, 9.0)]),
+        (rng.random(300_000) < 0.001).astype(np.uint8) * 200,
+        _exponents(rng, 2000),
+    ]
+    frames = [f[1] for f in _frames(host_encode, chunks)] + [
+        _native.huffman_zstd(c.tobytes(), 0) for c in chunks
+    ]
+    repeats = bytes(range(200)) * 500
+    frames.append(zstandard.ZstdCompressor(level=3).compress(repeats))
+    raws = [c.tobytes() for c in chunks] * 2 + [repeats]
+    packs = [
+        rng.integers(0, 2, 100_003, dtype=np.uint8) * 0x80 | 0x3C,
+        rng.integers(0, 128, 70_001, dtype=np.uint8) & 0xFE,
+    ]
+    packed = [f[1] for f in _frames(host_encode, packs)]  # type: ignore[index]
+    payloads = [*frames, *packed]
+    at = np.cumsum([0] + [len(p) + (-len(p) % 16) for p in payloads])[:-1]
+    host = np.zeros(int(at[-1]) + len(payloads[-1]) + 16, np.uint8)
+    for p, o in zip(payloads, at.tolist(), strict=True):
+        host[o : o + len(p)] = np.frombuffer(p, np.uint8)
+    sizes = [len(r) for r in raws] + [c.size for c in packs]
+    out_at = np.cumsum([0] + [n + (-n % 16) for n in sizes])[:-1]
+    codecs = literals.LiteralCodecs(NvcompCodecs(cuda_ops), cuda_ops)
+    src = cuda_ops.upload("lit_dec_in", host)
+    dst = cuda_ops.upload("lit_dec_out", np.zeros(int(out_at[-1]) + sizes[-1] + 16, np.uint8))
+    n = len(frames)
+    args = [
+        (at[a:b].tolist(), [len(p) for p in payloads[a:b]], out_at[a:b].tolist(), sizes[a:b])
+        for a, b in ((0, n), (n, len(payloads)))
+    ]
+    codecs.decode(ZSTD_ID, src, args[0][0], args[0][1], dst, args[0][2], args[0][3], host=host)
+    codecs.decode(BITPACK.id, src, args[1][0], args[1][1], dst, args[1][2], args[1][3], host=host)
+    out = cuda_ops.download(dst, np.uint8)
+    want = raws + [c.tobytes() for c in packs]
+    for i, (o, w) in enumerate(zip(out_at.tolist(), want, strict=True)):
+        assert out[o : o + len(w)].tobytes() == w, i
+
+
+@pytest.mark.gpu
+def test_gpu_engine_restores_portable_containers_on_the_gpu(
+    small_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Containers the CPU and the GPU wrote, restored by the GPU engine itself (its kernels
+    # decoding the literal frames and bit packs): byte-exact, no frame left to the CPU threads.
+    from ckptz import api
+    from ckptz import engines as engines_mod
+    from ckptz.engines.gpu import engine as gpu_engine
+
+    monkeypatch.setenv("CKPTZ_GPU_WRITE_BYTES", "0")
+    monkeypatch.setattr(engines_mod, "PORTABLE_CODECS", ())  # restores open the GPU engine
+    on_cpu = []
+    real = gpu_engine.decode_chunks
+    monkeypatch.setattr(gpu_engine, "decode_chunks", lambda *a: on_cpu.append(1) or real(*a))
+    for device in ("cuda", "cpu"):
+        out = tmp_path / device
+        api.compress(small_checkpoint, out, device=device)
+        back = tmp_path / f"back-{device}"
+        summary = api.decompress(out, back, device="cuda")
+        assert summary.device.startswith("cuda")
+        assert tree_digests(back) == tree_digests(small_checkpoint)
+    assert not on_cpu
+
+
+@pytest.mark.gpu
 def test_gpu_runs_leave_metadata_to_the_cpu_coder(
     small_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -326,3 +429,130 @@ def test_kernels_share_the_block_size() -> None:
     from ckptz.engines.gpu import kernels
 
     assert literals._THREADS == kernels._THREADS  # bitpack_encode's grid is sized by it
+
+
+def _gpu_decoded(
+    host_encode: ctypes.CDLL, payloads: list[bytes], sizes: list[int]
+) -> tuple[list[bytes | None], np.ndarray]:
+    """Each payload decoded as the GPU decodes it (the host's scan, then the decoding
+    kernel's rows run one after another), None where the scan leaves it to nvCOMP; and
+    whether each stream ended exactly."""
+    from ckptz import _native
+
+    size = np.array([len(p) for p in payloads], np.int64)
+    room = (size + 15) // 16 * 16 + 16
+    at = np.cumsum(room) - room + 16  # 16-byte aligned, as in a span's buffer
+    host = np.zeros(int(room.sum()) + 16, np.uint8)
+    for a, p in zip(at.tolist(), payloads, strict=True):
+        host[a : a + len(p)] = np.frombuffer(p, np.uint8)
+    raw = np.array(sizes, np.int64)
+    out_at = np.cumsum(raw) - raw + 3  # anywhere
+    ok = np.zeros(size.size, np.uint8)
+    rows, codes = _native.literals_scan(host, at, size, raw, out_at, ok, None, None)
+    table = np.empty((rows, literals.SCAN_FIELDS), np.int64)
+    lookups = np.empty((max(codes, 1), literals.CODE_ENTRIES), np.uint16)
+    got = _native.literals_scan(host, at, size, raw, out_at, ok, table, lookups)
+    assert 0 <= got[0] <= rows and 0 <= got[1] <= codes
+    table = np.ascontiguousarray(table[: got[0]])
+    out = np.full(int(raw.sum()) + 8, 0xEE, np.uint8)
+    ends = np.zeros(max(got[0], 1), np.uint8)
+    host_encode.host_decode(
+        host.ctypes.data, out.ctypes.data, table.ctypes.data, got[0], lookups.ctypes.data, ends.ctypes.data
+    )
+    assert (out[:3] == 0xEE).all() and (out[3 + int(raw.sum()) :] == 0xEE).all()  # nothing written outside
+    return [
+        out[o : o + n].tobytes() if k else None
+        for o, n, k in zip(out_at.tolist(), sizes, ok.tolist(), strict=True)
+    ], ends[: got[0]]
+
+
+def test_gpu_decoder_reads_the_gpu_and_cpu_coders_frames(host_encode: ctypes.CDLL) -> None:
+    from ckptz import _native
+
+    rng = np.random.default_rng(11)
+    block = literals.BLOCK
+    chunks = [
+        _exponents(rng, 256 << 10),
+        _exponents(rng, 3 * block + 12345),
+        _exponents(rng, block + 1),
+        np.concatenate([np.full(block, 9, np.uint8), _exponents(rng, block)]),  # RLE, then coded
+        np.concatenate(
+            [_exponents(rng, block, 1.0), _exponents(rng, block, 6.0), _exponents(rng, block, 1.0)]
+        ),
+        (rng.random(300_000) < 0.001).astype(np.uint8) * 200,  # 11-bit codes beside 1-bit ones
+        _exponents(rng, 70_000, 40.0),  # many distinct values: weights FSE-coded
+        _exponents(rng, 5_000, 2.0),  # one small block
+    ]
+    gpu = [f[1] for f in _frames(host_encode, chunks)]  # fixed 64 KiB blocks
+    cpu = [_native.huffman_zstd(c.tobytes(), 0) for c in chunks]  # planned blocks
+    raw_blocks = [_native.huffman_zstd(rng.integers(0, 256, 9_000, dtype=np.uint8).tobytes(), 0)]
+    payloads = [*gpu, *cpu]
+    sizes = [c.size for c in chunks] * 2
+    assert all(p is not None for p in payloads)
+    decoded, ends = _gpu_decoded(host_encode, payloads, sizes)
+    for i, (got, chunk) in enumerate(zip(decoded, chunks * 2, strict=True)):
+        assert got == chunk.tobytes(), i
+    assert ends.all()
+    if raw_blocks[0] is not None:  # noise: a frame of raw blocks, copied
+        got, _ = _gpu_decoded(host_encode, raw_blocks, [9_000])
+        assert got[0] is not None and len(got[0]) == 9_000
+
+
+def test_gpu_decoder_leaves_other_zstd_frames_to_nvcomp(host_encode: ctypes.CDLL) -> None:
+    # Frames with sequences (libzstd's), a checksum, a wrong content size or a cut stream
+    # are not the scan's: it says so and writes nothing for them.
+    rng = np.random.default_rng(5)
+    chunk = _exponents(rng, 100_000)
+    ours = _frames(host_encode, [chunk])[0]
+    assert ours is not None
+    frame = ours[1]
+    repeats = zstandard.ZstdCompressor(level=3).compress(bytes(range(200)) * 500)
+    checked = zstandard.ZstdCompressor(level=1, write_checksum=True).compress(bytes(range(256)) * 40)
+    cut = frame[: len(frame) - 10]
+    bad_tree = bytearray(frame)
+    bad_tree[9] ^= 0xFF  # the first block's literals header or table
+    # A frame whose raw blocks come before one with sequences: their rows are made, then
+    # taken back (the room counted for the batch must hold them meanwhile).
+    noisy = rng.integers(0, 256, 3 << 17, dtype=np.uint8).tobytes() + bytes(range(200)) * 2000
+    late = zstandard.ZstdCompressor(level=3).compress(noisy)
+    payloads = [repeats, checked, cut, frame, frame, late, frame]
+    sizes = [100_000, 10_240, chunk.size, chunk.size, chunk.size + 1, len(noisy), chunk.size]
+    decoded, _ = _gpu_decoded(host_encode, payloads, sizes)
+    assert [d is None for d in decoded] == [True, True, True, False, True, True, False]
+    assert decoded[3] == decoded[6] == chunk.tobytes()
+
+
+def test_gpu_decoder_on_a_corrupt_stream_stays_in_its_bounds(host_encode: ctypes.CDLL) -> None:
+    # A flipped bit inside a stream passes the scan (streams are not checked on the host):
+    # the kernel writes only its rows' bytes, which differ, and the frame's checksum says so.
+    rng = np.random.default_rng(6)
+    chunk = _exponents(rng, 200_000)
+    frame = bytearray(_frames(host_encode, [chunk])[0][1])  # type: ignore[index]
+    for where in (len(frame) // 2, len(frame) - 2, 40):
+        bad = bytearray(frame)
+        bad[where] ^= 0x10
+        decoded, ends = _gpu_decoded(host_encode, [bytes(bad)], [chunk.size])
+        if decoded[0] is not None:
+            assert decoded[0] != chunk.tobytes() or not ends.all()
+
+
+def test_gpu_bit_unpacking_inverts_the_packing(host_encode: ctypes.CDLL) -> None:
+    rng = np.random.default_rng(13)
+    chunks = [
+        rng.integers(0, 2, 100_003, dtype=np.uint8) * 0x80 | 0x3C,
+        rng.integers(0, 128, 70_001, dtype=np.uint8) & 0xFE,
+        np.full(5000, 0x41, np.uint8),
+        rng.integers(0, 4, 17, dtype=np.uint8) << 3 | 0x81,
+    ]
+    coded = _frames(host_encode, chunks)
+    assert all(c is not None and c[0] == BITPACK.id for c in coded)
+    payloads = [c[1] for c in coded]  # type: ignore[index]
+    at = np.cumsum([0] + [len(p) for p in payloads])[:-1].astype(np.int64)
+    src = np.frombuffer(b"".join(payloads), np.uint8).copy()
+    raw = np.array([c.size for c in chunks], np.int64)
+    out_at = np.cumsum(raw) - raw
+    rows = np.stack([at, raw, out_at, src[at].astype(np.int64) | src[at + 1].astype(np.int64) << 8], axis=1)
+    rows = np.ascontiguousarray(rows)
+    out = np.zeros(int(raw.sum()), np.uint8)
+    host_encode.host_unpack(src.ctypes.data, out.ctypes.data, rows.ctypes.data, len(chunks))
+    assert out.tobytes() == b"".join(c.tobytes() for c in chunks)

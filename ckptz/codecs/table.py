@@ -27,6 +27,9 @@ from ckptz.codecs.order1 import Order1Codec
 #: ``Bitstream.gpu`` of bitstreams the GPU coder handles without nvCOMP (stored and
 #: constant planes).
 BUILTIN = "builtin"
+#: ``Bitstream.gpu`` of bitstreams ckptz's own CUDA kernels decode
+#: (:mod:`ckptz.engines.gpu.literals`).
+KERNELS = "kernels"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +41,8 @@ class Bitstream:
         name: what users pass to ``--codec`` and see in reports.
         cpu: the CPU implementation (encoder and decoder), or None if only a GPU decodes it.
         gpu: how the GPU engine codes it: :data:`BUILTIN`, an nvCOMP algorithm (``"Zstd"``,
-            ``"ANS"``), or None (GPU machines decode it on their CPU).
+            ``"ANS"``), :data:`KERNELS` (decoded by ckptz's kernels; the GPU's literal coder
+            writes it), or None (GPU machines decode it on their CPU).
     """
 
     id: int
@@ -54,7 +58,7 @@ class Bitstream:
     @property
     def nvcomp(self) -> str | None:
         """The nvCOMP algorithm that codes this bitstream on a GPU, or None."""
-        return None if self.gpu in (None, BUILTIN) else self.gpu
+        return None if self.gpu in (None, BUILTIN, KERNELS) else self.gpu
 
 
 RAW = Bitstream(0, "raw", cpu=RawCodec, gpu=BUILTIN)
@@ -63,7 +67,7 @@ ZSTD = Bitstream(2, "zstd", cpu=ZstdCodec, gpu="Zstd")
 ANS = Bitstream(3, "ans", cpu=None, gpu="ANS")
 CTX = Bitstream(4, "ctx", cpu=CtxCodec, gpu=None)
 DEFLATE = Bitstream(5, "deflate", cpu=DeflateCodec, gpu=None)
-BITPACK = Bitstream(6, "bitpack", cpu=BitpackCodec, gpu=None)
+BITPACK = Bitstream(6, "bitpack", cpu=BitpackCodec, gpu=KERNELS)
 HUFF1 = Bitstream(7, "huff1", cpu=Order1Codec, gpu=None)
 
 #: Every bitstream, by id.
@@ -101,6 +105,7 @@ __all__ = [
     "CTX",
     "DEFLATE",
     "HUFF1",
+    "KERNELS",
     "RAW",
     "TABLE",
     "ZSTD",

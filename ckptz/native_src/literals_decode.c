@@ -169,8 +169,9 @@ static void fill_multi(dtable_t *dt, uint32_t at, int bits, uint64_t syms, int u
     for (uint32_t v = 0; v < rest; v++) dt->multi[at + v] = stop;
 }
 
-/* A Huffman tree description (RFC 8878 4.2.1) from in[0..n) into dt; returns its size, or 0. */
-static size_t read_tree(const uint8_t *in, size_t n, dtable_t *dt) {
+/* A Huffman tree description (RFC 8878 4.2.1) from in[0..n) into dt; returns its size, or 0.
+ * With `lookups` 0 only the code (sym, len, log) is made, not the lookup tables. */
+static size_t read_tree(const uint8_t *in, size_t n, dtable_t *dt, int lookups) {
     uint8_t w[256];
     int count;
     size_t used;
@@ -213,6 +214,8 @@ static size_t read_tree(const uint8_t *in, size_t n, dtable_t *dt) {
         start[w[i]] += size;
     }
     dt->log = log;
+    dt->valid = 1;
+    if (!lookups) return used;
     /* With codes of 6+ bits a window never holds two: the 2-byte table is faster there (a
      * quarter of the cache) and quicker to build. */
     dt->one = 2 * dt->len[(1u << log) - 1] > LOOKUP;
@@ -397,7 +400,7 @@ static int64_t literals_block(const uint8_t *in, size_t n, uint8_t *out, size_t 
     } else {
         size_t tree = 0;
         if (type == 2) {
-            tree = read_tree(body, csize, dt);
+            tree = read_tree(body, csize, dt, 1);
             if (!tree) return -1;
         } else if (!dt->valid) {
             return -1;
@@ -453,4 +456,166 @@ static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size
         if (p != n || done != size) return 0;
     }
     return 1;
+}
+
+/* ---------------------------------------------------------------- the GPU's work list */
+
+/* literals_scan: such frames cut into the rows the GPU decodes them by
+ * (ckptz.engines.gpu.literals: one thread a row): a Huffman stream (its bytes, where its
+ * symbols go, its code), or at most SCAN_PIECE bytes to copy or fill. The header, block,
+ * literals and tree checks are literals_frame's; a frame that fails them is not this
+ * decoder's (nvCOMP's Zstd takes it, and judges it). */
+#define SCAN_FIELDS 6
+#define SCAN_PIECE 4096
+#define SCAN_LOOKUP (1 << MAX_BITS)
+enum { SCAN_COPY = 0, SCAN_FILL = 1, SCAN_STREAM = 2 };
+
+typedef struct {
+    int64_t *rows;     /* SCAN_FIELDS each: kind, src, src bytes, dst, dst bytes, code or byte */
+    int64_t nrows, cap_rows;
+    uint16_t *codes;   /* SCAN_LOOKUP entries each: symbol | length << 8, by the next 11 bits */
+    int64_t ncodes, cap_codes;
+    int over; /* a row or code found no room */
+    int64_t peak_rows, peak_codes; /* the most held at once (a refused frame's are taken back) */
+} scan_t;
+
+static void scan_peak(scan_t *o) {
+    if (o->nrows > o->peak_rows) o->peak_rows = o->nrows;
+    if (o->ncodes > o->peak_codes) o->peak_codes = o->ncodes;
+}
+
+static int scan_row(scan_t *o, int64_t kind, int64_t src, int64_t n, int64_t dst, int64_t m, int64_t extra) {
+    if (o->rows) {
+        if (o->nrows >= o->cap_rows) return o->over = 1, 0;
+        int64_t *r = o->rows + o->nrows * SCAN_FIELDS;
+        r[0] = kind, r[1] = src, r[2] = n, r[3] = dst, r[4] = m, r[5] = extra;
+    }
+    o->nrows++;
+    scan_peak(o);
+    return 1;
+}
+
+/* m bytes copied from src (SCAN_COPY) or filled with `byte`, in pieces. */
+static int scan_pieces(scan_t *o, int kind, int64_t src, int64_t dst, int64_t m, int byte) {
+    for (int64_t at = 0; at < m; at += SCAN_PIECE) {
+        int64_t k = m - at < SCAN_PIECE ? m - at : SCAN_PIECE;
+        if (!scan_row(o, kind, kind == SCAN_COPY ? src + at : 0, kind == SCAN_COPY ? k : 0, dst + at, k, byte))
+            return 0;
+    }
+    return 1;
+}
+
+/* A stream of n bytes at src: its last byte holds the end mark. */
+static int scan_stream(scan_t *o, const uint8_t *in, int64_t src, int64_t n, int64_t dst, int64_t m, int64_t code) {
+    if (n < 1 || in[src + n - 1] == 0) return 0;
+    return scan_row(o, SCAN_STREAM, src, n, dst, m, code);
+}
+
+/* The literals of a compressed block at in[p..p+n) (literals_block's checks) whose output
+ * goes at dst, at most `cap` bytes; returns their number or -1. `code`: the block's code
+ * (-1 before the frame's first tree). */
+static int64_t scan_block(scan_t *o, const uint8_t *in, size_t p, size_t n, int64_t dst, size_t cap, dtable_t *dt,
+                          int64_t *code) {
+    const uint8_t *b = in + p;
+    if (n < 1) return -1;
+    int type = b[0] & 3, format = b[0] >> 2 & 3;
+    size_t regen, csize = 0, header;
+    if (type < 2) {
+        if (!(format & 1)) header = 1, regen = b[0] >> 3;
+        else if (format == 1) header = 2, regen = n >= 2 ? get_le(b, 2) >> 4 : 0;
+        else header = 3, regen = n >= 3 ? get_le(b, 3) >> 4 : 0;
+        csize = type == 0 ? regen : 1;
+    } else {
+        int bits = format < 2 ? 10 : format == 2 ? 14 : 18;
+        header = format < 2 ? 3 : (size_t)format + 2;
+        if (n < header) return -1;
+        uint64_t h = get_le(b, (int)header) >> 4;
+        regen = (size_t)(h & ((1u << bits) - 1));
+        csize = (size_t)(h >> bits);
+    }
+    if (n < header || n - header < csize || n - header - csize != 1 || b[header + csize] != 0) return -1;
+    if (regen > cap) return -1;
+    int64_t body = (int64_t)(p + header);
+    if (type == 0) return scan_pieces(o, SCAN_COPY, body, dst, (int64_t)regen, 0) ? (int64_t)regen : -1;
+    if (type == 1) return scan_pieces(o, SCAN_FILL, 0, dst, (int64_t)regen, in[body]) ? (int64_t)regen : -1;
+    size_t tree = 0;
+    if (type == 2) {
+        if (o->rows) {
+            tree = read_tree(in + body, csize, dt, 0);
+            if (!tree) return -1;
+            if (o->ncodes >= o->cap_codes) return o->over = 1, -1;
+            uint16_t *e = o->codes + o->ncodes * SCAN_LOOKUP;
+            int shift = MAX_BITS - dt->log;
+            for (uint32_t v = 0; v < SCAN_LOOKUP; v++) e[v] = (uint16_t)(dt->sym[v >> shift] | dt->len[v >> shift] << 8);
+        }
+        *code = o->ncodes++;
+        scan_peak(o);
+    } else if (*code < 0) {
+        return -1;
+    }
+    if (!o->rows) { /* counting: the rows a block makes */
+        o->nrows += format == 0 ? 1 : 4;
+        scan_peak(o);
+        return (int64_t)regen;
+    }
+    int64_t data = body + (int64_t)tree, size = (int64_t)(csize - tree);
+    if (format == 0) return scan_stream(o, in, data, size, dst, (int64_t)regen, *code) ? (int64_t)regen : -1;
+    int64_t seg = ((int64_t)regen + 3) / 4, len[4];
+    if (size < 6 || 3 * seg > (int64_t)regen) return -1;
+    len[0] = (int64_t)get_le(in + data, 2), len[1] = (int64_t)get_le(in + data + 2, 2);
+    len[2] = (int64_t)get_le(in + data + 4, 2);
+    if (len[0] + len[1] + len[2] > size - 6) return -1;
+    len[3] = size - 6 - len[0] - len[1] - len[2];
+    int64_t at = data + 6;
+    for (int k = 0; k < 4; k++) {
+        int64_t m = k < 3 ? seg : (int64_t)regen - 3 * seg;
+        if (!scan_stream(o, in, at, len[k], dst + k * seg, m, *code)) return -1;
+        at += len[k];
+    }
+    return (int64_t)regen;
+}
+
+/* Frame in[at..at+n) of `size` bytes decoded at dst: its rows and codes (literals_frame's
+ * checks); 0 if it is not such a frame (its rows and codes are taken back). */
+static int scan_frame(scan_t *o, const uint8_t *in, size_t at, size_t n, size_t size, int64_t dst, dtable_t *dt) {
+    int64_t rows0 = o->nrows, codes0 = o->ncodes, code = -1;
+    const uint8_t *f = in + at;
+    if (n < 6 || get_le(f, 4) != 0xFD2FB528u) goto refuse;
+    int fhd = f[4], fcs = fhd >> 6, single = fhd >> 5 & 1;
+    if (fhd & 0x0F) goto refuse;
+    size_t p = 5 + !single;
+    int fcs_bytes = fcs == 0 ? single : fcs == 1 ? 2 : fcs == 2 ? 4 : 8;
+    if (n < p + (size_t)fcs_bytes) goto refuse;
+    if (fcs_bytes && get_le(f + p, fcs_bytes) + (fcs == 1 ? 256 : 0) != size) goto refuse;
+    p += (size_t)fcs_bytes;
+    size_t done = 0;
+    for (;;) {
+        if (n - p < 3) goto refuse;
+        size_t h = get_le(f + p, 3), bsize = h >> 3;
+        int last = h & 1, type = h >> 1 & 3;
+        p += 3;
+        if (type == 1) {
+            if (n - p < 1 || size - done < bsize) goto refuse;
+            if (!scan_pieces(o, SCAN_FILL, 0, dst + (int64_t)done, (int64_t)bsize, f[p])) goto refuse;
+            p += 1;
+            done += bsize;
+        } else if (type == 3 || n - p < bsize) {
+            goto refuse;
+        } else if (type == 0) {
+            if (size - done < bsize) goto refuse;
+            if (!scan_pieces(o, SCAN_COPY, (int64_t)(at + p), dst + (int64_t)done, (int64_t)bsize, 0)) goto refuse;
+            p += bsize;
+            done += bsize;
+        } else {
+            int64_t got = scan_block(o, in, at + p, bsize, dst + (int64_t)done, size - done, dt, &code);
+            if (got < 0) goto refuse;
+            p += bsize;
+            done += (size_t)got;
+        }
+        if (last) break;
+    }
+    if (p == n && done == size) return 1;
+refuse:
+    o->nrows = rows0, o->ncodes = codes0;
+    return 0;
 }

@@ -12,6 +12,7 @@
  *                                       literal-only blocks) into out; False to leave it to libzstd
  *   literals_plan(quarters, sizes, ...) such frames planned for the GPU to write
  *                                       (ckptz.engines.gpu.literals)
+ *   literals_scan(host, at, sizes, ...) such frames cut into the rows the GPU decodes
  *   bitpack_encode(src, fixed, value)   a ckptz.codecs.bitpack payload (8x8 bit transposes)
  *   bitpack_decode(rows, fixed, value, out)
  *   order1_encode(src, segments)        a ckptz.codecs.order1 payload (exponents grouped by
@@ -291,6 +292,57 @@ static PyObject *native_literals_decode(PyObject *self, PyObject *args) {
     free(dt);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
+    return result;
+}
+
+/* literals_scan(host, at, sizes, raw, dst, ok, rows, codes) -> (rows, codes): the frames
+ * host[at[f] .. at[f] + sizes[f]) of raw[f] bytes, decoded at dst[f], as the GPU decodes
+ * them (literals_decode.c's literals_scan); ok[f] 0 where a frame is not such a frame. With
+ * rows and codes None: the room the scan needs (the most it holds at once, a refused
+ * frame's rows included until it is refused); with too little room it returns (-1, -1). */
+static PyObject *native_literals_scan(PyObject *self, PyObject *args) {
+    Py_buffer host, in[4], ok, rows = {0}, codes = {0};
+    PyObject *rows_obj, *codes_obj;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*OO", &host, &in[0], &in[1], &in[2], &in[3], &ok, &rows_obj, &codes_obj))
+        return NULL;
+    PyObject *result = NULL;
+    int count = rows_obj == Py_None;
+    if (!count && (PyObject_GetBuffer(rows_obj, &rows, PyBUF_WRITABLE) < 0 ||
+                   PyObject_GetBuffer(codes_obj, &codes, PyBUF_WRITABLE) < 0))
+        goto done;
+    int64_t frames = (int64_t)(in[0].len / 8);
+    if (in[1].len != in[0].len || in[2].len != in[0].len || in[3].len != in[0].len || ok.len != frames) {
+        PyErr_SetString(PyExc_ValueError, "literals_scan: one offset, size, raw size, destination and flag a frame");
+        goto done;
+    }
+    const int64_t *at = in[0].buf, *size = in[1].buf, *raw = in[2].buf, *dst = in[3].buf;
+    for (int64_t f = 0; f < frames; f++)
+        if (at[f] < 0 || size[f] < 0 || raw[f] < 0 || at[f] > (int64_t)host.len - size[f]) {
+            PyErr_Format(PyExc_ValueError, "literals_scan: frame %lld lies outside the buffer", (long long)f);
+            goto done;
+        }
+    scan_t o = {count ? NULL : rows.buf, 0, count ? 0 : rows.len / (8 * SCAN_FIELDS),
+                count ? NULL : codes.buf, 0, count ? 0 : codes.len / (2 * SCAN_LOOKUP), 0, 0, 0};
+    dtable_t *dt = malloc(sizeof(dtable_t));
+    if (!dt) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    for (int64_t f = 0; f < frames && !o.over; f++)
+        ((uint8_t *)ok.buf)[f] = (uint8_t)scan_frame(&o, host.buf, (size_t)at[f], (size_t)size[f], (size_t)raw[f],
+                                                     dst[f], dt);
+    Py_END_ALLOW_THREADS;
+    free(dt);
+    result = o.over    ? Py_BuildValue("LL", -1LL, -1LL)
+             : count ? Py_BuildValue("LL", (long long)o.peak_rows, (long long)o.peak_codes)
+                     : Py_BuildValue("LL", (long long)o.nrows, (long long)o.ncodes);
+done:
+    PyBuffer_Release(&host);
+    for (int k = 0; k < 4; k++) PyBuffer_Release(&in[k]);
+    PyBuffer_Release(&ok);
+    if (rows.obj) PyBuffer_Release(&rows);
+    if (codes.obj) PyBuffer_Release(&codes);
     return result;
 }
 
@@ -822,6 +874,8 @@ static PyMethodDef methods[] = {
      "bitpack_encode(src, fixed, value): a ckptz.codecs.bitpack payload of src."},
     {"literals_decode", native_literals_decode, METH_VARARGS,
      "literals_decode(frame, out): decode a zstd frame of literal-only blocks into out; False if not one."},
+    {"literals_scan", native_literals_scan, METH_VARARGS,
+     "literals_scan(host, at, sizes, raw, dst, ok, rows, codes): literal frames cut into the GPU decoder's rows."},
     {"bitpack_decode", native_bitpack_decode, METH_VARARGS,
      "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
     {"blocked_entropy", native_blocked_entropy, METH_VARARGS,

@@ -107,7 +107,10 @@ class BatchCodecs(Protocol):
         dst: Buf,
         dst_offsets: Sequence[int],
         raw_sizes: Sequence[int],
-    ) -> None: ...
+        host: np.ndarray | None = None,
+    ) -> None:
+        """Decode payloads of ``src`` into ``dst``; ``host``: the same bytes on the host at the
+        same offsets, where the caller has them (codecs that parse payloads there use them)."""
 
     def bitstreams(self) -> Sequence[int] | None:
         """The bitstream of each chunk of the last :meth:`encode`, where it chose one other
@@ -373,9 +376,11 @@ def decode_batch(
     offset: np.ndarray,
     size: np.ndarray,
     const_value: np.ndarray,
+    host: np.ndarray | None = None,
 ) -> Buf:
-    """Decode a batch whose payloads are on the device; return the frames' bytes (queued, no
-    wait; in the coder's scratch memory, valid until its next batch).
+    """Decode a batch whose payloads are on the device (``host``: a copy of them, where the
+    caller has one); return the frames' bytes (queued, no wait; in the coder's scratch
+    memory, valid until its next batch).
 
     The arrays describe every chunk in frame-then-plane order (:func:`chunk_table`): its
     bitstream, where its payload starts in ``payloads`` (16-byte aligned), the payload's
@@ -402,6 +407,7 @@ def decode_batch(
                 decoded,
                 at[todo].tolist(),
                 raw[todo].tolist(),
+                host=host,
             )
     source = np.where(codec == CONST_ID, const_value, np.where(coded, DECODED, STORED))
     where = np.where(coded, at, offset) // ALIGN

@@ -648,7 +648,7 @@ class GpuEngine:
         k_of = [t.k_of[f] for f in frames]
         lengths = t.lengths[gpu]
         layout = plan_batch([_shape(t.streams[f], n) for f, n in zip(frames, lengths.tolist(), strict=True)])
-        data = decode_batch(w.codecs, w.ops, payloads, layout, codec, offset, size, const_value)
+        data = decode_batch(w.codecs, w.ops, payloads, layout, codec, offset, size, const_value, host)
         with trace.span("place"):
             for n, k, off, length in zip(job_of, k_of, layout.data_offsets, lengths.tolist(), strict=True):
                 place = jobs[n].place

@@ -31,6 +31,7 @@ CPU codecs).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -44,6 +45,7 @@ from ckptz.codecs.table import BITPACK, ZSTD
 from ckptz.engines.gpu import driver
 from ckptz.engines.gpu.coder import BatchCodecs, Ops
 from ckptz.engines.gpu.memory import Buf
+from ckptz.errors import CodecError
 
 #: Input bytes per zstd block.
 BLOCK = 64 << 10
@@ -52,8 +54,12 @@ BLOCK = 64 << 10
 PLAN_FIELDS = 16
 LP_HEAD, LP_TABLE = 4, 6
 HEAD_MAX = 160
+#: Fields of a row of the decoder's work (``literals_decode.c``'s ``SCAN_FIELDS``), and the
+#: entries of each code's lookup table (by the next 11 bits: ``SCAN_LOOKUP``).
+SCAN_FIELDS = 6
+CODE_ENTRIES = 1 << 11
 
-NAMES = ("literals_hist", "literals_encode", "bitpack_encode")
+NAMES = ("literals_hist", "literals_encode", "bitpack_encode", "literals_decode", "bitpack_decode")
 #: Chunks per launch of ``bitpack_encode`` (CUDA's limit on a grid's second dimension), and
 #: the threads of a block of every kernel (:mod:`ckptz.engines.gpu.kernels`' ``THREADS``).
 _MAX_Y = 65535
@@ -115,6 +121,83 @@ HD void bitpack_group(const u8* s, i64 n, i64 j, int fixed, u8* out, i64 m) {
   }
 }
 
+/* The highest set bit of x > 0. */
+HD int lit_highbit(unsigned x) {
+#ifdef LITERALS_HOST
+  return 31 - __builtin_clz(x);
+#else
+  return 31 - __clz(x);
+#endif
+}
+
+/* 8 bytes at p, little-endian, p anywhere: two aligned loads on the device, each holding a
+   byte of the 8 (so neither leaves the allocation). */
+HD u64 lit_load(const u8* p) {
+#ifdef LITERALS_HOST
+  u64 v = 0;
+  for (int k = 0; k < 8; ++k) v |= (u64)p[k] << (8 * k);
+  return v;
+#else
+  const unsigned long long a = (unsigned long long)p;
+  const u64* w = (const u64*)(a & ~7ull);
+  const unsigned sh = (unsigned)(a & 7) * 8;
+  const u64 lo = __ldg(w);
+  return sh ? (lo >> sh) | (__ldg(w + 1) << (64 - sh)) : lo;
+#endif
+}
+
+/* m symbols of one Huffman stream of n bytes (RFC 8878 4.2.2, read backwards from the end
+   mark in its last byte) by lookups of the next 11 bits in `code` (symbol | length << 8),
+   five a load while 64+ bits are left; 1 if the stream ends exactly. Bits below the
+   stream's start read as 0 (a corrupt stream decodes to wrong bytes, which the frame's
+   checksum finds), and nothing is read before it or written past out[m - 1]. */
+HD int lit_decode_stream(const u8* in, i64 n, const u16* code, u8* out, i64 m) {
+  i64 pos = 8 * (n - 1) + lit_highbit(in[n - 1]), i = 0;
+  while (pos >= 64 && m - i >= 5) {
+    const i64 top = (pos + 7) >> 3;
+    const u64 c = lit_load(in + top - 8) << (8 * top - pos);
+    unsigned used = 0;
+    for (int q = 0; q < 5; ++q) {
+      const u16 e = code[(c << used) >> 53];
+      out[i++] = (u8)e;
+      used += e >> 8;
+    }
+    pos -= used;
+  }
+  for (; i < m; ++i) {
+    u64 c = 0;
+    if (pos > 0) {
+      const i64 top = (pos + 7) >> 3;
+      if (top >= 8) {
+        c = lit_load(in + top - 8) << (8 * top - pos);
+      } else {
+        for (i64 k = 0; k < top; ++k) c |= (u64)in[k] << (8 * k);
+        c <<= 64 - pos;
+      }
+    }
+    const u16 e = code[c >> 53];
+    out[i] = (u8)e;
+    pos -= e >> 8;
+  }
+  return pos == 0;
+}
+
+/* Group j (8 bytes) of a bit-packed chunk of n bytes from its rows (m bytes each, one per
+   bit position not in `fixed`, ascending): bitpack_group's inverse; the fixed bits from
+   `value`. */
+HD void bitpack_ungroup(const u8* rows, i64 n, i64 j, int fixed, int value, u8* out, i64 m) {
+  u8 x[8];
+  for (int t = 0; t < 8; ++t) x[t] = (u8)value;
+  int row = 0;
+  for (int b = 0; b < 8; ++b) {
+    if ((fixed >> b) & 1) continue;
+    const u8 o = rows[row * m + j];
+    for (int t = 0; t < 8; ++t) x[t] |= (u8)(((o >> t) & 1) << b);
+    ++row;
+  }
+  for (int t = 0; t < 8 && j * 8 + t < n; ++t) out[j * 8 + t] = x[t];
+}
+
 #ifndef LITERALS_HOST
 /* Byte counts of quarter blockIdx.x (q_at[q], q_len[q]) into counts[q][256]. */
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -161,6 +244,32 @@ bitpack_encode(const u8* src, u8* dst, const i64* rows) {
     dst[d] = (u8)fixed;
     dst[d + 1] = (u8)((r[3] >> 8) & 0xFF);
   }
+}
+/* Row blockIdx.x * THREADS + threadIdx.x of `count` (literals_scan: kind, src, src bytes, dst,
+   dst bytes, code or byte): a Huffman stream decoded, or a piece copied or filled. */
+extern "C" __global__ void __launch_bounds__(THREADS)
+literals_decode(const u8* src, u8* dst, const i64* rows, i64 count, const u16* codes) {
+  const i64 r = (i64)blockIdx.x * THREADS + threadIdx.x;
+  if (r >= count) return;
+  const i64* p = rows + r * 6;
+  const i64 kind = p[0], s = p[1], n = p[2], d = p[3], m = p[4], x = p[5];
+  if (kind == 2) {
+    lit_decode_stream(src + s, n, codes + x * 2048, dst + d, m);
+  } else if (kind == 1) {
+    for (i64 i = 0; i < m; ++i) dst[d + i] = (u8)x;
+  } else {
+    for (i64 i = 0; i < m; ++i) dst[d + i] = src[s + i];
+  }
+}
+
+/* Chunk blockIdx.y of `rows` (payload, n, dst, fixed | value << 8) unpacked, 8 bytes a thread. */
+extern "C" __global__ void __launch_bounds__(THREADS)
+bitpack_decode(const u8* src, u8* dst, const i64* rows) {
+  const i64* r = rows + (i64)blockIdx.y * 4;
+  const i64 at = r[0], n = r[1], d = r[2], m = (n + 7) / 8;
+  const int fixed = (int)(r[3] & 0xFF), value = (int)((r[3] >> 8) & 0xFF);
+  for (i64 j = (i64)blockIdx.x * THREADS + threadIdx.x; j < m; j += (i64)gridDim.x * THREADS)
+    bitpack_ungroup(src + at + 2, n, j, fixed, value, dst + d, m);
 }
 #endif
 """
@@ -343,6 +452,88 @@ def encode(
     return got.tolist(), np.where(packs >= 0, BITPACK.id, ZSTD.id).tolist()
 
 
+def decode(
+    ops: _Ops,
+    host: np.ndarray,
+    dst: Buf,
+    src: Buf,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    dst_offsets: Sequence[int],
+    raw_sizes: Sequence[int],
+) -> np.ndarray:
+    """Decode the literal frames among ``sizes[c]``-byte payloads at ``src + offsets[c]``
+    (the same bytes at ``host[offsets[c]:]``) into ``raw_sizes[c]`` bytes at ``dst +
+    dst_offsets[c]``, queued on ``ops``' stream: the host cuts each frame into rows in C
+    (``ckptz._native.literals_scan``: its headers and Huffman tables checked and made into
+    lookup tables, each stream's bytes and where its symbols go), a thread a row decodes
+    them. Which payloads were such frames (the others are left to the caller)."""
+    assert native is not None, "literal frames are scanned by ckptz's C extension"
+    at, size = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
+    raw, out_at = np.asarray(raw_sizes, np.int64), np.asarray(dst_offsets, np.int64)
+    ok = np.zeros(at.size, np.uint8)
+    if not at.size:
+        return ok.astype(bool)
+    with trace.span("literal scan"):
+        rows, codes = native.literals_scan(host, at, size, raw, out_at, ok, None, None)
+        table = np.empty((rows, SCAN_FIELDS), np.int64)
+        lookups = np.empty((max(codes, 1), CODE_ENTRIES), np.uint16)
+        rows, codes = native.literals_scan(host, at, size, raw, out_at, ok, table, lookups)
+    if rows < 0:  # cannot be (the count is the room the scan needs): nvCOMP decodes them all
+        ok[:] = 0
+    elif rows > 0:
+        put_rows = ops.upload("lit_rows", table[:rows])
+        put_codes = ops.upload("lit_codes", lookups[: max(codes, 1)])
+        ops.launch(
+            "literals_decode",
+            (-(-rows // _THREADS), 1),
+            [
+                driver.pointer(src.ptr),
+                driver.pointer(dst.ptr),
+                driver.pointer(put_rows.ptr),
+                ctypes.c_int64(rows),
+                driver.pointer(put_codes.ptr),
+            ],
+        )
+    return ok.astype(bool)
+
+
+def decode_bitpack(
+    ops: _Ops,
+    host: np.ndarray,
+    dst: Buf,
+    src: Buf,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    dst_offsets: Sequence[int],
+    raw_sizes: Sequence[int],
+) -> None:
+    """Unpack ``bitpack`` payloads as :func:`decode` decodes literal frames, their headers
+    checked on the host first.
+
+    Raises:
+        CodecError: a payload's header or length does not fit its chunk.
+    """
+    at, size = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
+    raw, out_at = np.asarray(raw_sizes, np.int64), np.asarray(dst_offsets, np.int64)
+    if not at.size:
+        return
+    fixed = host[at].astype(np.int64)
+    value = host[at + 1].astype(np.int64)
+    varying = 8 - np.unpackbits(fixed.astype(np.uint8)[:, None], axis=1).sum(axis=1)
+    if (size < 2).any() or (value & ~fixed).any() or (size != 2 + varying * ((raw + 7) // 8)).any():
+        raise CodecError("bitpack payload header or length is corrupt", codec=BITPACK.name)
+    put = ops.upload("lit_unpacks", np.stack([at, raw, out_at, fixed | value << 8], axis=1))
+    groups = int(raw.max() + 7) // 8
+    for c0 in range(0, at.size, _MAX_Y):
+        c1 = min(at.size, c0 + _MAX_Y)
+        ops.launch(
+            "bitpack_decode",
+            (max(1, min(-(-groups // _THREADS), 1024)), c1 - c0),
+            [driver.pointer(src.ptr), driver.pointer(dst.ptr), driver.pointer(put.ptr + 32 * c0)],
+        )
+
+
 class LiteralCodecs:
     """The GPU coder's batched codecs (:class:`ckptz.engines.gpu.coder.BatchCodecs`): the
     ``zstd`` bitstream written by :func:`encode` (a chunk it bit-packs gets the ``bitpack``
@@ -374,6 +565,29 @@ class LiteralCodecs:
         :meth:`encode`."""
         return self._chosen
 
-    def decode(self, codec_id: int, *args: Any) -> None:
-        """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.decode` (nvCOMP's)."""
-        self._nvcomp.decode(codec_id, *args)
+    def decode(
+        self,
+        codec_id: int,
+        src: Buf,
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        dst: Buf,
+        dst_offsets: Sequence[int],
+        raw_sizes: Sequence[int],
+        host: np.ndarray | None = None,
+    ) -> None:
+        """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.decode`: literal frames and bit packs
+        by :func:`decode` and :func:`decode_bitpack` (their payloads parsed from ``host``),
+        every other payload by nvCOMP."""
+        args = (offsets, sizes, dst_offsets, raw_sizes)
+        if codec_id == BITPACK.id:
+            if host is None:
+                raise CodecError("bitpack payloads are decoded from their host copy", codec=BITPACK.name)
+            decode_bitpack(self._ops, host, dst, src, *args)
+            return
+        if codec_id == ZSTD.id and AVAILABLE and host is not None:
+            rest = np.flatnonzero(~decode(self._ops, host, dst, src, *args)).tolist()
+            if not rest:
+                return
+            offsets, sizes, dst_offsets, raw_sizes = ([a[i] for i in rest] for a in args)
+        self._nvcomp.decode(codec_id, src, offsets, sizes, dst, dst_offsets, raw_sizes)

@@ -300,9 +300,10 @@ class NvcompCodecs:
         dst: Buf,
         dst_offsets: Sequence[int],
         raw_sizes: Sequence[int],
+        host: np.ndarray | None = None,
     ) -> None:
         """Decode payloads of ``src`` into ``dst`` (waits for the GPU, to check nvCOMP's
-        status and size of every chunk).
+        status and size of every chunk; ``host`` is not needed).
 
         The payloads must already have passed their checksums: nvCOMP decoders assume valid
         input. The caller checks the decoded frames too.
