@@ -154,6 +154,7 @@ class ZstdStandIn:
         dst: Buf,
         dst_offsets: Sequence[int],
         raw_sizes: Sequence[int],
+        host: np.ndarray | None = None,
     ) -> None:
         s, d = HostOps.view(src), HostOps.view(dst)
         for o, n, at, r in zip(offsets, sizes, dst_offsets, raw_sizes, strict=True):

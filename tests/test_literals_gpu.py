@@ -484,7 +484,7 @@ def test_gpu_decoder_reads_the_gpu_and_cpu_coders_frames(host_encode: ctypes.CDL
         _exponents(rng, 5_000, 2.0),  # one small block
     ]
     gpu = [f[1] for f in _frames(host_encode, chunks)]  # fixed 64 KiB blocks
-    cpu = [_native.huffman_zstd(c.tobytes(), 0) for c in chunks]  # planned blocks
+    cpu = [_native.huffman_zstd(c.tobytes(), literals.BLOCK) for c in chunks]  # the CPU coder's, same blocks
     raw_blocks = [_native.huffman_zstd(rng.integers(0, 256, 9_000, dtype=np.uint8).tobytes(), 0)]
     payloads = [*gpu, *cpu]
     sizes = [c.size for c in chunks] * 2
@@ -493,6 +493,10 @@ def test_gpu_decoder_reads_the_gpu_and_cpu_coders_frames(host_encode: ctypes.CDL
     for i, (got, chunk) in enumerate(zip(decoded, chunks * 2, strict=True)):
         assert got == chunk.tobytes(), i
     assert ends.all()
+    # Blocks of more than 64 KiB (the CPU coder plans up to 128 KiB) make streams a thread
+    # decodes slower than nvCOMP: such frames are left to it.
+    big = _native.huffman_zstd(_exponents(rng, 1 << 20).tobytes(), 1 << 17)
+    assert _gpu_decoded(host_encode, [big], [1 << 20])[0] == [None]
     if raw_blocks[0] is not None:  # noise: a frame of raw blocks, copied
         got, _ = _gpu_decoded(host_encode, raw_blocks, [9_000])
         assert got[0] is not None and len(got[0]) == 9_000

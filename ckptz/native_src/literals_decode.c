@@ -467,6 +467,11 @@ static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size
  * decoder's (nvCOMP's Zstd takes it, and judges it). */
 #define SCAN_FIELDS 6
 #define SCAN_PIECE 4096
+/* The most symbols a stream may have: a thread decodes a stream alone, so a batch waits for
+ * its longest one. The GPU coder's 64 KiB blocks (16 KiB streams) decoded faster this way
+ * than by nvCOMP, the CPU coder's planned blocks of up to 128 KiB slower (H100 host,
+ * BENCHMARKS.md session 33): frames with longer streams are left to nvCOMP. */
+#define SCAN_MAX_STREAM (16 << 10)
 #define SCAN_LOOKUP (1 << MAX_BITS)
 enum { SCAN_COPY = 0, SCAN_FILL = 1, SCAN_STREAM = 2 };
 
@@ -507,7 +512,7 @@ static int scan_pieces(scan_t *o, int kind, int64_t src, int64_t dst, int64_t m,
 
 /* A stream of n bytes at src: its last byte holds the end mark. */
 static int scan_stream(scan_t *o, const uint8_t *in, int64_t src, int64_t n, int64_t dst, int64_t m, int64_t code) {
-    if (n < 1 || in[src + n - 1] == 0) return 0;
+    if (n < 1 || in[src + n - 1] == 0 || m > SCAN_MAX_STREAM) return 0;
     return scan_row(o, SCAN_STREAM, src, n, dst, m, code);
 }
 
