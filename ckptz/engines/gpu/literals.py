@@ -23,7 +23,15 @@ on the e2e checkpoint's planes, BENCHMARKS.md session 32):
 
 So a batch costs one wait (the counts), and every payload's size is known before its bits
 are written. (The GPU engine leaves metadata frames to the CPU coder, whose zstd finds the
-repeats no order-0 coder does.) ``HD`` marks the code shared with the host build of the
+repeats no order-0 coder does.)
+
+Decoding is the same work the other way (:func:`decode`): the host cuts each frame into
+rows in C from the payload's host copy (``ckptz._native.literals_scan``: the headers and
+Huffman tables checked, each table made a lookup of the next 11 bits, each stream's bytes
+and where its symbols go, raw and RLE blocks in pieces), and ``literals_decode`` decodes a
+row a thread; ``bitpack_decode`` unpacks 8 bytes a thread. Frames the scan does not take
+(any other zstd frame, or streams over 16 KiB, which a thread decodes slower than nvCOMP)
+are nvCOMP's. ``HD`` marks the code shared with the host build of the
 tests (``tests/test_literals_gpu.py`` compiles the stream writer and the bit packer with a
 C++ compiler, runs them thread by thread, and decodes what they write with libzstd and the
 CPU codecs).
@@ -537,9 +545,9 @@ def decode_bitpack(
 class LiteralCodecs:
     """The GPU coder's batched codecs (:class:`ckptz.engines.gpu.coder.BatchCodecs`): the
     ``zstd`` bitstream written by :func:`encode` (a chunk it bit-packs gets the ``bitpack``
-    bitstream, which CPUs decode), everything else (and every decode) by ``nvcomp``
-    (nvCOMP decodes these frames as it does any zstd frame). Without ckptz's C extension
-    (:data:`AVAILABLE`), nvCOMP's Zstd writes the bitstream too."""
+    bitstream, which CPUs decode) and its frames decoded by :func:`decode`, bit packs by
+    :func:`decode_bitpack`; everything else by ``nvcomp``. Without ckptz's C extension
+    (:data:`AVAILABLE`), nvCOMP's Zstd writes and decodes the bitstream."""
 
     def __init__(
         self, nvcomp: BatchCodecs, ops: _Ops, pool: Executor | None = None, threads: int = 1
