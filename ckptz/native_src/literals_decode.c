@@ -369,11 +369,16 @@ static size_t get_le(const uint8_t *p, int bytes) {
     return v;
 }
 
-/* One compressed block's content in[0..n): literals, then an empty sequence section.
- * Writes the literals to out[0..cap) when `out` is set; returns their number, or -1 if the
- * block is malformed or has sequences. */
-static int64_t literals_block(const uint8_t *in, size_t n, uint8_t *out, size_t cap, dtable_t *dt) {
-    if (n < 1) return -1;
+/* A compressed block's literals section header (RFC 8878 3.1.1.3.1) from in[0..n): its
+ * type and size format, the literals' number, the section's size after the header and the
+ * header's; 0 if the block is malformed, has sequences or more than `cap` literals. */
+typedef struct {
+    int type, format;
+    size_t regen, csize, header;
+} lheader_t;
+
+static int literals_header(const uint8_t *in, size_t n, size_t cap, lheader_t *h) {
+    if (n < 1) return 0;
     int type = in[0] & 3, format = in[0] >> 2 & 3;
     size_t regen, csize = 0, header;
     if (type < 2) {
@@ -384,13 +389,25 @@ static int64_t literals_block(const uint8_t *in, size_t n, uint8_t *out, size_t 
     } else {
         int bits = format < 2 ? 10 : format == 2 ? 14 : 18;
         header = format < 2 ? 3 : (size_t)format + 2;
-        if (n < header) return -1;
-        uint64_t h = get_le(in, (int)header) >> 4;
-        regen = (size_t)(h & ((1u << bits) - 1));
-        csize = (size_t)(h >> bits);
+        if (n < header) return 0;
+        uint64_t v = get_le(in, (int)header) >> 4;
+        regen = (size_t)(v & ((1u << bits) - 1));
+        csize = (size_t)(v >> bits);
     }
-    if (n < header || n - header < csize || n - header - csize != 1 || in[header + csize] != 0) return -1;
-    if (regen > cap) return -1;
+    if (n < header || n - header < csize || n - header - csize != 1 || in[header + csize] != 0) return 0;
+    if (regen > cap) return 0;
+    *h = (lheader_t){type, format, regen, csize, header};
+    return 1;
+}
+
+/* One compressed block's content in[0..n): literals, then an empty sequence section.
+ * Writes the literals to out[0..cap) when `out` is set; returns their number, or -1 if the
+ * block is malformed or has sequences. */
+static int64_t literals_block(const uint8_t *in, size_t n, uint8_t *out, size_t cap, dtable_t *dt) {
+    lheader_t lh;
+    if (!literals_header(in, n, cap, &lh)) return -1;
+    int type = lh.type, format = lh.format;
+    size_t regen = lh.regen, csize = lh.csize, header = lh.header;
     if (!out) return (int64_t)regen;
     const uint8_t *body = in + header;
     if (type == 0) {
@@ -522,24 +539,10 @@ static int scan_stream(scan_t *o, const uint8_t *in, int64_t src, int64_t n, int
 static int64_t scan_block(scan_t *o, const uint8_t *in, size_t p, size_t n, int64_t dst, size_t cap, dtable_t *dt,
                           int64_t *code) {
     const uint8_t *b = in + p;
-    if (n < 1) return -1;
-    int type = b[0] & 3, format = b[0] >> 2 & 3;
-    size_t regen, csize = 0, header;
-    if (type < 2) {
-        if (!(format & 1)) header = 1, regen = b[0] >> 3;
-        else if (format == 1) header = 2, regen = n >= 2 ? get_le(b, 2) >> 4 : 0;
-        else header = 3, regen = n >= 3 ? get_le(b, 3) >> 4 : 0;
-        csize = type == 0 ? regen : 1;
-    } else {
-        int bits = format < 2 ? 10 : format == 2 ? 14 : 18;
-        header = format < 2 ? 3 : (size_t)format + 2;
-        if (n < header) return -1;
-        uint64_t h = get_le(b, (int)header) >> 4;
-        regen = (size_t)(h & ((1u << bits) - 1));
-        csize = (size_t)(h >> bits);
-    }
-    if (n < header || n - header < csize || n - header - csize != 1 || b[header + csize] != 0) return -1;
-    if (regen > cap) return -1;
+    lheader_t lh;
+    if (!literals_header(b, n, cap, &lh)) return -1;
+    int format = lh.format, type = lh.type;
+    size_t regen = lh.regen, csize = lh.csize, header = lh.header;
     int64_t body = (int64_t)(p + header);
     if (type == 0) return scan_pieces(o, SCAN_COPY, body, dst, (int64_t)regen, 0) ? (int64_t)regen : -1;
     if (type == 1) return scan_pieces(o, SCAN_FILL, 0, dst, (int64_t)regen, in[body]) ? (int64_t)regen : -1;

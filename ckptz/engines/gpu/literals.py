@@ -460,6 +460,11 @@ def encode(
     return got.tolist(), np.where(packs >= 0, BITPACK.id, ZSTD.id).tolist()
 
 
+def _columns(*columns: Sequence[int]) -> list[np.ndarray]:
+    """Each of a decode's per-payload columns as an int64 array."""
+    return [np.asarray(c, np.int64) for c in columns]
+
+
 def decode(
     ops: _Ops,
     host: np.ndarray,
@@ -477,8 +482,7 @@ def decode(
     lookup tables, each stream's bytes and where its symbols go), a thread a row decodes
     them. Which payloads were such frames (the others are left to the caller)."""
     assert native is not None, "literal frames are scanned by ckptz's C extension"
-    at, size = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
-    raw, out_at = np.asarray(raw_sizes, np.int64), np.asarray(dst_offsets, np.int64)
+    at, size, raw, out_at = _columns(offsets, sizes, raw_sizes, dst_offsets)
     ok = np.zeros(at.size, np.uint8)
     if not at.size:
         return ok.astype(bool)
@@ -522,8 +526,7 @@ def decode_bitpack(
     Raises:
         CodecError: a payload's header or length does not fit its chunk.
     """
-    at, size = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
-    raw, out_at = np.asarray(raw_sizes, np.int64), np.asarray(dst_offsets, np.int64)
+    at, size, raw, out_at = _columns(offsets, sizes, raw_sizes, dst_offsets)
     if not at.size:
         return
     fixed = host[at].astype(np.int64)
