@@ -427,10 +427,10 @@ static int64_t literals_block(const uint8_t *in, size_t n, uint8_t *out, size_t 
     return (int64_t)regen;
 }
 
-/* Decodes frame in[0..n) into out[0..size) (see above); 1 on success, 0 if the frame is not
- * one of these or is malformed. A first pass checks every block header without decoding;
- * with `decode` 0 only that pass runs (out is not touched). */
-static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size, dtable_t *dt, int decode) {
+/* Where the first block of frame in[0..n) of `size` bytes starts, or 0 if the frame is not
+ * one of these: no checksum, dictionary or reserved bit, and a content size (if given) of
+ * `size`. */
+static size_t frame_start(const uint8_t *in, size_t n, size_t size) {
     if (n < 6 || get_le(in, 4) != 0xFD2FB528u) return 0;
     int fhd = in[4], fcs = fhd >> 6, single = fhd >> 5 & 1;
     if (fhd & 0x0F) return 0; /* reserved bit, checksum, or dictionary id */
@@ -441,7 +441,15 @@ static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size
         size_t declared = get_le(in + at, fcs_bytes) + (fcs == 1 ? 256 : 0);
         if (declared != size) return 0;
     }
-    at += (size_t)fcs_bytes;
+    return at + (size_t)fcs_bytes;
+}
+
+/* Decodes frame in[0..n) into out[0..size) (see above); 1 on success, 0 if the frame is not
+ * one of these or is malformed. A first pass checks every block header without decoding;
+ * with `decode` 0 only that pass runs (out is not touched). */
+static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size, dtable_t *dt, int decode) {
+    size_t at = frame_start(in, n, size);
+    if (!at) return 0;
     for (int pass = 0; pass <= decode; pass++) {
         size_t p = at, done = 0;
         dt->valid = 0;
@@ -588,15 +596,8 @@ static int64_t scan_block(scan_t *o, const uint8_t *in, size_t p, size_t n, int6
 static int scan_frame(scan_t *o, const uint8_t *in, size_t at, size_t n, size_t size, int64_t dst, dtable_t *dt) {
     int64_t rows0 = o->nrows, codes0 = o->ncodes, code = -1;
     const uint8_t *f = in + at;
-    if (n < 6 || get_le(f, 4) != 0xFD2FB528u) goto refuse;
-    int fhd = f[4], fcs = fhd >> 6, single = fhd >> 5 & 1;
-    if (fhd & 0x0F) goto refuse;
-    size_t p = 5 + !single;
-    int fcs_bytes = fcs == 0 ? single : fcs == 1 ? 2 : fcs == 2 ? 4 : 8;
-    if (n < p + (size_t)fcs_bytes) goto refuse;
-    if (fcs_bytes && get_le(f + p, fcs_bytes) + (fcs == 1 ? 256 : 0) != size) goto refuse;
-    p += (size_t)fcs_bytes;
-    size_t done = 0;
+    size_t p = frame_start(f, n, size), done = 0;
+    if (!p) goto refuse;
     for (;;) {
         if (n - p < 3) goto refuse;
         size_t h = get_le(f + p, 3), bsize = h >> 3;

@@ -48,6 +48,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from ckptz import trace
+from ckptz.codecs.bitpack import packed_size
 from ckptz.codecs.native import native
 from ckptz.codecs.table import BITPACK, ZSTD
 from ckptz.engines.gpu import driver
@@ -529,10 +530,12 @@ def decode_bitpack(
     at, size, raw, out_at = _columns(offsets, sizes, raw_sizes, dst_offsets)
     if not at.size:
         return
+    if (size < 2).any():
+        raise CodecError("bitpack payload is shorter than its header", codec=BITPACK.name)
     fixed = host[at].astype(np.int64)
     value = host[at + 1].astype(np.int64)
-    varying = 8 - np.unpackbits(fixed.astype(np.uint8)[:, None], axis=1).sum(axis=1)
-    if (size < 2).any() or (value & ~fixed).any() or (size != 2 + varying * ((raw + 7) // 8)).any():
+    packed = [packed_size(n, f) for n, f in zip(raw.tolist(), fixed.tolist(), strict=True)]
+    if (value & ~fixed).any() or (size != packed).any():
         raise CodecError("bitpack payload header or length is corrupt", codec=BITPACK.name)
     put = ops.upload("lit_unpacks", np.stack([at, raw, out_at, fixed | value << 8], axis=1))
     groups = int(raw.max() + 7) // 8
