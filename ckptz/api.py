@@ -159,7 +159,7 @@ def compress(
     root = ", ".join(str(t.root) for t in trees)
     sp = _series_plan(trees, p, keyframe_every) if series and not (discard or dry_run) else None
     # A team (--nproc, torchrun) already runs a process per share of the files.
-    split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
+    split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1, device, True)
     if discard:
         return _discard(True, root, mine, device, threads, level, codec, memory, reporter, start, split)
     if dry_run:
@@ -181,7 +181,9 @@ def compress(
     with ExitStack() as stack:
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
-        shards, memory = stack.enter_context(helper_shards(split, device, threads, level, codec, memory))
+        shards, memory = stack.enter_context(
+            helper_shards(split, device, threads, level, codec, memory, True, mine.converted_bytes)
+        )
         engine, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, level, codec, memory, reporter, True, writes=True)
         )
@@ -358,7 +360,10 @@ def _discard(
     stop = Stop()
     operation = "compress" if compress else "decompress"
     with (
-        helper_shards(processes, device, threads, level, codec, memory) as (shards, memory),
+        helper_shards(processes, device, threads, level, codec, memory, compress, p.converted_bytes) as (
+            shards,
+            memory,
+        ),
         engine_session(
             device, threads, level, codec, memory, reporter, writes=compress, job_bytes=p.converted_bytes
         ) as (engine, notices),

@@ -764,3 +764,49 @@ def test_the_gpu_engine_hashes_frames_and_leaves_where_it_holds_them(tmp_path: P
         with open(back, "wb") as sink:
             restore(f, str(out), engine, FileSink(sink), index=index)
     assert back.read_bytes() == original
+
+
+def test_a_flushed_queue_is_taken_without_waiting_for_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker waits for a batch to fill (BATCH_WAIT_S), except once a file's last frames
+    are queued (``flush``): then it takes what is there, and later frames wait again."""
+    import threading
+
+    from ckptz.engines.gpu import engine as gpu_engine
+
+    monkeypatch.setattr(gpu_engine, "BATCH_WAIT_S", 600.0)
+    engine = object.__new__(gpu_engine.GpuEngine)
+    engine._jobs, engine._cv, engine._closed, engine._flush = (
+        gpu_engine.deque(),
+        threading.Condition(),
+        False,
+        False,
+    )
+    engine.batch_bytes = 1 << 30
+
+    def job() -> Any:
+        return gpu_engine._EncodeJob([], None, 1 << 20)
+
+    def take() -> tuple[threading.Thread, list[Any]]:
+        got: list[Any] = []
+        t = threading.Thread(target=lambda: got.append(engine._take()), daemon=True)
+        t.start()
+        return t, got
+
+    first = job()
+    engine._put(first)
+    waiting, got = take()
+    waiting.join(0.5)
+    assert waiting.is_alive()  # half a second into a 600 s wait for a batch to fill
+    engine.flush()
+    waiting.join(60)
+    assert not waiting.is_alive() and got == [[first]]
+    assert not engine._flush  # the queue was drained: the next frames wait again
+    engine._put(job())
+    again, _ = take()
+    again.join(0.5)
+    assert again.is_alive()
+    with engine._cv:
+        engine._closed = True
+        engine._cv.notify_all()
+    again.join(60)
+    assert not again.is_alive()

@@ -227,6 +227,11 @@ def test_processes_by_default(monkeypatch: pytest.MonkeyPatch, packed: tuple[Pat
     assert split_processes([big], "ans", None) == run_module.SPLIT_PROCESSES
     assert split_processes([small], "ans", None) == 1
     assert split_processes([big], "auto", None) == 1  # CPU decoding is bound by its cores
+    monkeypatch.setattr(run_module, "writes_portable_on_gpu", lambda want, codec, writes, n: False)
+    assert split_processes([big], "auto", None, "cuda", True) == 1  # the CPU threads code it
+    monkeypatch.setattr(run_module, "writes_portable_on_gpu", lambda want, codec, writes, n: writes)
+    assert split_processes([big], "auto", None, "cuda", True) == run_module.SPLIT_PROCESSES
+    assert split_processes([big], "auto", None, "cuda") == 1  # its restores: the CPU threads
     assert split_processes([big], "auto", 3) == 3
     monkeypatch.setenv("CKPTZ_PROCESSES", "4")
     assert split_processes([big], "auto", None) == 4

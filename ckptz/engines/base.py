@@ -371,6 +371,11 @@ class Engine(Protocol):
         (:attr:`EncodedSpan.leaves`)."""
         ...
 
+    def flush(self) -> None:
+        """The caller has queued the last frames of a file: code what is queued now rather
+        than wait for more to fill a batch (an engine that batches; others do nothing)."""
+        ...
+
     def decode(
         self, stream: StreamInfo, chunks: list[StoredChunk], length: int, where: str
     ) -> Future[np.ndarray]:

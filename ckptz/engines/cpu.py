@@ -126,6 +126,9 @@ class CpuEngine:
     ) -> Future[EncodedSpan]:
         return encode_each(self, frames, leaves)
 
+    def flush(self) -> None:
+        pass  # nothing waits: each frame is coded as it comes
+
     def decode_span(
         self,
         span: StoredSpan,

@@ -310,6 +310,11 @@ class HybridEngine:
     ) -> Future[EncodedSpan]:
         return encode_each(self, frames, leaves)
 
+    def flush(self) -> None:
+        gpu = self._gpu
+        if gpu is not None:
+            gpu.flush()
+
     def decode_span(
         self,
         span: StoredSpan,

@@ -93,6 +93,45 @@ def _no_progress(_: int) -> None:
     pass
 
 
+#: Seconds a file's pipeline waits at most for other files' layouts and plans
+#: (:class:`_PlansFirst`).
+PLANS_FIRST_S = 1.0
+
+
+class _PlansFirst:
+    """Files of a run being laid out and planned go before the pipelines of the others.
+
+    A file's layout (a ``torch.save`` pickle walked in Python) and stream plan hold the GIL
+    most of the time, and a pipeline running beside them holds it too: on the H100 host, a
+    4.6 GB ``optimizer.pt``'s layout and plan took 150-180 ms beside ``model.safetensors``'s
+    pipeline against ~15 ms alone, and in a split compression the helper's part waited
+    for them (BENCHMARKS.md, session 34). So a pipeline starts once no file is being planned,
+    or after :data:`PLANS_FIRST_S` (a huge pickle does not hold everything up for long).
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._planning = 0
+
+    def __enter__(self) -> None:
+        with self._cv:
+            self._planning += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cv:
+            self._planning -= 1
+            if not self._planning:
+                self._cv.notify_all()
+
+    def wait(self) -> None:
+        """Wait until no file is being planned (:data:`PLANS_FIRST_S` at most)."""
+        with self._cv, trace.span("wait plans"):
+            self._cv.wait_for(lambda: not self._planning, PLANS_FIRST_S)
+
+
+_plans_first = _PlansFirst()
+
+
 class Source(Protocol):
     """Where a file's bytes are read from, if not from the file itself."""
 
@@ -256,29 +295,32 @@ def compress_file(
         CorruptionError: ``verify`` found a frame or payload that does not match.
         OSError: reading or writing failed.
     """
-    with trace.span("layout"):
-        layout = read_layout(src, relpath)
-    change = transform(layout) if transform is not None else None
-    fd = os.open(src, os.O_RDONLY) if source is None else -1
+    fd = -1
     try:
-        reader = source if source is not None else _FileSource(fd)
-        # Streams are planned on samples of the bytes that are coded, wherever they are.
-        with trace.span("plan"):
-            plan = plan_streams(
-                layout,
-                engine.frame_size,
-                fd if source is None else reader.read_at,
-                change.apart if change else frozenset(),
-                engine.largest_frame if largest_frame is None else largest_frame,
-            )
+        with _plans_first:
+            with trace.span("layout"):
+                layout = read_layout(src, relpath)
+            change = transform(layout) if transform is not None else None
+            fd = os.open(src, os.O_RDONLY) if source is None else -1
+            reader = source if source is not None else _FileSource(fd)
+            # Streams are planned on samples of the bytes that are coded, wherever they are.
+            with trace.span("plan"):
+                plan = plan_streams(
+                    layout,
+                    engine.frame_size,
+                    fd if source is None else reader.read_at,
+                    change.apart if change else frozenset(),
+                    engine.largest_frame if largest_frame is None else largest_frame,
+                )
+            parts: list[Part] = []
+            plain = change is None and digest.tree and source is None and (out is None or _regular(out))
+            if helpers is not None and plain:
+                # Parts of at least half a share: a file whose cuts would fall far from even
+                # (one huge tensor in the middle) stays whole rather than lopsided.
+                count = helpers.parts(layout.size)
+                plan, parts = split_plan(plan, layout, count, layout.size // (2 * count))
+        _plans_first.wait()
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-        parts: list[Part] = []
-        plain = change is None and digest.tree and source is None and (out is None or _regular(out))
-        if helpers is not None and plain:
-            # Parts of at least half a share: a file whose cuts would fall far from even
-            # (one huge tensor in the middle) stays whole rather than lopsided.
-            count = helpers.parts(layout.size)
-            plan, parts = split_plan(plan, layout, count, layout.size // (2 * count))
         if helpers is None or len(parts) < 2:
             run = _Compression(
                 reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
@@ -290,19 +332,26 @@ def compress_file(
         def local(job: PartJob) -> PartResult:
             return code_part(job, fd, out, engine, places, progress, pools)
 
-        first = _part_run(jobs[0], reader, out, engine, places, progress, pools)
+        mine: list[_Compression] = []
+
+        def own() -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int, int, int, int]]]:
+            # Made once the helpers' parts are queued: they start meanwhile.
+            mine.append(_part_run(jobs[0], reader, out, engine, places, progress, pools))
+            return mine[0].code()
+
         try:
             out_fd = -1 if out is None else out.fileno()
-            (frames, rows), results = helpers.code_parts(
-                jobs[1:], (fd, out_fd), places, progress, first.code, local
-            )
+            (frames, rows), results = helpers.code_parts(jobs[1:], (fd, out_fd), places, progress, own, local)
             for got in results:
                 frames += got.frames
                 rows += got.chunks
-            first.take_parts([(p.window, got) for p, got in zip(parts[1:], results, strict=True)])
+            first = mine[0]
+            with trace.span("join parts"):
+                first.take_parts([(p.window, got) for p, got in zip(parts[1:], results, strict=True)])
             return first.finish(frames, rows, places.end, source_fields or {})
         finally:
-            first.close()
+            if mine:
+                mine[0].close()
     finally:
         if fd >= 0:
             os.close(fd)
@@ -420,6 +469,7 @@ class _Compression:
         # Each frame has three users of its run's buffer: the digest, the writer stage, verification.
         self.users = [3 * len(run) for run in self.runs]
         self.lock = threading.Lock()
+        self.queued = 0  # runs given to the engine
         size = max((_run_bytes([self.frames[i].length for i in run]) for run in self.runs), default=1)
         ahead = max(1, budget // size) if limit else engine.look_ahead
         count = slots_needed(len(self.runs), len(plan.streams), ahead)
@@ -519,10 +569,11 @@ class _Compression:
         """Write the index and footer after the data area (``end``), and read them back
         with verify."""
         source_digest = self.digest.digest()
-        header = self._header(source_digest, rows)
-        header["source"] = {**header["source"], **source_fields}  # type: ignore[dict-item]
-        index = Index(header, self.plan.streams, *make_tables(self.segments, frames, rows))
-        tail = index_bytes(index, end)
+        with trace.span("index"):
+            header = self._header(source_digest, rows)
+            header["source"] = {**header["source"], **source_fields}  # type: ignore[dict-item]
+            index = Index(header, self.plan.streams, *make_tables(self.segments, frames, rows))
+            tail = index_bytes(index, end)
         if self.stream is not None:
             self.stream.write(tail)
         if self.out is not None:
@@ -575,6 +626,7 @@ class _Compression:
                 self.coded[r] = self.engine.encode_span(
                     todo, buf, Ranges(frame, start, size, parts) if frame.size else None
                 )
+                self._queued()
                 self._read_done(run, views)
                 return
             with trace.span("digest leaves"):
@@ -593,9 +645,19 @@ class _Compression:
                 self.sums[i] = crc
                 todo.append(FrameToCode(self.plan.streams[self.frames[i].stream], data, crc))
             self.coded[r] = self.engine.encode_span(todo, buf if self.change is None else None)
+            self._queued()
             self._read_done(run, views)
         except BaseException as exc:
             self._fail(exc)
+
+    def _queued(self) -> None:
+        """A run was given to the engine: after the file's last, the engine need not wait
+        for more to fill a batch (:meth:`~ckptz.engines.base.Engine.flush`)."""
+        with self.lock:
+            self.queued += 1
+            last = self.queued == len(self.runs)
+        if last:
+            self.engine.flush()
 
     def _read_done(self, run: range, views: list[np.ndarray]) -> None:
         for i, view in zip(run, views, strict=True):

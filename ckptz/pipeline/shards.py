@@ -96,6 +96,10 @@ class EngineSpec:
     level: int
     codec: str
     memory: int | None
+    #: The caller compresses a job large enough that its engine codes the portable
+    #: bitstream on the GPU (:func:`~ckptz.engines.writes_portable_on_gpu`): so does the
+    #: helper's (else it would code its parts on its CPU threads).
+    gpu_writes: bool = False
 
 
 def ranges(size: int, leaf: int, parts: int) -> list[tuple[int, int]]:
@@ -266,13 +270,10 @@ class Shards:
             self._closed = True
             self._cv.notify_all()
         for t in self._lanes:
-            t.join(_GRACE_S)
-        for child in self._children:
-            try:
-                child.wait(_GRACE_S)
-            except subprocess.TimeoutExpired:
+            t.join(2 * _GRACE_S)  # each ends once its helper has
+        for child in self._children:  # one still busy with a range: the run has failed
+            if child.poll() is None:
                 child.kill()
-                child.wait()
         for t in self._lanes:
             t.join()
 
@@ -367,25 +368,31 @@ class Shards:
     # -- a helper's lane ------------------------------------------------------------------
 
     def _lane(self) -> None:
-        """Start a helper, then hand it ranges one at a time while it lives."""
+        """Start a helper, then hand it ranges one at a time while it lives; then end it
+        (:func:`_reap`: a helper dies with the thread that started it, ``PR_SET_PDEATHSIG``,
+        so this thread outlives it)."""
         try:
-            sock = self._start()
+            started = self._start()
         finally:
             self._started.release()
-        if sock is None:
+        if started is None:
             return  # the caller restores every range
-        with sock:
-            while (task := self._take()) is not None:
-                try:
-                    self._run(sock, task)
-                except (OSError, EOFError):
-                    if not task.placed:
-                        self._give_back(task)  # the helper died: the caller does it
-                    else:  # the places it took in the container are lost: the file fails
-                        task.future.set_exception(HelperDiedError())
-                    return
+        child, sock = started
+        try:
+            with sock:
+                while (task := self._take()) is not None:
+                    try:
+                        self._run(sock, task)
+                    except (OSError, EOFError):
+                        if not task.placed:
+                            self._give_back(task)  # the helper died: the caller does it
+                        else:  # the places it took in the container are lost: the file fails
+                            task.future.set_exception(HelperDiedError())
+                        return
+        finally:
+            _reap(child)
 
-    def _start(self) -> socket.socket | None:
+    def _start(self) -> tuple[subprocess.Popen[bytes], socket.socket] | None:
         """A helper, started and with its engine open (None: it could not start)."""
         try:
             with trace.span("start helper"):
@@ -405,10 +412,11 @@ class Shards:
             reply = ("died",)
         if reply[0] != "ready":
             sock.close()
+            _reap(child)
             return None
         with self._cv:
             self.helpers_ready += 1
-        return sock
+        return child, sock
 
     def _run(self, sock: socket.socket, task: _Task) -> None:
         with trace.span("helper range"):
@@ -650,6 +658,19 @@ def _start(spec: EngineSpec) -> tuple[subprocess.Popen[bytes], socket.socket]:
     return child, ours
 
 
+def _reap(child: subprocess.Popen[bytes]) -> None:
+    """End a helper told to stop (its socket closed). It is killed: every range it took
+    was written and answered, and its engine's teardown (the GPU's context, its pinned
+    memory) would only delay the caller's exit. When tracing, it is given
+    :data:`_GRACE_S` to end by itself and write its timeline."""
+    if trace.PATH is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(_GRACE_S)
+    if child.poll() is None:
+        child.kill()
+    child.wait()
+
+
 def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -666,7 +687,13 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
 
     try:
         engine, _ = open_engine(
-            spec.device, threads=spec.threads, level=spec.level, codec=spec.codec, memory=spec.memory
+            spec.device,
+            threads=spec.threads,
+            level=spec.level,
+            codec=spec.codec,
+            memory=spec.memory,
+            writes=spec.gpu_writes,
+            job_bytes=sys.maxsize if spec.gpu_writes else 0,  # the caller's job was large enough
         )
     except BaseException as exc:
         _send(sock, ("failed", _portable(exc)))

@@ -26,6 +26,7 @@ from ckptz.engines import (
     nvcomp_installed,
     open_engine,
     requested_device,
+    writes_portable_on_gpu,
 )
 from ckptz.engines.base import Engine
 from ckptz.errors import CkptzError, StoppedError, UsageError
@@ -96,12 +97,17 @@ SPLIT_CORES = 8
 SPLIT_BYTES = 32 << 30
 
 
-def split_processes(jobs: Sequence[Job], codec: str, processes: int | None) -> int:
+def split_processes(
+    jobs: Sequence[Job], codec: str, processes: int | None, device: str | None = None, writes: bool = False
+) -> int:
     """How many processes compress or restore one large file together: ``processes`` where
     given (or ``CKPTZ_PROCESSES``); else :data:`SPLIT_PROCESSES` where the files are coded
-    on a GPU (``codec`` is a GPU-only bitstream), the machine has :data:`SPLIT_CORES` cores,
-    a file is large enough to split, and the run converts :data:`SPLIT_BYTES` or this
-    process has helpers running already (a library that converted before); else 1."""
+    on a GPU (``codec`` is a GPU-only bitstream, or the run ``writes`` the portable one on
+    ``device``'s GPU: :func:`~ckptz.engines.writes_portable_on_gpu`), the machine has
+    :data:`SPLIT_CORES` cores, a file is large enough to split, and the run converts
+    :data:`SPLIT_BYTES` or this process has helpers running already (a library that
+    converted before); else 1. (Restores of the portable bitstream run on the CPU threads,
+    which more processes would only share.)"""
     from ckptz.pipeline.shards import MIN_RANGE, helpers_running
 
     if processes is None and os.environ.get("CKPTZ_PROCESSES", "").isdigit():
@@ -110,29 +116,43 @@ def split_processes(jobs: Sequence[Job], codec: str, processes: int | None) -> i
         if processes < 1:
             raise UsageError("processes (CKPTZ_PROCESSES) must be at least 1")
         return processes
-    if codec not in GPU_ONLY_CODECS or (os.cpu_count() or 1) < SPLIT_CORES:
+    total = sum(j.entry.size for j in jobs)
+    on_gpu = codec in GPU_ONLY_CODECS or writes_portable_on_gpu(
+        requested_device(device), codec, writes, total
+    )
+    if not on_gpu or (os.cpu_count() or 1) < SPLIT_CORES:
         return 1
     large = any(j.entry.size >= 2 * MIN_RANGE for j in jobs)
-    pays = sum(j.entry.size for j in jobs) >= SPLIT_BYTES or helpers_running()
+    pays = total >= SPLIT_BYTES or helpers_running()
     return SPLIT_PROCESSES if large and pays else 1
 
 
 @contextmanager
 def helper_shards(
-    processes: int, device: str | None, threads: int | None, level: int, codec: str, memory: int | None
+    processes: int,
+    device: str | None,
+    threads: int | None,
+    level: int,
+    codec: str,
+    memory: int | None,
+    writes: bool = False,
+    job_bytes: int = 0,
 ) -> Iterator[tuple[Shards | None, int | None]]:
     """Helpers for a run in ``processes`` processes (started now, beside the caller's own
     start-up, where the process has none yet: :meth:`Shards.shared`), and the memory
     budget of each process's engine: ``memory`` shared between them where given, else the
     engine's default each (on the H100 host, two processes of 1 GiB each restored 16.0
-    GB/s, of 2 GiB each 18.5; BENCHMARKS.md, session 29)."""
+    GB/s, of 2 GiB each 18.5; BENCHMARKS.md, session 29). A run that ``writes``
+    (compresses) ``job_bytes`` gives its helpers the engine its own opens."""
     if processes <= 1:
         yield None, memory
         return
     from ckptz.pipeline.shards import EngineSpec, Shards
 
     share = None if memory is None else memory // processes
-    yield Shards.shared(EngineSpec(device, threads, level, codec, share), processes - 1), share
+    gpu_writes = writes_portable_on_gpu(requested_device(device), codec, writes, job_bytes)
+    spec = EngineSpec(device, threads, level, codec, share, gpu_writes)
+    yield Shards.shared(spec, processes - 1), share
 
 
 def decoding_codec(jobs: Sequence[Job], device: str | None) -> str:

@@ -205,6 +205,8 @@ class GpuEngine:
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        #: A file's last frames are queued: workers take what is queued without waiting.
+        self._flush = False
         self._cpu = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-gpu-cpu")
         #: The CPU coder of :data:`HOST_COMPONENTS`' frames.
         self._host = CpuEngine(1, level)
@@ -391,6 +393,11 @@ class GpuEngine:
 
     # -- workers --------------------------------------------------------------------------
 
+    def flush(self) -> None:
+        with self._cv:
+            self._flush = True
+            self._cv.notify_all()
+
     def _put(self, job: _Job) -> None:
         with self._cv:
             if self._closed:
@@ -410,9 +417,15 @@ class GpuEngine:
                     return [self._jobs.popleft()]
                 # nvCOMP needs thousands of chunks in flight to fill the GPU: a batch of a few
                 # frames runs nearly serially. So wait briefly for the pipeline to queue more
-                # (it stops queueing when its look-ahead is full, hence the time limit).
+                # (it stops queueing when its look-ahead is full, hence the time limit), unless
+                # a file's last frames are queued (flush: at a file's end the wait was 20 ms
+                # of every compression's tail; session 34).
                 deadline = time.monotonic() + BATCH_WAIT_S
-                while not self._closed and sum(map(_job_bytes, self._jobs)) < self.batch_bytes:
+                while (
+                    not self._closed
+                    and not self._flush
+                    and sum(map(_job_bytes, self._jobs)) < self.batch_bytes
+                ):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -428,6 +441,8 @@ class GpuEngine:
                     break
                 batch.append(self._jobs.popleft())
                 size += n
+            if not self._jobs:
+                self._flush = False  # what was flushed is taken
             return batch
 
     def _run(self) -> None:
