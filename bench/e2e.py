@@ -37,9 +37,9 @@ is left. ``--only`` picks row groups: startup, ceilings, inproc, discard, ckptz 
 command), peers.
 
 Notes: "discarded" rows read their input from tmpfs and write nothing (ckptz through the
-api's ``discard=True``, recorded as skipped while the api lacks it; ``cuda ans`` also runs
-them in two processes per large file, ``processes=2``, its helper started by an untimed call
-first, as a library that converted before has it); ZipNN's rows time reading
+api's ``discard=True``, recorded as skipped while the api lacks it; the ``cuda`` configs also
+run them in two processes per large file, ``processes=2``, the helper started by an untimed
+call first, as a library that converted before has it); ZipNN's rows time reading
 and coding whole files. GPU kernels are warmed up (untimed) before the first timed GPU run;
 start-up records the first GPU run apart as "cold". In-place runs on tmpfs only. The file to
 file target compares compression with 0.9 × write ceiling × ratio and restores, which write
@@ -1223,7 +1223,7 @@ class Bench:
             rows["discard-decompress"] = self.row("discard", "ckptz", "discard", "decompress", **common)
         if "inproc" in self.groups:
             rows["decompress"] = self.row("inproc", "ckptz", "inproc", "decompress", root="tmpfs", **common)
-        if "discard" in self.groups and config == ("cuda", "ans"):
+        if "discard" in self.groups and dev == "cuda":
             for op in ("compress", "decompress"):
                 rows[f"discard2-{op}"] = self.row("discard", "ckptz", "discard 2 processes", op, **common)
 
@@ -1702,12 +1702,12 @@ class Bench:
                 f"- discarded {dev} {codec}: {num(c)} / {num(dd)} GB/s vs ≥ {tc:g} / {td:g}: {verdict(c, tc)} / {verdict(dd, td)}"
                 f"; × python-zstandard {num(peers[0], 1)} / {num(peers[1], 1)}, × ZipNN {num(peers[2], 1)} / {num(peers[3], 1)} vs ≥ 5: {verdict(min(present) if present else None, 5)}"
             )
-        if "cuda" in self.devices:
-            kw = {"tool": "ckptz", "mode": "discard 2 processes", "device": "cuda", "codec": "ans"}
+        for codec in ("ans", "auto") if "cuda" in self.devices else ():
+            kw = {"tool": "ckptz", "mode": "discard 2 processes", "device": "cuda", "codec": codec}
             c, dd = gbps(op="compress", **kw), gbps(op="decompress", **kw)
-            tc, td = DISCARD_TARGETS[("cuda", "ans")]
+            tc, td = DISCARD_TARGETS[("cuda", codec)]
             out.append(
-                f"- discarded cuda ans, 2 processes (helper running): {num(c)} / {num(dd)} GB/s vs ≥ {tc:g} / {td:g}: {verdict(c, tc)} / {verdict(dd, td)}"
+                f"- discarded cuda {codec}, 2 processes (helper running): {num(c)} / {num(dd)} GB/s vs ≥ {tc:g} / {td:g}: {verdict(c, tc)} / {verdict(dd, td)}"
             )
         for root in ("tmpfs", "disk"):
             ceiling = self.find(tool="pwrite", root=root, mode=f"{CORES} threads")
