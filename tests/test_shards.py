@@ -469,3 +469,18 @@ def test_a_file_that_is_not_split_when_written_to_a_pipe(many: Path, shards: Sha
     t.join()
     os.close(r)
     assert shards.helped_bytes == 0 and drained
+
+
+def test_a_helper_runs_the_callers_ckptz_not_one_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m`` puts the working directory first on the path: a ``ckptz`` folder there
+    (another checkout, or planted) must not be what a helper runs."""
+    planted = tmp_path / "ckptz" / "pipeline"
+    planted.mkdir(parents=True)
+    (tmp_path / "ckptz" / "__init__.py").write_text("")
+    (planted / "__init__.py").write_text("")
+    (planted / "shards.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    with Shards(EngineSpec("cpu", 1, 3, "auto", None), 1) as s:
+        assert s.wait_started() == 1

@@ -51,7 +51,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 import numpy as np
 
-from ckptz import trace
+from ckptz import children, trace
 from ckptz.container import Index, read_index
 from ckptz.digest import Digest, LeafHashes, leaf_count
 from ckptz.engines.base import Engine
@@ -641,16 +641,15 @@ _helper_numbers = itertools.count()
 
 def _start(spec: EngineSpec) -> tuple[subprocess.Popen[bytes], socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    extra = {}
     if trace.PATH is not None:  # each helper's timeline beside the caller's
-        env["CKPTZ_TRACE"] = f"{trace.PATH}.helper{next(_helper_numbers)}"
+        extra["CKPTZ_TRACE"] = f"{os.path.abspath(trace.PATH)}.helper{next(_helper_numbers)}"
     args = pickle.dumps(spec).hex()
     try:
         child = subprocess.Popen(
-            [sys.executable, "-m", "ckptz.pipeline.shards", str(theirs.fileno()), args],
+            children.command("ckptz.pipeline.shards", str(theirs.fileno()), args),
             pass_fds=[theirs.fileno()],
-            env=env,
+            env=children.environment(extra),
             stdin=subprocess.DEVNULL,
         )
     finally:

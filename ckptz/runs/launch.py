@@ -12,28 +12,26 @@ a rank killed outright takes the others down, as under ``torchrun``.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 
-from ckptz import _signals
+from ckptz import _signals, children
 
 #: How long the ranks get to stop after a signal before they are killed.
 GRACE_SECONDS = 30.0
 
 
 def spawn(nproc: int, argv: Sequence[str]) -> int:
-    """Run ``python -m ckptz ARGV`` as ``nproc`` ranks; return their exit code.
+    """Run ``python -m ckptz ARGV`` as ``nproc`` ranks (this process's ckptz:
+    :mod:`ckptz.children`); return their exit code.
 
     The code is the first non-zero one by rank (they agree on it), 128 plus the signal for
     a rank that was killed, else 0.
     """
     env = {
-        **os.environ,
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
         "WORLD_SIZE": str(nproc),
@@ -45,8 +43,8 @@ def spawn(nproc: int, argv: Sequence[str]) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for r in range(nproc):
-            rank_env = {**env, "RANK": str(r), "LOCAL_RANK": str(r)}
-            procs.append(subprocess.Popen([sys.executable, "-m", "ckptz", *argv], env=rank_env))
+            rank_env = children.environment({**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+            procs.append(subprocess.Popen(children.command("ckptz", *argv), env=rank_env))
         _wait(procs)
     except KeyboardInterrupt:
         # Ctrl-C reached every rank from the terminal; SIGTERM reached only this process.
