@@ -317,32 +317,3 @@ def test_a_restore_keeps_the_engines_restore_ahead_in_flight(tmp_path: Path) -> 
         restore(f, str(out), engine, Slow(sink, engine), index=index)
         assert 2 <= engine.most <= 5
     assert sha256(back) == sha256(src)
-
-
-def test_pipelines_wait_for_other_files_plans(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file's pipeline waits while another file is planned (or, split, until a helper
-    has its part), not for its own planning."""
-    import threading
-
-    from ckptz.pipeline import compress as compress_module
-
-    monkeypatch.setattr(compress_module, "PLANS_FIRST_S", 600.0)
-    gate = compress_module._PlansFirst()
-    first, second = gate.enter(), gate.enter()
-    waiting = threading.Thread(target=gate.wait, daemon=True)
-    waiting.start()
-    waiting.join(0.3)
-    assert waiting.is_alive()
-    first()
-    first()  # once only: the second file still counts
-    waiting.join(0.3)
-    assert waiting.is_alive()
-    second()
-    waiting.join(60)
-    assert not waiting.is_alive()
-    mine = gate.enter()
-    holding = threading.Thread(target=gate.wait, kwargs={"holding": True}, daemon=True)
-    holding.start()
-    holding.join(60)
-    assert not holding.is_alive()  # its own planning does not hold it up
-    mine()

@@ -105,38 +105,28 @@ class _PlansFirst:
     most of the time, and a pipeline running beside them holds it too: on the H100 host, a
     4.6 GB ``optimizer.pt``'s layout and plan took 150-180 ms beside ``model.safetensors``'s
     pipeline against ~15 ms alone, and in a split compression the helper's part waited
-    for them (BENCHMARKS.md, session 34). So a pipeline starts once no other file is being
-    planned, or after :data:`PLANS_FIRST_S` (a huge pickle does not hold everything up for
-    long); a file split between processes counts as planned until a helper has its part.
+    for them (BENCHMARKS.md, session 34). So a pipeline starts once no file is being planned,
+    or after :data:`PLANS_FIRST_S` (a huge pickle does not hold everything up for long).
     """
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
         self._planning = 0
 
-    def enter(self) -> Callable[[], None]:
-        """A file is being planned; the returned function says it is done (once; later
-        calls do nothing)."""
+    def __enter__(self) -> None:
         with self._cv:
             self._planning += 1
-        left = threading.Event()
 
-        def leave() -> None:
-            with self._cv:
-                if left.is_set():
-                    return
-                left.set()
-                self._planning -= 1
-                if not self._planning:
-                    self._cv.notify_all()
+    def __exit__(self, *exc: object) -> None:
+        with self._cv:
+            self._planning -= 1
+            if not self._planning:
+                self._cv.notify_all()
 
-        return leave
-
-    def wait(self, holding: bool = False) -> None:
-        """Wait until no other file is being planned (:data:`PLANS_FIRST_S` at most;
-        ``holding``: the caller's own file still counts as planned)."""
+    def wait(self) -> None:
+        """Wait until no file is being planned (:data:`PLANS_FIRST_S` at most)."""
         with self._cv, trace.span("wait plans"):
-            self._cv.wait_for(lambda: self._planning <= holding, PLANS_FIRST_S)
+            self._cv.wait_for(lambda: not self._planning, PLANS_FIRST_S)
 
 
 _plans_first = _PlansFirst()
@@ -241,12 +231,10 @@ class Helpers(Protocol):
         progress: Progress,
         own: Callable[[], T],
         local: Callable[[PartJob], PartResult],
-        sent: Callable[[], None] | None = None,
     ) -> tuple[T, list[PartResult]]:
         """Give ``jobs`` to helpers (the file and the output, -1 for none, as ``fds``; each
         helper's runs placed by ``places``) while ``own()`` runs in this thread, then code
         with ``local`` any that no helper took; ``own``'s result and the jobs' in order.
-        ``sent()`` once a helper has a job (or at once where none is free to take one).
 
         Raises:
             what ``own`` or a job raised, once every job is over.
@@ -308,37 +296,32 @@ def compress_file(
         OSError: reading or writing failed.
     """
     fd = -1
-    # Planned: the layout, the plan and, for a split file, until a helper has its part
-    # (sent there beside the other files' pipelines, it arrived 20-30 ms later).
-    planned = _plans_first.enter()
     try:
-        with trace.span("layout"):
-            layout = read_layout(src, relpath)
-        change = transform(layout) if transform is not None else None
-        fd = os.open(src, os.O_RDONLY) if source is None else -1
-        reader = source if source is not None else _FileSource(fd)
-        # Streams are planned on samples of the bytes that are coded, wherever they are.
-        with trace.span("plan"):
-            plan = plan_streams(
-                layout,
-                engine.frame_size,
-                fd if source is None else reader.read_at,
-                change.apart if change else frozenset(),
-                engine.largest_frame if largest_frame is None else largest_frame,
-            )
-        parts: list[Part] = []
-        plain = change is None and digest.tree and source is None and (out is None or _regular(out))
-        if helpers is not None and plain:
-            # Parts of at least half a share: a file whose cuts would fall far from even
-            # (one huge tensor in the middle) stays whole rather than lopsided.
-            count = helpers.parts(layout.size)
-            plan, parts = split_plan(plan, layout, count, layout.size // (2 * count))
-        split = len(parts) > 1
-        if not split:
-            planned()
-        _plans_first.wait(holding=split)
+        with _plans_first:
+            with trace.span("layout"):
+                layout = read_layout(src, relpath)
+            change = transform(layout) if transform is not None else None
+            fd = os.open(src, os.O_RDONLY) if source is None else -1
+            reader = source if source is not None else _FileSource(fd)
+            # Streams are planned on samples of the bytes that are coded, wherever they are.
+            with trace.span("plan"):
+                plan = plan_streams(
+                    layout,
+                    engine.frame_size,
+                    fd if source is None else reader.read_at,
+                    change.apart if change else frozenset(),
+                    engine.largest_frame if largest_frame is None else largest_frame,
+                )
+            parts: list[Part] = []
+            plain = change is None and digest.tree and source is None and (out is None or _regular(out))
+            if helpers is not None and plain:
+                # Parts of at least half a share: a file whose cuts would fall far from even
+                # (one huge tensor in the middle) stays whole rather than lopsided.
+                count = helpers.parts(layout.size)
+                plan, parts = split_plan(plan, layout, count, layout.size // (2 * count))
+        _plans_first.wait()
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-        if helpers is None or not split:
+        if helpers is None or len(parts) < 2:
             run = _Compression(
                 reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
             )
@@ -358,9 +341,7 @@ def compress_file(
 
         try:
             out_fd = -1 if out is None else out.fileno()
-            (frames, rows), results = helpers.code_parts(
-                jobs[1:], (fd, out_fd), places, progress, own, local, planned
-            )
+            (frames, rows), results = helpers.code_parts(jobs[1:], (fd, out_fd), places, progress, own, local)
             for got in results:
                 frames += got.frames
                 rows += got.chunks
@@ -372,7 +353,6 @@ def compress_file(
             if mine:
                 mine[0].close()
     finally:
-        planned()
         if fd >= 0:
             os.close(fd)
 

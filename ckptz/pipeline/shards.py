@@ -127,7 +127,6 @@ class _Task:
     places: Places | None = None
     placed: bool = False  # a helper took places in the container for it
     cancelled: bool = False  # its file failed: a helper coding it stops at its next run
-    sent: Callable[[], None] | None = None  # called once a helper has its message
 
 
 class Shards:
@@ -243,24 +242,21 @@ class Shards:
         progress: Callable[[int], None],
         own: Callable[[], T],
         local: Callable[[PartJob], PartResult],
-        sent: Callable[[], None] | None = None,
     ) -> tuple[T, list[PartResult]]:
         """Parts of one file coded by helpers while the caller codes its own
         (:class:`ckptz.pipeline.compress.Helpers`): each helper's runs are placed in the
-        caller's container by ``places``, at its request. ``sent()`` is called once a
-        helper has its part, or at once where no helper is free to take one."""
+        caller's container by ``places``, at its request."""
         owner = object()
-        passed = [fds[0]] if fds[1] < 0 else list(fds)
+        sent = [fds[0]] if fds[1] < 0 else list(fds)
         tasks = [
             _Task(
                 owner,
                 ("part", job),
-                passed,
+                sent,
                 functools.partial(local, job),
                 progress,
                 job.part.window[1] - job.part.window[0],
                 places=places,
-                sent=sent,
             )
             for job in jobs
         ]
@@ -302,11 +298,8 @@ class Shards:
         with self._cv:
             self._queue.extend(tasks)
             self._cv.notify_all()
-            idle = self._idle
         for t in tasks:
             t.future.add_done_callback(self._wake)
-            if not idle and t.sent is not None:
-                t.sent()  # no helper is free to take it now
         mine: T | None = None
         error: BaseException | None = None
         if own is not None:
@@ -428,8 +421,6 @@ class Shards:
     def _run(self, sock: socket.socket, task: _Task) -> None:
         with trace.span("helper range"):
             _send(sock, task.message, task.fds)
-            if task.sent is not None:
-                task.sent()
             while True:
                 reply = _receive(sock)
                 if reply[0] == "progress":
