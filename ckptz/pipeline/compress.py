@@ -103,8 +103,8 @@ class _PlansFirst:
 
     A file's layout (a ``torch.save`` pickle walked in Python) and stream plan hold the GIL
     most of the time, and a pipeline running beside them holds it too: on the H100 host, a
-    4.6 GB ``optimizer.pt``'s layout and plan took 150-180 ms beside ``model.safetensors``'s
-    pipeline against ~15 ms alone, and in a split compression the helper's part waited
+    4.6 GB ``optimizer.pt``'s layout and plan took 140-180 ms beside ``model.safetensors``'s
+    pipeline against 40-50 ms alone, and in a split compression the helper's part waited
     for them (BENCHMARKS.md, session 34). So a pipeline starts once no file is being planned,
     or after :data:`PLANS_FIRST_S` (a huge pickle does not hold everything up for long).
     """
