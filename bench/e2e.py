@@ -512,8 +512,9 @@ def _step_memory(gpu: GpuPoller | None) -> Callable[[], dict[str, Any]]:
     cuda = torch is not None and torch.cuda.is_initialized()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    # ckptz's own GPU memory (its engine allocates through the CUDA driver, not torch).
-    driver = sys.modules.get("ckptz.engines.gpu.driver")
+    # ckptz's own GPU memory (its engine allocates through the CUDA driver, not torch:
+    # ckptz.cuda since session 35, ckptz.engines.gpu.driver in older trees).
+    driver = sys.modules.get("ckptz.cuda") or sys.modules.get("ckptz.engines.gpu.driver")
     own = driver is not None and hasattr(driver, "peak")
     if own:
         driver.peak(reset=True)  # type: ignore[union-attr]

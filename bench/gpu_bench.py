@@ -123,14 +123,14 @@ def _median_time(fn: Any, reps: int = 5) -> float:
 
 def _coder(scratch: Any = None) -> tuple[Any, Any, Any]:
     """The GPU coder's device on the current CUDA device: (ops, nvCOMP codecs, stream)."""
-    from ckptz.engines.gpu import driver
+    from ckptz import cuda
     from ckptz.engines.gpu.kernels import CudaOps
     from ckptz.engines.gpu.memory import DeviceScratch
     from ckptz.engines.gpu.nvcomp_codecs import NvcompCodecs
 
     index = torch.cuda.current_device()
-    driver.use_device(index)
-    stream = driver.Stream()
+    cuda.use_device(index)
+    stream = cuda.Stream()
     ops = CudaOps(index, stream.handle, scratch or DeviceScratch())
     return ops, NvcompCodecs(ops), stream
 
@@ -173,9 +173,9 @@ def bench_ckptz_resident(data: torch.Tensor, word: int, codec: str, frame: int) 
     batch = enc["b"]
     values = _const_values(ops, batch)
     payloads = torch.empty(batch.block.size, dtype=torch.uint8, device=data.device)
-    from ckptz.engines.gpu import driver
+    from ckptz import cuda
 
-    driver.copy_on_device(payloads.data_ptr(), batch.block.ptr, batch.block.size, stream.handle)
+    cuda.copy_on_device(payloads.data_ptr(), batch.block.ptr, batch.block.size, stream.handle)
     res: dict[str, Any] = {}
 
     def decode() -> None:
@@ -211,7 +211,7 @@ def bench_ckptz_workers(
     batch keeps scratch memory of its own, so that every batch's block is there to decode."""
     import threading
 
-    from ckptz.engines.gpu import driver
+    from ckptz import cuda
     from ckptz.engines.gpu.coder import ANS_ID, ZSTD_ID, FrameShape, decode_batch, encode_batch, plan_batch
     from ckptz.engines.gpu.memory import DeviceScratch
 
@@ -243,7 +243,7 @@ def bench_ckptz_workers(
 
     def run(job: Any) -> float:
         def worker(w: int) -> None:
-            driver.use_device(torch.cuda.current_device())
+            cuda.use_device(torch.cuda.current_device())
             for i in range(w, len(starts), workers):
                 job(w, i)
             coders[w][2].synchronize()

@@ -65,7 +65,7 @@ def _cache_bytecode() -> None:
         return
     if os.path.isdir(os.path.join(os.path.dirname(torch.origin), "__pycache__")):
         return  # its bytecode is there to read
-    from ckptz.safeio import cache_folder
+    from ckptz.cache import cache_folder
 
     folder = cache_folder("bytecode")
     try:

@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 
 from ckptz import __version__, _signals
+from ckptz.devices import warm_named_gpu
 from ckptz.errors import CkptzError, PeerFailedError, StoppedError, UsageError
 from ckptz.runs.progress import Progress
 
@@ -345,10 +346,12 @@ def compress(
     files are copied unchanged with -o and left alone in place. Permission bits, mtimes,
     empty folders, symlinks and hard links are kept.
     """
+    chosen = "ans" if fast and codec == "auto" else codec
+    if not dry_run:
+        warm_named_gpu(device, chosen)  # the CUDA context comes up while the modules below load
     from ckptz import api
 
     ui = _progress(quiet, no_progress, verbose)
-    chosen = "ans" if fast and codec == "auto" else codec
     if sources == ["-"] or _stream_out(output, to_stdout):
         _one_process(nproc)
         if in_place or dry_run:

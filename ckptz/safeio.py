@@ -338,10 +338,3 @@ def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> Non
     else:
         pwrite_views(fd, views, offset)
     _start_writeback(fd, offset, n)
-
-
-def cache_folder(name: str) -> str:
-    """``$XDG_CACHE_HOME/ckptz/<name>`` (by default ``~/.cache/ckptz/<name>``): where ckptz
-    keeps what it can rebuild (compiled kernels, bytecode); not created here."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "ckptz", name)

@@ -115,12 +115,12 @@ def coder_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 @pytest.fixture
 def cuda_ops() -> Iterator[Any]:
     """The GPU coder's device on GPU 0 (``-m gpu`` tests): a stream of its own and scratch memory."""
-    from ckptz.engines.gpu import driver
+    from ckptz import cuda
     from ckptz.engines.gpu.kernels import CudaOps
     from ckptz.engines.gpu.memory import DeviceScratch
 
-    driver.use_device(0)
-    stream, scratch = driver.Stream(), DeviceScratch()
+    cuda.use_device(0)
+    stream, scratch = cuda.Stream(), DeviceScratch()
     yield CudaOps(0, stream.handle, scratch)
     stream.synchronize()
     scratch.close()

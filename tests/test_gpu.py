@@ -446,12 +446,12 @@ def test_file_four_times_the_memory_budget(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(1)
     torch.save({f"t{i}": torch.randn(8 << 20, generator=gen) * 0.02 for i in range(4)}, src)  # 128 MiB
     assert src.stat().st_size >= 4 * budget
-    from ckptz.engines.gpu import driver
+    from ckptz import cuda
 
-    driver.peak(reset=True)
-    base = driver.held()  # engines that ckptz.load keeps for the process
+    cuda.peak(reset=True)
+    base = cuda.held()  # engines that ckptz.load keeps for the process
     api.compress(src, tmp_path / "big.ckptz", device="cuda", codec="ans", memory=budget)
-    peak = driver.peak() - base
+    peak = cuda.peak() - base
     assert 0 < peak <= budget, f"GPU peak {peak} over the {budget} budget"
     api.decompress(tmp_path / "big.ckptz", tmp_path / "back.pt", device="cuda", memory=budget)
     assert sha256(tmp_path / "back.pt") == sha256(src)
@@ -647,10 +647,10 @@ def test_a_dropped_pinned_pool_unpins_its_memory() -> None:
     import ctypes
     import gc
 
-    from ckptz.engines.gpu import driver
+    from ckptz import cuda
     from ckptz.engines.gpu.pinned import PinnedPool
 
-    get_flags = driver._slow().cuMemHostGetFlags
+    get_flags = cuda._slow().cuMemHostGetFlags
     get_flags.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p]
     flags = ctypes.c_uint()
     pool = PinnedPool()
@@ -669,8 +669,8 @@ def test_warming_a_cuda_context_without_a_gpu_is_harmless() -> None:
     import sys
 
     code = (
-        "import sys; from ckptz.engines.gpu import driver; driver.warm(97); "
-        "t = driver._WARMING[97]; t.join(30); assert not t.is_alive(); "
+        "import sys; from ckptz import cuda; cuda.warm(97); "
+        "t = cuda._WARMING[97]; t.join(30); assert not t.is_alive(); "
         "assert 'torch' not in sys.modules; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

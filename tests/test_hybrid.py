@@ -179,12 +179,39 @@ def test_the_gpu_is_warmed_only_where_it_codes_from_the_first_frame(
     import ckptz.engines as engines
 
     calls: list[str] = []
-    monkeypatch.setattr(engines, "_warm", calls.append)
+    monkeypatch.setattr(engines, "warm_context", calls.append)
     monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
     if join is not None:
         monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", join)
     engines.warm_gpu(device, codec, writes=writes, job_bytes=job_gib << 30)
     assert calls == ([device] if warmed else [])
+
+
+def test_the_cli_s_early_warm_starts_only_contexts_the_run_would_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """:func:`ckptz.devices.warm_named_gpu` (before the modules load) warms exactly where
+    :func:`ckptz.engines.warm_gpu` warms a compression of any size on a GPU named, never where
+    it would not, and not for a device name that is not one."""
+    import ckptz.devices as devices
+    import ckptz.engines as engines
+
+    early: list[str] = []
+    late: list[str] = []
+    monkeypatch.setattr(devices, "warm_context", early.append)
+    monkeypatch.setattr(engines, "warm_context", late.append)
+    monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
+    codecs = {*engines.CODECS_CPU, *engines.GPU_ONLY_CODECS, *engines.PORTABLE_CODECS, "ANS"}
+    for device in ("cuda", "cuda:1", "auto", "cpu", "gpu"):
+        for codec in sorted(codecs):
+            early.clear()
+            devices.warm_named_gpu(device, codec)
+            for job_bytes in (0, 1 << 20, 64 << 30):
+                late.clear()
+                engines.warm_gpu(device, codec, writes=True, job_bytes=job_bytes)
+                assert set(early) <= set(late), (device, codec, job_bytes)
+            on_gpu_from_the_start = device.startswith("cuda") and codec.lower() not in engines.PORTABLE_CODECS
+            assert early == ([device] if on_gpu_from_the_start else []), (device, codec)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +257,7 @@ def test_a_gpu_named_writes_the_portable_bitstream_there_and_restores_it_on_the_
         opened.append(f"{want} {kw['codec']}")
         return CpuEngine(2)
 
-    monkeypatch.setattr(engines, "_warm", warmed.append)
+    monkeypatch.setattr(engines, "warm_context", warmed.append)
     monkeypatch.setattr(engines, "_open_gpu", open_gpu)
     monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
     out = tmp_path / "packed"

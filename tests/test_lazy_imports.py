@@ -65,7 +65,9 @@ def test_numpy_ma_is_imported_before_worker_threads_need_it() -> None:
 
 
 def _help_with(tmp_path: Path, fake_torch: bool, **env: str) -> Path:
-    """Run ``python -m ckptz --help`` where Python may not write bytecode; the cache folder."""
+    """Run ``python -m ckptz --help`` where Python may not write bytecode; the cache folder.
+    Finding that folder imports nothing heavy: numpy alone took ~0.25 s of the H100 host's
+    0.47 s ``--help`` when it came with :mod:`ckptz.safeio` (BENCHMARKS.md, session 35)."""
     path = [str(Path(__file__).parent.parent)]
     if fake_torch:  # a torch without bytecode beside it, found first (never imported by --help)
         (tmp_path / "site" / "torch").mkdir(parents=True)
@@ -74,9 +76,14 @@ def _help_with(tmp_path: Path, fake_torch: bool, **env: str) -> Path:
     run_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
     run_env["PYTHONPATH"] = os.pathsep.join(path)
     out = subprocess.run(
-        [sys.executable, "-m", "ckptz", "--help"], capture_output=True, env={**run_env, **env}, check=True
+        [sys.executable, "-X", "importtime", "-m", "ckptz", "--help"],
+        capture_output=True,
+        env={**run_env, **env},
+        check=True,
     )
     assert b"compress" in out.stdout
+    imported = {line.rsplit(b"|", 1)[-1].strip() for line in out.stderr.splitlines()}
+    assert b"ckptz.cli" in imported and b"numpy" not in imported
     return tmp_path / "cache" / "ckptz" / "bytecode"
 
 
@@ -91,3 +98,35 @@ def test_bytecode_is_cached_where_python_may_not_write_it(tmp_path: Path) -> Non
 def test_bytecode_cache_stays_off_where_it_is_not_needed(tmp_path: Path) -> None:
     assert not _help_with(tmp_path / "a", fake_torch=True, CKPTZ_BYTECODE_CACHE="0").exists()
     assert not _help_with(tmp_path / "b", fake_torch=True, PYTHONDONTWRITEBYTECODE="").exists()
+
+
+WARM_PROBE = """
+import sys
+import ckptz.devices
+from ckptz.cli import app
+
+seen = []
+ckptz.devices.warm_context = lambda want: seen.append((want, "ckptz.api" in sys.modules))
+try:
+    app(sys.argv[1:])
+except SystemExit:
+    pass
+print("WARMED", [want for want, late in seen if not late])
+"""
+
+
+def test_a_named_gpu_is_warmed_before_the_run_s_modules_load(small_checkpoint: Path, tmp_path: Path) -> None:
+    """``compress --device cuda --codec ans`` starts the CUDA context before it imports the
+    pipeline (whose modules take longer to load than the context to come up), so the two
+    overlap; the portable bitstream's runs are left to decide by their size."""
+
+    def warmed(*args: str) -> str:
+        argv = ["compress", str(small_checkpoint), "-o", str(tmp_path / "out"), "-q", *args]
+        out = subprocess.run([sys.executable, "-c", WARM_PROBE, *argv], capture_output=True, text=True)
+        return next(ln for ln in out.stdout.splitlines() if ln.startswith("WARMED"))
+
+    assert warmed("--device", "cuda:1", "--codec", "ans") == "WARMED ['cuda:1']"
+    assert warmed("--device", "cuda", "--fast") == "WARMED ['cuda']"
+    assert warmed("--device", "cuda") == "WARMED []"  # decided by the job's size, later
+    assert warmed("--codec", "ans") == "WARMED []"  # auto: decided by the engines, later
+    assert warmed("--device", "cpu", "--codec", "ans") == "WARMED []"

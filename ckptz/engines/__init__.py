@@ -7,9 +7,9 @@ when a GPU could be used; on a machine without nvCOMP ``auto`` settles on the CP
 from __future__ import annotations
 
 import importlib.util
-import os
 
 from ckptz.codecs.table import CHOOSABLE
+from ckptz.devices import PORTABLE_CODECS, nvcomp_installed, requested_device, warm_context
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.hybrid import GPU_JOIN_BYTES, HybridEngine, join_bytes, write_bytes
@@ -17,18 +17,8 @@ from ckptz.errors import DeviceError, UsageError
 
 #: ``--codec`` values the CPU engine accepts: its coder writes these bitstreams itself.
 CODECS_CPU: tuple[str, ...] = ("auto", *(b.name for b in CHOOSABLE if b.cpu is not None))
-#: ``--codec`` values that name the portable bitstream, which CPU and GPU both write.
-PORTABLE_CODECS: tuple[str, ...] = ("auto", "zstd")
 #: ``--codec`` values only a GPU can write (and decode).
 GPU_ONLY_CODECS: tuple[str, ...] = tuple(b.name for b in CHOOSABLE if b.cpu is None)
-
-
-def requested_device(device: str | None) -> str:
-    """The device the user asked for: the flag, else ``$CKPTZ_DEVICE``, else ``auto``."""
-    value = (device or os.environ.get("CKPTZ_DEVICE") or "auto").strip().lower()
-    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
-        return value
-    raise UsageError(f"unknown device {value!r}", hint="use auto, cpu, cuda or cuda:N")
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -37,24 +27,16 @@ def gpu_unavailable_reason() -> str | None:
         return "nvCOMP is not installed (pip install 'ckptz[gpu]')"
     if importlib.util.find_spec("ckptz.engines.gpu") is None:
         return "this ckptz build has no GPU engine"
-    from ckptz.engines.gpu import driver
+    from ckptz import cuda
 
     try:
-        if driver.device_count() == 0:
+        if cuda.device_count() == 0:
             return "no CUDA device is visible"
     except OSError:
         return "no CUDA driver on this machine"
-    except driver.DriverError as exc:
+    except cuda.DriverError as exc:
         return f"the CUDA driver would not start ({exc})"
     return None
-
-
-def nvcomp_installed() -> bool:
-    """Whether nvCOMP's C library (the ``nvidia-libnvcomp`` wheel) is installed."""
-    return (
-        importlib.util.find_spec("nvidia") is not None
-        and importlib.util.find_spec("nvidia.libnvcomp") is not None
-    )
 
 
 def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int = 0) -> bool:
@@ -99,20 +81,11 @@ def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_
     if (want.startswith("cuda") and gpu_first) or (
         want == "auto" and (codec in GPU_ONLY_CODECS or portable_gpu)
     ):
-        _warm(want)
-
-
-def _warm(want: str) -> None:
-    """Start creating the CUDA context of ``want`` (``auto``/``cuda``: device 0) on a thread
-    of its own, where nvCOMP is installed."""
-    if nvcomp_installed():
-        from ckptz.engines.gpu import driver
-
-        driver.warm(int(want[5:]) if want.startswith("cuda:") else 0)
+        warm_context(want)
 
 
 def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
-    _warm(want)  # the context comes up while the engine's modules load
+    warm_context(want)  # the context comes up while the engine's modules load
     reason = gpu_unavailable_reason()
     if reason is not None:
         what = f"codec {codec!r} runs only on a GPU" if want == "auto" else f"cannot use {want}"

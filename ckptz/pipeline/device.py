@@ -83,7 +83,7 @@ class DeviceRanges(RangeSink):
     def place(self, frame: Frame, device: DeviceBytes) -> None:
         """Copy the frame's bytes to the targets on ``device``'s GPU and to host targets,
         queued on the engine's stream."""
-        from ckptz.engines.gpu import driver
+        from ckptz import cuda
 
         where = torch.device("cuda", device.index) if device.index >= 0 else torch.device("cpu")
         home: list[tuple[Any, slice, slice]] = []
@@ -93,14 +93,14 @@ class DeviceRanges(RangeSink):
             elif buf.device == where:
                 to, at, n = buf.data_ptr() + dst.start, device.buf.ptr + src.start, dst.stop - dst.start
                 if device.index >= 0:
-                    driver.copy_on_device(to, at, n, device.stream)
+                    cuda.copy_on_device(to, at, n, device.stream)
                 else:
                     ctypes.memmove(to, at, n)
         if home:  # host targets: the bytes they take, in one copy back (waited for), then spread
             lo, hi = min(s.start for _, _, s in home), max(s.stop for _, _, s in home)
             staged = np.empty(hi - lo, np.uint8)
             if device.index >= 0:
-                driver.copy_to_host(
+                cuda.copy_to_host(
                     staged.ctypes.data, device.buf.ptr + lo, hi - lo, device.stream, pinned=False
                 )
             else:

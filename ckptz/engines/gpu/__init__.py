@@ -42,12 +42,12 @@ def open_gpu_engine(
         UsageError: the codec has no GPU implementation.
         DeviceError: no such device, or CUDA/nvCOMP fail on it.
     """
-    from ckptz.engines.gpu import driver
+    from ckptz import cuda
 
     name = _codec_name(codec, level)
     try:
-        count = driver.device_count()
-    except (OSError, driver.DriverError) as exc:
+        count = cuda.device_count()
+    except (OSError, cuda.DriverError) as exc:
         raise DeviceError(f"CUDA is not usable here: {exc}", hint="use --device cpu") from None
     if want.startswith("cuda:"):
         candidates = [int(want[5:])]

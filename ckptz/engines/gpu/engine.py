@@ -23,7 +23,7 @@ size), so a restore keeps one pinned region per span in flight, all of one size.
 that wants the decoded frames on the device (``ckptz.load``) gets them there first, on the
 worker's stream (``place``), so their copies need no wait of their own.
 
-CUDA is reached through its driver (:mod:`ckptz.engines.gpu.driver`), nvCOMP through its C
+CUDA is reached through its driver (:mod:`ckptz.cuda`), nvCOMP through its C
 API: the engine imports no torch, which would cost a GPU command 1.5-2 s of start-up.
 
 Memory: each worker holds at most one batch on the device (input, planes, payload bounds,
@@ -50,7 +50,7 @@ from typing import cast
 
 import numpy as np
 
-from ckptz import indices, trace
+from ckptz import cuda, indices, trace
 from ckptz.checksums import xxh3_64
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
@@ -71,7 +71,7 @@ from ckptz.engines.base import (
     when_all,
 )
 from ckptz.engines.cpu import CpuEngine, decode_chunks
-from ckptz.engines.gpu import driver, hashing, kernels, literals, pinned
+from ckptz.engines.gpu import hashing, kernels, literals, pinned
 from ckptz.engines.gpu.coder import (
     ANS_ID,
     CONST_ID,
@@ -212,7 +212,7 @@ class GpuEngine:
         self._host = CpuEngine(1, level)
         self._pinned = pinned.pool()
         # Stream, scratch and kernels for :meth:`leaf_hashes` (made on first use).
-        self._side: tuple[driver.Stream, DeviceScratch, kernels.CudaOps] | None = None
+        self._side: tuple[cuda.Stream, DeviceScratch, kernels.CudaOps] | None = None
         self._side_lock = threading.Lock()
         self._ready = threading.Barrier(workers + 1)
         self._errors: list[BaseException] = []
@@ -330,9 +330,9 @@ class GpuEngine:
         (:meth:`~ckptz.engines.base.DeviceChecks.leaf_hashes`), hashed in the calling thread
         on a stream of the engine's own."""
         with self._side_lock:
-            driver.use_device(self.index)
+            cuda.use_device(self.index)
             if self._side is None:
-                stream, scratch = driver.Stream(), DeviceScratch()
+                stream, scratch = cuda.Stream(), DeviceScratch()
                 self._side = (stream, scratch, kernels.CudaOps(self.index, stream.handle, scratch))
             _, scratch, ops = self._side
             try:
@@ -378,8 +378,8 @@ class GpuEngine:
         with self._side_lock:
             if self._side is not None:
                 stream, scratch, _ = self._side
-                with contextlib.suppress(driver.DriverError):
-                    driver.use_device(self.index)
+                with contextlib.suppress(cuda.DriverError):
+                    cuda.use_device(self.index)
                     stream.synchronize()
                     scratch.close()
                     stream.close()
@@ -448,12 +448,12 @@ class GpuEngine:
     def _run(self) -> None:
         try:
             with trace.span("gpu context"):
-                driver.use_device(self.index)
+                cuda.use_device(self.index)
             with trace.span("gpu kernels"):
                 reason = kernels.available(self.index)
                 if reason is not None:
                     raise RuntimeError(f"ckptz's CUDA kernels cannot run: {reason}")
-                stream, scratch = driver.Stream(), DeviceScratch()
+                stream, scratch = cuda.Stream(), DeviceScratch()
                 ops = kernels.CudaOps(self.index, stream.handle, scratch)
             with trace.span("gpu nvcomp"):
                 codecs = literals.LiteralCodecs(NvcompCodecs(ops), ops, self._cpu, max(1, self.threads // 4))
@@ -484,7 +484,7 @@ class GpuEngine:
                     if not isinstance(exc, Exception):
                         raise
         finally:
-            with contextlib.suppress(driver.DriverError):
+            with contextlib.suppress(cuda.DriverError):
                 w.stream.synchronize()
                 w.scratch.close()
                 w.stream.close()
@@ -559,7 +559,7 @@ class GpuEngine:
             if not self._pinned.holds(src):  # not one of this engine's buffers: a pinned copy first
                 src = w.staging.take(x.data.size)
                 src[:] = x.data
-            driver.copy_to_device(data.ptr + at, src.ctypes.data, src.size, w.ops.stream)
+            cuda.copy_to_device(data.ptr + at, src.ctypes.data, src.size, w.ops.stream)
         return data.at(0, layout.data_bytes)
 
     def _decode(self, w: _Worker, jobs: list[_DecodeJob]) -> None:
@@ -646,7 +646,7 @@ class GpuEngine:
         const_value = np.zeros(rows.size, np.int64)
         const_value[const] = t.first_bytes(rows[const])
         payloads = w.ops.scratch("payloads", host.size)
-        driver.copy_to_device(payloads.ptr, host.ctypes.data, host.size, w.ops.stream)
+        cuda.copy_to_device(payloads.ptr, host.ctypes.data, host.size, w.ops.stream)
         if any(j.check for j in jobs):  # before decoding: nvCOMP assumes well-formed input
             with trace.span("check payloads"):
                 good = self._check_payloads(
@@ -832,7 +832,7 @@ class _Worker:
 
     ops: kernels.CudaOps
     codecs: literals.LiteralCodecs
-    stream: driver.Stream
+    stream: cuda.Stream
     scratch: DeviceScratch
     staging: _Staging
 
@@ -876,7 +876,7 @@ def _to_host(data: Buf, ops: kernels.CudaOps, into: np.ndarray | None = None) ->
     second copy, and no pinning per batch once the pool holds what is in flight.
     """
     host = pinned.pool().take(data.size) if into is None else into[: data.size]
-    driver.copy_to_host(host.ctypes.data, data.ptr, data.size, ops.stream)
+    cuda.copy_to_host(host.ctypes.data, data.ptr, data.size, ops.stream)
     ops.synchronize()
     return host
 

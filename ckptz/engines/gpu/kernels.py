@@ -25,7 +25,7 @@ the GPU tests compare them.
 that ships with torch's CUDA libraries) for the device's architecture, and the cubin kept
 in ``$XDG_CACHE_HOME/ckptz/kernels`` under a hash of the source, compiler and
 architecture. A later process loads it straight into the CUDA context
-(:class:`ckptz.engines.gpu.driver.Module`): no Python JIT, no compiler in the process.
+(:class:`ckptz.engines.gpu.cuda.Module`): no Python JIT, no compiler in the process.
 Triton's kernels, which these replace, cost a process's first GPU use 0.75 s on the H100
 host (``import triton`` 0.22-0.25 s, then its cache key, which hashes Triton's own
 libraries, and its launchers: a first 50 MB compression took 0.77-0.91 s against 0.21-0.27
@@ -50,10 +50,11 @@ from typing import Any
 
 import numpy as np
 
-from ckptz.engines.gpu import driver, hash_source, literals, pinned
+from ckptz import cuda
+from ckptz.cache import cache_folder
+from ckptz.engines.gpu import hash_source, literals, pinned
 from ckptz.engines.gpu.memory import Buf, DeviceScratch
 from ckptz.engines.gpu.transform import DECODED, SAMPLE_BLOCK, SAMPLE_EVERY, STATS, STORED
-from ckptz.safeio import cache_folder
 
 #: Words per block of threads (a block's plane rows are one histogram sample block).
 _BLOCK = SAMPLE_BLOCK
@@ -216,7 +217,7 @@ gather(const u32* src, const i64* src_offsets, const i64* sizes, u32* dst, const
 )
 
 
-_MODULES: dict[int, driver.Module | str] = {}
+_MODULES: dict[int, cuda.Module | str] = {}
 _LOCK = threading.Lock()
 
 
@@ -302,15 +303,15 @@ def _file_key(path: str) -> str:
         return path
 
 
-def _module(index: int) -> driver.Module:
+def _module(index: int) -> cuda.Module:
     """The kernels loaded on device ``index`` (compiled on first use per machine)."""
     with _LOCK:
         found = _MODULES.get(index)
         if found is None:
             try:
-                driver.use_device(index)
-                major, minor = driver.capability(index)
-                found = driver.Module(_image(f"sm_{major}{minor}"), _NAMES)
+                cuda.use_device(index)
+                major, minor = cuda.capability(index)
+                found = cuda.Module(_image(f"sm_{major}{minor}"), _NAMES)
             except (OSError, RuntimeError) as exc:
                 found = f"{type(exc).__name__}: {exc}"
             _MODULES[index] = found
@@ -337,7 +338,7 @@ class _Stage:
     """Pinned host memory for a device's small copies (tables of a few KiB), taken in turn
     and given back all at once when its stream has done every copy queued from it.
 
-    A copy from pinned memory is queued with the GIL held (:func:`driver.copy_to_device`),
+    A copy from pinned memory is queued with the GIL held (:func:`cuda.copy_to_device`),
     where one from pageable memory gives the GIL up while the driver stages it: each time,
     the worker then waited for the GIL again among the pipeline's threads (BENCHMARKS.md,
     session 27).
@@ -367,7 +368,7 @@ class _Stage:
 class CudaOps:
     """The coder's device on GPU ``index``: kernels and copies queued on ``stream`` (a
     ``CUstream`` handle), buffers from ``scratch``. The calling thread must have the
-    device's context current (:func:`ckptz.engines.gpu.driver.use_device`)."""
+    device's context current (:func:`ckptz.engines.gpu.cuda.use_device`)."""
 
     def __init__(self, index: int, stream: int, scratch: DeviceScratch) -> None:
         self.index = index
@@ -388,10 +389,10 @@ class CudaOps:
         buf = self.scratch(name, arr.nbytes)
         room = self._stage.take(arr.nbytes)
         if room is None:
-            driver.copy_to_device(buf.ptr, arr.ctypes.data, arr.nbytes, self.stream, pinned=False)
+            cuda.copy_to_device(buf.ptr, arr.ctypes.data, arr.nbytes, self.stream, pinned=False)
         else:
             room[:] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            driver.copy_to_device(buf.ptr, room.ctypes.data, arr.nbytes, self.stream)
+            cuda.copy_to_device(buf.ptr, room.ctypes.data, arr.nbytes, self.stream)
         return buf
 
     def download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray:
@@ -399,14 +400,14 @@ class CudaOps:
         out = np.empty(buf.size // np.dtype(dtype).itemsize, dtype=dtype)
         if not out.nbytes:  # nothing queued to wait for (an empty buffer has no address)
             return out
-        driver.copy_to_host(out.ctypes.data, buf.ptr, out.nbytes, self.stream, pinned=False)
+        cuda.copy_to_host(out.ctypes.data, buf.ptr, out.nbytes, self.stream, pinned=False)
         self._stage.reset()  # the stream has done everything queued: staged copies included
         return out
 
     def synchronize(self) -> None:
         """Wait for everything queued on the stream (staged copies included: their memory is
         free again)."""
-        driver.synchronize(self.stream)
+        cuda.synchronize(self.stream)
         self._stage.reset()
 
     def queue_download(self, buf: Buf, dtype: type | np.dtype) -> np.ndarray:
@@ -418,13 +419,13 @@ class CudaOps:
         room = self._stage.take(count * np.dtype(dtype).itemsize) if count else None
         if room is None:
             return self.download(buf, dtype)
-        driver.copy_to_host(room.ctypes.data, buf.ptr, room.size, self.stream)
+        cuda.copy_to_host(room.ctypes.data, buf.ptr, room.size, self.stream)
         return room.view(dtype)
 
     def init_stats(self, stats: Buf, rows: int) -> None:
         """Statistics rows for :meth:`split_rows`: zero but for column 0 (255)."""
-        driver.fill32(stats.ptr, 0, rows * STATS, self.stream)
-        driver.fill32(stats.ptr, 255, 1, self.stream, every=STATS, rows=rows)
+        cuda.fill32(stats.ptr, 0, rows * STATS, self.stream)
+        cuda.fill32(stats.ptr, 255, 1, self.stream, every=STATS, rows=rows)
 
     def launch(self, name: str, grid: tuple[int, int], args: Sequence[Any]) -> None:
         """Queue kernel ``name`` on the stream: ``grid`` blocks of :data:`_THREADS` threads."""
@@ -452,9 +453,9 @@ class CudaOps:
         for f0 in range(0, k, _MAX_Y):
             f1 = min(k, f0 + _MAX_Y)
             args = [
-                driver.pointer(raw.ptr + f0 * m * word),
-                driver.pointer(planes.ptr + f0 * word * stride),
-                driver.pointer(stats.ptr + f0 * word * STATS * 4),
+                cuda.pointer(raw.ptr + f0 * m * word),
+                cuda.pointer(planes.ptr + f0 * word * stride),
+                cuda.pointer(stats.ptr + f0 * word * STATS * 4),
                 ctypes.c_int64(m),
                 ctypes.c_int64(stride),
             ]
@@ -481,11 +482,11 @@ class CudaOps:
         for f0 in range(0, k if m else 0, _MAX_Y):
             f1 = min(k, f0 + _MAX_Y)
             args = [
-                driver.pointer(stored.ptr),
-                driver.pointer(decoded.ptr),
-                driver.pointer(offsets.ptr + f0 * word * 8),
-                driver.pointer(sources.ptr + f0 * word * 8),
-                driver.pointer(raw.ptr + f0 * m * word),
+                cuda.pointer(stored.ptr),
+                cuda.pointer(decoded.ptr),
+                cuda.pointer(offsets.ptr + f0 * word * 8),
+                cuda.pointer(sources.ptr + f0 * word * 8),
+                cuda.pointer(raw.ptr + f0 * m * word),
                 ctypes.c_int64(m),
             ]
             self.launch(name, (_cdiv(m, _BLOCK), f1 - f0), args)
@@ -507,12 +508,12 @@ class CudaOps:
         for c0 in range(0, count if longest else 0, _MAX_Y):
             c1 = min(count, c0 + _MAX_Y)
             args = [
-                driver.pointer(src.ptr),
-                driver.pointer(src_offsets.ptr + c0 * 8),
-                driver.pointer(sizes.ptr + c0 * 8),
-                driver.pointer(dst.ptr),
-                driver.pointer(dst_offsets.ptr + c0 * 8),
-                driver.pointer(padded.ptr + c0 * 8),
+                cuda.pointer(src.ptr),
+                cuda.pointer(src_offsets.ptr + c0 * 8),
+                cuda.pointer(sizes.ptr + c0 * 8),
+                cuda.pointer(dst.ptr),
+                cuda.pointer(dst_offsets.ptr + c0 * 8),
+                cuda.pointer(padded.ptr + c0 * 8),
             ]
             self.launch("gather", (_cdiv(longest // 4, _BLOCK), c1 - c0), args)
 
@@ -550,20 +551,20 @@ class CudaOps:
             sums = self.scratch(f"{name}_sums", max(64 * total, 8))
             if total:
                 args = [
-                    driver.pointer(table.ptr),
-                    driver.pointer(at_starts),
+                    cuda.pointer(table.ptr),
+                    cuda.pointer(at_starts),
                     ctypes.c_int64(count),
                     ctypes.c_int64(total),
                 ]
                 per = (_THREADS // 32) * _BLOCKS_PER_WARP
-                self.launch("xxh3_blocks", (_cdiv(total, per), 1), [*args, driver.pointer(sums.ptr)])
+                self.launch("xxh3_blocks", (_cdiv(total, per), 1), [*args, cuda.pointer(sums.ptr)])
             args = [
-                driver.pointer(table.ptr),
-                driver.pointer(at_lengths),
-                driver.pointer(at_starts),
-                driver.pointer(sums.ptr),
+                cuda.pointer(table.ptr),
+                cuda.pointer(at_lengths),
+                cuda.pointer(at_starts),
+                cuda.pointer(sums.ptr),
             ]
-            out_at = driver.pointer(out.ptr + 8 * lo)
+            out_at = cuda.pointer(out.ptr + 8 * lo)
             self.launch(
                 "xxh3_many", (_cdiv(count, _THREADS // 32), 1), [*args, out_at, ctypes.c_int64(count)]
             )
@@ -581,9 +582,9 @@ class CudaOps:
         for c0 in range(0, n, _MAX_Y):
             c1 = min(n, c0 + _MAX_Y)
             args = [
-                driver.pointer(table.ptr + 8 * c0),
-                driver.pointer(table.ptr + 8 * (n + c0)),
-                driver.pointer(table.ptr + 8 * (2 * n + c0)),
+                cuda.pointer(table.ptr + 8 * c0),
+                cuda.pointer(table.ptr + 8 * (n + c0)),
+                cuda.pointer(table.ptr + 8 * (2 * n + c0)),
             ]
             self.launch("copy_ranges", (blocks, c1 - c0), args)
 

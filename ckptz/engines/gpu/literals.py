@@ -47,11 +47,10 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from ckptz import trace
+from ckptz import cuda, trace
 from ckptz.codecs.bitpack import packed_size
 from ckptz.codecs.native import native
 from ckptz.codecs.table import BITPACK, ZSTD
-from ckptz.engines.gpu import driver
 from ckptz.engines.gpu.coder import BatchCodecs, Ops
 from ckptz.engines.gpu.memory import Buf
 from ckptz.errors import CodecError
@@ -419,10 +418,10 @@ def encode(
         "literals_hist",
         (q_at.size, 1),
         [
-            driver.pointer(src.ptr),
-            driver.pointer(table.ptr),
-            driver.pointer(table.ptr + 8 * q_at.size),
-            driver.pointer(counts.ptr),
+            cuda.pointer(src.ptr),
+            cuda.pointer(table.ptr),
+            cuda.pointer(table.ptr + 8 * q_at.size),
+            cuda.pointer(counts.ptr),
         ],
     )
     with trace.span("literal counts"):
@@ -440,11 +439,11 @@ def encode(
             "literals_encode",
             (rows.shape[0], 1),
             [
-                driver.pointer(src.ptr),
-                driver.pointer(dst.ptr),
-                driver.pointer(put_rows.ptr),
-                driver.pointer(put_tables.ptr),
-                driver.pointer(put_blob.ptr),
+                cuda.pointer(src.ptr),
+                cuda.pointer(dst.ptr),
+                cuda.pointer(put_rows.ptr),
+                cuda.pointer(put_tables.ptr),
+                cuda.pointer(put_blob.ptr),
             ],
         )
     packed = np.flatnonzero(packs >= 0)
@@ -456,7 +455,7 @@ def encode(
             ops.launch(
                 "bitpack_encode",
                 (min(-(-groups // _THREADS), 1024), c1 - c0),
-                [driver.pointer(src.ptr), driver.pointer(dst.ptr), driver.pointer(put.ptr + 32 * c0)],
+                [cuda.pointer(src.ptr), cuda.pointer(dst.ptr), cuda.pointer(put.ptr + 32 * c0)],
             )
     return got.tolist(), np.where(packs >= 0, BITPACK.id, ZSTD.id).tolist()
 
@@ -501,11 +500,11 @@ def decode(
             "literals_decode",
             (-(-rows // _THREADS), 1),
             [
-                driver.pointer(src.ptr),
-                driver.pointer(dst.ptr),
-                driver.pointer(put_rows.ptr),
+                cuda.pointer(src.ptr),
+                cuda.pointer(dst.ptr),
+                cuda.pointer(put_rows.ptr),
                 ctypes.c_int64(rows),
-                driver.pointer(put_codes.ptr),
+                cuda.pointer(put_codes.ptr),
             ],
         )
     return ok.astype(bool)
@@ -544,7 +543,7 @@ def decode_bitpack(
         ops.launch(
             "bitpack_decode",
             (max(1, min(-(-groups // _THREADS), 1024)), c1 - c0),
-            [driver.pointer(src.ptr), driver.pointer(dst.ptr), driver.pointer(put.ptr + 32 * c0)],
+            [cuda.pointer(src.ptr), cuda.pointer(dst.ptr), cuda.pointer(put.ptr + 32 * c0)],
         )
 
 

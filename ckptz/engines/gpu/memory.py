@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ckptz.engines.gpu import driver
+from ckptz import cuda
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +92,11 @@ class Reused(Generic[_T]):
 
 
 def _device_alloc(size: int) -> Buf:
-    return Buf(driver.alloc(size), size)
+    return Buf(cuda.alloc(size), size)
 
 
 def _device_free(buf: Buf) -> None:
-    driver.free(buf.ptr, buf.size)
+    cuda.free(buf.ptr, buf.size)
 
 
 class DeviceScratch(Reused[Buf]):

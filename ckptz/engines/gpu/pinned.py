@@ -5,7 +5,7 @@ memory. ``cudaHostAlloc`` (torch's pinned allocator) pins about 1 GB/s on the H1
 5 GB restore spent 1.4 s of its 2.3 s pinning its buffers. Anonymous memory backed by
 transparent huge pages, touched once and then registered (``cuMemHostRegister``), pins at
 about 14 GB/s there (both measured in one run, see BENCHMARKS.md). So this module maps its
-own regions, registers them through the driver (:mod:`ckptz.engines.gpu.driver`), and hands out
+own regions, registers them through the driver (:mod:`ckptz.cuda`), and hands out
 *leases*: numpy arrays over a region that give it back to the pool once the lease and every
 view of it are gone. The pool belongs to the process, so a second engine (another file,
 another ``ckptz.load``) finds its buffers already pinned.
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ckptz.engines.gpu import driver
+from ckptz import cuda
 
 #: Regions come in multiples of a huge page, so that leases of similar sizes share them.
 GRAIN = 2 << 20
@@ -55,10 +55,10 @@ class _Region:
                 self._map.madvise(mmap.MADV_HUGEPAGE)
             self.array = np.frombuffer(self._map, dtype=np.uint8)
             self.array[::4096] = 0  # fault the pages in here: registering them is then quick
-            driver.host_register(self.array.ctypes.data, size)
+            cuda.host_register(self.array.ctypes.data, size)
         except (OSError, RuntimeError):
             self._map = None
-            allocated = driver.host_alloc(size)
+            allocated = cuda.host_alloc(size)
             self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(allocated))
         self.start = self.array.ctypes.data
         #: When the region last came back to its pool (the pool's count of returns).
@@ -78,13 +78,13 @@ class _Region:
 def _release(mapping: mmap.mmap | None, allocated: int, start: int) -> None:
     """Unpin a region's memory, then let it go."""
     if mapping is not None:
-        if not driver.host_unregister(start):
+        if not cuda.host_unregister(start):
             # CUDA still counts these pages as pinned: unmapped, their addresses could come
             # back in a later allocation that the driver would then take for pinned memory.
             # Keep the mapping for the process instead.
             _UNRELEASED.append(mapping)
     elif allocated:
-        driver.host_free(allocated)
+        cuda.host_free(allocated)
 
 
 class PinnedPool:

@@ -18,7 +18,9 @@ The primary context is the one torch and nvCOMP use too, so memory, streams and 
 pass freely between them in one process. :func:`warm` creates it on a thread of its own
 while the rest of the process starts.
 
-Importing this module loads nothing; the first call loads ``libcuda``.
+Importing this module loads nothing (no numpy, nothing else of ckptz), so the CLI can start
+a context before the rest of ckptz loads (:func:`ckptz.devices.warm_named_gpu`); the first
+call loads ``libcuda``.
 """
 
 from __future__ import annotations
