@@ -27,7 +27,7 @@ from ckptz.container import StreamInfo, checksum, read_index
 from ckptz.dtypes import DType, lookup
 from ckptz.engines.base import EncodedFrame, StoredChunk
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import CodecUnavailableError
+from ckptz.errors import CodecUnavailableError, CorruptionError
 from ckptz.pipeline.compress import compress_file
 
 torch = pytest.importorskip("torch")
@@ -810,3 +810,104 @@ def test_a_flushed_queue_is_taken_without_waiting_for_a_batch(monkeypatch: pytes
         engine._cv.notify_all()
     again.join(60)
     assert not again.is_alive()
+
+
+def test_decode_backs_share_batches_and_nothing_else_does() -> None:
+    """A compression's decode-backs (spans decoded for their checksums alone) are batched
+    with each other, taken from anywhere in the queue (the runs it codes come between
+    them); runs to code and frames to decode batch by kind as before; a span restored with
+    places, checks or leaves of its own is a batch of its own."""
+    import threading
+
+    from ckptz.engines.base import StoredSpan
+    from ckptz.engines.gpu import engine as gpu_engine
+
+    engine = object.__new__(gpu_engine.GpuEngine)
+    engine._jobs, engine._cv, engine._closed, engine._flush = (
+        gpu_engine.deque(),
+        threading.Condition(),
+        False,
+        True,  # take what is queued, without waiting for a batch to fill
+    )
+    engine.batch_bytes = 64 << 20
+    mb = 1 << 20
+
+    def span(**kw: Any) -> Any:
+        return gpu_engine._DecodeJob(StoredSpan.of([]), 8 * mb, True, **kw)
+
+    code = [gpu_engine._EncodeJob([], None, 8 * mb) for _ in range(3)]
+    backs = [span(keep=True) for _ in range(3)]
+    restore, checked = span(), span(keep=True, check=True)
+    frame = gpu_engine._DecodeJob(StoredSpan.of([]), mb, False)
+    queue = [code[0], backs[0], code[1], backs[1], restore, backs[2], code[2], checked, frame]
+    engine._jobs.extend(queue)
+
+    def ids(batch: Any) -> list[int]:
+        return [id(job) for job in batch]
+
+    got = [ids(engine._take()) for _ in range(5)]
+    assert got == [ids(b) for b in (code, backs, [restore], [checked], [frame])]
+    assert not engine._jobs
+    # a batch holds at most batch_bytes of its kind, the rest waits its turn in order
+    many = [span(keep=True) for _ in range(10)]
+    engine._jobs.extend(many)
+    engine._flush = True
+    assert ids(engine._take()) == ids(many[:8]) and ids(engine._jobs) == ids(many[8:])
+
+
+@gpu
+@pytest.mark.parametrize("codec", ["zstd", "ans"])
+def test_in_place_on_the_gpu_decodes_back_every_run_in_batches(
+    tmp_path: Path, codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU compression that verifies decodes each run back from the block it writes,
+    several runs a batch; a run whose block decodes to other bytes stops it, even where
+    the block's payload checksums were taken after the change (so reading the file back
+    would pass): only the decode-back can catch it."""
+    from safetensors.numpy import save_file
+
+    from ckptz.checksums import xxh3_64
+    from ckptz.engines.base import EncodedSpan
+    from ckptz.engines.gpu import engine as gpu_engine
+
+    src = tmp_path / "model.safetensors"
+    rng = np.random.default_rng(1)
+    save_file({"w": rng.standard_normal(32 << 20).astype(np.float32)}, str(src))
+    sizes: list[int] = []
+    real_decode = gpu_engine.GpuEngine._decode_on_gpu
+
+    def counting(self: Any, w: Any, jobs: list[Any], *args: Any, **kw: Any) -> None:
+        sizes.append(len(jobs))
+        real_decode(self, w, jobs, *args, **kw)
+
+    monkeypatch.setattr(gpu_engine.GpuEngine, "_decode_on_gpu", counting)
+    with open(tmp_path / "out.ckptz", "w+b") as f, gpu_engine.GpuEngine(0, codec=codec) as engine:
+        compress_file(src, src.name, f, engine, verify=True)
+        assert max(sizes) >= 2 and sum(sizes) > len(sizes)  # runs decoded back together
+
+        real_encode = engine.encode_span
+        lied: list[int] = []
+
+        def lying(frames: Any, buffer: Any) -> Future[EncodedSpan]:
+            span = real_encode(frames, buffer).result()
+            assert span.block is not None
+            block = span.block.copy()
+            at, sums = 0, []
+            for frame in span.frames:
+                for c in frame.chunks:
+                    n = len(c.payload)
+                    if c.codec == 0 and n and not lied:  # a raw payload: still decodes
+                        block[at] ^= 0x40
+                        lied.append(at)
+                    sums.append(xxh3_64(block[at : at + n].tobytes()))
+                    at += n + (-n % 16)
+            out: Future[EncodedSpan] = Future()
+            out.set_result(EncodedSpan(span.frames, block, span.leaves, np.array(sums, np.uint64)))
+            return out
+
+        monkeypatch.setattr(engine, "encode_span", lying)
+        f.seek(0)
+        f.truncate()
+        with pytest.raises(CorruptionError, match="does not decode back"):
+            compress_file(src, src.name, f, engine, verify=True)
+        assert lied

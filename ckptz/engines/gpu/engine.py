@@ -406,14 +406,15 @@ class GpuEngine:
             self._cv.notify()
 
     def _take(self) -> list[_Job] | None:
-        """Block for a job, then take queued jobs of the same kind up to a batch."""
+        """Block for a job, then take queued jobs of the same kind (:func:`_kind`) up to a
+        batch."""
         with self._cv:
             while True:
                 while not self._jobs:
                     if self._closed:
                         return None
                     self._cv.wait()
-                if _is_span(self._jobs[0]):  # a batch of its own, read into one pinned buffer
+                if _kind(self._jobs[0]) == _SPAN:  # a batch of its own, read into one pinned buffer
                     return [self._jobs.popleft()]
                 # nvCOMP needs thousands of chunks in flight to fill the GPU: a batch of a few
                 # frames runs nearly serially. So wait briefly for the pipeline to queue more
@@ -434,13 +435,18 @@ class GpuEngine:
                     break
             first = self._jobs.popleft()
             batch: list[_Job] = [first]
-            size = _job_bytes(first)
-            while self._jobs and type(self._jobs[0]) is type(first) and not _is_span(self._jobs[0]):
-                n = _job_bytes(self._jobs[0])
-                if size + n > self.batch_bytes:
-                    break
-                batch.append(self._jobs.popleft())
-                size += n
+            size, kind, later = _job_bytes(first), _kind(first), []
+            # Jobs of the kind from anywhere in the queue: a compression's checks (spans it
+            # decodes back) come between its runs to code.
+            while self._jobs and size < self.batch_bytes:
+                job = self._jobs.popleft()
+                n = _job_bytes(job)
+                if _kind(job) == kind and size + n <= self.batch_bytes:
+                    batch.append(job)
+                    size += n
+                else:
+                    later.append(job)
+            self._jobs.extendleft(reversed(later))
             if not self._jobs:
                 self._flush = False  # what was flushed is taken
             return batch
@@ -635,6 +641,14 @@ class GpuEngine:
             offset = t.at[rows]
             end = min(int((offset + padded_sizes(size)).max(initial=1)), buffer.size)
             host = buffer[:end]
+        elif t.buffers:
+            # Spans decoded back for their checksums, batched: their buffers laid end to end
+            # in pinned staging, a copy each, then one copy moves them all.
+            offset = t.at[rows]
+            total = max(int(t.base[-1]) + t.buffers[-1].size, 1)
+            host = w.staging.get("in", total)[:total]
+            for b, at in zip(t.buffers, t.base.tolist(), strict=True):
+                host[at : at + b.size] = b
         else:
             padded = padded_sizes(size)
             offset = np.cumsum(padded) - padded
@@ -644,7 +658,10 @@ class GpuEngine:
                 if n:
                     host[o : o + n] = np.frombuffer(t.payload(c), dtype=np.uint8)
         const_value = np.zeros(rows.size, np.int64)
-        const_value[const] = t.first_bytes(rows[const])
+        if t.buffers:  # every payload is in ``host`` at its offset
+            const_value[const] = host[offset[const]]
+        else:
+            const_value[const] = [t.payload(c)[0] for c in rows[const].tolist()]
         payloads = w.ops.scratch("payloads", host.size)
         cuda.copy_to_device(payloads.ptr, host.ctypes.data, host.size, w.ops.stream)
         if any(j.check for j in jobs):  # before decoding: nvCOMP assumes well-formed input
@@ -776,10 +793,15 @@ class _Table:
         self.raw_size = _cat([s.raw_size for s in spans], np.int64)
         self.size = _cat([s.size for s in spans], np.int64)
         self.checksum = _cat([s.checksum for s in spans], np.uint64)
-        # One span read into one buffer: its payloads' places there.
-        one = len(spans) == 1 and spans[0].payloads is None
-        self.buffer = spans[0].buffer if one else None
-        self.at = spans[0].at.astype(np.int64) if one else np.zeros(0, np.int64)
+        # Spans whose payloads lie in buffers (one each): their places in those buffers laid
+        # end to end, each from a 16-byte aligned start (``base``).
+        buffered = bool(spans) and all(s.payloads is None for s in spans)
+        self.buffers = [s.buffer for s in spans] if buffered else []
+        room = padded_sizes(np.array([b.size for b in self.buffers], np.int64))
+        self.base = np.cumsum(room) - room
+        self.at = _cat([s.at + b for s, b in zip(spans, self.base.tolist(), strict=True)], np.int64)
+        #: One span's buffer, where the batch is one span.
+        self.buffer = self.buffers[0] if len(self.buffers) == 1 else None
 
     def rows(self, frames: np.ndarray) -> np.ndarray:
         """The chunks of ``frames`` (ascending), in order."""
@@ -804,12 +826,6 @@ class _Table:
     def payload(self, c: int) -> memoryview:
         """Chunk ``c``'s payload."""
         return self._spans[int(self._chunk_job[c])].payload(c - int(self._chunk_base[c]))
-
-    def first_bytes(self, rows: np.ndarray) -> np.ndarray:
-        """The first byte of each of chunks ``rows``' payloads (non-empty)."""
-        if self.buffer is not None:
-            return self.buffer[self.at[rows]].astype(np.int64)
-        return np.array([self.payload(c)[0] for c in rows.tolist()], np.int64)
 
     def name(self, f: int) -> str:
         """How errors name frame ``f``."""
@@ -977,8 +993,24 @@ def _job_bytes(job: _Job) -> int:
     return job.length
 
 
-def _is_span(job: _Job) -> bool:
-    return isinstance(job, _DecodeJob) and job.alone
+#: Kinds of job that share a batch (:func:`_kind`).
+_ENCODE, _DECODE, _SPAN, _CHECK = range(4)
+
+
+def _kind(job: _Job) -> int:
+    """Which jobs a batch may hold together: runs to code; frames to decode; a span (read
+    into its pinned buffer, restored with places, leaves or checks of its own) alone; spans
+    decoded only for their checksums (a compression's decode-back, :meth:`GpuEngine.decode_span`
+    with ``keep``), with each other. A check of one frame of the literal bitstream decoded
+    alone ran at 5.9 ms on the H100 host: its kernel decodes a stream a thread, and one
+    frame has too few streams to fill the GPU (BENCHMARKS.md, session 35)."""
+    if not isinstance(job, _DecodeJob):
+        return _ENCODE
+    if not job.alone:
+        return _DECODE
+    if job.keep and job.place is None and job.leaves is None and not job.check:
+        return _CHECK
+    return _SPAN
 
 
 _NOT_YET = np.zeros(0, np.uint8)
