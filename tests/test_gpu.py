@@ -911,3 +911,29 @@ def test_in_place_on_the_gpu_decodes_back_every_run_in_batches(
         with pytest.raises(CorruptionError, match="does not decode back"):
             compress_file(src, src.name, f, engine, verify=True)
         assert lied
+
+
+def test_a_batch_of_spans_lays_their_buffers_end_to_end() -> None:
+    """The table of a batch of spans read into buffers (decode-backs) places each payload in
+    those buffers laid end to end, each from a 16-byte boundary; spans whose payloads lie
+    anywhere have no places; one span keeps its own buffer."""
+    from ckptz.engines.base import SpanFrame, StoredChunk, StoredSpan
+    from ckptz.engines.gpu import engine as gpu_engine
+
+    stream = StreamInfo(1, "other", "uint8", 1, False, 1 << 20, 1 << 20, 0)
+
+    def span(sizes: list[int], buffered: bool) -> Any:
+        at = np.cumsum([0, *[n + (-n % 16) for n in sizes]])[:-1].tolist()
+        chunks = [StoredChunk(k, 0, n, bytes(n), 0) for k, n in enumerate(sizes)]
+        frame = SpanFrame(stream, chunks, sum(sizes), "frame", tuple(at) if buffered else ())
+        if not buffered:
+            return gpu_engine._DecodeJob(StoredSpan.of([frame]), sum(sizes), False)
+        return gpu_engine._DecodeJob(StoredSpan.of([frame], np.zeros(at[-1] + sizes[-1], np.uint8)), 1, True)
+
+    t = gpu_engine._Table([span([5, 20], True), span([7], True), span([3, 3], True)])
+    assert [b.size for b in t.buffers] == [36, 7, 19] and t.base.tolist() == [0, 48, 64]
+    assert t.at.tolist() == [0, 16, 48, 64, 80] and t.buffer is None
+    one = gpu_engine._Table([span([5, 20], True)])
+    assert one.buffer is not None and one.at.tolist() == [0, 16]
+    loose = gpu_engine._Table([span([5], False), span([9], False)])
+    assert loose.buffers == [] and loose.at.size == 0 and loose.buffer is None

@@ -799,7 +799,9 @@ class _Table:
         self.buffers = [s.buffer for s in spans] if buffered else []
         room = padded_sizes(np.array([b.size for b in self.buffers], np.int64))
         self.base = np.cumsum(room) - room
-        self.at = _cat([s.at + b for s, b in zip(spans, self.base.tolist(), strict=True)], np.int64)
+        self.at = _cat(
+            [s.at + b for s, b in zip(spans, self.base.tolist(), strict=True)] if buffered else [], np.int64
+        )
         #: One span's buffer, where the batch is one span.
         self.buffer = self.buffers[0] if len(self.buffers) == 1 else None
 
