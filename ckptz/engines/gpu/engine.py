@@ -658,8 +658,9 @@ class GpuEngine:
                 if n:
                     host[o : o + n] = np.frombuffer(t.payload(c), dtype=np.uint8)
         const_value = np.zeros(rows.size, np.int64)
-        if t.buffers:  # every payload is in ``host`` at its offset
-            const_value[const] = host[offset[const]]
+        if t.buffers:  # every payload at its offset: in the span's buffer, or packed
+            # (``host`` ends at the last coded payload: a constant chunk's byte may lie after)
+            const_value[const] = (host if buffer is None else buffer)[offset[const]]
         else:
             const_value[const] = [t.payload(c)[0] for c in rows[const].tolist()]
         payloads = w.ops.scratch("payloads", host.size)
