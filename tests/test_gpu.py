@@ -898,8 +898,8 @@ def test_a_run_that_decodes_to_other_bytes_stops_an_in_place_gpu_run(
         real_encode = engine.encode_span
         lied: list[int] = []
 
-        def lying(frames: Any, buffer: Any) -> Future[EncodedSpan]:
-            span = real_encode(frames, buffer).result()
+        def lying(frames: Any, buffer: Any, leaves: Any = None) -> Future[EncodedSpan]:
+            span = real_encode(frames, buffer, leaves).result()
             assert span.block is not None
             block = span.block.copy()
             at, sums = 0, []
