@@ -899,8 +899,10 @@ def test_a_run_that_decodes_to_other_bytes_stops_an_in_place_gpu_run(
         lied: list[int] = []
 
         def lying(frames: Any, buffer: Any, leaves: Any = None) -> Future[EncodedSpan]:
-            span = real_encode(frames, buffer, leaves).result()
-            assert span.block is not None
+            coded = real_encode(frames, buffer, leaves)
+            span = coded.result()
+            if span.block is None:  # metadata frames, coded on the CPU threads
+                return coded
             block = span.block.copy()
             at, sums = 0, []
             for frame in span.frames:
