@@ -1003,15 +1003,18 @@ _ENCODE, _DECODE, _SPAN, _CHECK = range(4)
 def _kind(job: _Job) -> int:
     """Which jobs a batch may hold together: runs to code; frames to decode; a span (read
     into its pinned buffer, restored with places, leaves or checks of its own) alone; spans
-    decoded only for their checksums (a compression's decode-back, :meth:`GpuEngine.decode_span`
-    with ``keep``), with each other. A check of one frame of the literal bitstream decoded
-    alone ran at 5.9 ms on the H100 host: its kernel decodes a stream a thread, and one
-    frame has too few streams to fill the GPU (BENCHMARKS.md, session 35)."""
+    of the portable bitstream decoded only for their checksums (a compression's decode-back,
+    :meth:`GpuEngine.decode_span` with ``keep``), with each other. Its literal kernel decodes
+    a stream a thread, and one frame has too few streams to fill the GPU: a frame's check
+    took 5.9 ms alone on the H100 host, and batching them made an in-place compression 0.87x
+    as long. ``ans`` frames fill the GPU alone (1.1 ms), and batching them, which copies
+    each block once more on the host, made it 1.06x as long (BENCHMARKS.md, session 35)."""
     if not isinstance(job, _DecodeJob):
         return _ENCODE
     if not job.alone:
         return _DECODE
-    if job.keep and job.place is None and job.leaves is None and not job.check:
+    only_checked = job.keep and job.place is None and job.leaves is None and not job.check
+    if only_checked and bool((job.span.codec == ZSTD_ID).any()):
         return _CHECK
     return _SPAN
 
