@@ -130,3 +130,15 @@ def test_a_named_gpu_is_warmed_before_the_run_s_modules_load(small_checkpoint: P
     assert warmed("--device", "cuda") == "WARMED []"  # decided by the job's size, later
     assert warmed("--codec", "ans") == "WARMED []"  # auto: decided by the engines, later
     assert warmed("--device", "cpu", "--codec", "ans") == "WARMED []"
+
+
+def test_the_modules_a_command_needs_before_it_warms_a_gpu_are_light() -> None:
+    """The CLI, the device choice and the CUDA driver binding import no numpy (nor the
+    pipeline): a GPU command starts its CUDA context before those load, so they overlap."""
+    probe = (
+        "import sys, ckptz.cli, ckptz.devices, ckptz.cuda, ckptz.cache; "
+        "print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith(('ckptz.pipeline', 'ckptz.engines'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]"
