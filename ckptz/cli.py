@@ -347,8 +347,7 @@ def compress(
     empty folders, symlinks and hard links are kept.
     """
     chosen = "ans" if fast and codec == "auto" else codec
-    if not dry_run:
-        warm_named_gpu(device, chosen)  # the CUDA context comes up while the modules below load
+    warm_named_gpu(device, chosen)  # the CUDA context comes up while the modules below load
     from ckptz import api
 
     ui = _progress(quiet, no_progress, verbose)

@@ -127,6 +127,7 @@ def test_a_named_gpu_is_warmed_before_the_run_s_modules_load(small_checkpoint: P
 
     assert warmed("--device", "cuda:1", "--codec", "ans") == "WARMED ['cuda:1']"
     assert warmed("--device", "cuda", "--fast") == "WARMED ['cuda']"
+    assert warmed("--device", "cuda", "--codec", "ans", "--dry-run") == "WARMED ['cuda']"  # it samples there
     assert warmed("--device", "cuda") == "WARMED []"  # decided by the job's size, later
     assert warmed("--codec", "ans") == "WARMED []"  # auto: decided by the engines, later
     assert warmed("--device", "cpu", "--codec", "ans") == "WARMED []"

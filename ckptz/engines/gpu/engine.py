@@ -642,8 +642,9 @@ class GpuEngine:
             end = min(int((offset + padded_sizes(size)).max(initial=1)), buffer.size)
             host = buffer[:end]
         elif t.buffers:
-            # Spans decoded back for their checksums, batched: their buffers laid end to end
-            # in pinned staging, a copy each, then one copy moves them all.
+            # Spans in buffers other than this engine's pinned ones, or several spans (a
+            # compression's decode-backs, batched): the buffers laid end to end in pinned
+            # staging, a copy each, then one copy moves them all.
             offset = t.at[rows]
             total = max(int(t.base[-1]) + t.buffers[-1].size, 1)
             host = w.staging.get("in", total)[:total]
