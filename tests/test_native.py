@@ -557,6 +557,20 @@ def test_checksums_are_xxh3_64_on_both_paths(use_native: bool, monkeypatch: pyte
     for o, n in ((0, data.size + 1), (data.size, 1), (-1, 2), (5, -1)):
         with pytest.raises(ValueError, match="outside"):
             checksums.xxh3_64_ranges(data, np.array([0, o]), np.array([1, n]))
+    # Each of many separate buffers (bytes, memoryviews, arrays; small and large), one call.
+    parts = [
+        data[o : o + n]
+        if k % 3 == 0
+        else data[o : o + n].tobytes()
+        if k % 3 == 1
+        else memoryview(data[o : o + n])
+        for k, (o, n) in enumerate(zip(offsets, sizes, strict=True))
+    ]
+    assert checksums.xxh3_64_each(parts) == want
+    assert checksums.xxh3_64_each(tuple(parts[:3])) == want[:3]
+    assert checksums.xxh3_64_each([]) == []
+    with pytest.raises(TypeError):
+        checksums.xxh3_64_each([b"x", 1])
     # Streamed in parts over several calls, many inputs at once on states taken and given
     # back (more than one table of them): the same hashes, after every call.
     streams = checksums.Streams()

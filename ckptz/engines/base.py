@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from ckptz import indices
-from ckptz.checksums import xxh3_64, xxh3_64_ranges
+from ckptz.checksums import xxh3_64, xxh3_64_each, xxh3_64_ranges
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
 from ckptz.dtypes import DType, lookup
@@ -518,7 +518,7 @@ def payload_error(frame: SpanFrame, sums: Sequence[int] | None = None) -> Corrup
     the payloads were copied; default: taken now from the host bytes) are not the ones
     stored, naming the first chunk that fails; None if they all match."""
     if sums is None:
-        sums = [xxh3_64(c.payload) for c in frame.chunks]
+        sums = xxh3_64_each([c.payload for c in frame.chunks])
     for c, got in zip(frame.chunks, sums, strict=True):
         if got != c.checksum:
             return CorruptionError(f"stored bytes of {frame.where} fail their checksum", chunk=c.index)

@@ -47,7 +47,7 @@ import numpy as np
 
 from ckptz import indices, safeio, trace
 from ckptz._version import __version__
-from ckptz.checksums import xxh3_64_ranges
+from ckptz.checksums import xxh3_64_each, xxh3_64_ranges
 from ckptz.codecs.native import native
 from ckptz.container import (
     ALIGN,
@@ -639,7 +639,7 @@ class _Compression:
                     sums = xxh3_64_ranges(buf, at, lengths).tolist()
             else:
                 coded = [self.change.forward(self.frames[i], v) for i, v in zip(run, views, strict=True)]
-                sums = [checksum(c) for c in coded]  # of the bytes coded; the digest is of the file's
+                sums = xxh3_64_each(coded)  # of the bytes coded; the digest is of the file's
             todo = []
             for i, data, crc in zip(run, coded, sums, strict=True):
                 self.sums[i] = crc
@@ -788,7 +788,7 @@ class _Compression:
                 sums = xxh3_64_ranges(block, where, sizes).tolist()
         else:
             with trace.span("checksums"):
-                sums = [checksum(payload) for payload in payloads]
+                sums = xxh3_64_each(payloads)
         if block is not None:
             parts = [block.data]
         for row, crc in zip(rows, sums, strict=True):

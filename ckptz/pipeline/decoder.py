@@ -22,7 +22,7 @@ from typing import cast
 import numpy as np
 
 from ckptz import indices, trace
-from ckptz.checksums import xxh3_64_ranges
+from ckptz.checksums import xxh3_64_each, xxh3_64_ranges
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
 from ckptz.engines.base import (
     DecodedSpan,
@@ -238,8 +238,8 @@ class FrameDecoder:
             for j, (c, payload) in enumerate(zip(chunks, payloads, strict=True))
         ]
         with trace.span("check payloads"):
-            for c in stored:
-                if checksum(c.payload) != c.checksum:
+            for c, got in zip(stored, xxh3_64_each([c.payload for c in stored]), strict=True):
+                if got != c.checksum:
                     raise CorruptionError(
                         f"stored bytes of frame {row} of stream {frame.stream} fail their checksum",
                         path=self.path,
