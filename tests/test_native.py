@@ -70,6 +70,61 @@ def test_split_and_merge_match_numpy(name: str, words: int, monkeypatch: pytest.
 
 
 @needs_native
+@pytest.mark.parametrize("name", sorted(n for n, d in DTYPES.items() if d.word in (2, 4, 8)))
+@pytest.mark.parametrize("words", [0, 1, 3, 4097])
+def test_split_into_planes_of_their_own_is_the_split(name: str, words: int) -> None:
+    """``split_planes``: the same planes and sampled statistics as ``split`` into one buffer,
+    each plane a new bytes object."""
+    assert native is not None
+    dtype = DTYPES[name]
+    raw = RNG.integers(0, 256, words * dtype.word, dtype=np.uint8)
+    raw[: raw.size // 3] = 0  # zeros to count, and a plane that is not noise
+    one = np.empty(raw.size, np.uint8)
+    want = native.split(raw, one, dtype.word, dtype.is_float, 64)
+    got, stats = native.split_planes(raw, dtype.word, dtype.is_float, 64)
+    assert [type(p) for p in got] == [bytes] * dtype.word
+    assert len({id(p) for p in got}) == (dtype.word if words else 1)  # CPython has one empty bytes
+    assert b"".join(got) == one.tobytes() and stats == want
+    assert native.split_planes(raw, dtype.word, dtype.is_float)[1] is None
+    assert planes.split_owned(raw, dtype, 64) == (list(got), list(want))
+    with pytest.raises(ValueError, match="whole"):
+        native.split_planes(raw[:-1] if raw.size else np.zeros(1, np.uint8), dtype.word, True)
+    with pytest.raises(ValueError, match="word size"):
+        native.split_planes(raw, 3, True)
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float64"])
+def test_a_raw_plane_is_its_own_split_bytes(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frame split into planes of their own codes to the same chunks as one split into the
+    thread's scratch, and a plane stored raw is the split's bytes object itself, not a copy."""
+    from ckptz.codecs import frames
+
+    dtype = DTYPES[name]
+    values = RNG.standard_normal(200_000).astype(np.float64 if dtype.word == 8 else np.float32)
+    raw = (
+        values.view(np.uint8) if dtype.word != 2 else values.view(np.uint8).reshape(-1, 4)[:, 2:].reshape(-1)
+    )
+    raw = np.ascontiguousarray(raw)
+    options = frames.EncodeOptions(level=3)
+    made: list[bytes] = []
+    split_owned = planes.split_owned
+
+    def keep(*args: object, **kw: object) -> object:
+        out = split_owned(*args, **kw)  # type: ignore[arg-type]
+        assert out is not None
+        made.extend(out[0])
+        return out
+
+    monkeypatch.setattr(frames, "split_owned", keep)
+    owned = frames.encode_frame(raw, dtype, options)
+    raws = [c for c in owned if c.codec == frames._RAW.id]
+    assert raws and all(any(c.payload is m for m in made) for c in raws)
+    monkeypatch.setattr(frames, "split_owned", lambda *a, **k: None)
+    assert frames.encode_frame(raw, dtype, options) == owned
+
+
+@needs_native
 @pytest.mark.parametrize("word", [2, 4, 8])
 def test_merge_takes_constant_planes(word: int) -> None:
     """An int stands for a plane of that byte: the same words as the full plane gives."""

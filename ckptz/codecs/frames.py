@@ -45,7 +45,7 @@ from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
 from ckptz.codecs.deflate import DeflateCodec
 from ckptz.codecs.native import native
 from ckptz.codecs.order1 import Order1Codec
-from ckptz.codecs.planes import merge, scratch, split_sampled
+from ckptz.codecs.planes import merge, scratch, split_owned, split_sampled
 from ckptz.dtypes import DType
 from ckptz.errors import CodecError
 
@@ -186,6 +186,7 @@ def encode_plane(
     exponent: bool = False,
     literal: bool = False,
     stats: PlaneStats | None = None,
+    owned: bytes | None = None,
 ) -> EncodedChunk:
     """Code one plane with the cheapest bitstream.
 
@@ -196,6 +197,8 @@ def encode_plane(
         literal: an exponent plane gets literal zstd rather than deflate (see the module
             docs for when).
         stats: the plane's statistics if already known (computed here otherwise).
+        owned: the plane's bytes as an object of their own, which a plane stored raw
+            becomes without a copy (else it is copied out of ``plane``).
     """
     size = plane.size
     if size == 0:
@@ -205,7 +208,7 @@ def encode_plane(
     if stats.constant:
         return EncodedChunk(_CONST.id, size, bytes([stats.ones]))
     if stats.noise:
-        return EncodedChunk(_RAW.id, size, _RAW.encode(plane))
+        return EncodedChunk(_RAW.id, size, _RAW.encode(plane) if owned is None else owned)
     bits, zeros = stats.bits, stats.zeros
     context = False
     zstd = _zstd(options.level)
@@ -262,22 +265,33 @@ def encode_plane(
     if ordered is not None and len(ordered) < (1 - CONTEXT_MARGIN) * (len(best) if best else size):
         best_id, best = _ORDER1.id, ordered
     if not best:
-        return EncodedChunk(_RAW.id, size, _RAW.encode(plane))
+        return EncodedChunk(_RAW.id, size, _RAW.encode(plane) if owned is None else owned)
     return EncodedChunk(best_id, size, best)
 
 
 def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[EncodedChunk]:
     """Transform one frame (a 1-D uint8 array of whole words) and code each plane.
 
-    The planes live in this thread's scratch buffer: every payload is a copy.
+    With the C extension each plane is a bytes object of its own, and a plane stored raw is
+    its payload as it is (no copy: a pass over its memory and a wait for the GIL fewer; on
+    the H100 host 16 threads compressed 5.17 GB 3 % faster, within the noise, BENCHMARKS.md
+    session 36); otherwise the planes live in this thread's scratch buffer and every payload
+    is a copy.
     """
-    planes, sampled = split_sampled(raw, dtype, scratch("planes", raw.size), _SAMPLE)
+    owned = split_owned(raw, dtype, _SAMPLE)
+    if owned is not None:
+        blobs: list[bytes | None] = list(owned[0])
+        planes = [np.frombuffer(b, np.uint8) for b in owned[0]]
+        sampled = owned[1]
+    else:
+        planes, sampled = split_sampled(raw, dtype, scratch("planes", raw.size), _SAMPLE)
+        blobs = [None] * len(planes)
     stats = [PlaneStats(*s) for s in sampled] if sampled else [None] * len(planes)
     top = len(planes) - 1
     literal = dtype.word == 2 or options.fast_exponents
     return [
-        encode_plane(p, options, exponent=dtype.is_float and i == top, literal=literal, stats=st)
-        for i, (p, st) in enumerate(zip(planes, stats, strict=True))
+        encode_plane(p, options, exponent=dtype.is_float and i == top, literal=literal, stats=st, owned=blob)
+        for i, (p, st, blob) in enumerate(zip(planes, stats, blobs, strict=True))
     ]
 
 

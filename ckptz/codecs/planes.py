@@ -125,6 +125,18 @@ def split_sampled(
     return planes, None
 
 
+def split_owned(
+    raw: np.ndarray, dtype: DType, sample: int = 0
+) -> tuple[list[bytes], list[Stats] | None] | None:
+    """:func:`split_sampled` into a new ``bytes`` per plane (the C extension's, for 2-, 4- and
+    8-byte words; else None): a plane that is stored as it is needs no copy of its own."""
+    w = dtype.word
+    if native is None or w not in (2, 4, 8):
+        return None
+    planes, stats = native.split_planes(raw, w, dtype.is_float, sample)
+    return list(planes), list(stats) if stats is not None else None
+
+
 def _join(planes: list[np.ndarray], out: np.ndarray, depth: int = 0) -> None:
     """Inverse of :func:`_halve`: ``out`` (words of ``len(planes)`` bytes) from byte planes."""
     w = len(planes)

@@ -4,6 +4,7 @@
  *
  *   split(src, dst, word, rotate, sample)  words -> byte planes, one pass (ckptz.codecs.planes),
  *                                       with each plane's statistics (ckptz.codecs.frames)
+ *   split_planes(src, word, rotate, sample)  the same into a new bytes object per plane
  *   plane_stats(plane, sample)          the same statistics of one plane
  *   merge(planes, dst, word, rotate)    byte planes (or constant bytes) -> words, one pass
  *   huffman_zstd(src, block)            one standard zstd frame (RFC 8878) of Huffman-coded
@@ -25,6 +26,7 @@
  *   pread_into(fd, buf, at, to, sizes)  many reads of a file into one buffer, the same
  *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
  *   xxh3_64_ranges(data, offsets, sizes, out)  the same of many ranges of data, into out
+ *   xxh3_64_each(parts)                 the same of each of many buffers, the GIL released once
  *   xxh3_64_streams(jobs)               the same of inputs given in parts over several
  *                                       calls (rows of tables of states), many at once
  *
@@ -100,6 +102,28 @@ static int check_word(int word) {
     return 0;
 }
 
+/* Each plane's sampled statistics, as plane_stats gives them, from one split. */
+static PyObject *split_stats(int word, const double *bits, const double *zeros, uint64_t and_word, uint64_t or_word) {
+    PyObject *result = PyTuple_New(word);
+    for (int k = 0; result && k < word; k++) {
+        PyObject *item = Py_BuildValue("(ddii)", bits[k], zeros[k], (int)(and_word >> (8 * k) & 255),
+                                       (int)(or_word >> (8 * k) & 255));
+        if (!item) Py_CLEAR(result);
+        else PyTuple_SET_ITEM(result, k, item);
+    }
+    return result;
+}
+
+/* The split and each plane's sampled statistics, without the GIL: with many coder threads,
+ * every stretch of work that holds it is a stretch the others wait for. */
+static void split_sampled(const uint8_t *src, uint8_t *const *planes, size_t n, int word, int rotate,
+                          Py_ssize_t sample, double *bits, double *zeros, uint64_t *and_word, uint64_t *or_word) {
+    Py_BEGIN_ALLOW_THREADS;
+    split_words(src, planes, n, word, rotate, and_word, or_word);
+    for (int k = 0; sample > 0 && k < word; k++) sample_stats(planes[k], n, (size_t)sample, &bits[k], &zeros[k]);
+    Py_END_ALLOW_THREADS;
+}
+
 static PyObject *native_split(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     int word, rotate;
@@ -115,27 +139,48 @@ static PyObject *native_split(PyObject *self, PyObject *args) {
     size_t n = (size_t)src.len / (size_t)word;
     uint64_t and_word = 0, or_word = 0;
     double bits[8], zeros[8];
-    /* The sampled statistics too run without the GIL: with many coder threads, every
-       stretch of work that holds it is a stretch the others wait for. */
-    Py_BEGIN_ALLOW_THREADS;
-    split_words(src.buf, dst.buf, n, word, rotate, &and_word, &or_word);
-    for (int k = 0; sample > 0 && k < word; k++)
-        sample_stats((const uint8_t *)dst.buf + (size_t)k * n, n, (size_t)sample, &bits[k], &zeros[k]);
-    Py_END_ALLOW_THREADS;
-    if (sample <= 0) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    result = PyTuple_New(word);
-    for (int k = 0; result && k < word; k++) {
-        PyObject *item = Py_BuildValue("(ddii)", bits[k], zeros[k], (int)(and_word >> (8 * k) & 255),
-                                       (int)(or_word >> (8 * k) & 255));
-        if (!item) Py_CLEAR(result);
-        else PyTuple_SET_ITEM(result, k, item);
-    }
+    uint8_t *planes[8];
+    for (int k = 0; k < word; k++) planes[k] = (uint8_t *)dst.buf + (size_t)k * n;
+    split_sampled(src.buf, planes, n, word, rotate, sample, bits, zeros, &and_word, &or_word);
+    result = sample > 0 ? split_stats(word, bits, zeros, and_word, or_word) : Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
+    return result;
+}
+
+/* split into a new bytes object per plane: a plane stored raw is then its own payload, with
+ * no copy out of a reused scratch buffer (a pass over the plane's memory, and one more wait
+ * for the GIL, per raw plane). */
+static PyObject *native_split_planes(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    int word, rotate;
+    Py_ssize_t sample = 0;
+    if (!PyArg_ParseTuple(args, "y*ip|n", &src, &word, &rotate, &sample)) return NULL;
+    PyObject *result = NULL, *planes = NULL, *stats = NULL;
+    if (check_word(word) < 0) goto done;
+    if (src.len % word) {
+        PyErr_Format(PyExc_ValueError, "split of %zd bytes: not whole %d-byte words", src.len, word);
+        goto done;
+    }
+    size_t n = (size_t)src.len / (size_t)word;
+    uint8_t *into[8];
+    if (!(planes = PyTuple_New(word))) goto done;
+    for (int k = 0; k < word; k++) {
+        PyObject *plane = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+        if (!plane) goto done;
+        PyTuple_SET_ITEM(planes, k, plane);
+        into[k] = (uint8_t *)PyBytes_AS_STRING(plane);
+    }
+    uint64_t and_word = 0, or_word = 0;
+    double bits[8], zeros[8];
+    split_sampled(src.buf, into, n, word, rotate, sample, bits, zeros, &and_word, &or_word);
+    if (!(stats = sample > 0 ? split_stats(word, bits, zeros, and_word, or_word) : Py_NewRef(Py_None))) goto done;
+    result = PyTuple_Pack(2, planes, stats);
+done:
+    Py_XDECREF(planes);
+    Py_XDECREF(stats);
+    PyBuffer_Release(&src);
     return result;
 }
 
@@ -900,6 +945,9 @@ static PyMethodDef methods[] = {
     {"split", native_split, METH_VARARGS,
      "split(src, dst, word, rotate, sample=0): the byte planes of src's words into dst (plane k at\n"
      "k * n); with sample > 0, each plane's plane_stats as a tuple."},
+    {"split_planes", native_split_planes, METH_VARARGS,
+     "split_planes(src, word, rotate, sample=0) -> (planes, stats): split into a new bytes object per\n"
+     "plane; stats as split's (None without a sample)."},
     {"plane_stats", native_plane_stats, METH_VARARGS,
      "plane_stats(plane, sample): (entropy bits per byte and zero share of a strided sample of about\n"
      "`sample` bytes, AND of all bytes, OR of all bytes)."},

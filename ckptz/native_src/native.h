@@ -78,10 +78,10 @@ typedef struct {
     uint8_t value;
 } plane_t;
 
-/* n words of `word` (2, 4 or 8) bytes into their planes (plane k at dst + k * n); the AND
- * and OR of the (rotated) words go to *and_out and *or_out. */
-static void split_words(const uint8_t *src, uint8_t *dst, size_t n, int word, int rotate, uint64_t *and_out,
-                        uint64_t *or_out);
+/* n words of `word` (2, 4 or 8) bytes into their planes (plane k at dst[k], n bytes); the
+ * AND and OR of the (rotated) words go to *and_out and *or_out. */
+static void split_words(const uint8_t *src, uint8_t *const *dst, size_t n, int word, int rotate,
+                        uint64_t *and_out, uint64_t *or_out);
 /* n words of `word` (2, 4 or 8) bytes from their planes. */
 static void merge_words(const plane_t *planes, uint8_t *dst, size_t n, int word, int rotate);
 /* Order-0 entropy (bits per byte) and share of zeros of a strided sample of a plane. */

@@ -11,9 +11,9 @@
 /* Each split also ANDs and ORs the (rotated) words: byte k of the results is the AND and
  * the OR of plane k, which tell a constant plane and the bit positions that never vary. */
 
-WIDE static void split2(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+WIDE static void split2(const uint8_t *restrict src, uint8_t *const *dst, size_t n, int rotate, uint64_t *and_out,
                    uint64_t *or_out) {
-    uint8_t *restrict p0 = dst, *restrict p1 = dst + n;
+    uint8_t *restrict p0 = dst[0], *restrict p1 = dst[1];
     uint16_t a = 0xFFFF, o = 0;
     for (size_t i = 0; i < n; i++) {
         uint16_t v;
@@ -27,9 +27,9 @@ WIDE static void split2(const uint8_t *restrict src, uint8_t *restrict dst, size
     *and_out = a, *or_out = o;
 }
 
-WIDE static void split4(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+WIDE static void split4(const uint8_t *restrict src, uint8_t *const *dst, size_t n, int rotate, uint64_t *and_out,
                    uint64_t *or_out) {
-    uint8_t *restrict p0 = dst, *restrict p1 = dst + n, *restrict p2 = dst + 2 * n, *restrict p3 = dst + 3 * n;
+    uint8_t *restrict p0 = dst[0], *restrict p1 = dst[1], *restrict p2 = dst[2], *restrict p3 = dst[3];
     uint32_t a = 0xFFFFFFFFu, o = 0;
     for (size_t i = 0; i < n; i++) { /* -O3 unswitches the rotate test out of the loop */
         uint32_t v;
@@ -45,7 +45,7 @@ WIDE static void split4(const uint8_t *restrict src, uint8_t *restrict dst, size
     *and_out = a, *or_out = o;
 }
 
-WIDE static void split8(const uint8_t *restrict src, uint8_t *restrict dst, size_t n, int rotate, uint64_t *and_out,
+WIDE static void split8(const uint8_t *restrict src, uint8_t *const *dst, size_t n, int rotate, uint64_t *and_out,
                    uint64_t *or_out) {
     uint64_t a = ~0ULL, o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -54,7 +54,7 @@ WIDE static void split8(const uint8_t *restrict src, uint8_t *restrict dst, size
         if (rotate) v = ROTL(v, 64);
         a &= v;
         o |= v;
-        for (int k = 0; k < 8; k++) dst[k * n + i] = (uint8_t)(v >> (8 * k));
+        for (int k = 0; k < 8; k++) dst[k][i] = (uint8_t)(v >> (8 * k));
     }
     *and_out = a, *or_out = o;
 }
@@ -84,8 +84,8 @@ static void plane_stats(const uint8_t *plane, size_t n, size_t sample, uint8_t *
     sample_stats(plane, n, sample, bits, zeros);
 }
 
-static void split_words(const uint8_t *src, uint8_t *dst, size_t n, int word, int rotate, uint64_t *and_out,
-                        uint64_t *or_out) {
+static void split_words(const uint8_t *src, uint8_t *const *dst, size_t n, int word, int rotate,
+                           uint64_t *and_out, uint64_t *or_out) {
     if (word == 2)
         split2(src, dst, n, rotate, and_out, or_out);
     else if (word == 4)
