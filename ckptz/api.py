@@ -468,14 +468,14 @@ def decompress(
     mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
     codec = decoding_codec(mine.converts + mine.finishes, device)
+    if dry_run and not discard:  # reads the containers' indexes: no engine, no GPU
+        files = [_container_stats(j.entry.path, j.label) for j in mine.converts + mine.finishes]
+        return make_summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
     warm_gpu(device, codec)  # where a container holds a bitstream only a GPU decodes
     # A team (--nproc, torchrun) already runs a process per share of the files.
     split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
     if discard:
         return _discard(False, root, mine, device, threads, 3, codec, memory, reporter, start, split)
-    if dry_run:
-        files = [_container_stats(j.entry.path, j.label) for j in mine.converts + mine.finishes]
-        return make_summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
     stop = Stop()
     team.watch(stop)
     done: list[str] = []

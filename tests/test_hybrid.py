@@ -214,6 +214,23 @@ def test_the_cli_s_early_warm_starts_only_contexts_the_run_would_start(
             assert early == ([device] if on_gpu_from_the_start else []), (device, codec)
 
 
+def test_a_restore_s_dry_run_warms_no_gpu(
+    small_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``decompress --dry-run`` reads the containers' indexes and opens no engine, so it
+    starts no CUDA context, where the same restore run for real warms the GPU it names."""
+    from ckptz import api
+
+    packed = tmp_path / "packed"
+    api.compress(small_checkpoint, packed, device="cpu")
+    warmed: list[tuple[str | None, str]] = []
+    monkeypatch.setattr(api, "warm_gpu", lambda device, codec="auto", **kw: warmed.append((device, codec)))
+    summary = api.decompress(packed, tmp_path / "dry", device="cuda", dry_run=True)
+    assert summary.files and warmed == [] and not (tmp_path / "dry").exists()
+    api.decompress(packed, tmp_path / "real", device="cpu")
+    assert warmed == [("cpu", "auto")]
+
+
 @pytest.mark.parametrize(
     ("job_bytes", "available", "gpu"),
     [(32 << 30, True, True), (32 << 30, False, False), (1 << 30, True, False)],
