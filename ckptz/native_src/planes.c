@@ -47,6 +47,10 @@ WIDE static void split4(const uint8_t *restrict src, uint8_t *const *dst, size_t
 
 WIDE static void split8(const uint8_t *restrict src, uint8_t *const *dst, size_t n, int rotate, uint64_t *and_out,
                    uint64_t *or_out) {
+    /* The planes in locals: stores through dst[k] could alias the table of pointers itself
+     * (bytes alias anything), which would reload it for every byte. */
+    uint8_t *restrict p0 = dst[0], *restrict p1 = dst[1], *restrict p2 = dst[2], *restrict p3 = dst[3];
+    uint8_t *restrict p4 = dst[4], *restrict p5 = dst[5], *restrict p6 = dst[6], *restrict p7 = dst[7];
     uint64_t a = ~0ULL, o = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t v;
@@ -54,7 +58,14 @@ WIDE static void split8(const uint8_t *restrict src, uint8_t *const *dst, size_t
         if (rotate) v = ROTL(v, 64);
         a &= v;
         o |= v;
-        for (int k = 0; k < 8; k++) dst[k][i] = (uint8_t)(v >> (8 * k));
+        p0[i] = (uint8_t)v;
+        p1[i] = (uint8_t)(v >> 8);
+        p2[i] = (uint8_t)(v >> 16);
+        p3[i] = (uint8_t)(v >> 24);
+        p4[i] = (uint8_t)(v >> 32);
+        p5[i] = (uint8_t)(v >> 40);
+        p6[i] = (uint8_t)(v >> 48);
+        p7[i] = (uint8_t)(v >> 56);
     }
     *and_out = a, *or_out = o;
 }
