@@ -105,11 +105,14 @@ def test_threads_write_what_pwrite_would(tmp_path: Path, where: str, monkeypatch
 def test_a_file_of_known_size_is_written_through_windows(
     tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Told its final size, the file is that long and reserved at once; threads writing
-    pieces of every size out of order, across windows, give the same bytes; each window is
-    unmapped as soon as all of it is written."""
+    """Told its final size, the file is that long at once, and its space is reserved in the
+    background; threads writing pieces of every size out of order, across windows, give the
+    same bytes, each window mapped only once its space is reserved; each window is unmapped
+    as soon as all of it is written."""
     path = _file_in(tmp_path, where, "windows")
     monkeypatch.setattr(mapped, "WINDOW", 256 << 10)
+    monkeypatch.setattr(mapped, "STEP", 512 << 10)
+    reserved = _record_reservations(monkeypatch)
     rng = np.random.default_rng(11)
     sizes = rng.integers(0, 600 << 10, 60)
     sizes[::3] = rng.integers(0, 300, sizes[::3].size)  # small pieces: copied too
@@ -121,7 +124,7 @@ def test_a_file_of_known_size_is_written_through_windows(
     try:
         out = mapped.MappedOutput(fd)
         out.expect(data.size)
-        assert os.fstat(fd).st_size == data.size and out.reserved == data.size
+        assert os.fstat(fd).st_size == data.size
         open_windows: list[int] = []
 
         def put(at: int, n: int) -> None:
@@ -135,9 +138,93 @@ def test_a_file_of_known_size_is_written_through_windows(
         out.finish()
         assert os.fstat(fd).st_size == data.size
         assert os.pread(fd, data.size + 1, 0) == data.tobytes()
+        assert _covered(reserved, 0, data.size)  # every byte's space, once the reserving stopped
     finally:
         os.close(fd)
         path.unlink()
+
+
+def _record_reservations(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Every range :func:`mapped.reserve` reserved, as ``(start, end)``; a mapping of a
+    file made while this is in force fails the test unless all of it was reserved first."""
+    got: list[tuple[int, int]] = []
+    real_reserve, real_mmap = mapped.reserve, mapped.mmap.mmap
+
+    def reserve(fd: int, offset: int, length: int) -> None:
+        real_reserve(fd, offset, length)
+        got.append((offset, offset + length))
+
+    def mapping(fd: int, length: int, *args: object, offset: int = 0, **kw: object) -> object:
+        assert _covered(list(got), offset, offset + length), f"[{offset}, +{length}) mapped unreserved"
+        return real_mmap(fd, length, *args, offset=offset, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(mapped, "reserve", reserve)
+    monkeypatch.setattr(mapped.mmap, "mmap", mapping)
+    return got
+
+
+def _covered(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether ``ranges`` together cover ``[start, end)``."""
+    at = start
+    for a, b in sorted(ranges):
+        if a > at:
+            break
+        at = max(at, b)
+    return at >= end
+
+
+@needs_linux
+def test_a_window_the_background_could_not_reserve_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where reserving fails past some offset (the file system filled up after the restore
+    began), the reserving thread stops, and a write into a window past it fails with the
+    file system's error, its space never mapped; writes before it go through."""
+    path = tmp_path / "f.bin"
+    monkeypatch.setattr(mapped, "WINDOW", 64 << 10)
+    monkeypatch.setattr(mapped, "STEP", 64 << 10)
+    reserved = _record_reservations(monkeypatch)
+    inner = mapped.reserve
+
+    def full_past(fd: int, offset: int, length: int) -> None:
+        if offset + length > 256 << 10:
+            raise OSError(28, os.strerror(28))  # ENOSPC
+        inner(fd, offset, length)
+
+    monkeypatch.setattr(mapped, "reserve", full_past)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        out = mapped.MappedOutput(fd)
+        out.expect(1 << 20)
+        out.write([memoryview(b"a" * (128 << 10))], 0)
+        with pytest.raises(OSError) as err:
+            out.write([memoryview(b"b" * (64 << 10))], 512 << 10)
+        assert err.value.errno == 28
+        out.close()
+        assert reserved and all(b <= 256 << 10 for _, b in reserved)
+        assert os.pread(fd, 128 << 10, 0) == b"a" * (128 << 10)
+    finally:
+        os.close(fd)
+
+
+@needs_linux
+def test_a_known_size_beyond_the_free_space_fails_before_any_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``expect`` of more bytes than the file system has free raises ``ENOSPC`` at once: the
+    file keeps its size, and nothing is reserved or mapped."""
+    path = tmp_path / "f.bin"
+    reserved = _record_reservations(monkeypatch)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        free = os.fstatvfs(fd)
+        out = mapped.MappedOutput(fd)
+        with pytest.raises(OSError) as err:
+            out.expect(free.f_bavail * free.f_frsize + (1 << 30))
+        assert err.value.errno == 28
+        assert os.fstat(fd).st_size == 0 and not reserved and out.final is None
+    finally:
+        os.close(fd)
 
 
 @needs_linux
