@@ -366,7 +366,9 @@ class LeafJoins:
         self._streams = Streams()
         self._state = [-1] * count  # a leaf's streaming state, from its first part to its last
         self._busy = [False] * count  # a thread is hashing the leaf's parts
-        self._views: dict[int, np.ndarray] = {}  # frames given whose parts are not all hashed
+        # Frames given whose parts are not all hashed (the parts still needed, once the
+        # frame waits for another: :meth:`_keep_parts`).
+        self._views: dict[int, np.ndarray | _Kept] = {}
         self._left = count + frames  # leaves to hash, and frames to be given
         self._lock = threading.Lock()
         self.done: Future[None] = Future()
@@ -393,8 +395,28 @@ class LeafJoins:
             self._on_done(i)
         if mine:
             self._advance(mine)
-        with self._lock:  # last: once done, the pipeline may close what on_done uses
-            self._finish(len(frames))
+        with self._lock:
+            for i, _ in frames:
+                self._keep_parts(i)
+            self._finish(len(frames))  # last: once done, the pipeline may close what on_done uses
+
+    def _keep_parts(self, i: int) -> None:
+        """Frame ``i`` waits for another frame's bytes (a leaf straddles them): keep a copy
+        of the parts of it that leaves still need (under the lock), not the frame. A frame
+        is often a view of a larger buffer (a GPU restore decodes a span of ~40 frames into
+        one pinned buffer), which the view would keep whole: an 8.25 GB restore held 43
+        such buffers of 171 MiB for frames at tensor boundaries (BENCHMARKS.md, session 37)."""
+        data = self._views.get(i)
+        if not isinstance(data, np.ndarray):
+            return
+        a, b = self._frame_bounds[i], self._frame_bounds[i + 1]
+        ranges = [
+            (lo, hi)
+            for m in self._frame_leaves[a:b]
+            for f, lo, hi in self._parts[m][self._next[m] :]
+            if f == i
+        ]
+        self._views[i] = _Kept({(lo, hi): data[lo:hi].tobytes() for lo, hi in ranges})
 
     def _advance(self, leaves: list[int]) -> None:
         """Hash ``leaves``' parts from their next ones while their frames are in (this thread
@@ -411,7 +433,7 @@ class LeafJoins:
                         self._busy[m] = False
                         continue
                     spans.append((m, first, stop))
-                    views = [self._views[f].data[lo:hi] for f, lo, hi in parts[first:stop]]
+                    views = [_part(self._views[f], lo, hi) for f, lo, hi in parts[first:stop]]
                     fresh = first == 0  # the leaf's first part: a state of its own from here on
                     if fresh:
                         self._state[m] = self._streams.take()
@@ -456,6 +478,22 @@ class LeafJoins:
         """The file's digest, once every frame was given and every leaf hashed."""
         self.done.result()
         return self._digest.digest()
+
+
+class _Kept:
+    """Copies of the parts of a frame that leaves still need, by ``(start, end)`` in it."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: dict[tuple[int, int], bytes]) -> None:
+        self.parts = parts
+
+
+def _part(frame: np.ndarray | _Kept, lo: int, hi: int) -> memoryview:
+    """Bytes ``[lo, hi)`` of a given frame, whole or kept."""
+    if isinstance(frame, _Kept):
+        return memoryview(frame.parts[(lo, hi)])
+    return frame.data[lo:hi]
 
 
 class LeafTable:

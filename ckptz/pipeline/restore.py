@@ -449,6 +449,13 @@ class _Restore:
                 self.file_digest.give(given)
             except BaseException as exc:
                 self._fail(exc)
+                return
+            if not self.file_digest.walks:
+                # Nothing reads these bytes again: a frame the digest still waits on (a leaf
+                # straddles it and a frame not decoded yet) must not hold its decoded span's
+                # buffer through ``data`` (BENCHMARKS.md, session 37).
+                for i, _ in given:
+                    self.data[i] = _SPENT
 
     def _put(self, i: int, fut: Future[DecodedSpan], k: int, given: list[tuple[int, np.ndarray]]) -> bool:
         """Check decoded frame ``i`` and hand it to the sink, and to ``given`` for the

@@ -260,6 +260,12 @@ class FileDigest:
         self._users = [2] * len(frames) if both else None
         self._lock = threading.Lock()
 
+    @property
+    def walks(self) -> bool:
+        """Whether :meth:`result` reads the frames from ``data`` (else :meth:`give` is the
+        last use of a frame's bytes: the joins keep copies of what they still need)."""
+        return self._walks
+
     def give(self, frames: Sequence[tuple[int, np.ndarray]]) -> None:
         """Frames' numbers and bytes, hashed whole and set in ``data`` (any thread, each
         once; a run's at once, whose joins are then hashed in one call)."""
