@@ -306,9 +306,8 @@ class _Reserver:
     def __init__(self, fd: int, start: int, final: int) -> None:
         self._fd, self._final = fd, final
         self._count = -(-final // WINDOW)
-        self._ready = bytearray(self._count)
-        self._ready[: min(start // WINDOW, self._count)] = b"\x01" * min(start // WINDOW, self._count)
-        self._next = 0  # windows before it are ready
+        self._next = min(start // WINDOW, self._count)  # windows before it are ready
+        self._ready = bytearray(b"\x01" * self._next + bytes(self._count - self._next))
         self._wanted: list[int] = []
         self._error: OSError | None = None
         self._stopping = False

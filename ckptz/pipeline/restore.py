@@ -313,6 +313,8 @@ class _Restore:
             else FileDigest(self.digest, self.frames, self.data, self._release, runs, ordered)
         )
         self.leaf_table = self.file_digest.table if self.file_digest is not None and engine_leaves else None
+        # Whether the digest reads the frames from ``data`` (else nothing does after the put).
+        self.walked = self.file_digest is not None and self.file_digest.walks
         # Each decoded frame's users: the sink and the digest (the sink only when the digest
         # is taken on the GPU, from the sink's bytes).
         self.users = [1 if self.on_device else 2] * len(self.frames)
@@ -449,13 +451,6 @@ class _Restore:
                 self.file_digest.give(given)
             except BaseException as exc:
                 self._fail(exc)
-                return
-            if not self.file_digest.walks:
-                # Nothing reads these bytes again: a frame the digest still waits on (a leaf
-                # straddles it and a frame not decoded yet) must not hold its decoded span's
-                # buffer through ``data`` (BENCHMARKS.md, session 37).
-                for i, _ in given:
-                    self.data[i] = _SPENT
 
     def _put(self, i: int, fut: Future[DecodedSpan], k: int, given: list[tuple[int, np.ndarray]]) -> bool:
         """Check decoded frame ``i`` and hand it to the sink, and to ``given`` for the
@@ -472,7 +467,10 @@ class _Restore:
                 # The sink first: the digest, which ends the run, then waits for every frame's put.
                 with trace.span("put"):
                     self.sink.put(self.frames[i], data)
-            self.data[i].set_result(data)
+            # The bytes only where the digest walks them: a frame it still waits on (a leaf
+            # straddles it and a frame not decoded yet) would otherwise hold its decoded
+            # span's whole buffer through ``data`` (BENCHMARKS.md, session 37).
+            self.data[i].set_result(data if self.walked else _SPENT.result())
             self.progress(self.sizes[i])
             given.append((i, data))
             self._release(i)
