@@ -462,6 +462,11 @@ class LeafJoins:
             for f in free:
                 self._on_done(f)
 
+    def close(self) -> None:
+        """Once no thread gives a frame any more: drop ``on_done`` (see
+        :meth:`ckptz.pipeline.workers.FileDigest.close`)."""
+        self._on_done = no_frame
+
     def _finish(self, n: int) -> None:
         """``n`` more leaves hashed or frames given (under the lock)."""
         self._left -= n
@@ -478,6 +483,10 @@ class LeafJoins:
         """The file's digest, once every frame was given and every leaf hashed."""
         self.done.result()
         return self._digest.digest()
+
+
+def no_frame(i: int) -> None:
+    """A digest's ``on_done`` once its run is over: nothing is left to release."""
 
 
 class _Kept:

@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +138,38 @@ def host_build(tmp_path_factory: pytest.TempPathFactory, name: str, source: str)
     src.write_text(source)
     subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     return ctypes.CDLL(str(lib))
+
+
+#: Objects of a file's run (per frame or per file) that must never be left in reference cycles.
+RUN_OBJECTS = (
+    "_Compression",
+    "_Restore",
+    "FileDigest",
+    "LeafJoins",
+    "Future",
+    "Frame",
+    "Segment",
+    "Condition",
+)
+
+
+def assert_runs_leave_no_cycles(runs: Callable[[], object]) -> None:
+    """Call ``runs`` with the cyclic collector off, then collect: nothing of a file's run
+    (:data:`RUN_OBJECTS`) may be found, and only a few objects in all (a run's, not a
+    frame's)."""
+    import gc
+    from collections import Counter
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage
+    try:
+        runs()
+        gc.collect()
+        left = Counter(type(o).__qualname__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not {name: n for name, n in left.items() if name in RUN_OBJECTS}, left.most_common(12)
+    assert sum(left.values()) < 400, left.most_common(12)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zstandard
-from conftest import sha256, tree_digests
+from conftest import assert_runs_leave_no_cycles, sha256, tree_digests
 
 from ckptz import api
 from ckptz.codecs.frames import EncodedChunk
@@ -466,6 +466,27 @@ def test_restore_to_device(small_checkpoint: Path, tmp_path: Path) -> None:
     api.compress(src, tmp_path / "m.ckptz", device="cuda", codec="ans")
     restored = restore_to_device(tmp_path / "m.ckptz", "cuda")
     assert restored.is_cuda and restored.cpu().numpy().tobytes() == src.read_bytes()
+
+
+@gpu
+def test_a_gpu_run_is_freed_without_the_cycle_collector(small_checkpoint: Path, tmp_path: Path) -> None:
+    """As on the CPU (tests/test_pipeline.py): a GPU engine's file runs, each bitstream,
+    compressing, restoring and in place, leave nothing in reference cycles."""
+    import shutil
+
+    api.compress(small_checkpoint, tmp_path / "warm", device="cuda", codec="ans")  # engine, kernels first
+    work = tmp_path / "ckpt"
+    shutil.copytree(small_checkpoint, work)
+
+    def runs() -> None:
+        for codec in ("ans", "auto"):
+            api.compress(work, tmp_path / codec, device="cuda", codec=codec)
+            api.decompress(tmp_path / codec, tmp_path / f"{codec}-back", device="cuda")
+        api.compress(work, in_place=True, device="cuda", codec="ans")
+        api.decompress(work, in_place=True, device="cuda")
+
+    assert_runs_leave_no_cycles(runs)
+    assert tree_digests(work) == tree_digests(small_checkpoint)
 
 
 @gpu

@@ -9,7 +9,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from conftest import sha256
+from conftest import assert_runs_leave_no_cycles, sha256
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -195,6 +195,29 @@ def test_runs_pause_the_collector_and_give_the_settings_back() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_file_s_run_is_freed_without_the_cycle_collector(small_checkpoint: Path, tmp_path: Path) -> None:
+    """Runs pause the cyclic collector (above), so whatever a file's run leaves in
+    reference cycles stays in memory until a later collection: a pipeline's per-frame
+    futures, records and digest state held for every file until the run's end (~6,400
+    objects per GB converted). Each file's run is freed by reference counting once it is
+    over: compressing, restoring, verifying, in place and back, nothing of a run is left for
+    the collector to find."""
+    import shutil
+
+    api.compress(small_checkpoint, tmp_path / "warm", device="cpu")  # imports and caches first
+    work = tmp_path / "ckpt"
+    shutil.copytree(small_checkpoint, work)
+
+    def runs() -> None:
+        api.compress(work, tmp_path / "packed", device="cpu")
+        api.decompress(tmp_path / "packed", tmp_path / "back", device="cpu")
+        api.verify(tmp_path / "packed", device="cpu")
+        api.compress(work, in_place=True, device="cpu")
+        api.decompress(work, in_place=True, device="cpu")
+
+    assert_runs_leave_no_cycles(runs)
 
 
 def test_large_streams_get_larger_frames_up_to_the_engines_largest() -> None:

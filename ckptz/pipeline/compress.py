@@ -529,6 +529,7 @@ class _Compression:
             while pending := [t for t in self.tasks if not t.done()]:
                 wait(pending)  # again: a write queues its run's read-back before it ends
             self.slots.close()
+            self.file_digest.close()  # the run freed as soon as it is dropped
         if self.failures:  # a run's read-back, after the last run was placed
             raise self.failures.first()
         if self.source.read_at(self.layout.size, 1):
@@ -716,6 +717,7 @@ class _Compression:
         chunks: list[list[int]] = []
         writes: list[Future[None]] = []
         checks: list[Future[None]] = []
+        room = self.write_room  # a callback that holds ``self`` would hold the run in a cycle
         for r, run in enumerate(self.runs):
             with trace.span("wait coded"):
                 self.read[run[0]].result()
@@ -762,7 +764,7 @@ class _Compression:
             with trace.span("wait writers"):
                 self.write_room.acquire()
             w = self.workers.write.submit(self._store, rows, payloads, parts, start, block, sums)
-            w.add_done_callback(lambda _: self.write_room.release())
+            w.add_done_callback(lambda _: room.release())
             writes.append(w)
             self.tasks.append(w)
         return frames, chunks, writes, checks

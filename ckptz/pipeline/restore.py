@@ -340,6 +340,8 @@ class _Restore:
         finally:
             feeder.join()
             self._drain()
+            if self.file_digest is not None:
+                self.file_digest.close()  # the run freed as soon as it is dropped
         if self.failures:
             raise self.failures.first()
         return digest

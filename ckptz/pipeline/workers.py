@@ -20,7 +20,7 @@ from contextlib import contextmanager, suppress
 import numpy as np
 
 from ckptz import trace
-from ckptz.digest import Digest, LeafJoins, Piecewise
+from ckptz.digest import Digest, LeafJoins, Piecewise, no_frame
 from ckptz.pipeline.plan import Frame
 
 #: Reader threads by default: page-cache reads reach ~20 GB/s on eight threads (FACTS: 3 GB/s
@@ -279,6 +279,18 @@ class FileDigest:
         """A stage failed: :meth:`result` raises rather than wait."""
         if self._joins is not None:
             self._joins.fail(exc)
+
+    def close(self) -> None:
+        """Once the run is over (no thread gives a frame any more): drop the callbacks, so
+        that reference counting frees the run, its frames and their futures at once. Each
+        callback is a bound method of what holds it (the run's ``on_done``, this digest's
+        own for the joins): reference cycles, which only the cyclic collector frees, and a
+        pipeline pauses it while it runs (:func:`tuned_interpreter`), so every file's run
+        stayed in memory until the last file was done (6,400 objects per GB converted:
+        ~5 million for a 782 GB checkpoint, and a collection of them all at the end)."""
+        self._on_done = no_frame
+        if self._joins is not None:
+            self._joins.close()
 
     def result(self) -> Digest:
         """The digest, once every frame was given (walking the file first where needed)."""
