@@ -531,21 +531,24 @@ def when_all(
     """One future for many: ``combine`` of them once all are done (``fail_whole``: the
     first error, if any, fails it instead)."""
     out: Future[_U] = Future()
-    left = [len(futures)]
+    # Emptied by the last callback: each future keeps its callbacks once run, and a callback
+    # still holding the futures would hold them in a cycle (kept until a collection).
+    waiting = list(futures)
+    left = [len(waiting)]
     lock = threading.Lock()
 
     def done(_: Future[_T]) -> None:
         with lock:
             left[0] -= 1
-            last = left[0] == 0
-        if not last:
-            return
-        failed = next((e for f in futures if (e := f.exception()) is not None), None) if fail_whole else None
+            if left[0]:
+                return
+            ready, waiting[:] = waiting[:], []
+        failed = next((e for f in ready if (e := f.exception()) is not None), None) if fail_whole else None
         if failed is not None:
             out.set_exception(failed)
             return
         try:
-            out.set_result(combine(futures))
+            out.set_result(combine(ready))
         except BaseException as exc:
             out.set_exception(exc)
 
