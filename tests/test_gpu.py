@@ -881,31 +881,96 @@ def test_decode_backs_share_batches_and_nothing_else_does() -> None:
     assert ids(engine._take()) == ids(many[:8]) and ids(engine._jobs) == ids(many[8:])
 
 
+def test_cpu_threads_take_decode_backs_of_the_portable_bitstream_off_the_queue() -> None:
+    """A compression's decode-back of the portable bitstream that no GPU worker has taken
+    yet is taken off the queue by a CPU thread and decoded there with libzstd: each frame
+    measures as the original (length and checksum), a payload that does not decode is that
+    frame's error, one a GPU worker took already is left alone, and a span with a chunk no
+    CPU decodes (``ans``) is never offered to the CPU."""
+    from ckptz.checksums import xxh3_64
+    from ckptz.engines.base import SpanFrame, StoredSpan
+    from ckptz.engines.gpu import engine as gpu_engine
+
+    engine = object.__new__(gpu_engine.GpuEngine)
+    engine._jobs, engine._cv, engine._flush = gpu_engine.deque(), threading.Condition(), True
+    stream = StreamInfo(0, "weights", "float32", 4, True, 1 << 20, 2 << 20, 1)
+    cpu = CpuEngine(1)
+    originals = [_trained_bytes("float32", 1 << 18, seed) for seed in (1, 2)]
+
+    def frame(data: np.ndarray, *, lie: bool = False) -> SpanFrame:
+        coded = cpu.encode(stream, data, xxh3_64(data)).result()
+        assert any(c.codec == ZSTD_ID for c in coded.chunks)  # the portable bitstream
+        chunks = []
+        for k, c in enumerate(coded.chunks):
+            payload = bytearray(c.payload)
+            if lie and c.codec == ZSTD_ID:
+                del payload[len(payload) // 2 :]  # cut short: libzstd refuses it
+                lie = False
+            chunks.append(StoredChunk(k, c.codec, c.raw_size, bytes(payload), 0))
+        return SpanFrame(stream, chunks, data.size, "frame x", ())
+
+    def job(frames: list[SpanFrame]) -> Any:
+        return gpu_engine._DecodeJob(StoredSpan.of(frames), 1 << 20, True, keep=True)
+
+    good, bad, taken = job([frame(d) for d in originals]), job([frame(originals[0], lie=True)]), job([])
+    assert gpu_engine._kind(good) == gpu_engine._CHECK and gpu_engine._portable(good.span)
+    engine._jobs.extend([good, bad])
+    assert engine._check_on_cpu(good)
+    assert not engine._check_on_cpu(taken)  # not queued: a GPU worker has it
+    assert list(engine._jobs) == [bad] and engine._flush
+    got = good.future.result(0)
+    assert [got.measure(k) for k in range(2)] == [(d.size, xxh3_64(d)) for d in originals]
+    assert engine._check_on_cpu(bad)
+    assert not engine._jobs and not engine._flush  # what was flushed is taken
+    with pytest.raises(CorruptionError, match="frame x does not decode"):
+        bad.future.result(0).measure(0)
+    assert not taken.future.done()
+    ans = StoredSpan.of([SpanFrame(stream, [StoredChunk(0, ANS_ID, 16, b"x", 0)], 16, "y", ())])
+    assert not gpu_engine._portable(ans)
+
+
 @gpu
 @pytest.mark.parametrize("codec", ["zstd", "ans"])
 def test_in_place_on_the_gpu_decodes_back_every_run_in_batches(
     tmp_path: Path, codec: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A GPU compression that verifies decodes each run back from the block it writes,
-    several runs of the portable bitstream a batch (``ans`` runs one at a time), and every
-    frame comes back."""
+    """A GPU compression that verifies decodes each run back, once, from the block it
+    writes: ``ans`` runs on the GPU one at a time; runs of the portable bitstream on the GPU
+    several a batch, or on a CPU thread that got to them first; and every frame comes back."""
     from ckptz.engines.gpu import engine as gpu_engine
 
     src = _big_model(tmp_path)
     sizes: list[int] = []
+    on_cpu: list[int] = []
+    backs: list[int] = []
     real_decode = gpu_engine.GpuEngine._decode_on_gpu
+    real_check = gpu_engine.GpuEngine._check_on_cpu
+    real_span = gpu_engine.GpuEngine.decode_span
 
     def counting(self: Any, w: Any, jobs: list[Any], *args: Any, **kw: Any) -> None:
         sizes.append(len(jobs))
         real_decode(self, w, jobs, *args, **kw)
 
+    def checking(self: Any, job: Any) -> bool:
+        took = real_check(self, job)
+        on_cpu.append(int(took))
+        return took
+
+    def spans(self: Any, span: Any, *args: Any, **kw: Any) -> Any:
+        backs.append(len(span))
+        return real_span(self, span, *args, **kw)
+
     monkeypatch.setattr(gpu_engine.GpuEngine, "_decode_on_gpu", counting)
+    monkeypatch.setattr(gpu_engine.GpuEngine, "_check_on_cpu", checking)
+    monkeypatch.setattr(gpu_engine.GpuEngine, "decode_span", spans)
     with open(tmp_path / "out.ckptz", "w+b") as f, gpu_engine.GpuEngine(0, codec=codec) as engine:
         compress_file(src, src.name, f, engine, verify=True)
+    assert backs and sum(sizes) + sum(on_cpu) == len(backs)  # each run decoded back once
     if codec == "zstd":
-        assert max(sizes) >= 2 and sum(sizes) > len(sizes)  # runs decoded back together
+        assert len(on_cpu) == len(backs)  # each offered to the CPU threads
+        assert sum(on_cpu) or max(sizes) >= 2  # taken there, or batched on the GPU
     else:
-        assert sizes and max(sizes) == 1
+        assert not on_cpu and max(sizes) == 1
     back = tmp_path / "back"
     api.decompress(tmp_path / "out.ckptz", back, device="cpu" if codec == "zstd" else "cuda")
     assert back.read_bytes() == src.read_bytes()

@@ -52,6 +52,7 @@ import numpy as np
 
 from ckptz import cuda, indices, trace
 from ckptz.checksums import xxh3_64
+from ckptz.codecs import PORTABLE
 from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
 from ckptz.engines.base import (
@@ -102,6 +103,9 @@ MAX_BATCH = 256 << 20
 HOST_COMPONENTS = frozenset({"metadata", "rng_state"})
 #: How long a worker waits for a batch to fill before running what is queued.
 BATCH_WAIT_S = 0.02
+#: One CPU thread for a compression's decode-backs of the portable bitstream per this many
+#: of the engine's threads (:meth:`GpuEngine._check_on_cpu`).
+CHECKERS_PER = 4
 
 
 def _shape(stream: StreamInfo, length: int) -> FrameShape:
@@ -208,6 +212,11 @@ class GpuEngine:
         #: A file's last frames are queued: workers take what is queued without waiting.
         self._flush = False
         self._cpu = ThreadPoolExecutor(self.threads, thread_name_prefix="ckptz-gpu-cpu")
+        #: CPU threads that take a compression's decode-backs of the portable bitstream off
+        #: the queue when they get to one before a GPU worker does (:meth:`_check_on_cpu`).
+        self._checkers = ThreadPoolExecutor(
+            max(1, self.threads // CHECKERS_PER), thread_name_prefix="ckptz-gpu-check"
+        )
         #: The CPU coder of :data:`HOST_COMPONENTS`' frames.
         self._host = CpuEngine(1, level)
         self._pinned = pinned.pool()
@@ -323,7 +332,48 @@ class GpuEngine:
         ``leaves`` are hashed from the decoded bytes where they were decoded."""
         job = _DecodeJob(span, int(span.lengths.sum()), True, place, keep, check, leaves)
         self._put(job)
+        if _kind(job) == _CHECK and _portable(span):
+            self._checkers.submit(self._check_on_cpu, job)
         return job.future
+
+    def _check_on_cpu(self, job: _DecodeJob) -> bool:
+        """Decode a compression's decode-back of the portable bitstream on this CPU thread
+        (libzstd, as a CPU-only machine will), unless a GPU worker has taken it already.
+
+        Those decode-backs run through the GPU's literal kernel, a stream a thread: in an
+        in-place GPU compression of the 8.25 GB file they kept the two GPU workers busy
+        1.48 s beside the coding (BENCHMARKS.md, session 38), while the CPU threads, which
+        restore the portable bitstream at ~0.55 GB/s each, sat idle. Whoever comes first
+        takes the job from the queue, so each side takes what it has room for. The check is
+        the same: each frame decoded from the payloads that are written, its length and
+        checksum then compared by the caller (:meth:`DecodedSpan.measure`). Whether this
+        thread took it."""
+        with self._cv:
+            for k, queued in enumerate(self._jobs):
+                if queued is job:
+                    del self._jobs[k]
+                    break
+            else:
+                return False  # a GPU worker took it
+            if not self._jobs:
+                self._flush = False  # as when a worker takes the last job
+        try:
+            frames: list[np.ndarray | OnDevice | BaseException] = []
+            taken: list[int | None] = []
+            with trace.span("check on cpu"):
+                for f in job.span.frames():
+                    try:
+                        data = decode_chunks(f.stream, f.chunks, f.length, f.where)
+                    except Exception as exc:  # that frame's error, as a GPU decode gives it
+                        frames.append(exc)
+                        taken.append(None)
+                        continue
+                    frames.append(data)
+                    taken.append(xxh3_64(data))  # here, not in the caller's callback
+            job.future.set_result(DecodedSpan(frames, taken))
+        except BaseException as exc:
+            job.future.set_exception(exc)
+        return True
 
     def leaf_hashes(self, segments: Sequence[tuple[int, int, int]], size: int, leaf: int) -> np.ndarray:
         """A whole-file digest's leaves from bytes on this GPU
@@ -374,6 +424,7 @@ class GpuEngine:
             self._cv.notify_all()
         for t in self._workers:
             t.join()
+        self._checkers.shutdown(wait=True)
         self._cpu.shutdown(wait=True)
         with self._side_lock:
             if self._side is not None:
@@ -1018,6 +1069,11 @@ def _kind(job: _Job) -> int:
     if only_checked and bool((job.span.codec == ZSTD_ID).any()):
         return _CHECK
     return _SPAN
+
+
+def _portable(span: StoredSpan) -> bool:
+    """Whether every chunk of ``span`` has a CPU decoder."""
+    return bool(np.isin(span.codec, list(PORTABLE)).all())
 
 
 _NOT_YET = np.zeros(0, np.uint8)
