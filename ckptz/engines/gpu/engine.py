@@ -357,20 +357,10 @@ class GpuEngine:
                 return False  # a GPU worker took it
             if not self._jobs:
                 self._flush = False  # as when a worker takes the last job
+        with trace.span("check on cpu"):  # the CPU coder decodes in this thread, frame by frame
+            decoded = self._host.decode_span(job.span)
         try:
-            frames: list[np.ndarray | OnDevice | BaseException] = []
-            taken: list[int | None] = []
-            with trace.span("check on cpu"):
-                for f in job.span.frames():
-                    try:
-                        data = decode_chunks(f.stream, f.chunks, f.length, f.where)
-                    except Exception as exc:  # that frame's error, as a GPU decode gives it
-                        frames.append(exc)
-                        taken.append(None)
-                        continue
-                    frames.append(data)
-                    taken.append(xxh3_64(data))  # here, not in the caller's callback
-            job.future.set_result(DecodedSpan(frames, taken))
+            job.future.set_result(decoded.result())
         except BaseException as exc:
             job.future.set_exception(exc)
         return True
