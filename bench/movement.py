@@ -12,7 +12,8 @@ page cache through pinned memory, whatever its coder and interpreter.
     PYTHONPATH=. python3 bench/movement.py FILE [--threads 4 8 16] [--mib 64] [--repeats 3]
 
 Prints one line per variant and thread count (GB/s of input, the median of ``--repeats``
-passes over the file, each pass a fresh split of the file between the threads).
+passes over the file, its pieces dealt to the threads in turn; each thread waits for its
+piece's copies before it reads the next).
 """
 
 from __future__ import annotations
@@ -59,16 +60,21 @@ def _pass(fd: int, size: int, piece: int, workers: list[_Worker], variant: str) 
     offsets = list(range(0, size, piece))
     back = int(piece * BACK)
 
+    failed: list[BaseException] = []
+
     def run(k: int) -> None:
-        cuda.use_device(0)  # the context is current per thread
-        w = workers[k]
-        for at in offsets[k :: len(workers)]:
-            n = os.preadv(fd, [w.host[0]], at)
-            if variant != "read":
-                cuda.copy_to_device(w.dev_in, w.host[0].ctypes.data, n, w.stream.handle)
-            if variant == "read+h2d+d2h":
-                cuda.copy_to_host(w.host[1].ctypes.data, w.dev_out, min(back, n), w.stream.handle)
-            w.stream.synchronize()
+        try:
+            cuda.use_device(0)  # the context is current per thread
+            w = workers[k]
+            for at in offsets[k :: len(workers)]:
+                n = os.preadv(fd, [w.host[0]], at)
+                if variant != "read":
+                    cuda.copy_to_device(w.dev_in, w.host[0].ctypes.data, n, w.stream.handle)
+                if variant == "read+h2d+d2h":
+                    cuda.copy_to_host(w.host[1].ctypes.data, w.dev_out, min(back, n), w.stream.handle)
+                w.stream.synchronize()
+        except BaseException as exc:  # a pass with a failed thread has no rate
+            failed.append(exc)
 
     threads = [threading.Thread(target=run, args=(k,)) for k in range(len(workers))]
     start = time.perf_counter()
@@ -76,6 +82,8 @@ def _pass(fd: int, size: int, piece: int, workers: list[_Worker], variant: str) 
         t.start()
     for t in threads:
         t.join()
+    if failed:
+        raise failed[0]
     return time.perf_counter() - start
 
 
