@@ -19,15 +19,13 @@ piece's copies before it reads the next).
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import statistics
 import threading
 import time
 
-import numpy as np
-
 from ckptz import cuda
+from ckptz.engines.gpu import pinned
 
 VARIANTS = ("read", "read+h2d", "read+h2d+d2h")
 #: The compressed share of a piece that comes back (the e2e checkpoint codes at ~1.25x).
@@ -35,14 +33,11 @@ BACK = 0.8
 
 
 class _Worker:
-    """One thread's pinned buffers, device buffers and stream."""
+    """One thread's pinned buffers (from the GPU engine's own pool), device buffers and
+    stream."""
 
     def __init__(self, piece: int) -> None:
-        self.maps = [mmap.mmap(-1, piece, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for _ in range(2)]
-        self.host = [np.frombuffer(m, np.uint8) for m in self.maps]
-        for h in self.host:
-            h[::4096] = 0
-            cuda.host_register(h.ctypes.data, h.size)
+        self.host = [pinned.pool().take(piece) for _ in range(2)]
         self.dev_in = cuda.alloc(piece)
         self.dev_out = cuda.alloc(piece)
         self.stream = cuda.Stream()
@@ -51,8 +46,7 @@ class _Worker:
         self.stream.close()
         cuda.free(self.dev_in, self.host[0].size)
         cuda.free(self.dev_out, self.host[0].size)
-        for h in self.host:
-            cuda.host_unregister(h.ctypes.data)
+        self.host = []  # the leases go back to the pool
 
 
 def _pass(fd: int, size: int, piece: int, workers: list[_Worker], variant: str) -> float:
