@@ -39,6 +39,17 @@ def ckptz(
     )
 
 
+def bench(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/SCRIPT ARGS`` on the tree under test, in a subprocess; text output."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=timeout,
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not any(item.get_closest_marker("gpu") for item in items):
         return
