@@ -52,9 +52,8 @@ class NullEngine:
     frame_size = largest_frame = FRAME
     span_bytes = BATCH
 
-    def __init__(self, readers: int, ahead: int) -> None:
+    def __init__(self, ahead: int) -> None:
         self.threads = 16
-        self.readers = readers
         self.look_ahead = ahead * max(4 * self.threads + 4, 3 * WORKERS * BATCH // FRAME)
         self.restore_ahead = self.look_ahead
         self._zero = np.zeros(2 * BATCH, np.uint8)
@@ -123,7 +122,7 @@ def measure(path: Path, readers: int, ahead: int, repeats: int) -> list[float]:
     """GB/s of each timed run of one configuration."""
     files = _files(path)
     size = sum(p.stat().st_size for p in files)
-    engine, workers = NullEngine(readers, ahead), Workers(readers=readers)
+    engine, workers = NullEngine(ahead), Workers(readers=readers)
     try:
         with tuned_interpreter():
 
