@@ -7,6 +7,7 @@ when a GPU could be used; on a machine without nvCOMP ``auto`` settles on the CP
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from ckptz.codecs.table import CHOOSABLE
 from ckptz.devices import PORTABLE_CODECS, nvcomp_installed, requested_device, warm_context
@@ -19,6 +20,31 @@ from ckptz.errors import DeviceError, UsageError
 CODECS_CPU: tuple[str, ...] = ("auto", *(b.name for b in CHOOSABLE if b.cpu is not None))
 #: ``--codec`` values only a GPU can write (and decode).
 GPU_ONLY_CODECS: tuple[str, ...] = tuple(b.name for b in CHOOSABLE if b.cpu is None)
+#: Bytes a job coded on a GPU needs before its engine runs in a process of its own
+#: (:mod:`ckptz.engines.process`): the process's start (an interpreter, the engine's modules,
+#: the GPU's context) runs beside the caller's planning, but its pinned memory is pinned
+#: again in each run.
+APART_BYTES = 1 << 30
+#: Cores a machine needs for it: the two processes' threads share them.
+APART_CORES = 8
+
+
+def runs_apart(job_bytes: int) -> bool:
+    """Whether a job of ``job_bytes`` coded on a GPU runs its engine in a process of its own:
+    ``$CKPTZ_ENGINE_PROCESS`` 1 or 0 where set, else a job of :data:`APART_BYTES` on a
+    machine of :data:`APART_CORES` cores."""
+    forced = os.environ.get("CKPTZ_ENGINE_PROCESS", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return job_bytes >= APART_BYTES and (os.cpu_count() or 1) >= APART_CORES
+
+
+def _codes_on_gpu(want: str, codec: str, writes: bool, job_bytes: int) -> bool:
+    """Whether :func:`open_engine` opens the GPU engine itself (not the hybrid of CPU threads
+    the GPU may join, nor the CPU engine)."""
+    if writes_portable_on_gpu(want, codec, writes, job_bytes):
+        return True
+    return want != "cpu" and codec not in PORTABLE_CODECS and (want != "auto" or codec in GPU_ONLY_CODECS)
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -81,7 +107,12 @@ def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_
     if (want.startswith("cuda") and gpu_first) or (
         want == "auto" and (codec in GPU_ONLY_CODECS or portable_gpu)
     ):
-        warm_context(want)
+        if _codes_on_gpu(want, codec, writes, job_bytes) and runs_apart(job_bytes):
+            from ckptz.engines import process
+
+            process.prestart(want)  # its own context, beside the caller's planning
+        else:
+            warm_context(want)
 
 
 def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
@@ -105,10 +136,13 @@ def open_engine(
     memory: int | None = None,
     writes: bool = False,
     job_bytes: int = 0,
+    apart: bool | None = None,
 ) -> tuple[Engine, str | None]:
     """Open the engine for ``device``; return it with a notice for the user, if any. An
     engine that ``writes`` (compresses) ``job_bytes`` may code the portable bitstream on the
     GPU where one that restores decodes it on the CPU threads (:func:`writes_portable_on_gpu`).
+    A GPU engine runs in a process of its own where ``apart`` says so (default:
+    :func:`runs_apart`), unless it cannot open there.
 
     Raises:
         UsageError: unknown device or codec.
@@ -116,6 +150,16 @@ def open_engine(
     """
     want = requested_device(device)
     codec = codec.lower()
+    if _codes_on_gpu(want, codec, writes, job_bytes) and (runs_apart(job_bytes) if apart is None else apart):
+        from ckptz.engines import process
+
+        options = dict(
+            threads=threads, level=level, codec=codec, memory=memory, writes=writes, job_bytes=job_bytes
+        )
+        try:
+            return process.open_apart(want, **options), None
+        except DeviceError:
+            pass  # reported, or settled on the CPU, as in this process below
     if writes_portable_on_gpu(want, codec, writes, job_bytes) and (
         want != "auto" or gpu_unavailable_reason() is None
     ):

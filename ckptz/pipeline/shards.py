@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import functools
 import io
 import itertools
@@ -40,7 +39,6 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -55,7 +53,6 @@ from ckptz import children, trace
 from ckptz.container import Index, read_index
 from ckptz.digest import Digest, LeafHashes, leaf_count
 from ckptz.engines.base import Engine
-from ckptz.errors import CkptzError
 from ckptz.pipeline.compress import PartJob, PartResult, Places, code_part
 from ckptz.pipeline.restore import (
     Comparer,
@@ -407,7 +404,7 @@ class Shards:
                 return None
             self._children.append(child)
         try:
-            reply = _receive(sock)
+            reply = children.receive(sock)
         except (OSError, EOFError):
             reply = ("died",)
         if reply[0] != "ready":
@@ -420,9 +417,9 @@ class Shards:
 
     def _run(self, sock: socket.socket, task: _Task) -> None:
         with trace.span("helper range"):
-            _send(sock, task.message, task.fds)
+            children.send(sock, task.message, task.fds)
             while True:
-                reply = _receive(sock)
+                reply = children.receive(sock)
                 if reply[0] == "progress":
                     with contextlib.suppress(BaseException):  # a stop shows in the caller's range
                         task.progress(reply[1])
@@ -430,14 +427,14 @@ class Shards:
                 if reply[0] == "place":  # where a helper's coded run goes in the container
                     assert task.places is not None
                     task.placed = True
-                    _send(sock, ("stop",) if task.cancelled else ("at", task.places.take(reply[1])))
+                    children.send(sock, ("stop",) if task.cancelled else ("at", task.places.take(reply[1])))
                     continue
                 if reply[0] == "done":
                     with self._cv:
                         self.helped_bytes += task.size
                     task.future.set_result(reply[1])
                 else:
-                    task.future.set_exception(_rebuild(reply[1]))
+                    task.future.set_exception(children.rebuild_error(reply[1]))
                 return
 
 
@@ -543,66 +540,6 @@ def _sink_of(sink: Sink) -> tuple[str, int, int] | None:
     return None
 
 
-# -- the wire: pickled tuples, each after its length ------------------------------------------
-
-
-def _send(sock: socket.socket, message: object, fds: list[int] | None = None) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    head = struct.pack("<Q", len(data))
-    if fds:
-        socket.send_fds(sock, [head], fds)
-        sock.sendall(data)
-    else:
-        sock.sendall(head + data)
-
-
-def _receive(sock: socket.socket, fds: list[int] | None = None) -> tuple[Any, ...]:
-    """The next message (its descriptors appended to ``fds``).
-
-    Raises:
-        EOFError: the other side closed the socket.
-    """
-    if fds is not None:
-        head, got, _, _ = socket.recv_fds(sock, 8, 4)
-        fds.extend(got)
-    else:
-        head = sock.recv(8)
-    head += _exactly(sock, 8 - len(head)) if head else b""
-    if len(head) < 8:
-        raise EOFError
-    return cast(tuple[Any, ...], pickle.loads(_exactly(sock, struct.unpack("<Q", head)[0])))
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    parts, left = [], n
-    while left:
-        part = sock.recv(min(left, 1 << 20))
-        if not part:
-            raise EOFError
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
-
-
-def _portable(exc: BaseException) -> tuple[str, str, str, dict[str, object]]:
-    """An exception as plain data: ckptz's own errors keep their fields (path, chunk, hint)."""
-    fields: dict[str, object] = {k: v for k, v in vars(exc).items() if isinstance(v, str | int | type(None))}
-    return type(exc).__module__, type(exc).__qualname__, str(exc), fields
-
-
-def _rebuild(data: tuple[str, str, str, dict[str, object]]) -> BaseException:
-    module, name, text, fields = data
-    cls = getattr(sys.modules.get(module), name, None)
-    if isinstance(cls, type) and issubclass(cls, CkptzError):
-        exc = cls.__new__(cls)
-        Exception.__init__(exc, fields.get("message", text))
-        vars(exc).update(fields)
-        return exc
-    if isinstance(cls, type) and issubclass(cls, OSError):
-        return cls(fields.get("errno"), fields.get("strerror") or text)
-    return RuntimeError(f"a helper process failed: {name}: {text}")
-
-
 # -- starting a helper, and the helper itself ----------------------------------------------
 
 
@@ -640,21 +577,10 @@ _helper_numbers = itertools.count()
 
 
 def _start(spec: EngineSpec) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     extra = {}
     if trace.PATH is not None:  # each helper's timeline beside the caller's
         extra["CKPTZ_TRACE"] = f"{os.path.abspath(trace.PATH)}.helper{next(_helper_numbers)}"
-    args = pickle.dumps(spec).hex()
-    try:
-        child = subprocess.Popen(
-            children.command("ckptz.pipeline.shards", str(theirs.fileno()), args),
-            pass_fds=[theirs.fileno()],
-            env=children.environment(extra),
-            stdin=subprocess.DEVNULL,
-        )
-    finally:
-        theirs.close()
-    return child, ours
+    return children.spawn("ckptz.pipeline.shards", pickle.dumps(spec).hex(), extra=extra)
 
 
 def _reap(child: subprocess.Popen[bytes]) -> None:
@@ -668,14 +594,6 @@ def _reap(child: subprocess.Popen[bytes]) -> None:
     if child.poll() is None:
         child.kill()
     child.wait()
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:
-        os._exit(1)
 
 
 def _serve(sock: socket.socket, spec: EngineSpec) -> None:
@@ -693,17 +611,18 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
             memory=spec.memory,
             writes=spec.gpu_writes,
             job_bytes=sys.maxsize if spec.gpu_writes else 0,  # the caller's job was large enough
+            apart=False,  # a helper is a process of its own already
         )
     except BaseException as exc:
-        _send(sock, ("failed", _portable(exc)))
+        children.send(sock, ("failed", children.portable_error(exc)))
         return
     lock = threading.Lock()
     with contextlib.closing(engine), tuned_interpreter():
-        _send(sock, ("ready",))
+        children.send(sock, ("ready",))
         while True:
             fds: list[int] = []
             try:
-                message = _receive(sock, fds)
+                message = children.receive(sock, fds)
             except EOFError:
                 return
             pending = [0]
@@ -712,7 +631,7 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
                 with lock:
                     pending[0] += n
                     if pending[0] >= _REPORT_BYTES:
-                        _send(sock, ("progress", pending[0]))
+                        children.send(sock, ("progress", pending[0]))
                         pending[0] = 0
 
             try:
@@ -723,12 +642,12 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
                     result = _restore_range(message, fds, engine, report)
                 reply: tuple[object, ...] = ("done", result)
             except Exception as exc:
-                reply = ("error", _portable(exc))
+                reply = ("error", children.portable_error(exc))
             with lock:
                 if pending[0]:
-                    _send(sock, ("progress", pending[0]))
+                    children.send(sock, ("progress", pending[0]))
                     pending[0] = 0
-                _send(sock, reply)
+                children.send(sock, reply)
 
 
 def _restore_range(
@@ -779,8 +698,8 @@ class _AskPlaces:
 
     def take(self, n: int) -> int:
         with self._lock:
-            _send(self._sock, ("place", n))
-            reply = _receive(self._sock)
+            children.send(self._sock, ("place", n))
+            reply = children.receive(self._sock)
         if reply[0] == "stop":
             raise _NotStarted()  # the caller's part of the file failed
         if reply[0] != "at":
@@ -791,7 +710,7 @@ class _AskPlaces:
 def main(argv: list[str]) -> None:
     """``python -m ckptz.pipeline.shards FD SPEC``: a helper, on socket ``FD``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the caller stops
-    _die_with_parent()
+    children.die_with_parent()
     spec = pickle.loads(bytes.fromhex(argv[1]))
     with socket.socket(fileno=int(argv[0])) as sock:
         _serve(sock, spec)

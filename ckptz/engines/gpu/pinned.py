@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import mmap
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -43,30 +44,63 @@ class _Region:
     pinned). It is unpinned before its memory goes back to the system, whether it is closed
     or just dropped: a mapping unmapped while still registered leaves the driver taking
     whatever memory later lands at those addresses for pinned memory (a later copy of a
-    pageable tensor there failed with "invalid argument")."""
+    pageable tensor there failed with "invalid argument").
 
-    def __init__(self, size: int) -> None:
+    A ``shared`` region is a memory file (``memfd``) mapped shared, which another process
+    maps too (:mod:`ckptz.engines.process`): its descriptor is :attr:`fd`, and ``pin`` False
+    leaves it unregistered (a process that runs no CUDA). :meth:`mapped` maps such a region
+    made elsewhere. :attr:`key` names it to both processes.
+    """
+
+    def __init__(
+        self, size: int, *, shared: bool = False, pin: bool = True, fd: int = -1, key: object = None
+    ) -> None:
         self.size = size
+        self.key = key
+        self.fd = fd
         self._map: mmap.mmap | None = None
         allocated = 0
+        pinned = False
         try:
-            self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if shared or fd >= 0:
+                if fd < 0:
+                    self.fd = os.memfd_create("ckptz-buffers", os.MFD_CLOEXEC)
+                    os.ftruncate(self.fd, size)
+                self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
+            else:
+                self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             if hasattr(mmap, "MADV_HUGEPAGE"):
                 self._map.madvise(mmap.MADV_HUGEPAGE)
             self.array = np.frombuffer(self._map, dtype=np.uint8)
-            self.array[::4096] = 0  # fault the pages in here: registering them is then quick
-            cuda.host_register(self.array.ctypes.data, size)
+            if fd < 0:  # (another process's region holds its bytes already)
+                self.array[::4096] = 0  # fault the pages in here: registering them is then quick
+            if pin:
+                cuda.host_register(self.array.ctypes.data, size)
+                pinned = True
         except (OSError, RuntimeError):
-            self._map = None
-            allocated = cuda.host_alloc(size)
-            self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(allocated))
+            if shared or fd >= 0:
+                if self._map is None:
+                    raise
+                # Shared memory the driver would not pin: kept, and copied from as it is.
+            else:
+                self._map = None
+                allocated = cuda.host_alloc(size)
+                self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(allocated))
         self.start = self.array.ctypes.data
         #: When the region last came back to its pool (the pool's count of returns).
         self.returned = 0
         # Runs on close() or when the region is dropped, while the mapping is still mapped
         # (the finalizer holds it); not at exit, where the process's memory goes anyway.
-        self._release = weakref.finalize(self, _release, self._map, allocated, self.start)
+        self._release = weakref.finalize(
+            self, _release, self._map if pinned else None, allocated, self.start, self.fd
+        )
         self._release.atexit = False
+
+    @classmethod
+    def mapped(cls, fd: int, size: int, key: object, pin: bool = True) -> _Region:
+        """The shared region another process made, mapped here from its descriptor ``fd``
+        (taken over: closed with the region)."""
+        return cls(size, fd=fd, key=key, pin=pin)
 
     def close(self) -> None:
         """Unpin and unmap (no lease of it may be left)."""
@@ -75,8 +109,10 @@ class _Region:
         self._map = None
 
 
-def _release(mapping: mmap.mmap | None, allocated: int, start: int) -> None:
+def _release(mapping: mmap.mmap | None, allocated: int, start: int, fd: int = -1) -> None:
     """Unpin a region's memory, then let it go."""
+    if fd >= 0:
+        os.close(fd)
     if mapping is not None:
         if not cuda.host_unregister(start):
             # CUDA still counts these pages as pinned: unmapped, their addresses could come
@@ -94,12 +130,22 @@ class PinnedPool:
     :meth:`holds` tells whether an array lies in pinned memory, so a copy to the device can go
     straight from where a reader put the bytes.
 
+    Regions another process made and shares (:meth:`adopt`) are found by :meth:`holds` and
+    :meth:`find` but never leased.
+
     Args:
         keep: free bytes kept pinned for later leases (default :data:`KEEP`).
-        make: makes a region of a given size (the tests' stand-in for pinned memory).
+        make: makes a region of a given size (shared ones, or the tests' stand-in for pinned
+            memory).
+        forget: called with each region the pool lets go of, before it is closed.
     """
 
-    def __init__(self, keep: int = KEEP, make: Callable[[int], _Region] = _Region) -> None:
+    def __init__(
+        self,
+        keep: int = KEEP,
+        make: Callable[[int], _Region] = _Region,
+        forget: Callable[[_Region], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._free: list[_Region] = []  # sorted by size
         self._starts: list[int] = []  # every region, by address
@@ -107,6 +153,7 @@ class PinnedPool:
         self._kept = 0
         self._keep = keep
         self._make = make
+        self._forget = forget
         self._returns = 0
 
     def take(self, size: int) -> np.ndarray:
@@ -128,12 +175,33 @@ class PinnedPool:
 
     def holds(self, arr: np.ndarray) -> bool:
         """Whether ``arr`` (non-empty, contiguous) lies in this pool's pinned memory."""
+        return self.find(arr) is not None
+
+    def find(self, arr: np.ndarray) -> _Region | None:
+        """The region ``arr`` (non-empty, contiguous) lies in, if one of this pool's."""
         if not arr.size or not arr.flags.c_contiguous:
-            return False
+            return None
         ptr = arr.ctypes.data
         with self._lock:
             at = bisect.bisect(self._starts, ptr) - 1
-            return at >= 0 and ptr + arr.nbytes <= self._starts[at] + self._regions[at].size
+            if at >= 0 and ptr + arr.nbytes <= self._starts[at] + self._regions[at].size:
+                return self._regions[at]
+            return None
+
+    def adopt(self, region: _Region) -> None:
+        """Know ``region`` (shared by another process) as this pool's memory, never leased."""
+        with self._lock:
+            at = bisect.bisect(self._starts, region.start)
+            self._starts.insert(at, region.start)
+            self._regions.insert(at, region)
+
+    def disown(self, region: _Region) -> None:
+        """Forget a region :meth:`adopt` took, and close it."""
+        with self._lock:
+            at = bisect.bisect(self._starts, region.start) - 1
+            if at >= 0 and self._regions[at] is region:
+                del self._starts[at], self._regions[at]
+        region.close()
 
     def _reuse(self, size: int) -> _Region | None:
         with self._lock:
@@ -162,6 +230,8 @@ class PinnedPool:
                 del self._starts[at], self._regions[at]
                 stale.append(oldest)
         for r in stale:  # unpinning takes a moment: not under the lock
+            if self._forget is not None:
+                self._forget(r)
             r.close()
 
 
@@ -178,4 +248,14 @@ def pool() -> PinnedPool:
         return _POOL
 
 
-__all__ = ["GRAIN", "KEEP", "PinnedPool", "pool"]
+def use_pool(made: PinnedPool) -> None:
+    """Make ``made`` the process's pinned memory (an engine's process, whose buffers are
+    shared with the process it codes for), before anything takes from :func:`pool`."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is not None:
+            raise RuntimeError("the process's pinned pool is in use already")
+        _POOL = made
+
+
+__all__ = ["GRAIN", "KEEP", "PinnedPool", "pool", "use_pool"]
