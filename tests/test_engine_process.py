@@ -65,6 +65,7 @@ def cpu_apart() -> Iterator[process.ProcessEngine]:
     engine = process.start("cpu").open(threads=2, level=3, codec="auto")
     yield engine
     engine.close()
+    engine.end()
 
 
 def test_a_cpu_engine_in_its_own_process_writes_the_same_container(
@@ -95,6 +96,23 @@ def test_a_damaged_payload_fails_with_the_error_the_engine_raised(
     with pytest.raises(CorruptionError) as caught:
         _restore(cpu_apart, container)
     assert "checksum" in str(caught.value) or "decode" in str(caught.value)
+
+
+def test_a_closed_engine_keeps_its_process_for_the_next_run(checkpoint: Path, tmp_path: Path) -> None:
+    process.end_all()
+    first = process.open_apart("cpu", threads=1, level=3, codec="auto")
+    made = _compress(first, checkpoint)
+    first.close()
+    again = process.open_apart("cpu", threads=2, level=5, codec="auto")  # a new engine, same process
+    try:
+        assert again is first and again.alive()
+        container = tmp_path / "c.ckptz"
+        container.write_bytes(made)
+        assert _restore(again, container) == checkpoint.read_bytes()
+    finally:
+        again.close()
+        process.end_all()
+    assert not again.alive() and again._child.returncode == 0
 
 
 def test_the_wire_passes_shared_arrays_as_the_same_memory_and_holds_them_until_dropped() -> None:

@@ -297,17 +297,24 @@ class ProcessEngine:
     Its attributes are the child engine's, except ``inline`` (always False: every call
     queues and returns a future). ``place`` is refused: frames decoded in another process
     cannot be handed to this process's GPU (``ckptz.load`` decodes in process).
+
+    :meth:`close` closes the child's engine but keeps the process, its CUDA context and both
+    sides' pinned pools for the process's next run on the same device (:func:`open_apart`),
+    as the process's own pinned pool is kept in process; :meth:`end` ends it (at exit).
     """
 
-    def __init__(self, child: subprocess.Popen[bytes], sock: socket.socket) -> None:
+    def __init__(self, child: subprocess.Popen[bytes], sock: socket.socket, want: str) -> None:
         self._child = child
+        self._want = want
         self._wire = _Wire(CALLER, sock, pin=False)
         self._numbers = itertools.count()
         self._pending: dict[int, tuple[Future[Any], object, list[np.ndarray]]] = {}
         self._pending_lock = threading.Lock()
         self._opened: Future[dict[str, Any]] = Future()
+        self._closing: Future[None] = Future()
         self._dead: BaseException | None = None
-        self._closed = False
+        self._open = False
+        self._ended = False
         self._reader = threading.Thread(target=self._receive, name="ckptz-engine-replies", daemon=True)
         self._reader.start()
         self.inline = False
@@ -319,12 +326,16 @@ class ProcessEngine:
         Raises:
             CkptzError: the engine could not open there (its own error), or the process died.
         """
+        self._opened, self._closing = Future(), Future()
+        if self._dead is not None:
+            raise self._dead
         self._wire.send(("open",), options)
         try:
             attrs = self._opened.result()
         except BaseException:
-            self.close()
+            self.end()
             raise
+        self._open = True
         self.device: str = attrs["device"]
         self.restore_ahead: int = attrs["restore_ahead"]
         self.threads: int = attrs["threads"]
@@ -384,13 +395,31 @@ class ProcessEngine:
         return self._extras
 
     def close(self) -> None:
-        """Let the child finish what is queued, close its engine and end; killed after
-        :data:`GRACE_S`."""
-        if self._closed:
+        """Let the child finish what is queued and close its engine; keep the process for
+        the next run (:func:`open_apart`), or end it if it failed."""
+        if not self._open:
             return
-        self._closed = True
+        self._open = False
         with contextlib.suppress(OSError):
             self._wire.send(("close",))
+        with contextlib.suppress(BaseException):
+            self._closing.result()
+        if self._dead is not None or self._pending:
+            self.end()
+            return
+        with _started_lock:
+            if self._want not in _started:
+                _started[self._want] = self
+                return
+        self.end()
+
+    def end(self) -> None:
+        """End the process: told to, then killed after :data:`GRACE_S`."""
+        if self._ended:
+            return
+        self._ended = True
+        with contextlib.suppress(OSError):
+            self._wire.send(("end",))
         self._reader.join(GRACE_S)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._child.wait(0 if self._dead else GRACE_S)
@@ -400,6 +429,10 @@ class ProcessEngine:
         self._wire.close_outbox()
         with contextlib.suppress(OSError):
             self._wire.sock.close()
+
+    def alive(self) -> bool:
+        """Whether the process still runs and answers."""
+        return self._dead is None and not self._ended and self._child.poll() is None
 
     def __enter__(self) -> ProcessEngine:
         return self
@@ -442,18 +475,19 @@ class ProcessEngine:
                 elif kind == "opened":
                     self._opened.set_result(self._wire.load(message[-1]))
                 elif kind == "failed":
-                    error = children.rebuild_error(self._wire.load(message[-1]))
-                    self._opened.set_exception(error)
-                    return
+                    self._opened.set_exception(children.rebuild_error(self._wire.load(message[-1])))
                 elif kind == "closed":
+                    self._closing.set_result(None)
+                elif kind == "ended":
                     return
         except (OSError, EOFError) as exc:
             detail = "" if isinstance(exc, EOFError) else str(exc)
         except BaseException as exc:  # a reply this side cannot read: fail what waits
             detail = repr(exc)
         died = EngineDiedError(detail)
-        if not self._opened.done():
-            self._opened.set_exception(died)
+        for waiting_on in (self._opened, self._closing):
+            if not waiting_on.done():
+                waiting_on.set_exception(died)
         with self._pending_lock:
             self._dead = died
             waiting, self._pending = list(self._pending.values()), {}
@@ -484,9 +518,11 @@ def start(want: str) -> ProcessEngine:
         extra["CKPTZ_TRACE"] = f"{os.path.abspath(trace.PATH)}.engine"
     with trace.span("start engine process"):
         child, sock = children.spawn("ckptz.engines.process", want, extra=extra)
-    return ProcessEngine(child, sock)
+    return ProcessEngine(child, sock, want)
 
 
+#: Engine processes with no engine open, by device: started ahead (:func:`prestart`) or
+#: kept from an earlier run (:meth:`ProcessEngine.close`).
 _started: dict[str, ProcessEngine] = {}
 _started_lock = threading.Lock()
 
@@ -500,20 +536,24 @@ def prestart(want: str) -> None:
 
 
 def open_apart(want: str, **options: Any) -> ProcessEngine:
-    """An engine for ``want`` in a process of its own (the one :func:`prestart` started,
-    else a new one), opened with ``options``."""
+    """An engine for ``want`` in a process of its own (one started ahead or kept from an
+    earlier run, else a new one), opened with ``options``."""
     with _started_lock:
         engine = _started.pop(want, None)
+    if engine is not None and not engine.alive():  # its starting thread has ended, say
+        engine.end()
+        engine = None
     return (engine or start(want)).open(**options)
 
 
 @atexit.register
-def _end_unused() -> None:
+def end_all() -> None:
+    """End every engine process kept (at exit)."""
     with _started_lock:
-        unused = list(_started.values())
+        kept = list(_started.values())
         _started.clear()
-    for engine in unused:
-        engine.close()
+    for engine in kept:
+        engine.end()
 
 
 # -- the engine's side ----------------------------------------------------------------------
@@ -574,20 +614,29 @@ def _serve(sock: socket.socket, want: str) -> None:
                     engine = _open(want, wire.load(message[-1]))
                 except BaseException as exc:
                     wire.send(("failed",), children.portable_error(exc))
-                    return
+                    continue
                 if engine.inline:
                     inline = ThreadPoolExecutor(engine.threads, thread_name_prefix="ckptz-engine")
                 wire.send(("opened",), _attributes(engine))
             elif kind == "close":
-                break
+                engine, inline = _close(engine, inline)
+                wire.send(("closed",))
+            elif kind == "end":
+                return
     finally:
-        if inline is not None:
-            inline.shutdown(wait=True)
-        if engine is not None:
-            engine.close()
+        _close(engine, inline)
         with contextlib.suppress(OSError):
-            wire.send(("closed",))
+            wire.send(("ended",))
         wire.close_outbox()
+
+
+def _close(engine: Engine | None, inline: ThreadPoolExecutor | None) -> tuple[None, None]:
+    """Finish what is queued and close the engine (of a run; the process stays)."""
+    if inline is not None:
+        inline.shutdown(wait=True)
+    if engine is not None:
+        engine.close()
+    return None, None
 
 
 def _dispatch(
@@ -641,4 +690,13 @@ if __name__ == "__main__":
     main(sys.argv[1:])
 
 
-__all__ = ["CALLER", "ENGINE", "EngineDiedError", "ProcessEngine", "start"]
+__all__ = [
+    "CALLER",
+    "ENGINE",
+    "EngineDiedError",
+    "ProcessEngine",
+    "end_all",
+    "open_apart",
+    "prestart",
+    "start",
+]
