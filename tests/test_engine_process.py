@@ -78,6 +78,8 @@ def test_a_cpu_engine_in_its_own_process_writes_the_same_container(
     container = tmp_path / "optimizer.pt.ckptz"
     container.write_bytes(made)
     assert _restore(cpu_apart, container) == checkpoint.read_bytes()
+    counts = cpu_apart.stats()  # the CPU engine's results are its own: nothing held
+    assert counts["held"] == 0 and counts["theirs"] >= 1, counts
 
 
 def test_a_damaged_payload_fails_with_the_error_the_engine_raised(
@@ -223,6 +225,13 @@ def test_the_gpu_engine_in_its_own_process_writes_the_same_container(
         container = tmp_path / "optimizer.pt.ckptz"
         container.write_bytes(made)
         assert _restore(engine, container) == checkpoint.read_bytes()
+        # Every coded block came back as shared memory, and was let go once written; both
+        # processes' buffers are pinned where the GPU copies them.
+        time.sleep(0.5)  # the drops are mailed by a thread of their own
+        counts = engine.stats()
+        assert counts["held"] == 0, counts
+        assert counts["own"] and counts["own_pinned"] == counts["own"], counts
+        assert counts["theirs"] and counts["theirs_pinned"] == counts["theirs"], counts
     finally:
         engine.close()
 
@@ -241,4 +250,5 @@ def test_a_gpu_run_apart_compresses_in_place_and_restores_byte_exact(
     assert all(p.suffix == ".ckptz" for p in work.rglob("*.pt*"))
     api.decompress(work, None, in_place=True, device="cuda")
     assert tree_digests(work) == before
+    process.end_all()
     assert sha256(work / "optimizer.pt") == sha256(small_checkpoint / "optimizer.pt")

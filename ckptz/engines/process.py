@@ -169,7 +169,7 @@ class _Wire:
                     break
                 items.append(more)
             with contextlib.suppress(OSError), self._lock:
-                children.send(self.sock, ("notes", items))
+                children.send(self.sock, ("notes", items, [], b""))
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -195,6 +195,17 @@ class _Wire:
         the arrays in ``held`` that hold them (else of the region); references to theirs,
         views that, once all are gone, queue ``("drop", drop)`` where ``drop`` is given."""
         return _Unpickler(io.BytesIO(data), self, held or [], drop).load()
+
+    def regions(self) -> dict[str, int]:
+        """How many regions of each side this side maps, and how many of them are pinned."""
+        theirs = list(self._theirs.values())
+        mine = list(self._mine.values())
+        return {
+            "own": len(mine),
+            "own_pinned": sum(r.pinned for r in mine),
+            "theirs": len(theirs),
+            "theirs_pinned": sum(r.pinned for r in theirs),
+        }
 
     def region(self, key: object) -> _Region | None:
         """Ours or theirs, by its key."""
@@ -312,6 +323,7 @@ class ProcessEngine:
         self._pending_lock = threading.Lock()
         self._opened: Future[dict[str, Any]] = Future()
         self._closing: Future[None] = Future()
+        self._stats: Future[dict[str, int]] = Future()
         self._dead: BaseException | None = None
         self._open = False
         self._ended = False
@@ -430,6 +442,13 @@ class ProcessEngine:
         with contextlib.suppress(OSError):
             self._wire.sock.close()
 
+    def stats(self) -> dict[str, int]:
+        """The engine's process, counted: results it holds for this process (``held``), and
+        the regions it maps (``own``: its own, ``theirs``: this process's; each ``_pinned``)."""
+        self._stats = Future()
+        self._wire.send(("stats",))
+        return self._stats.result(GRACE_S)
+
     def alive(self) -> bool:
         """Whether the process still runs and answers."""
         return self._dead is None and not self._ended and self._child.poll() is None
@@ -478,6 +497,8 @@ class ProcessEngine:
                     self._opened.set_exception(children.rebuild_error(self._wire.load(message[-1])))
                 elif kind == "closed":
                     self._closing.set_result(None)
+                elif kind == "stats":
+                    self._stats.set_result(self._wire.load(message[-1]))
                 elif kind == "ended":
                     return
         except (OSError, EOFError) as exc:
@@ -623,6 +644,10 @@ def _serve(sock: socket.socket, want: str) -> None:
                 wire.send(("closed",))
             elif kind == "end":
                 return
+            elif kind == "stats":
+                with held_lock:
+                    counts = {"held": len(held), **wire.regions()}
+                wire.send(("stats",), counts)
     finally:
         _close(engine, inline)
         with contextlib.suppress(OSError):

@@ -87,6 +87,8 @@ class _Region:
                 allocated = cuda.host_alloc(size)
                 self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(allocated))
         self.start = self.array.ctypes.data
+        #: Whether CUDA has it registered (else it is copied from as pageable memory).
+        self.pinned = pinned or allocated != 0
         #: When the region last came back to its pool (the pool's count of returns).
         self.returned = 0
         # Runs on close() or when the region is dropped, while the mapping is still mapped
