@@ -49,6 +49,7 @@ class NullEngine:
     device = "cuda:0"
     inline = False
     hashes = True
+    checks = False
     frame_size = largest_frame = FRAME
     span_bytes = BATCH
 

@@ -334,6 +334,11 @@ class Engine(Protocol):
             given. Every engine honours both (the CPU engine hashes on the host); those that
             hash no faster than the pipeline's readers, which hash a run of frames in one
             call while its bytes are in cache, say False.
+        checks: :meth:`decode_span` with ``check`` checks each payload where the engine
+            holds it (a GPU engine: the bytes it copied to the device) and takes each
+            decoded frame's checksum there (:attr:`DecodedSpan.taken`), so the pipeline
+            checks neither on the host. Engines that would only check on the host, as the
+            pipeline's readers do in one call per run, say False.
     """
 
     @property
@@ -349,6 +354,7 @@ class Engine(Protocol):
     span_bytes: int
     inline: bool
     hashes: bool
+    checks: bool
 
     def host_buffer(self, size: int) -> np.ndarray:
         """A uint8 buffer for frames that this engine reads fastest (pinned on a GPU)."""

@@ -81,6 +81,7 @@ class CpuEngine:
     inline = True
     #: The pipeline's readers hash a run of frames in one call while its bytes are in cache.
     hashes = False
+    checks = False
     #: A frame at a time: each is decoded by the reader thread that read it.
     span_bytes = 0
 

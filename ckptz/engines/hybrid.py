@@ -144,6 +144,7 @@ class HybridEngine:
     span_bytes = 0
     #: Most frames are coded on the CPU threads, whose readers hash a run at once.
     hashes = False
+    checks = False
 
     def __init__(self, cpu: CpuEngine, start_gpu: Callable[[], Engine], *, required: bool) -> None:
         self.cpu = cpu

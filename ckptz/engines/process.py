@@ -356,6 +356,7 @@ class ProcessEngine:
         self.look_ahead: int = attrs["look_ahead"]
         self.span_bytes: int = attrs["span_bytes"]
         self.hashes: bool = attrs["hashes"]
+        self.checks: bool = attrs["checks"]
         self._codec_config: dict[str, dict[str, object]] = attrs["codec_config"]
         self._extras: dict[str, object] = attrs["container_extras"]
         return self
@@ -692,6 +693,7 @@ def _attributes(engine: Engine) -> dict[str, Any]:
     attrs.update(
         span_bytes=engine.span_bytes,
         hashes=engine.hashes,
+        checks=engine.checks,
         codec_config=engine.codec_config(),
         container_extras=engine.container_extras(),
     )

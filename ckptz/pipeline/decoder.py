@@ -26,7 +26,6 @@ from ckptz.checksums import xxh3_64_each, xxh3_64_ranges
 from ckptz.container import ALIGN, Index, checksum, frame_chunk_starts, padded_size, stream_frame_lists
 from ckptz.engines.base import (
     DecodedSpan,
-    DeviceChecks,
     Engine,
     OnDevice,
     Place,
@@ -84,7 +83,7 @@ class FrameDecoder:
         self._keys = keys if isinstance(keys, list) else []
         self._count_lock = threading.Lock()
         # Payloads of spans are checked by the engine where it decodes them (on its GPU).
-        self._engine_checks = isinstance(engine, DeviceChecks)
+        self._engine_checks = engine.checks
         # A series delta's reference is found (and checked) before any frame is decoded.
         self.transform = transform_for(index, fd, path)
         self.frames_decoded = 0

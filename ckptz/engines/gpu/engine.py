@@ -160,6 +160,8 @@ class GpuEngine:
     #: Each frame's checksum and its digest leaves are taken on the device, from the bytes
     #: copied there (coding) or decoded there (restoring): the host hashes none of them.
     hashes = True
+    #: Payloads are checked, and decoded frames' checksums taken, on the device.
+    checks = True
 
     def __init__(
         self,
