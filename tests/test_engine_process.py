@@ -181,14 +181,11 @@ def test_an_engine_that_cannot_open_there_raises_its_own_error() -> None:
 
 def test_which_jobs_run_their_engine_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CKPTZ_ENGINE_PROCESS", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert runs_apart(2 << 30) and not runs_apart(100 << 20)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert not runs_apart(2 << 30)
+    assert not runs_apart()  # off unless asked for: it measured no faster (BENCHMARKS.md)
     monkeypatch.setenv("CKPTZ_ENGINE_PROCESS", "1")
-    assert runs_apart(0)
+    assert runs_apart()
     monkeypatch.setenv("CKPTZ_ENGINE_PROCESS", "0")
-    assert not runs_apart(1 << 40)
+    assert not runs_apart()
     # Only where the GPU engine itself is opened: never the CPU engine, nor the hybrid.
     assert _codes_on_gpu("cuda", "ans", False, 0) and _codes_on_gpu("auto", "ans", True, 0)
     assert not _codes_on_gpu("cpu", "zstd", True, 1 << 40)
