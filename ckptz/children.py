@@ -19,7 +19,7 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from ckptz.errors import CkptzError
@@ -60,6 +60,16 @@ def spawn(
     finally:
         theirs.close()
     return child, ours
+
+
+def run_child(argv: list[str], body: Callable[[socket.socket, list[str]], None]) -> None:
+    """A child's life as :func:`spawn` started it (``argv``: the descriptor of its socket, then
+    its own arguments): Ctrl-C left to the caller (it reaches the whole process group), dead
+    with its parent (:func:`die_with_parent`), and ``body(socket, arguments)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    with socket.socket(fileno=int(argv[0])) as sock:
+        body(sock, argv[1:])
 
 
 def die_with_parent() -> None:
@@ -148,6 +158,7 @@ __all__ = [
     "portable_error",
     "rebuild_error",
     "receive",
+    "run_child",
     "send",
     "spawn",
 ]

@@ -43,7 +43,6 @@ import itertools
 import os
 import pickle
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -705,15 +704,12 @@ def _attributes(engine: Engine) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     """``python -m ckptz.engines.process FD DEVICE``: an engine's process, on socket ``FD``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the caller stops
-    children.die_with_parent()
     # As a pipeline runs (ckptz.pipeline.workers.tuned_interpreter): the engine's threads
     # hold the GIL in short stretches between calls that release it, and a run's many small
     # objects are freed by reference counting.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.disable()
-    with socket.socket(fileno=int(argv[0])) as sock:
-        _serve(sock, argv[1])
+    children.run_child(argv, lambda sock, args: _serve(sock, args[0]))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import io
 import itertools
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
@@ -709,11 +708,7 @@ class _AskPlaces:
 
 def main(argv: list[str]) -> None:
     """``python -m ckptz.pipeline.shards FD SPEC``: a helper, on socket ``FD``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the caller stops
-    children.die_with_parent()
-    spec = pickle.loads(bytes.fromhex(argv[1]))
-    with socket.socket(fileno=int(argv[0])) as sock:
-        _serve(sock, spec)
+    children.run_child(argv, lambda sock, args: _serve(sock, pickle.loads(bytes.fromhex(args[0]))))
 
 
 if __name__ == "__main__":
