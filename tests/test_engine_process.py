@@ -23,7 +23,7 @@ import torch
 from conftest import sha256, tree_digests
 
 from ckptz import api
-from ckptz.engines import _codes_on_gpu, open_engine, process, runs_apart
+from ckptz.engines import open_engine, process, runs_apart
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError, DeviceError
@@ -187,9 +187,29 @@ def test_which_jobs_run_their_engine_apart(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("CKPTZ_ENGINE_PROCESS", "0")
     assert not runs_apart()
     # Only where the GPU engine itself is opened: never the CPU engine, nor the hybrid.
-    assert _codes_on_gpu("cuda", "ans", False, 0) and _codes_on_gpu("auto", "ans", True, 0)
-    assert not _codes_on_gpu("cpu", "zstd", True, 1 << 40)
-    assert not _codes_on_gpu("cuda", "zstd", False, 1 << 40)  # portable restores: CPU threads
+    import ckptz.engines as engines
+
+    asked: list[tuple[str, object]] = []
+
+    def open_apart(want: str, **options: object) -> CpuEngine:
+        asked.append((want, options["codec"]))
+        return CpuEngine(1)
+
+    monkeypatch.setenv("CKPTZ_ENGINE_PROCESS", "1")
+    monkeypatch.setattr(process, "open_apart", open_apart)
+    monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
+    monkeypatch.setattr(engines, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(engines, "write_bytes", lambda: 1 << 30)
+    for device, codec, writes, size in [
+        ("cuda", "ans", False, 0),
+        ("auto", "ans", True, 0),
+        ("cuda", "zstd", True, 1 << 40),  # the portable bitstream written on the GPU
+        ("cpu", "zstd", True, 1 << 40),
+        ("cuda", "zstd", False, 1 << 40),  # portable restores: the CPU threads (the hybrid)
+    ]:
+        engine, _ = open_engine(device, codec=codec, writes=writes, job_bytes=size)
+        engine.close()
+    assert asked == [("cuda", "ans"), ("auto", "ans"), ("cuda", "zstd")]
 
 
 def test_a_cpu_run_never_starts_an_engine_process(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -246,7 +246,7 @@ def test_auto_writes_a_large_job_on_the_gpu_where_there_is_one(
         opened.append(f"{want} {kw['codec']}")
         return CpuEngine(1)
 
-    monkeypatch.setattr(engines, "_open_gpu", open_gpu)
+    monkeypatch.setattr(engines, "open_gpu", open_gpu)
     monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
     monkeypatch.setattr(engines, "gpu_unavailable_reason", lambda: None if available else "no GPU here")
     engine, _ = engines.open_engine("auto", writes=True, job_bytes=job_bytes)
@@ -275,7 +275,7 @@ def test_a_gpu_named_writes_the_portable_bitstream_there_and_restores_it_on_the_
         return CpuEngine(2)
 
     monkeypatch.setattr(engines, "warm_context", warmed.append)
-    monkeypatch.setattr(engines, "_open_gpu", open_gpu)
+    monkeypatch.setattr(engines, "open_gpu", open_gpu)
     monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
     out = tmp_path / "packed"
     api.compress(small_checkpoint, out, device="cuda")  # a small job: the CPU threads

@@ -31,14 +31,6 @@ def runs_apart() -> bool:
     return os.environ.get("CKPTZ_ENGINE_PROCESS", "").strip() == "1"
 
 
-def _codes_on_gpu(want: str, codec: str, writes: bool, job_bytes: int) -> bool:
-    """Whether :func:`open_engine` opens the GPU engine itself (not the hybrid of CPU threads
-    the GPU may join, nor the CPU engine)."""
-    if writes_portable_on_gpu(want, codec, writes, job_bytes):
-        return True
-    return want != "cpu" and codec not in PORTABLE_CODECS and (want != "auto" or codec in GPU_ONLY_CODECS)
-
-
 def gpu_unavailable_reason() -> str | None:
     """Why no GPU engine can run here, or None if one can."""
     if not nvcomp_installed():
@@ -99,7 +91,8 @@ def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_
     if (want.startswith("cuda") and gpu_first) or (
         want == "auto" and (codec in GPU_ONLY_CODECS or portable_gpu)
     ):
-        if _codes_on_gpu(want, codec, writes, job_bytes) and runs_apart():
+        # The GPU engine itself (not the hybrid, which brings the GPU up later, in process).
+        if runs_apart() and (portable_gpu or codec not in PORTABLE_CODECS):
             from ckptz.engines import process
 
             process.prestart(want)  # its own context, beside the caller's planning
@@ -107,7 +100,22 @@ def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_
             warm_context(want)
 
 
-def _open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
+def open_gpu(
+    want: str, *, threads: int | None, level: int, codec: str, memory: int | None, apart: bool = False
+) -> Engine:
+    """The GPU engine on ``want`` (in a process of its own where ``apart``, unless it cannot
+    open there: then here, which reports why or settles as :func:`open_engine` says).
+
+    Raises:
+        DeviceError: no GPU engine can run here, or on ``want``.
+    """
+    if apart:
+        from ckptz.engines import process
+
+        try:
+            return process.open_apart(want, threads=threads, level=level, codec=codec, memory=memory)
+        except DeviceError:
+            pass
     warm_context(want)  # the context comes up while the engine's modules load
     reason = gpu_unavailable_reason()
     if reason is not None:
@@ -133,8 +141,8 @@ def open_engine(
     """Open the engine for ``device``; return it with a notice for the user, if any. An
     engine that ``writes`` (compresses) ``job_bytes`` may code the portable bitstream on the
     GPU where one that restores decodes it on the CPU threads (:func:`writes_portable_on_gpu`).
-    A GPU engine runs in a process of its own where ``apart`` says so (default:
-    :func:`runs_apart`), unless it cannot open there.
+    The GPU engine (not the hybrid's, which joins later) runs in a process of its own where
+    ``apart`` says so (default: :func:`runs_apart`), unless it cannot open there.
 
     Raises:
         UsageError: unknown device or codec.
@@ -142,24 +150,15 @@ def open_engine(
     """
     want = requested_device(device)
     codec = codec.lower()
-    if _codes_on_gpu(want, codec, writes, job_bytes) and (runs_apart() if apart is None else apart):
-        from ckptz.engines import process
-
-        options = dict(
-            threads=threads, level=level, codec=codec, memory=memory, writes=writes, job_bytes=job_bytes
-        )
-        try:
-            return process.open_apart(want, **options), None
-        except DeviceError:
-            pass  # reported, or settled on the CPU, as in this process below
+    apart = runs_apart() if apart is None else apart
     if writes_portable_on_gpu(want, codec, writes, job_bytes) and (
         want != "auto" or gpu_unavailable_reason() is None
     ):
-        return _open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory), None
+        return open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory, apart=apart), None
     if want != "cpu" and codec in PORTABLE_CODECS and nvcomp_installed():
         # The portable bitstream: CPU threads start at once, the GPU joins when it is up.
         def start_gpu() -> Engine:
-            return _open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory)
+            return open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory)
 
         hybrid = HybridEngine(CpuEngine(threads, level), start_gpu, required=want != "auto")
         notice = None
@@ -186,7 +185,7 @@ def open_engine(
             notice = None if want == "cpu" else f"running on the CPU: {reason}"
             return CpuEngine(threads, level), notice
     try:
-        engine = _open_gpu(want, threads=threads, level=level, codec=codec, memory=memory)
+        engine = open_gpu(want, threads=threads, level=level, codec=codec, memory=memory, apart=apart)
     except DeviceError as exc:
         if want != "auto" or codec not in CODECS_CPU:
             raise

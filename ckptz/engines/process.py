@@ -68,6 +68,7 @@ from ckptz.engines.base import (
     StoredChunk,
     StoredSpan,
 )
+from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.gpu.pinned import PinnedPool, _Region
 from ckptz.errors import CkptzError
 
@@ -334,8 +335,8 @@ class ProcessEngine:
         self.inline = False
 
     def open(self, **options: Any) -> ProcessEngine:
-        """Open the child's engine (``options``: :func:`~ckptz.engines.open_engine`'s) and take
-        its attributes.
+        """Open the child's engine (``options``: ``threads``, ``level``, ``codec`` and
+        ``memory``, as :func:`~ckptz.engines.open_gpu` takes them) and take its attributes.
 
         Raises:
             CkptzError: the engine could not open there (its own error), or the process died.
@@ -635,7 +636,7 @@ def _serve(sock: socket.socket, want: str) -> None:
                 engine.flush()
             elif kind == "open":
                 try:
-                    engine = _open(want, wire.load(message[-1]))
+                    engine = _open(want, **wire.load(message[-1]))
                 except BaseException as exc:
                     wire.send(("failed",), children.portable_error(exc))
                     continue
@@ -682,11 +683,16 @@ def _dispatch(
         return failed
 
 
-def _open(want: str, options: dict[str, Any]) -> Engine:
-    from ckptz.engines import open_engine
+def _open(
+    want: str, threads: int | None = None, level: int = 3, codec: str = "auto", memory: int | None = None
+) -> Engine:
+    """The GPU engine on ``want`` (:func:`~ckptz.engines.open_gpu`, in this process); on
+    ``cpu`` the CPU engine, which runs the wire on any machine."""
+    from ckptz.engines import open_gpu
 
-    engine, _ = open_engine(want, apart=False, **options)
-    return engine
+    if want == "cpu":
+        return CpuEngine(threads, level)
+    return open_gpu(want, threads=threads, level=level, codec=codec, memory=memory)
 
 
 def _attributes(engine: Engine) -> dict[str, Any]:
