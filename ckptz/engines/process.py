@@ -69,7 +69,7 @@ from ckptz.engines.base import (
     StoredSpan,
 )
 from ckptz.engines.cpu import CpuEngine
-from ckptz.engines.gpu.pinned import PinnedPool, _Region
+from ckptz.engines.gpu.pinned import PinnedPool, Region
 from ckptz.errors import CkptzError
 
 #: Arrays smaller than this cross the socket as bytes, not as references.
@@ -115,20 +115,20 @@ class _Wire:
         self.pool = PinnedPool(make=self._make, forget=self._forgotten, **options)
         self._lock = threading.Lock()  # around every send
         self._sent: set[object] = set()  # our regions the other side has mapped
-        self._theirs: dict[object, _Region] = {}  # the other side's regions mapped here
-        self._mine: weakref.WeakValueDictionary[object, _Region] = weakref.WeakValueDictionary()
+        self._theirs: dict[object, Region] = {}  # the other side's regions mapped here
+        self._mine: weakref.WeakValueDictionary[object, Region] = weakref.WeakValueDictionary()
         #: Drops and forgets, queued from finalizers (which may run inside a send) and sent
         #: by a thread of their own.
         self._outbox: queue.SimpleQueue[tuple[str, object] | None] = queue.SimpleQueue()
         self._mailer = threading.Thread(target=self._mail, name=f"ckptz-{side}-mail", daemon=True)
         self._mailer.start()
 
-    def _make(self, size: int) -> _Region:
-        region = _Region(size, shared=True, pin=self._pin, key=(self.side, next(self._numbers)))
+    def _make(self, size: int) -> Region:
+        region = Region(size, shared=True, pin=self._pin, key=(self.side, next(self._numbers)))
         self._mine[region.key] = region
         return region
 
-    def _forgotten(self, region: _Region) -> None:
+    def _forgotten(self, region: Region) -> None:
         if region.key in self._sent:
             self._sent.discard(region.key)
             self._outbox.put(("forget", region.key))
@@ -179,7 +179,7 @@ class _Wire:
     def map_new(self, new: list[tuple[object, int]], fds: list[int]) -> None:
         """Map the other side's regions passed with a message (their descriptors ``fds``)."""
         for (key, size), fd in zip(new, fds, strict=True):
-            region = _Region.mapped(fd, size, key, pin=self._pin)
+            region = Region.mapped(fd, size, key, pin=self._pin)
             self._theirs[key] = region
             self.pool.adopt(region)
 
@@ -210,7 +210,7 @@ class _Wire:
             "theirs_pinned": sum(r.pinned for r in theirs),
         }
 
-    def region(self, key: object) -> _Region | None:
+    def region(self, key: object) -> Region | None:
         """Ours or theirs, by its key."""
         return self._theirs.get(key) or self._mine.get(key)
 
@@ -221,7 +221,7 @@ class _Wire:
 @dataclass(frozen=True, slots=True)
 class _Packed:
     data: bytes
-    regions: list[_Region]
+    regions: list[Region]
     own: list[np.ndarray]
 
 
@@ -231,7 +231,7 @@ class _Pickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, wire: _Wire) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._wire = wire
-        self.regions: list[_Region] = []  # our own regions referenced
+        self.regions: list[Region] = []  # our own regions referenced
         self.own: list[np.ndarray] = []  # the arrays of them referenced
 
     def persistent_id(self, obj: object) -> object:

@@ -39,7 +39,7 @@ KEEP = 2 << 30
 _UNRELEASED: list[mmap.mmap] = []
 
 
-class _Region:
+class Region:
     """One mapping, registered with CUDA (or, where that fails, memory the driver allocates
     pinned). It is unpinned before its memory goes back to the system, whether it is closed
     or just dropped: a mapping unmapped while still registered leaves the driver taking
@@ -99,7 +99,7 @@ class _Region:
         self._release.atexit = False
 
     @classmethod
-    def mapped(cls, fd: int, size: int, key: object, pin: bool = True) -> _Region:
+    def mapped(cls, fd: int, size: int, key: object, pin: bool = True) -> Region:
         """The shared region another process made, mapped here from its descriptor ``fd``
         (taken over: closed with the region)."""
         return cls(size, fd=fd, key=key, pin=pin)
@@ -145,13 +145,13 @@ class PinnedPool:
     def __init__(
         self,
         keep: int = KEEP,
-        make: Callable[[int], _Region] = _Region,
-        forget: Callable[[_Region], None] | None = None,
+        make: Callable[[int], Region] = Region,
+        forget: Callable[[Region], None] | None = None,
     ) -> None:
         self._lock = threading.Lock()
-        self._free: list[_Region] = []  # sorted by size
+        self._free: list[Region] = []  # sorted by size
         self._starts: list[int] = []  # every region, by address
-        self._regions: list[_Region] = []
+        self._regions: list[Region] = []
         self._kept = 0
         self._keep = keep
         self._make = make
@@ -179,7 +179,7 @@ class PinnedPool:
         """Whether ``arr`` (non-empty, contiguous) lies in this pool's pinned memory."""
         return self.find(arr) is not None
 
-    def find(self, arr: np.ndarray) -> _Region | None:
+    def find(self, arr: np.ndarray) -> Region | None:
         """The region ``arr`` (non-empty, contiguous) lies in, if one of this pool's."""
         if not arr.size or not arr.flags.c_contiguous:
             return None
@@ -190,14 +190,14 @@ class PinnedPool:
                 return self._regions[at]
             return None
 
-    def adopt(self, region: _Region) -> None:
+    def adopt(self, region: Region) -> None:
         """Know ``region`` (shared by another process) as this pool's memory, never leased."""
         with self._lock:
             at = bisect.bisect(self._starts, region.start)
             self._starts.insert(at, region.start)
             self._regions.insert(at, region)
 
-    def disown(self, region: _Region) -> None:
+    def disown(self, region: Region) -> None:
         """Forget a region :meth:`adopt` took, and close it."""
         with self._lock:
             at = bisect.bisect(self._starts, region.start) - 1
@@ -205,7 +205,7 @@ class PinnedPool:
                 del self._starts[at], self._regions[at]
         region.close()
 
-    def _reuse(self, size: int) -> _Region | None:
+    def _reuse(self, size: int) -> Region | None:
         with self._lock:
             sizes = [r.size for r in self._free]
             at = bisect.bisect_left(sizes, size)
@@ -214,7 +214,7 @@ class PinnedPool:
             self._kept -= self._free[at].size
             return self._free.pop(at)
 
-    def _give(self, region: _Region) -> None:
+    def _give(self, region: Region) -> None:
         """Keep a region that came back; past :attr:`keep` free bytes, let go of the free
         regions given back longest ago."""
         stale = []
@@ -260,4 +260,4 @@ def use_pool(made: PinnedPool) -> None:
         _POOL = made
 
 
-__all__ = ["GRAIN", "KEEP", "PinnedPool", "pool", "use_pool"]
+__all__ = ["GRAIN", "KEEP", "PinnedPool", "Region", "pool", "use_pool"]
