@@ -1757,28 +1757,28 @@ class Bench:
             f"- start-up ≤ 2 s: cuda {num(s.median if s else None)} s {verdict(2 / s.median if s and s.median else None, 1)}"
             f" · cpu {num(c.median if c else None)} s {verdict(2 / c.median if c and c.median else None, 1)}"
         )
-        inplace = []
-        for dev, codec in (c for c in CONFIGS if c[0] in self.devices):
-            for inp in INPUTS:
-                a = self.find(
-                    tool="ckptz", mode="cli in-place", device=dev, codec=codec, op="compress", input=inp
-                )
-                b = self.find(
-                    tool="ckptz",
-                    mode="cli -o",
-                    root="tmpfs",
-                    device=dev,
-                    codec=codec,
-                    op="compress",
-                    input=inp,
-                )
-                rm = self.find(tool="rm", mode="rm -r", root="tmpfs", input=inp)
-                if a and b and a.median and b.median:
-                    also = (
-                        f" (÷ -o + rm -r {a.median / (b.median + rm.median):.2f})" if rm and rm.median else ""
+        for op in ("compress", "decompress"):
+            inplace = []
+            for dev, codec in (c for c in CONFIGS if c[0] in self.devices):
+                for inp in INPUTS:
+                    common = {"tool": "ckptz", "device": dev, "codec": codec, "op": op, "input": inp}
+                    a = self.find(mode="cli in-place", **common)
+                    b = self.find(mode="cli -o", root="tmpfs", **common)
+                    # What in place pays that -o does not: the originals removed (for a
+                    # compression; a restore removes the smaller containers).
+                    rm = (
+                        self.find(tool="rm", mode="rm -r", root="tmpfs", input=inp)
+                        if op == "compress"
+                        else None
                     )
-                    inplace.append(f"{dev} {codec} {inp} {a.median / b.median:.2f}{also}")
-        out.append("- in-place ÷ -o, compress, tmpfs (≤ 1.3): " + (" · ".join(inplace) or "n/a"))
+                    if a and b and a.median and b.median:
+                        also = (
+                            f" (÷ -o + rm -r {a.median / (b.median + rm.median):.2f})"
+                            if rm and rm.median
+                            else ""
+                        )
+                        inplace.append(f"{dev} {codec} {inp} {a.median / b.median:.2f}{also}")
+            out.append(f"- in-place ÷ -o, {op}, tmpfs (≤ 1.3): " + (" · ".join(inplace) or "n/a"))
         mem = []
         for dev, codec in (c for c in CONFIGS if c[0] in self.devices):
             rows = [

@@ -7,6 +7,7 @@ container left (RELIABILITY.md, *Crash safety*).
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from ckptz.container import StreamInfo
 from ckptz.engines.base import EncodedFrame, EncodedSpan, FrameToCode
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError
-from ckptz.pipeline import compress_file
+from ckptz.pipeline import FileSink, compress_file
+from ckptz.pipeline.plan import Frame
 
 
 class _LyingEngine(CpuEngine):
@@ -94,3 +96,81 @@ def test_a_wrong_byte_on_disk_is_caught_in_place(model: Path, monkeypatch: pytes
         api.compress(model.parent, in_place=True, device="cpu")
     monkeypatch.undo()
     assert tree_digests(model.parent) == before  # the original is there, no container, no temp
+
+
+@pytest.fixture
+def compressed(model: Path) -> Path:
+    api.compress(model.parent, in_place=True, device="cpu")
+    return model.parent
+
+
+def _restore_in_place_fails(folder: Path, match: str) -> None:
+    before = tree_digests(folder)
+    with pytest.raises(CorruptionError, match=match):
+        api.decompress(folder, in_place=True, device="cpu")
+    # The container is kept, and no restored file or temp file is left beside it.
+    assert tree_digests(folder) == before
+
+
+@pytest.mark.parametrize("fault", ["flip", "lose"])
+def test_a_wrong_or_lost_write_is_caught_restoring_in_place(
+    compressed: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    real = safeio.pwrite_all
+    calls = [0]
+
+    def faulty(fd: int, parts: Any, offset: int) -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # a frame's piece, not the first
+            if fault == "lose":
+                return
+            first = bytearray(memoryview(parts[0]).cast("B"))
+            first[-1] ^= 0x80
+            parts = [bytes(first), *parts[1:]]
+        real(fd, parts, offset)
+
+    monkeypatch.setattr(safeio, "pwrite_all", faulty)
+    _restore_in_place_fails(compressed, "read back differs from what was written")
+    assert calls[0] >= 2
+
+
+def test_a_restored_file_longer_than_the_original_is_caught_in_place(
+    compressed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = FileSink.put
+
+    def and_a_byte_past_the_end(self: FileSink, frame: Frame, data: np.ndarray) -> None:
+        real(self, frame, data)
+        assert self.size is not None
+        os.pwrite(self.fd, b"x", self.size)  # every frame's own bytes are right
+
+    monkeypatch.setattr(FileSink, "put", and_a_byte_past_the_end)
+    _restore_in_place_fails(compressed, "is not the original's .* bytes long")
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_first_difference_names_the_first_wrong_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built: bool
+) -> None:
+    if not built:
+        monkeypatch.setattr(safeio, "native", None)
+    elif safeio.native is None:
+        pytest.skip("the C extension is not built")
+    data = np.random.default_rng(1).integers(0, 256, 700_000, dtype=np.uint8)
+    path = tmp_path / "f"
+    path.write_bytes(data.tobytes())
+    # Pieces of a frame: (file offset, offset in the frame's bytes, bytes), out of order.
+    frame = np.concatenate([data[500_000:600_000], data[10:300_010]])
+    pieces = [(500_000, 0, 100_000), (10, 100_000, 300_000)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert safeio.first_difference(fd, frame, pieces) is None
+        wrong = frame.copy()
+        wrong[100_000 + 299_000] ^= 1  # the second piece's byte at file offset 299_010
+        assert safeio.first_difference(fd, wrong, pieces) == 299_010
+        wrong[5] ^= 1  # the first piece is compared first
+        assert safeio.first_difference(fd, wrong, pieces) == 500_005
+        os.truncate(path, 550_000)  # the first piece is cut short where the file ends
+        assert safeio.first_difference(fd, frame, pieces) == 550_000
+    finally:
+        os.close(fd)

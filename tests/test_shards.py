@@ -210,6 +210,32 @@ def test_decompress_splits_large_files_across_processes(
     assert api.decompress(out, None, discard=True, processes=2, device="cpu").files
 
 
+def test_helpers_read_back_what_they_restore_in_place(
+    packed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In place, the container goes away: each helper's sink reads back every frame it
+    writes, as the caller's does (``_sink_of`` passes that on)."""
+    src, out = packed
+    with open(tmp_path / "f", "w+b") as f:
+        assert shards_module._sink_of(FileSink(f, 10, read_back=True))[0] == "file read back"  # type: ignore[index]
+        assert shards_module._sink_of(FileSink(f, 10))[0] == "file"  # type: ignore[index]
+    made: list[Shards] = []
+    real = Shards.restore
+
+    def spy(self: Shards, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.wait_started()
+        made.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Shards, "restore", spy)
+    alone = tmp_path / "alone" / out.name
+    alone.parent.mkdir()
+    out.rename(alone)
+    api.decompress(alone, in_place=True, processes=3, device="cpu")
+    assert not alone.exists() and alone.with_suffix("").read_bytes() == src.read_bytes()
+    assert made and made[0].helped_bytes > 0
+
+
 def test_processes_by_default(monkeypatch: pytest.MonkeyPatch, packed: tuple[Path, Path]) -> None:
     from ckptz.runs.plan import Job
     from ckptz.runs.tree import Entry

@@ -24,6 +24,8 @@
  *                                       index and protocol (or None: unsure)
  *   pread_many(fd, offsets, sizes)      many small reads of a file, the GIL released once
  *   pread_into(fd, buf, at, to, sizes)  many reads of a file into one buffer, the same
+ *   first_difference(fd, data, at, from, sizes)  ranges of a file read back and compared with
+ *                                       data, the same; -1 or the first differing offset
  *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
  *   xxh3_64_ranges(data, offsets, sizes, out)  the same of many ranges of data, into out
  *   xxh3_64_each(parts)                 the same of each of many buffers, the GIL released once
@@ -644,6 +646,63 @@ done:
     return result;
 }
 
+/* first_difference(fd, data, file_offsets, data_offsets, sizes) -> int: reads each range of
+ * a file back and compares it with the bytes of data at its place (int64 tables of one
+ * length), the GIL released once; -1 where every range equals, else the file offset of the
+ * first difference found (a read cut short by the file's end differs where it stops). */
+#define COMPARE_BLOCK (256 << 10)
+static PyObject *native_first_difference(PyObject *self, PyObject *args) {
+    int fd;
+    Py_buffer data, foffs, doffs, sizes;
+    if (!PyArg_ParseTuple(args, "iy*y*y*y*", &fd, &data, &foffs, &doffs, &sizes)) return NULL;
+    PyObject *result = NULL;
+    size_t count = (size_t)foffs.len / sizeof(int64_t);
+    const int64_t *fo = foffs.buf, *dof = doffs.buf, *len = sizes.buf;
+    if (foffs.len % sizeof(int64_t) || doffs.len != foffs.len || sizes.len != foffs.len) {
+        PyErr_SetString(PyExc_ValueError, "first_difference: the offsets and sizes must be int64 of one length");
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++)
+        if (fo[i] < 0 || dof[i] < 0 || len[i] < 0 || dof[i] > data.len || len[i] > data.len - dof[i]) {
+            PyErr_Format(PyExc_ValueError, "first_difference: range %zu (%lld, %lld, %lld) is outside the data", i,
+                         (long long)fo[i], (long long)dof[i], (long long)len[i]);
+            goto done;
+        }
+    int error = 0;
+    int64_t found = -1;
+    Py_BEGIN_ALLOW_THREADS;
+    char *back = malloc(COMPARE_BLOCK);
+    if (!back) error = ENOMEM;
+    for (size_t i = 0; i < count && found < 0 && !error; i++)
+        for (int64_t at = 0; at < len[i];) {
+            int64_t want = len[i] - at < COMPARE_BLOCK ? len[i] - at : COMPARE_BLOCK;
+            int64_t got = pread_fully(fd, back, want, fo[i] + at, &error);
+            if (error) break;
+            const char *ours = (const char *)data.buf + dof[i] + at;
+            if (got < want || memcmp(back, ours, (size_t)got) != 0) {
+                int64_t k = 0;
+                while (k < got && back[k] == ours[k]) k++;
+                found = fo[i] + at + k;
+                break;
+            }
+            at += got;
+        }
+    free(back);
+    Py_END_ALLOW_THREADS;
+    if (error) {
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = PyLong_FromLongLong((long long)found);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&foffs);
+    PyBuffer_Release(&doffs);
+    PyBuffer_Release(&sizes);
+    return result;
+}
+
 static PyObject *native_pread_many(PyObject *self, PyObject *args) {
     int fd;
     Py_buffer offsets, sizes;
@@ -935,6 +994,9 @@ static PyMethodDef methods[] = {
     {"pread_into", native_pread_into, METH_VARARGS,
      "pread_into(fd, buffer, file_offsets, buffer_offsets, sizes) -> int: reads into places of one\n"
      "buffer (int64 tables), the GIL released once; the bytes read (fewer where the file ends)."},
+    {"first_difference", native_first_difference, METH_VARARGS,
+     "first_difference(fd, data, file_offsets, data_offsets, sizes) -> int: ranges of a file read back\n"
+     "and compared with data (int64 tables), the GIL released once; -1, or the first differing offset."},
     {"pread_many", native_pread_many, METH_VARARGS,
      "pread_many(fd, offsets, sizes) -> list[bytes]: each read (int64 offsets and sizes), the GIL\n"
      "released once for all; a read is shorter only at the end of the file."},

@@ -92,16 +92,34 @@ class DeviceSink(Sink, Protocol):
 
 class FileSink:
     """Writes each frame's pieces at their offsets in an open file (of ``size`` bytes once
-    restored, where known: :func:`ckptz.safeio.expect_size`)."""
+    restored, where known: :func:`ckptz.safeio.expect_size`).
 
-    def __init__(self, f: BinaryIO, size: int | None = None) -> None:
-        self.fd, self.size = f.fileno(), size
+    With ``read_back`` (a restore in place, whose container goes away next), each frame's
+    pieces are read back from the file as soon as they are written and must equal the
+    checked bytes that were written. A frame's pieces are its own bytes of the file (the
+    segment table cuts the file into frames, each byte into one), so no later write of the
+    restore changes bytes already read back: once every frame is in and the file has the
+    original's size, the file holds what the digest was checked on (RELIABILITY.md).
+    """
+
+    def __init__(
+        self, f: BinaryIO, size: int | None = None, *, read_back: bool = False, path: str = ""
+    ) -> None:
+        self.fd, self.size, self.read_back, self.path = f.fileno(), size, read_back, path
         if size is not None:
             safeio.expect_size(self.fd, size)
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
         for at, within, n in frame.pieces:
             safeio.pwrite_all(self.fd, [data.data[within : within + n]], at)
+        if self.read_back:
+            with trace.span("read back"):
+                wrong = safeio.first_difference(self.fd, data, frame.pieces)
+            if wrong is not None:
+                raise CorruptionError(
+                    f"restored file read back differs from what was written, at byte {wrong}",
+                    path=self.path or None,
+                )
 
     def finish(self) -> None:
         pass

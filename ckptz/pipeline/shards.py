@@ -533,7 +533,7 @@ def _sink_of(sink: Sink) -> tuple[str, int, int] | None:
     if type(sink) is DiscardSink:
         return ("discard", -1, 0)
     if type(sink) is FileSink and sink.size is not None:
-        return ("file", sink.fd, sink.size)
+        return ("file read back" if sink.read_back else "file", sink.fd, sink.size)
     if type(sink) is Comparer:
         return ("compare", sink.fd, 0)
     return None
@@ -665,9 +665,9 @@ def _restore_range(
         files += [stack.enter_context(open(fd, "rb" if kind == "compare" else "r+b")) for fd in fds[1:]]
         index = read_index(files[0], path)
         sink: Sink
-        if kind == "file":
+        if kind.startswith("file"):
             stack.enter_context(shared_output(files[1].fileno(), size))
-            sink = FileSink(files[1], size)
+            sink = FileSink(files[1], size, read_back=kind == "file read back", path=path)
         elif kind == "compare":
             sink = Comparer(files[1], path)
         else:
