@@ -51,8 +51,6 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from ckptz import trace
-
 #: File systems written through mappings (``statfs`` magic numbers): those where it was
 #: measured to pay, and where a reserved range then takes writes without allocating.
 FILE_SYSTEMS = {0x01021994: "tmpfs"}
@@ -172,13 +170,6 @@ class MappedOutput:
         if missing > 0:
             self._reserver = _Reserver(self.fd, self.reserved, size)
 
-    def prefer(self, offsets: Sequence[int]) -> None:
-        """The offsets a file of known size will be written at, about in the order the
-        writes will come: its space is reserved in that order (where the writes jump about
-        the file, as a restore's do, reserving from the start made them wait)."""
-        if self._reserver is not None:
-            self._reserver.prefer([at // WINDOW for at in offsets])
-
     def write(self, views: Sequence[memoryview], offset: int) -> None:
         """Write ``views`` (byte views) back to back at ``offset``."""
         n = sum(len(v) for v in views)
@@ -251,8 +242,7 @@ class MappedOutput:
             at = offset + done
             k = at // WINDOW
             if self._reserver is not None:
-                with trace.span("wait reserve"):
-                    self._reserver.wait(k)  # its space reserved before it is mapped
+                self._reserver.wait(k)  # its space reserved before it is mapped
             with self._lock:
                 w = self._windows.get(k)
                 if w is None:
@@ -301,11 +291,11 @@ class MappedOutput:
 
 class _Reserver:
     """Reserves the windows of a file of known size in a thread of its own: :data:`STEP`
-    bytes at a time, in the order the writes will come where it was told it (:meth:`prefer`;
-    else from the start), but first any window a writer waits for. Only this thread
-    reserves the file's space: ``fallocate`` holds the file's lock throughout, and writers
-    reserving their own windows beside it waited for nearly all of it (two writes of a 4.6
-    GB restore on the H100 host stalled 1.0 s, and the restore with them).
+    bytes at a time in order from the start (where a restore's writes begin), but first any
+    window a writer waits for. Only this thread reserves the file's space: ``fallocate``
+    holds the file's lock throughout, and writers reserving their own windows beside it
+    waited for nearly all of it (two writes of a 4.6 GB restore on the H100 host stalled
+    1.0 s, and the restore with them).
 
     Args:
         fd: the file (open until :meth:`stop`).
@@ -316,25 +306,14 @@ class _Reserver:
     def __init__(self, fd: int, start: int, final: int) -> None:
         self._fd, self._final = fd, final
         self._count = -(-final // WINDOW)
-        ready = min(start // WINDOW, self._count)  # windows before it are ready
-        self._ready = bytearray(b"\x01" * ready + bytes(self._count - ready))
-        #: Windows in the order they are reserved (each once), and the first not yet done.
-        self._order = list(range(self._count))
-        self._at = 0
+        self._next = min(start // WINDOW, self._count)  # windows before it are ready
+        self._ready = bytearray(b"\x01" * self._next + bytes(self._count - self._next))
         self._wanted: list[int] = []
         self._error: OSError | None = None
         self._stopping = False
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="ckptz-reserve", daemon=True)
         self._thread.start()
-
-    def prefer(self, windows: Sequence[int]) -> None:
-        """Reserve ``windows`` (in that order) before the others not reserved yet."""
-        with self._cv:
-            first = [k for k in dict.fromkeys(windows) if 0 <= k < self._count and not self._ready[k]]
-            chosen = set(first)
-            self._order = first + [k for k in range(self._count) if k not in chosen and not self._ready[k]]
-            self._at = 0
 
     def wait(self, k: int) -> None:
         """Return once window ``k`` is reserved.
@@ -357,8 +336,8 @@ class _Reserver:
     def prefix(self) -> int:
         """Bytes reserved from the file's start, in one piece."""
         with self._cv:
-            ready = self._ready.find(0)
-            return self._final if ready < 0 else ready * WINDOW
+            self._skip_ready()
+            return min(self._next * WINDOW, self._final)
 
     def stop(self) -> None:
         """Stop after the current step, and wait for it."""
@@ -367,34 +346,26 @@ class _Reserver:
             self._cv.notify_all()
         self._thread.join()
 
-    def _step(self) -> tuple[int, int]:
-        """The next windows to reserve (under the lock): a wanted one, else up to a
-        :data:`STEP` of consecutive windows next in order; ``(count, 0)`` once all are."""
-        while self._wanted:
-            k = self._wanted.pop()
-            if not self._ready[k]:
-                return k, 1
-        order, ready = self._order, self._ready
-        while self._at < len(order) and ready[order[self._at]]:
-            self._at += 1
-        if self._at == len(order):
-            return self._count, 0
-        k, n = order[self._at], 1
-        most = max(1, STEP // WINDOW)
-        while n < most and self._at + n < len(order) and order[self._at + n] == k + n and not ready[k + n]:
-            n += 1
-        return k, n
+    def _skip_ready(self) -> None:
+        while self._next < self._count and self._ready[self._next]:
+            self._next += 1
 
     def _run(self) -> None:
+        step = max(1, STEP // WINDOW)
         while True:
             with self._cv:
-                k, n = self._step()
+                k, n = -1, 1
+                while self._wanted and k < 0:
+                    w = self._wanted.pop()
+                    k = -1 if self._ready[w] else w
+                if k < 0:
+                    self._skip_ready()
+                    k, n = self._next, min(step, self._count - self._next)
                 if self._stopping or k >= self._count:
                     return
             start = k * WINDOW
             try:
-                with trace.span("reserve"):
-                    reserve(self._fd, start, min(n * WINDOW, self._final - start))
+                reserve(self._fd, start, min(n * WINDOW, self._final - start))
             except OSError as exc:
                 with self._cv:
                     self._error = exc

@@ -283,15 +283,6 @@ def expect_size(fd: int, size: int) -> None:
         mapped.expect(size)
 
 
-def plan_writes(fd: int, offsets: Sequence[int]) -> None:
-    """``fd`` (sized by :func:`expect_size` or :func:`shared_output`) will be written at
-    ``offsets``, about in that order: where it is written through mappings, its space is
-    reserved in that order (:meth:`MappedOutput.prefer`); elsewhere nothing changes."""
-    mapped = _MAPPED.get(fd)
-    if mapped is not None:
-        mapped.prefer(offsets)
-
-
 @contextmanager
 def shared_output(fd: int, size: int) -> Iterator[None]:
     """Write ``fd``, another process's output of :func:`atomic_output` (passed over a

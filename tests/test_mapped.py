@@ -174,59 +174,6 @@ def _covered(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
 
 
 @needs_linux
-def test_space_is_reserved_in_the_order_the_writes_will_come(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Told where the writes will come (``prefer``: a restore's frames, in the order of its
-    runs), the background reserves those windows first, in that order, a step of
-    consecutive ones at a time, then the rest from the start; a window a writer waits for
-    still goes first."""
-    monkeypatch.setattr(mapped, "WINDOW", 64 << 10)
-    monkeypatch.setattr(mapped, "STEP", 128 << 10)
-    order: list[int] = []
-    started, go = threading.Event(), threading.Event()
-    inner = mapped.reserve
-
-    def reserve(fd: int, offset: int, length: int) -> None:
-        started.set()
-        go.wait()
-        inner(fd, offset, length)
-        order.extend(range(offset // mapped.WINDOW, -(-(offset + length) // mapped.WINDOW)))
-
-    monkeypatch.setattr(mapped, "reserve", reserve)
-    fd = os.open(tmp_path / "f.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        out = mapped.MappedOutput(fd)
-        out.expect(16 * mapped.WINDOW)  # 16 windows; the first step (0-1) is under way
-        assert started.wait(10)
-        # Writes to come at windows 9, 3-4 (one piece across both) and 12, then 3 again.
-        out.prefer(
-            [
-                9 * mapped.WINDOW + 5,
-                4 * mapped.WINDOW - 1,
-                4 * mapped.WINDOW,
-                12 * mapped.WINDOW,
-                3 * mapped.WINDOW,
-            ]
-        )
-        go.set()
-        out.write([memoryview(b"x" * 10)], 15 * mapped.WINDOW)  # waits for window 15
-        reserver = out._reserver
-        assert reserver is not None
-        for _ in range(1000):  # until every window is reserved
-            if reserver.prefix() == 16 * mapped.WINDOW:
-                break
-            threading.Event().wait(0.01)
-        out.finish()
-        assert order[:2] == [0, 1]  # the step begun before
-        rest = [k for k in order[2:] if k != 15]  # window 15 went first once waited for
-        assert rest == [9, 3, 4, 12, 2, 5, 6, 7, 8, 10, 11, 13, 14]  # each once, in steps of two
-        assert os.pread(fd, 10, 15 * mapped.WINDOW) == b"x" * 10
-    finally:
-        os.close(fd)
-
-
-@needs_linux
 def test_a_window_the_background_could_not_reserve_is_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

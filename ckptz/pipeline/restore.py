@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
 
@@ -90,14 +90,6 @@ class DeviceSink(Sink, Protocol):
         ...
 
 
-@runtime_checkable
-class PlannedSink(Sink, Protocol):
-    """A sink told, before the first frame, which frames it will be given and about in
-    which order (a file written through mappings reserves their space in that order)."""
-
-    def plan(self, frames: Sequence[Frame]) -> None: ...
-
-
 class FileSink:
     """Writes each frame's pieces at their offsets in an open file (of ``size`` bytes once
     restored, where known: :func:`ckptz.safeio.expect_size`).
@@ -116,10 +108,6 @@ class FileSink:
         self.fd, self.size, self.read_back, self.path = f.fileno(), size, read_back, path
         if size is not None:
             safeio.expect_size(self.fd, size)
-
-    def plan(self, frames: Sequence[Frame]) -> None:
-        # Each piece's first and last byte: a piece may cross into the next mapped window.
-        safeio.plan_writes(self.fd, [at + end for f in frames for at, _, n in f.pieces for end in (0, n - 1)])
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
         for at, within, n in frame.pieces:
@@ -318,8 +306,6 @@ class _Restore:
         )
         # Runs of frames read and decoded together (one frame each on a CPU engine).
         self.spans = self.decoder.spans(engine.span_bytes)
-        if isinstance(sink, PlannedSink):  # the frames come about in the runs' order
-            sink.plan([self.frames[i] for span in self.spans for i in span])
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
         self.digest = Piecewise(index.source_digest.kind, index.source_size)
         # Once: a runtime protocol check walks the protocol's members on every call.
