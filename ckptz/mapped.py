@@ -51,6 +51,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from ckptz import trace
+
 #: File systems written through mappings (``statfs`` magic numbers): those where it was
 #: measured to pay, and where a reserved range then takes writes without allocating.
 FILE_SYSTEMS = {0x01021994: "tmpfs"}
@@ -242,7 +244,8 @@ class MappedOutput:
             at = offset + done
             k = at // WINDOW
             if self._reserver is not None:
-                self._reserver.wait(k)  # its space reserved before it is mapped
+                with trace.span("wait reserve"):
+                    self._reserver.wait(k)  # its space reserved before it is mapped
             with self._lock:
                 w = self._windows.get(k)
                 if w is None:
@@ -365,7 +368,8 @@ class _Reserver:
                     return
             start = k * WINDOW
             try:
-                reserve(self._fd, start, min(n * WINDOW, self._final - start))
+                with trace.span("reserve"):
+                    reserve(self._fd, start, min(n * WINDOW, self._final - start))
             except OSError as exc:
                 with self._cv:
                     self._error = exc
