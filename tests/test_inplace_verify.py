@@ -172,5 +172,9 @@ def test_first_difference_names_the_first_wrong_byte(
         assert safeio.first_difference(fd, wrong, pieces) == 500_005
         os.truncate(path, 550_000)  # the first piece is cut short where the file ends
         assert safeio.first_difference(fd, frame, pieces) == 550_000
+        if built:  # a range outside the data is refused, never read past
+            one = np.array([frame.size], np.int64)
+            with pytest.raises(ValueError, match="outside"):
+                safeio.native.first_difference(fd, frame, np.zeros(1, np.int64), one, one // one)
     finally:
         os.close(fd)

@@ -597,6 +597,25 @@ static int64_t pread_fully(int fd, char *dst, int64_t want, int64_t at, int *err
     return got;
 }
 
+/* Whether foffs, boffs and sizes are int64 tables of one length whose ranges (file offset,
+ * place in a buffer of `limit` bytes, bytes) lie inside that buffer; if not, a ValueError
+ * naming `what` is set. */
+static int file_ranges_ok(const char *what, const Py_buffer *foffs, const Py_buffer *boffs, const Py_buffer *sizes,
+                          Py_ssize_t limit) {
+    if (foffs->len % sizeof(int64_t) || boffs->len != foffs->len || sizes->len != foffs->len) {
+        PyErr_Format(PyExc_ValueError, "%s: the offsets and sizes must be int64 of one length", what);
+        return 0;
+    }
+    const int64_t *fo = foffs->buf, *bo = boffs->buf, *len = sizes->buf;
+    for (size_t i = 0; i < (size_t)foffs->len / sizeof(int64_t); i++)
+        if (fo[i] < 0 || bo[i] < 0 || len[i] < 0 || bo[i] > limit || len[i] > limit - bo[i]) {
+            PyErr_Format(PyExc_ValueError, "%s: range %zu (%lld, %lld, %lld) is outside the buffer", what, i,
+                         (long long)fo[i], (long long)bo[i], (long long)len[i]);
+            return 0;
+        }
+    return 1;
+}
+
 /* pread_into(fd, buffer, file_offsets, buffer_offsets, sizes) -> int: reads of a file into
  * places of one writable buffer (int64 tables of one length), the GIL released once; the
  * bytes read, fewer than asked where the file ends first (the reads stop there). Reads
@@ -608,16 +627,7 @@ static PyObject *native_pread_into(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     size_t count = (size_t)foffs.len / sizeof(int64_t);
     const int64_t *fo = foffs.buf, *bo = boffs.buf, *len = sizes.buf;
-    if (foffs.len % sizeof(int64_t) || boffs.len != foffs.len || sizes.len != foffs.len) {
-        PyErr_SetString(PyExc_ValueError, "pread_into: the offsets and sizes must be int64 of one length");
-        goto done;
-    }
-    for (size_t i = 0; i < count; i++)
-        if (fo[i] < 0 || bo[i] < 0 || len[i] < 0 || bo[i] > buf.len || len[i] > buf.len - bo[i]) {
-            PyErr_Format(PyExc_ValueError, "pread_into: read %zu (%lld, %lld, %lld) is outside the buffer", i,
-                         (long long)fo[i], (long long)bo[i], (long long)len[i]);
-            goto done;
-        }
+    if (!file_ranges_ok("pread_into", &foffs, &boffs, &sizes, buf.len)) goto done;
     int error = 0;
     Py_ssize_t total = 0;
     Py_BEGIN_ALLOW_THREADS;
@@ -658,16 +668,7 @@ static PyObject *native_first_difference(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     size_t count = (size_t)foffs.len / sizeof(int64_t);
     const int64_t *fo = foffs.buf, *dof = doffs.buf, *len = sizes.buf;
-    if (foffs.len % sizeof(int64_t) || doffs.len != foffs.len || sizes.len != foffs.len) {
-        PyErr_SetString(PyExc_ValueError, "first_difference: the offsets and sizes must be int64 of one length");
-        goto done;
-    }
-    for (size_t i = 0; i < count; i++)
-        if (fo[i] < 0 || dof[i] < 0 || len[i] < 0 || dof[i] > data.len || len[i] > data.len - dof[i]) {
-            PyErr_Format(PyExc_ValueError, "first_difference: range %zu (%lld, %lld, %lld) is outside the data", i,
-                         (long long)fo[i], (long long)dof[i], (long long)len[i]);
-            goto done;
-        }
+    if (!file_ranges_ok("first_difference", &foffs, &doffs, &sizes, data.len)) goto done;
     int error = 0;
     int64_t found = -1;
     Py_BEGIN_ALLOW_THREADS;
