@@ -45,7 +45,8 @@ def _full_disk_after(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     lock = threading.Lock()
 
     def open_temp(tmp: Path, mode: int = 0o666) -> BinaryIO:
-        return io.BufferedWriter(_FullDisk(tmp, "xb"))
+        # Readable too, as the real temp file is: a restore in place reads back what it writes.
+        return io.BufferedWriter(_FullDisk(tmp, "x+"))
 
     def pwrite_all(fd: int, parts: Any, offset: int) -> None:
         n = sum(len(memoryview(p).cast("B")) for p in parts)

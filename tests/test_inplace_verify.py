@@ -178,3 +178,10 @@ def test_first_difference_names_the_first_wrong_byte(
                 safeio.native.first_difference(fd, frame, np.zeros(1, np.int64), one, one // one)
     finally:
         os.close(fd)
+
+
+def test_reading_back_needs_a_file_open_for_reading(tmp_path: Path) -> None:
+    with open(tmp_path / "w", "wb") as f:
+        with pytest.raises(ValueError, match="open for reading"):
+            FileSink(f, 10, read_back=True)
+        FileSink(f, 10)  # without reading back, a write-only file will do

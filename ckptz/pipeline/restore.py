@@ -33,6 +33,7 @@ Memory stays at :func:`~ckptz.pipeline.workers.slots_needed` decoded frames.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 from collections.abc import Callable
@@ -106,6 +107,8 @@ class FileSink:
         self, f: BinaryIO, size: int | None = None, *, read_back: bool = False, path: str = ""
     ) -> None:
         self.fd, self.size, self.read_back, self.path = f.fileno(), size, read_back, path
+        if read_back and fcntl.fcntl(self.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+            raise ValueError("reading back what is written needs the file open for reading too")
         if size is not None:
             safeio.expect_size(self.fd, size)
 
