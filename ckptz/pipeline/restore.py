@@ -151,15 +151,9 @@ class Comparer:
         self.size = 0
 
     def put(self, frame: Frame, data: np.ndarray) -> None:
-        for at, within, n in frame.pieces:
-            theirs = os.pread(self.fd, n, at)
-            ours = data.data[within : within + n]
-            if theirs != ours:
-                diff = np.flatnonzero(
-                    np.frombuffer(theirs, np.uint8) != np.frombuffer(ours, np.uint8)[: len(theirs)]
-                )
-                first = at + (int(diff[0]) if diff.size else len(theirs))
-                raise MismatchError(f"differs from the original at byte {first}", path=self._path)
+        first = safeio.first_difference(self.fd, data, frame.pieces)
+        if first is not None:
+            raise MismatchError(f"differs from the original at byte {first}", path=self._path)
 
     def expect_size(self, size: int) -> None:
         """Record the restored size, checked against the original's by :meth:`finish`."""
