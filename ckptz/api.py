@@ -33,6 +33,7 @@ from ckptz.runs.lock import hold
 from ckptz.runs.plan import Action, Job, Output, Plan, plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
 from ckptz.runs.run import (
+    OpeningEngine,
     carry,
     check_codec,
     decoding_codec,
@@ -183,25 +184,26 @@ def compress(
         shards, memory = stack.enter_context(
             helper_shards(split, device, threads, level, codec, memory, True, mine.converted_bytes)
         )
-        engine, notices = stack.enter_context(
+        opening, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, level, codec, memory, reporter, True, writes=True)
         )
         prepare(mine, stop, done)
         team.ready(p)
-        _finish_interrupted(mine.finishes, engine, stop, done, compress=True)
+        _finish_interrupted(mine.finishes, opening, stop, done, compress=True)
         reporter.start(sum(j.entry.size for j in mine.converts), "compress")
 
         def one(job: Job) -> FileStats:
-            assert engine is not None
+            assert opening is not None
             reporter.file(job.label)
             make = sp.transform(job) if sp is not None else None
-            stats = _compress_one(job, engine, verify, in_place, reporter, stop, make, shards)
+            stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, shards)
             reporter.file_done(job.label)
             return stats
 
         files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
         team.converted()
         carry(mine, stop, done, in_place, reporter)
+        engine = opening.get() if opening is not None else None
         if sp is not None and sp.recodes:
             files += _recode_all(sp, engine, device, threads, level, codec, memory, reporter, stop, done)
     return make_summary("compress", root, files, p, engine, start, notices, compress=True)
@@ -308,7 +310,7 @@ def detach(
 
 def _compress_one(
     job: Job,
-    engine: Engine,
+    engine: Callable[[], Engine],
     verify: bool,
     in_place: bool,
     reporter: Reporter,
@@ -396,7 +398,7 @@ def _compare(container: Path, original: Path, rel: str, engine: Engine, stop: St
 
 
 def _finish_interrupted(
-    jobs: list[Job], engine: Engine | None, stop: Stop, done: list[str], *, compress: bool
+    jobs: list[Job], opening: OpeningEngine | None, stop: Stop, done: list[str], *, compress: bool
 ) -> None:
     """Finish in-place work a killed run left with both forms present.
 
@@ -405,11 +407,11 @@ def _finish_interrupted(
     both files kept and says which one is stale and how to go on.
     """
     for j in jobs:
-        assert engine is not None
+        assert opening is not None
         stop.check()
         original, container = (j.entry.path, j.target) if compress else (j.target, j.entry.path)
         try:
-            _compare(container, original, str(original), engine, stop)
+            _compare(container, original, str(original), opening.get(), stop)
         except (StoppedError, BusyError):
             raise
         except CkptzError as exc:
@@ -482,41 +484,50 @@ def decompress(
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
         shards, memory = stack.enter_context(helper_shards(split, device, threads, 3, codec, memory))
-        engine, notices = stack.enter_context(
+        opening, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, 3, codec, memory, reporter, False)
         )
         prepare(mine, stop, done)
         team.ready(p)
-        _finish_interrupted(mine.finishes, engine, stop, done, compress=False)
+        _finish_interrupted(mine.finishes, opening, stop, done, compress=False)
         reporter.start(sum(_source_size(j.entry.path) for j in mine.converts), "decompress")
 
         def one(job: Job) -> FileStats:
-            assert engine is not None
+            assert opening is not None
             reporter.file(job.label)
-            stats = _restore_one(job, engine, in_place, reporter, stop, shards)
+            stats = _restore_one(job, opening.get, in_place, reporter, stop, shards)
             reporter.file_done(job.label)
             return stats
 
         files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
         team.converted()
         carry(mine, stop, done, in_place, reporter)
+        engine = opening.get() if opening is not None else None
     return make_summary("decompress", root, files, p, engine, start, notices, compress=False)
 
 
 def _restore_one(
-    job: Job, engine: Engine, in_place: bool, reporter: Reporter, stop: Stop, shards: Shards | None
+    job: Job,
+    engine: Callable[[], Engine],
+    in_place: bool,
+    reporter: Reporter,
+    stop: Stop,
+    shards: Shards | None,
 ) -> FileStats:
+    """Restore one container; its output is made, and where written through mappings begins
+    reserving its space (:class:`~ckptz.pipeline.restore.FileSink`), while ``engine`` opens."""
     e, target = job.entry, job.target
     with open(e.path, "rb") as c:
         index = read_index(c, job.label)
         with atomic_output(target, FileMeta.from_json(index.header.get("source"))) as (f, _tmp):
+            # The container goes away next: each frame is read back as it is written.
+            sink = FileSink(f, index.source_size, read_back=in_place, path=job.label)
             restore_with(
                 shards,
                 c,
                 job.label,
-                engine,
-                # The container goes away next: each frame is read back as it is written.
-                FileSink(f, index.source_size, read_back=in_place, path=job.label),
+                engine(),
+                sink,
                 index=index,
                 progress=stop.ticker(reporter.advance),
             )

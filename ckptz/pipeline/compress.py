@@ -255,7 +255,7 @@ def compress_file(
     src: Path,
     relpath: str,
     out: BinaryIO | None,
-    engine: Engine,
+    engine: Engine | Callable[[], Engine],
     *,
     workers: Workers | None = None,
     progress: Progress = _no_progress,
@@ -274,6 +274,7 @@ def compress_file(
     written in order by one.
 
     Args:
+        engine: the engine, or what gives it once open (the file is laid out meanwhile).
         workers: the run's reader and writer threads (default: a set for this file only).
         verify: decode every coded frame back before returning, and read the written
             container back (see the module docstring); needs a regular file.
@@ -300,6 +301,8 @@ def compress_file(
         with _plans_first:
             with trace.span("layout"):
                 layout = read_layout(src, relpath)
+            if callable(engine):  # still opening
+                engine = engine()
             change = transform(layout) if transform is not None else None
             fd = os.open(src, os.O_RDONLY) if source is None else -1
             reader = source if source is not None else _FileSource(fd)

@@ -8,9 +8,12 @@ not converted (copies, symlinks, hard links) and gives folders their metadata la
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +51,37 @@ def scan_sources(sources: str | Path | Sequence[str | Path]) -> list[Tree]:
     return [scan(p) for p in expand([str(s) for s in items])]
 
 
+def _open_engine(
+    device: str | None,
+    threads: int | None,
+    level: int,
+    codec: str,
+    memory: int | None,
+    reporter: Reporter,
+    announce: bool,
+    writes: bool,
+    job_bytes: int,
+    notices: list[str],
+) -> Engine:
+    """:func:`~ckptz.engines.open_engine` for a run; its notice added to ``notices`` and,
+    with ``announce``, told the user."""
+    with trace.span("open engine"):
+        engine, notice = open_engine(
+            device,
+            threads=threads,
+            level=level,
+            codec=codec,
+            memory=memory,
+            writes=writes,
+            job_bytes=job_bytes,
+        )
+    if notice:
+        notices.append(notice)
+        if announce:
+            reporter.notice(notice)
+    return engine
+
+
 @contextmanager
 def engine_session(
     device: str | None,
@@ -62,19 +96,10 @@ def engine_session(
 ) -> Iterator[tuple[Engine, list[str]]]:
     """The engine of a run (``writes``: it compresses ``job_bytes``;
     :func:`~ckptz.engines.open_engine`), its notice announced, closed at the end."""
-    with trace.span("open engine"):
-        engine, notice = open_engine(
-            device,
-            threads=threads,
-            level=level,
-            codec=codec,
-            memory=memory,
-            writes=writes,
-            job_bytes=job_bytes,
-        )
-    notices = [notice] if notice else []
-    if notice and announce:
-        reporter.notice(notice)
+    notices: list[str] = []
+    engine = _open_engine(
+        device, threads, level, codec, memory, reporter, announce, writes, job_bytes, notices
+    )
     try:
         with tuned_interpreter():
             yield engine, notices
@@ -176,6 +201,41 @@ def decoding_codec(jobs: Sequence[Job], device: str | None) -> str:
     return "auto"
 
 
+class OpeningEngine:
+    """A run's engine, opened on a thread of its own while the run prepares its outputs,
+    lays out its files and makes their outputs; :meth:`get` waits for it.
+
+    A GPU engine's open (its workers' CUDA streams, kernels and nvCOMP) took 0.12-0.35 s
+    on the main thread of the H100 host, every other thread idle meanwhile; a restore's
+    output began reserving its space only after it, and that reservation bounds a restore
+    to tmpfs (BENCHMARKS.md, sessions 43-44). Opened here, it overlaps both. An engine that
+    cannot open raises from :meth:`get` what :func:`~ckptz.engines.open_engine` raised.
+    """
+
+    def __init__(self, opener: Callable[[], Engine]) -> None:
+        self._future: Future[Engine] = Future()
+        self._thread = threading.Thread(target=self._open, args=(opener,), name="ckptz-open", daemon=True)
+        self._thread.start()
+
+    def _open(self, opener: Callable[[], Engine]) -> None:
+        try:
+            engine = opener()
+        except BaseException as exc:
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(engine)
+
+    def get(self) -> Engine:
+        """The engine, once open."""
+        return self._future.result()
+
+    def close(self) -> None:
+        """Close the engine once open (a failed open has nothing to close)."""
+        self._thread.join()
+        if self._future.exception() is None:
+            self._future.result().close()
+
+
 @contextmanager
 def engine_for_plan(
     p: Plan,
@@ -187,14 +247,32 @@ def engine_for_plan(
     reporter: Reporter,
     announce: bool,
     writes: bool = False,
-) -> Iterator[tuple[Engine | None, list[str]]]:
-    """The engine for a plan, or None if it converts nothing (copying files needs none)."""
+) -> Iterator[tuple[OpeningEngine | None, list[str]]]:
+    """The engine for a plan, opening (:class:`OpeningEngine`), or None if the plan
+    converts nothing (copying files needs none); the notices of its open, once open."""
     if not (p.converts or p.finishes):
         yield None, []
         return
-    job = p.converted_bytes
-    with engine_session(device, threads, level, codec, memory, reporter, announce, writes, job) as opened:
-        yield opened
+    notices: list[str] = []
+    opener = functools.partial(
+        _open_engine,
+        device,
+        threads,
+        level,
+        codec,
+        memory,
+        reporter,
+        announce,
+        writes,
+        p.converted_bytes,
+        notices,
+    )
+    opening = OpeningEngine(opener)
+    try:
+        with tuned_interpreter():
+            yield opening, notices
+    finally:
+        opening.close()
 
 
 def check_codec(codec: str) -> str:
