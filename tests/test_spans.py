@@ -8,10 +8,13 @@ tested where there is no GPU. Also: ``ckptz.load`` decoding straight into the st
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
-from concurrent.futures import Future
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pytest
@@ -27,7 +30,10 @@ from ckptz.errors import CorruptionError, FormatError
 from ckptz.pipeline import DiscardSink, FileSink, compress_file, restore
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.device import DeviceRanges
-from ckptz.pipeline.plan import frame_map, frame_runs
+from ckptz.pipeline.plan import Frame, frame_map, frame_runs
+
+#: The restore loop's module (``ckptz.pipeline.restore`` is its function there).
+restore_module = importlib.import_module("ckptz.pipeline.restore")
 
 
 class SpanningCpu(CpuEngine):
@@ -338,3 +344,84 @@ def test_a_file_that_shrinks_while_read_is_refused(tmp_path: Path, engine_type: 
         pytest.raises(FormatError, match="changed or was truncated"),
     ):
         compress_file(src, "model.pt", f, engine, source=_Shrunk(src, src.stat().st_size * 2 // 3))
+
+
+class LaterCpu(SpanningCpu):
+    """A span engine that, like a GPU engine, hands back each run later, from a thread of
+    its own, with the digest's leaves inside the run hashed where it decoded them."""
+
+    hashes = True
+
+    def __init__(self, threads: int) -> None:
+        super().__init__(threads=threads)
+        self._later = ThreadPoolExecutor(2, thread_name_prefix="later")
+
+    def decode_span(
+        self,
+        span: StoredSpan,
+        place: Place | None = None,
+        keep: bool = False,
+        check: bool = False,
+        leaves: Ranges | None = None,
+    ) -> Future[DecodedSpan]:
+        return self._later.submit(
+            lambda: super(LaterCpu, self).decode_span(span, place, keep, check, leaves).result()
+        )
+
+    def close(self) -> None:
+        self._later.shutdown()
+        super().close()
+
+
+class TwoWritersMeet(FileSink):
+    """A file sink that makes the first put of each thread for the frames at ``offsets`` (a
+    run's) wait until a second thread puts one of them too: a run put by one thread alone
+    fails the restore with a broken barrier."""
+
+    def __init__(self, f: BinaryIO, offsets: set[int]) -> None:
+        super().__init__(f)
+        self.offsets, self.meet, self.seen = offsets, threading.Barrier(2, timeout=20), set[str]()
+        self.lock = threading.Lock()
+
+    def put(self, frame: Frame, data: np.ndarray) -> None:
+        me = threading.current_thread().name
+        with self.lock:
+            wait = frame.pieces[0][0] in self.offsets and me not in self.seen and len(self.seen) < 2
+            if wait:
+                self.seen.add(me)
+        if wait:
+            self.meet.wait()
+        super().put(frame, data)
+
+
+def test_a_decoded_run_is_put_by_several_writers(
+    packed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run decoded later (a GPU's batch) is checked and put in shares of ``PUT_BYTES`` by
+    as many writer tasks, byte-exact, with the leaves the engine hashed in the digest."""
+    monkeypatch.setattr(restore_module, "PUT_BYTES", 128 << 10)  # two 64 KiB frames a share
+    src, out = packed
+    back = tmp_path / "back.pt"
+    with open(out, "rb") as f, open(back, "wb") as file, LaterCpu(threads=4) as engine:
+        index = read_index(f, str(out))
+        decoder = FrameDecoder(f.fileno(), str(out), index, engine)
+        run = next(r for r in decoder.spans(engine.span_bytes) if len(r) >= 6)
+        file.truncate(index.source_size)
+        sink = TwoWritersMeet(file, {decoder.frames[i].pieces[0][0] for i in run})
+        restore(f, str(out), engine, sink, index=index)
+    assert back.read_bytes() == src.read_bytes()
+    assert len(sink.seen) >= 2 and all(name.startswith("ckptz-write") for name in sink.seen)
+
+
+def test_a_damaged_frame_in_a_share_of_a_run_fails_the_restore(
+    packed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(restore_module, "PUT_BYTES", 128 << 10)
+    _, out = packed
+    offset, size, k = _payload_offsets(out)
+    data = bytearray(out.read_bytes())
+    data[offset + size // 2] ^= 0x5A
+    out.write_bytes(bytes(data))
+    with open(out, "rb") as f, LaterCpu(threads=4) as engine, pytest.raises(CorruptionError) as err:
+        restore(f, str(out), engine, DiscardSink())
+    assert err.value.chunk == k

@@ -58,6 +58,13 @@ def _no_progress(_: int) -> None:
     pass
 
 
+#: Bytes of a decoded run that one writer task checks and puts. A GPU engine decodes runs
+#: of 20-40 frames at once; put by one thread each (4.3 ms a 4 MiB frame into tmpfs), a run
+#: held its frames' room for ~90 ms, and after its output's space was reserved a restore
+#: to tmpfs had 4-5 of its 16 writers busy (H100 host, BENCHMARKS.md session 44).
+PUT_BYTES = 16 << 20
+
+
 class Sink(Protocol):
     """Where restored frames go. :meth:`put` is called from many threads at once, once per
     frame, with the frame's checked bytes; :meth:`finish` once at the end."""
@@ -436,34 +443,58 @@ class _Restore:
         self, span: range, fut: Future[DecodedSpan], buffer: np.ndarray | None, here: bool = False
     ) -> None:
         """Once a run is decoded: its checks and puts, in this thread (``here``: a reader,
-        which spares a hand-over per frame) or a writer's."""
+        which spares a hand-over per frame) or writers' (:meth:`_shares`)."""
         if buffer is not None:  # decoded: the stored bytes are no longer needed
             self.engine.free_buffer(buffer)
+        if not self._take_leaves(span, fut):
+            return
         if here:
             if not self.stopped:
-                self._put_run(span, fut)
+                self._put_run(span, fut, range(len(span)))
             return
         try:
             with self.lock:
                 if self.stopped:  # a decode that ends after a failure: nothing to write
                     return
-                # One task per run: its frames' checks and puts, in a thread of its own.
-                self.tasks.append(self.workers.write.submit(self._put_run, span, fut))
+                for share in self._shares(span):
+                    self.tasks.append(self.workers.write.submit(self._put_run, span, fut, share))
         except RuntimeError as exc:  # the pools were shut down: the run already failed
             self._fail(exc)
 
-    def _put_run(self, span: range, fut: Future[DecodedSpan]) -> None:
+    def _take_leaves(self, span: range, fut: Future[DecodedSpan]) -> bool:
+        """The digest's leaves the engine hashed inside the run, before any of its frames is
+        given to the digest (which may then end); False once the run has failed."""
         if self.leaf_table is not None and fut.exception() is None:  # else each _put fails
             try:
                 self.leaf_table.take(span, fut.result().leaves)
             except BaseException as exc:
                 self._fail(exc)
-                return
-        given: list[tuple[int, np.ndarray]] = []
+                return False
+        return True
+
+    def _shares(self, span: range) -> list[range]:
+        """A decoded run's frames (positions in the run) in shares of :data:`PUT_BYTES`, a
+        writer task each; a sink that keeps nothing gets one task per run."""
+        if isinstance(self.sink, DiscardSink):
+            return [range(len(span))]
+        out, start, size = [], 0, 0
         for k, i in enumerate(span):
-            if not self._put(i, fut, k, given):
+            size += self.sizes[i]
+            if size >= PUT_BYTES:
+                out.append(range(start, k + 1))
+                start, size = k + 1, 0
+        if start < len(span):
+            out.append(range(start, len(span)))
+        return out
+
+    def _put_run(self, span: range, fut: Future[DecodedSpan], share: range) -> None:
+        """Check and put the run's frames at ``share``'s positions, then give them to the
+        digest (at once: one call hashes their joins)."""
+        given: list[tuple[int, np.ndarray]] = []
+        for k in share:
+            if not self._put(span[k], fut, k, given):
                 return
-        if self.file_digest is not None:  # the run's frames at once: one call hashes their joins
+        if self.file_digest is not None:
             try:
                 self.file_digest.give(given)
             except BaseException as exc:
