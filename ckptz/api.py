@@ -365,27 +365,31 @@ def _discard(
             shards,
             memory,
         ),
-        engine_session(
-            device, threads, level, codec, memory, reporter, writes=compress, job_bytes=p.converted_bytes
-        ) as (engine, notices),
+        engine_for_plan(p, device, threads, level, codec, memory, reporter, True, writes=compress) as (
+            opening,
+            notices,
+        ),
     ):
 
         def one(job: Job) -> FileStats:
+            assert opening is not None
             tick = stop.ticker(reporter.advance)
             if compress:
                 written = compress_with(
                     shards,
                     lambda helpers, progress: compress_file(
-                        job.entry.path, job.label, None, engine, progress=progress, helpers=helpers
+                        job.entry.path, job.label, None, opening.get, progress=progress, helpers=helpers
                     ),
                     tick,
                 )
                 return index_stats(job.label, written.index, written.size)
             with open(job.entry.path, "rb") as c:
-                index = restore_with(shards, c, job.label, engine, DiscardSink(), progress=tick)
+                index = read_index(c, job.label)  # while the engine opens
+                restore_with(shards, c, job.label, opening.get(), DiscardSink(), index=index, progress=tick)
             return index_stats(job.label.removesuffix(SUFFIX), index, job.entry.size)
 
         files = run_jobs(one, p.converts + p.finishes, stop, name=job_label, done=[])
+        engine = opening.get() if opening is not None else None
     return make_summary(operation, root, files, Plan(), engine, start, notices, compress=compress)
 
 

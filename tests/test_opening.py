@@ -72,11 +72,24 @@ def test_a_compression_lays_out_its_file_while_the_engine_opens(
     packed = tmp_path / "packed"
     api.compress(small_checkpoint, packed)
     assert what == ["ahead"]
+    laid_out.clear()
+    assert api.compress(small_checkpoint, None, discard=True).files  # writes nothing
+    assert what == ["ahead", "ahead"]
     api.decompress(packed, tmp_path / "back", device="cpu")
     assert tree_digests(tmp_path / "back") == tree_digests(small_checkpoint)
 
 
-@pytest.mark.parametrize("operation", ["compress", "decompress", "compress in place", "decompress in place"])
+@pytest.mark.parametrize(
+    "operation",
+    [
+        "compress",
+        "decompress",
+        "compress in place",
+        "decompress in place",
+        "compress discard",
+        "decompress discard",
+    ],
+)
 def test_an_engine_that_cannot_open_is_one_error_and_leaves_nothing(
     operation: str, small_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,8 +108,9 @@ def test_an_engine_that_cannot_open_is_one_error_and_leaves_nothing(
     run = api.compress if operation.startswith("compress") else api.decompress
     out = tmp_path / "out"
     in_place = operation.endswith("in place")
+    discard = operation.endswith("discard")
     with pytest.raises(DeviceError, match="no CUDA device"):
-        run(src, None if in_place else out, in_place=in_place)
+        run(src, None if in_place or discard else out, in_place=in_place, discard=discard)
     assert tree_digests(src) == before
     assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
     assert not [p for p in tmp_path.rglob("*") if is_temp(p)]
