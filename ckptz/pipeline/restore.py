@@ -446,8 +446,6 @@ class _Restore:
         which spares a hand-over per frame) or writers' (:meth:`_shares`)."""
         if buffer is not None:  # decoded: the stored bytes are no longer needed
             self.engine.free_buffer(buffer)
-        if not self._take_leaves(span, fut):
-            return
         if here:
             if not self.stopped:
                 self._put_run(span, fut, range(len(span)))
@@ -462,8 +460,9 @@ class _Restore:
             self._fail(exc)
 
     def _take_leaves(self, span: range, fut: Future[DecodedSpan]) -> bool:
-        """The digest's leaves the engine hashed inside the run, before any of its frames is
-        given to the digest (which may then end); False once the run has failed."""
+        """The digest's leaves the engine hashed inside the run; False once the run has
+        failed. Taken by the task of the run's first share before it gives any of its frames,
+        so the digest, which ends once every frame is given, has them by then."""
         if self.leaf_table is not None and fut.exception() is None:  # else each _put fails
             try:
                 self.leaf_table.take(span, fut.result().leaves)
@@ -490,6 +489,8 @@ class _Restore:
     def _put_run(self, span: range, fut: Future[DecodedSpan], share: range) -> None:
         """Check and put the run's frames at ``share``'s positions, then give them to the
         digest (at once: one call hashes their joins)."""
+        if share.start == 0 and not self._take_leaves(span, fut):
+            return
         given: list[tuple[int, np.ndarray]] = []
         for k in share:
             if not self._put(span[k], fut, k, given):
