@@ -12,6 +12,7 @@ import importlib
 import io
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
@@ -346,9 +347,22 @@ def test_a_file_that_shrinks_while_read_is_refused(tmp_path: Path, engine_type: 
         compress_file(src, "model.pt", f, engine, source=_Shrunk(src, src.stat().st_size * 2 // 3))
 
 
+class _Watched(Future[DecodedSpan]):
+    """A future that knows when someone waits on it through a callback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched = threading.Event()
+
+    def add_done_callback(self, fn: Callable[[Future[DecodedSpan]], object]) -> None:
+        super().add_done_callback(fn)
+        self.watched.set()
+
+
 class LaterCpu(SpanningCpu):
     """A span engine that, like a GPU engine, hands back each run later, from a thread of
-    its own, with the digest's leaves inside the run hashed where it decoded them."""
+    its own (once the restore loop has asked to be called back: never already done when it
+    looks), with the digest's leaves inside the run hashed where it decoded them."""
 
     hashes = True
 
@@ -364,9 +378,18 @@ class LaterCpu(SpanningCpu):
         check: bool = False,
         leaves: Ranges | None = None,
     ) -> Future[DecodedSpan]:
-        return self._later.submit(
-            lambda: super(LaterCpu, self).decode_span(span, place, keep, check, leaves).result()
-        )
+        out = _Watched()
+        decoded = super().decode_span(span, place, keep, check, leaves)
+
+        def hand_back() -> None:
+            out.watched.wait(20)
+            try:
+                out.set_result(decoded.result())
+            except BaseException as exc:
+                out.set_exception(exc)
+
+        self._later.submit(hand_back)
+        return out
 
     def close(self) -> None:
         self._later.shutdown()

@@ -1,9 +1,10 @@
 """The machinery of a ``compress`` or ``decompress`` run around the per-file work.
 
-:mod:`ckptz.api` plans a run (:mod:`ckptz.runs.plan`) and converts each file; this module opens
-the engine (only if something is converted), creates and locks the output folders, turns a
-stop into :class:`~ckptz.errors.StoppedError` naming the finished files, carries over what is
-not converted (copies, symlinks, hard links) and gives folders their metadata last.
+:mod:`ckptz.api` plans a run (:mod:`ckptz.runs.plan`) and converts each file; this module
+opens the engine (only if something is converted; on a thread of its own, beside the
+run's start), creates and locks the output folders, turns a stop into
+:class:`~ckptz.errors.StoppedError` naming the finished files, carries over what is not
+converted (copies, symlinks, hard links) and gives folders their metadata last.
 """
 
 from __future__ import annotations
