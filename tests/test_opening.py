@@ -5,6 +5,7 @@ engine that cannot open is still one clear error that leaves nothing behind."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from tests.conftest import tree_digests
 WAIT_S = 20
 
 
-def _opener_waiting_for(seen: threading.Event, what: list[str]):  # type: ignore[no-untyped-def]
+def _opener_waiting_for(seen: threading.Event, what: list[str]) -> Callable[..., tuple[CpuEngine, None]]:
     """An ``open_engine`` that opens a CPU engine only once ``seen`` is set (or after
     :data:`WAIT_S`), recording in ``what`` whether the run got there without it."""
 
