@@ -274,29 +274,45 @@ static size_t plan_blocks(const uint8_t *src, size_t n, size_t *ends, uint32_t (
     }
     best[0] = 0;
     for (size_t j = 1; j <= subs; j++) best[j] = 3e38f;
-    uint32_t acc[256];
-    uint8_t present[256];
+    /* The candidate block's counts and their c * log2(c), by order of first appearance
+     * (slot[] of each byte value, NO_SLOT before), so that the rare values' loop runs over
+     * contiguous counts and each count's logarithm is taken once. */
+    uint32_t cnt[256];
+    float xl[256];
+    uint16_t slot[256];
+    enum { NO_SLOT = 0xFFFF };
     for (size_t i = 0; i < subs; i++) {
-        memset(acc, 0, sizeof(acc));
+        memset(slot, 0xFF, sizeof(slot));
         float sum_xlogx = 0;
         uint32_t total = 0, distinct = 0;
         for (size_t j = i + 1; j <= subs && j - i <= MAX_SUBS; j++) {
             const uint8_t *s = sym[j - 1];
             const uint32_t *c = sub[j - 1];
             for (int k = 0; k < used[j - 1]; k++) {
-                uint32_t was = acc[s[k]], now = was + c[s[k]];
-                acc[s[k]] = now;
-                sum_xlogx += xlog2x((float)now) - (was ? xlog2x((float)was) : 0);
-                if (!was) present[distinct++] = s[k];
-                total += c[s[k]];
+                uint32_t add = c[s[k]], q = slot[s[k]];
+                if (q == NO_SLOT) {
+                    q = slot[s[k]] = (uint16_t)distinct++;
+                    cnt[q] = add;
+                    xl[q] = xlog2x((float)add);
+                    sum_xlogx += xl[q];
+                } else {
+                    float was = xl[q];
+                    cnt[q] += add;
+                    xl[q] = xlog2x((float)cnt[q]);
+                    sum_xlogx += xl[q] - was;
+                }
+                total += add;
             }
             /* Codes are at most MAX_BITS long: byte values rarer than 2^-MAX_BITS take
              * 2^-MAX_BITS of the code space each, more than their share, and the other
              * codes lengthen to make room. A block that gathers many rare values pays
              * that on all its bytes. */
             uint32_t rare = 0, rare_count = 0;
-            for (uint32_t k = 0; k < distinct; k++)
-                if ((acc[present[k]] << MAX_BITS) < total) rare++, rare_count += acc[present[k]];
+            for (uint32_t q = 0; q < distinct; q++) {
+                uint32_t is_rare = (cnt[q] << MAX_BITS) < total;
+                rare += is_rare;
+                rare_count += is_rare ? cnt[q] : 0;
+            }
             float limit = 0;
             if (rare) {
                 float space = 1.0f - (float)rare / (1 << MAX_BITS), share = 1.0f - (float)rare_count / (float)total;
