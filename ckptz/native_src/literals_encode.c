@@ -146,8 +146,10 @@ static void histogram(const uint8_t *src, size_t n, uint32_t *hist) {
 static uint8_t *write_block(uint8_t *op, const uint8_t *src, size_t n, const uint32_t *hist, int last,
                             table_t *prev, uint8_t *scratch, int fixed) {
     const size_t fresh_cost = fixed ? FRESH_COST : 0;
+    uint8_t present[256]; /* the byte values of the block */
     int distinct = 0;
-    for (int s = 0; s < 256; s++) distinct += hist[s] != 0;
+    for (int s = 0; s < 256; s++)
+        if (hist[s]) present[distinct++] = (uint8_t)s;
     if (distinct == 1) { /* RLE block: Block_Size is the regenerated size */
         put_le(op, (uint64_t)last | (1u << 1) | ((uint64_t)n << 3), 3);
         op[3] = src[0];
@@ -190,16 +192,14 @@ static uint8_t *write_block(uint8_t *op, const uint8_t *src, size_t n, const uin
         memcpy(body, desc, desc_size);
         body += desc_size;
     }
-    /* The pair table, for the byte values of this block. */
-    uint8_t present[256];
-    int count = 0;
-    for (int s = 0; s < 256; s++)
-        if (hist[s]) present[count++] = (uint8_t)s;
-    /* (a table costs count^2 writes, against n / 2 pairs coded) */
-    uint32_t *pair = count <= PAIR_DISTINCT && (size_t)count * (size_t)count <= n ? (uint32_t *)(scratch + PAIR_AT) : NULL;
-    for (int a = 0; pair && a < count; a++) {
+    /* The pair table, for the byte values of this block (it costs distinct^2 writes,
+     * against n / 2 pairs coded). */
+    uint32_t *pair = distinct <= PAIR_DISTINCT && (size_t)distinct * (size_t)distinct <= n
+                         ? (uint32_t *)(scratch + PAIR_AT)
+                         : NULL;
+    for (int a = 0; pair && a < distinct; a++) {
         uint32_t hi = ce[present[a]], hi_len = hi >> 16, hi_code = hi & 0xFFFF;
-        for (int b = 0; b < count; b++) {
+        for (int b = 0; b < distinct; b++) {
             uint32_t lo = ce[present[b]];
             pair[(uint32_t)present[a] << 8 | present[b]] =
                 (hi_code | (lo & 0xFFFF) << hi_len) | (hi_len + (lo >> 16)) << PAIR_BITS;
