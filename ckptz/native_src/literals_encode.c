@@ -63,7 +63,7 @@ static inline __attribute__((always_inline)) void encode_run(stream_t *st, const
 #define PAIR_DISTINCT 96
 #define PAIR_BITS 24
 
-/* encode_run with the pair table. */
+/* encode_run with the pair table; the last count % 4 symbols one at a time, by encode_run. */
 static inline __attribute__((always_inline)) void encode_run_pairs(stream_t *st, const uint8_t *src, size_t count,
                                                                    const uint32_t *ce, const uint32_t *pair) {
     size_t i = count;
@@ -78,8 +78,7 @@ static inline __attribute__((always_inline)) void encode_run_pairs(stream_t *st,
         st->nbits += l1 + (p2 >> PAIR_BITS);
         FLUSH(*st);
     }
-    while (i > 0) PUT(*st, src[--i]);
-    FLUSH(*st);
+    encode_run(st, src, i, ce);
 }
 
 /* The four streams of a block of n >= MIN_HUFFMAN bytes (RFC 8878 4.2.2: streams 1-3 hold
