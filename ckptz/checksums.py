@@ -60,6 +60,41 @@ def xxh3_64_ranges(data: Buffer, offsets: np.ndarray, sizes: np.ndarray) -> np.n
     return out
 
 
+def xxh3_64_nested(
+    data: Buffer, offsets: np.ndarray, sizes: np.ndarray, inner_offsets: np.ndarray, inner_sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`xxh3_64_ranges` of ranges of ``data`` and of *inner* ranges, most of which lie
+    inside them (a run's frames and the digest leaves inside them), as two uint64 arrays.
+
+    With the C extension an inner range inside a range is hashed and then streamed into that
+    range's hash while its bytes are in the core's cache: the bytes are read from memory
+    once, not twice (a pass over every byte that 16 threads share memory for). Each list's
+    ranges must not overlap one another; they may come in any order.
+
+    Raises:
+        ValueError: a range lies outside ``data``, or two of one list overlap.
+    """
+    offsets, sizes = np.ascontiguousarray(offsets, np.int64), np.ascontiguousarray(sizes, np.int64)
+    inner_offsets = np.ascontiguousarray(inner_offsets, np.int64)
+    inner_sizes = np.ascontiguousarray(inner_sizes, np.int64)
+    if native is None:
+        return xxh3_64_ranges(data, offsets, sizes), xxh3_64_ranges(data, inner_offsets, inner_sizes)
+    order, inner_order = np.argsort(offsets, kind="stable"), np.argsort(inner_offsets, kind="stable")
+    out, inner_out = np.zeros(offsets.size, np.uint64), np.zeros(inner_offsets.size, np.uint64)
+    got, inner_got = np.zeros_like(out), np.zeros_like(inner_out)
+    native.xxh3_64_nested(
+        _view(data),
+        offsets[order],
+        sizes[order],
+        got,
+        inner_offsets[inner_order],
+        inner_sizes[inner_order],
+        inner_got,
+    )
+    out[order], inner_out[inner_order] = got, inner_got
+    return out, inner_out
+
+
 class Streams:
     """xxh3_64 (seed 0) of inputs given in parts over several calls, one *state* each, from
     any thread (a digest leaf whose parts lie in frames that arrive at different times).
@@ -120,4 +155,4 @@ class Streams:
             self._free.append(state)
 
 
-__all__ = ["Streams", "xxh3_64", "xxh3_64_each", "xxh3_64_ranges"]
+__all__ = ["Streams", "xxh3_64", "xxh3_64_each", "xxh3_64_nested", "xxh3_64_ranges"]

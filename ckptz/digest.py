@@ -33,7 +33,7 @@ import numpy as np
 import xxhash
 
 from ckptz import indices, trace
-from ckptz.checksums import Streams, xxh3_64, xxh3_64_ranges
+from ckptz.checksums import Streams, xxh3_64, xxh3_64_nested, xxh3_64_ranges
 
 #: Bytes per leaf that ckptz writes. python-xxhash releases the GIL only for inputs above
 #: 100 000 bytes, so leaves are hashed in parallel by plain threads; but each leaf is one
@@ -291,6 +291,32 @@ class Piecewise:
         bytes)`` of ``data``'s bytes (a frame's pieces). Safe from any thread."""
         if self._walked is not None:
             return
+        numbers, starts, sizes = self._whole(pieces)
+        if numbers.size:  # one call for the frame's leaves, without the GIL
+            self.hashes.set_many(numbers, xxh3_64_ranges(data, starts, sizes))
+
+    def hash_frames(
+        self,
+        pieces: Iterable[tuple[int, int, int]],
+        data: np.ndarray | memoryview,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+    ) -> np.ndarray:
+        """:meth:`hash_whole`, and the xxh3_64 of each range ``offsets``/``sizes`` of
+        ``data`` (the checksums of the frames whose pieces these are), in one pass over
+        memory: each leaf is hashed while its frame's hash reads the same bytes
+        (:func:`~ckptz.checksums.xxh3_64_nested`)."""
+        if self._walked is not None:
+            return xxh3_64_ranges(data, offsets, sizes)
+        numbers, starts, lengths = self._whole(pieces)
+        sums, hashes = xxh3_64_nested(data, offsets, sizes, starts, lengths)
+        if numbers.size:
+            self.hashes.set_many(numbers, hashes)
+        return sums
+
+    def _whole(self, pieces: Iterable[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The leaves lying whole inside ``pieces``: their numbers, and where they start in
+        the pieces' data and their sizes."""
         leaf, size = self.kind.leaf, self.size
         numbers, starts = [], []
         for at, within, n in pieces:
@@ -298,11 +324,10 @@ class Piecewise:
             numbers.append(np.arange(whole.start, whole.stop, dtype=np.int64))
             starts.append(numbers[-1] * leaf + (within - at))
         if not numbers:
-            return
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
         k = np.concatenate(numbers)
-        if k.size:  # one call for the frame's leaves, without the GIL
-            sizes = np.minimum((k + 1) * leaf, size) - k * leaf
-            self.hashes.set_many(k, xxh3_64_ranges(data, np.concatenate(starts), sizes))
+        return k, np.concatenate(starts), np.minimum((k + 1) * leaf, size) - k * leaf
 
     def leaf_table(self, frames: Sequence[Sequence[tuple[int, int, int]]]) -> LeafTable:
         """The leaves inside each frame's pieces, and those straddling pieces (:class:`LeafTable`)."""

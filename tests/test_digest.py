@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import ckptz
 import ckptz.digest
-from ckptz import api
+from ckptz import api, checksums
 from ckptz.container import (
     FOOTER,
     Index,
@@ -203,6 +203,65 @@ def test_pieces_in_any_order_give_the_sequential_digest(
     for in_order in (True, False):
         old, _ = _pipeline_digest(data, SEQUENTIAL, frames, order, in_order)
         assert old == Digest(SEQUENTIAL, xxhash.xxh3_128_hexdigest(data))
+
+
+@st.composite
+def nested(draw: st.DrawFn) -> tuple[np.ndarray, list[tuple[int, int]], list[tuple[int, int]]]:
+    """Bytes, ranges of them that do not overlap one another (frames, with gaps), and inner
+    ranges that do not overlap one another: inside a frame, across two, in a gap, empty."""
+    size = draw(st.integers(0, 3000))
+    data = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, 256, size, dtype=np.uint8)
+
+    def disjoint() -> list[tuple[int, int]]:
+        bounds = sorted(set(draw(st.lists(st.integers(0, size), max_size=16))))
+        ranges = [(a, b - a) for a, b in itertools.pairwise(bounds) if draw(st.booleans())]
+        return [ranges[i] for i in draw(st.permutations(range(len(ranges))))]  # any order
+
+    return data, disjoint(), disjoint()
+
+
+@settings(max_examples=300, deadline=None)
+@given(nested(), st.booleans())
+def test_nested_ranges_hash_as_each_alone(
+    case: tuple[np.ndarray, list[tuple[int, int]], list[tuple[int, int]]], c: bool
+) -> None:
+    """A frame's checksum and its leaves in one pass give what each hashed alone gives,
+    with the C extension and without it; overlapping ranges are refused, not misread."""
+    data, outer, inner = case
+    o = np.array(outer, np.int64).reshape(-1, 2)
+    i = np.array(inner, np.int64).reshape(-1, 2)
+    with mock.patch.object(checksums, "native", checksums.native if c else None):
+        sums, leaves = checksums.xxh3_64_nested(data, o[:, 0], o[:, 1], i[:, 0], i[:, 1])
+    assert sums.tolist() == [xxhash.xxh3_64_intdigest(data[a : a + n].tobytes()) for a, n in outer]
+    assert leaves.tolist() == [xxhash.xxh3_64_intdigest(data[a : a + n].tobytes()) for a, n in inner]
+    if len(inner) and inner[0][1] > 1:
+        a, n = inner[0]
+        with pytest.raises(ValueError, match="overlaps"):
+            checksums.xxh3_64_nested(data, o[:, 0], o[:, 1], np.array([a, a + 1]), np.array([n, n - 1]))
+    with pytest.raises(ValueError, match="outside"):
+        checksums.xxh3_64_nested(data, np.array([data.size]), np.array([1]), i[:, 0], i[:, 1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts())
+def test_a_run_s_frames_hashed_with_their_leaves(layout: tuple[bytes, int, list[Frame], list[int]]) -> None:
+    """:meth:`Piecewise.hash_frames` of a run's frames laid end to end in one buffer (as a
+    CPU compression reads them): each frame's checksum, and the digest's leaves that lie
+    whole inside their pieces, the same as hashing each apart."""
+    data, leaf, frames, _ = layout
+    kind = Kind("xxh3_tree", leaf)
+    buf = np.concatenate([_frame_bytes(data, f) for f in frames]) if frames else np.zeros(0, np.uint8)
+    at = np.cumsum([0, *(f.length for f in frames)])[:-1].astype(np.int64)
+    pieces = [(p, a + w, n) for f, a in zip(frames, at.tolist(), strict=True) for p, w, n in f.pieces]
+    fused, apart = Piecewise(kind, len(data)), Piecewise(kind, len(data))
+    lengths = np.array([f.length for f in frames], np.int64)
+    sums = fused.hash_frames(sorted(pieces), buf, at, lengths)
+    assert sums.tolist() == [xxhash.xxh3_64_intdigest(_frame_bytes(data, f).tobytes()) for f in frames]
+    apart.hash_whole(sorted(pieces), buf)
+    assert (
+        fused.hashes.take(0, leaf_count(len(data), leaf)) == apart.hashes.take(0, leaf_count(len(data), leaf))
+    ).all()
+    assert Piecewise(SEQUENTIAL, len(data)).hash_frames(pieces, buf, at, lengths).tolist() == sums.tolist()
 
 
 @settings(max_examples=200, deadline=None)

@@ -282,14 +282,14 @@ class DecodedSpan:
             raise got
         return got
 
-    def measure(self, k: int) -> tuple[int, int]:
-        """Frame ``k``'s decoded length and xxh3_64 (where the engine took it, else from its
-        host bytes now), or its error raised."""
+    def measure(self, k: int, checksum: Callable[[np.ndarray], int] = xxh3_64) -> tuple[int, int]:
+        """Frame ``k``'s decoded length and xxh3_64 (where the engine took it, else
+        ``checksum`` of its host bytes now), or its error raised."""
         got = self.frame(k)
         if isinstance(got, OnDevice):
             return got.length, got.checksum
         taken = self.taken[k] if k < len(self.taken) else None
-        return got.size, xxh3_64(got) if taken is None else taken
+        return got.size, checksum(got) if taken is None else taken
 
 
 #: Called by an engine with the ``k``-th frame of a span and its decoded bytes on the

@@ -25,3 +25,30 @@ static void hash_ranges(const uint8_t *data, const int64_t *offsets, const int64
                         size_t count) {
     for (size_t i = 0; i < count; i++) out[i] = CKPTZ_XXH3_64(data + offsets[i], (size_t)sizes[i]);
 }
+
+/* xxh3_64 of each outer range into outer_out and of each inner range into inner_out, in one
+ * pass over memory where an inner range lies inside an outer one: the inner range is hashed
+ * whole, then streamed into its outer range's state while its bytes are still in this
+ * core's cache (a frame's checksum and the digest leaves inside it read the frame once from
+ * memory rather than twice). Both lists sorted by offset, each without overlaps (the caller
+ * checks); an inner range inside no outer one is hashed on its own. */
+static void hash_nested(const uint8_t *data, const int64_t *outer_at, const int64_t *outer_size, uint64_t *outer_out,
+                        size_t outers, const int64_t *inner_at, const int64_t *inner_size, uint64_t *inner_out,
+                        size_t inners) {
+    XXH3_state_t state;
+    size_t j = 0;
+    for (size_t i = 0; i < outers; i++) {
+        int64_t pos = outer_at[i], end = outer_at[i] + outer_size[i];
+        XXH3_64bits_reset(&state);
+        for (; j < inners && inner_at[j] < pos; j++) inner_out[j] = CKPTZ_XXH3_64(data + inner_at[j], (size_t)inner_size[j]);
+        for (; j < inners && inner_at[j] + inner_size[j] <= end; j++) {
+            if (inner_at[j] > pos) CKPTZ_XXH3_64_UPDATE(&state, data + pos, (size_t)(inner_at[j] - pos));
+            inner_out[j] = CKPTZ_XXH3_64(data + inner_at[j], (size_t)inner_size[j]);
+            CKPTZ_XXH3_64_UPDATE(&state, data + inner_at[j], (size_t)inner_size[j]);
+            pos = inner_at[j] + inner_size[j];
+        }
+        if (end > pos) CKPTZ_XXH3_64_UPDATE(&state, data + pos, (size_t)(end - pos));
+        outer_out[i] = XXH3_64bits_digest(&state);
+    }
+    for (; j < inners; j++) inner_out[j] = CKPTZ_XXH3_64(data + inner_at[j], (size_t)inner_size[j]);
+}

@@ -28,6 +28,9 @@
  *                                       data, the same; -1 or the first differing offset
  *   xxh3_64(data)                       xxh3_64 (seed 0) of data, as python xxhash's intdigest
  *   xxh3_64_ranges(data, offsets, sizes, out)  the same of many ranges of data, into out
+ *   xxh3_64_nested(data, offsets, sizes, out, inner_offsets, inner_sizes, inner_out)
+ *                                       the same of ranges and of the ranges inside them
+ *                                       (a frame and its digest leaves), in one pass
  *   xxh3_64_each(parts)                 the same of each of many buffers, the GIL released once
  *   xxh3_64_streams(jobs)               the same of inputs given in parts over several
  *                                       calls (rows of tables of states), many at once
@@ -855,6 +858,51 @@ done:
     return result;
 }
 
+/* The ranges' (offsets, sizes) within len bytes, sorted by offset and without overlaps; else
+ * ValueError naming which. */
+static int ranges_sorted(const char *what, const int64_t *at, const int64_t *size, size_t count, Py_ssize_t len) {
+    for (size_t i = 0; i < count; i++) {
+        if (at[i] < 0 || size[i] < 0 || at[i] > len || size[i] > len - at[i]) {
+            PyErr_Format(PyExc_ValueError, "xxh3_64_nested: %s range %zu (%lld, %lld) outside %zd bytes", what, i,
+                         (long long)at[i], (long long)size[i], len);
+            return 0;
+        }
+        if (i && at[i] < at[i - 1] + size[i - 1]) {
+            PyErr_Format(PyExc_ValueError, "xxh3_64_nested: %s range %zu overlaps or precedes the one before", what, i);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *native_xxh3_64_nested(PyObject *self, PyObject *args) {
+    Py_buffer src, oat, osize, oout, iat, isize, iout;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*y*y*w*", &src, &oat, &osize, &oout, &iat, &isize, &iout)) return NULL;
+    PyObject *result = NULL;
+    size_t outers = (size_t)oat.len / sizeof(int64_t), inners = (size_t)iat.len / sizeof(int64_t);
+    if (oat.len % sizeof(int64_t) || osize.len != oat.len || oout.len != oat.len || iat.len % sizeof(int64_t) ||
+        isize.len != iat.len || iout.len != iat.len) {
+        PyErr_SetString(PyExc_ValueError, "xxh3_64_nested: offsets, sizes and out must be int64/uint64 of one length");
+        goto done;
+    }
+    if (!ranges_sorted("outer", oat.buf, osize.buf, outers, src.len) ||
+        !ranges_sorted("inner", iat.buf, isize.buf, inners, src.len))
+        goto done;
+    Py_BEGIN_ALLOW_THREADS;
+    hash_nested(src.buf, oat.buf, osize.buf, oout.buf, outers, iat.buf, isize.buf, iout.buf, inners);
+    Py_END_ALLOW_THREADS;
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&oat);
+    PyBuffer_Release(&osize);
+    PyBuffer_Release(&oout);
+    PyBuffer_Release(&iat);
+    PyBuffer_Release(&isize);
+    PyBuffer_Release(&iout);
+    return result;
+}
+
 /* One row of a table of xxh3_64 streaming states: XXH3_state_t must be 64-byte aligned, and
  * a row's state starts at its first aligned byte (the same one while the table stays put). */
 #define XXH3_STATE_ROW ((sizeof(XXH3_state_t) + 63) / 64 * 64 + 64)
@@ -986,6 +1034,10 @@ static PyMethodDef methods[] = {
     {"xxh3_64_ranges", native_xxh3_64_ranges, METH_VARARGS,
      "xxh3_64_ranges(data, offsets, sizes, out): xxh3_64 of each range of data (int64 offsets and sizes)\n"
      "into out (uint64), without the GIL."},
+    {"xxh3_64_nested", native_xxh3_64_nested, METH_VARARGS,
+     "xxh3_64_nested(data, offsets, sizes, out, inner_offsets, inner_sizes, inner_out): xxh3_64 of each\n"
+     "range and of each inner range (int64 tables, each sorted without overlaps) into out and inner_out\n"
+     "(uint64), an inner range inside a range hashed while its bytes are in cache; without the GIL."},
     {"xxh3_64_each", native_xxh3_64_each, METH_VARARGS,
      "xxh3_64_each(parts) -> list[int]: xxh3_64 (seed 0) of each buffer, the GIL released once."},
     {"xxh3_64_streams", native_xxh3_64_streams, METH_VARARGS,

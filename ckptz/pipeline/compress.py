@@ -633,15 +633,17 @@ class _Compression:
                 self._queued()
                 self._read_done(run, views)
                 return
-            with trace.span("digest leaves"):
-                self.digest.hash_whole(pieces, buf)  # while the bytes are in cache
             if self.change is None:
                 coded = views
                 lengths = np.array([v.size for v in views], np.int64)
                 at = np.array([self.at[i] for i in run], np.int64)
+                # The frames' checksums and the leaves inside them in one pass over the
+                # bytes, while they are in cache from the read.
                 with trace.span("checksums"):
-                    sums = xxh3_64_ranges(buf, at, lengths).tolist()
+                    sums = self.digest.hash_frames(pieces, buf, at, lengths).tolist()
             else:
+                with trace.span("digest leaves"):
+                    self.digest.hash_whole(pieces, buf)  # while the bytes are in cache
                 coded = [self.change.forward(self.frames[i], v) for i, v in zip(run, views, strict=True)]
                 sums = xxh3_64_each(coded)  # of the bytes coded; the digest is of the file's
             todo = []

@@ -201,13 +201,20 @@ class FrameDecoder:
             raise
         return self.engine.decode_span(span, place, keep, check=self._engine_checks, leaves=leaves), buffer
 
-    def finish_span(self, i: int, decoded: Future[DecodedSpan], k: int) -> np.ndarray | OnDevice:
+    def finish_span(
+        self,
+        i: int,
+        decoded: Future[DecodedSpan],
+        k: int,
+        hash_frame: Callable[[np.ndarray], int] = checksum,
+    ) -> np.ndarray | OnDevice:
         """Frame ``i`` (the ``k``-th of its run) from :meth:`start_span`'s future, checked as
-        :meth:`finish` checks it (a frame kept on the GPU by its checksum taken there)."""
+        :meth:`finish` checks it (a frame kept on the GPU by its checksum taken there;
+        ``hash_frame`` takes that of host bytes, and may hash what else wants them)."""
 
         def result() -> tuple[np.ndarray | OnDevice, int, int]:
             span = decoded.result()
-            return span.frame(k), *span.measure(k)
+            return span.frame(k), *span.measure(k, hash_frame)
 
         return self._checked(i, result)
 

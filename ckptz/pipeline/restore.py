@@ -43,7 +43,7 @@ from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
 import numpy as np
 
 from ckptz import safeio, trace
-from ckptz.container import Index, read_index
+from ckptz.container import Index, checksum, read_index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Place, Ranges
 from ckptz.errors import CorruptionError, MismatchError
@@ -505,17 +505,29 @@ class _Restore:
         """Check decoded frame ``i`` and hand it to the sink, and to ``given`` for the
         digest; False once the run has failed."""
         try:
+            frame = self.frames[i]
+            # The leaves are of the bytes the sink gets: the decoded ones, where no transform
+            # changes them, hashed with the frame's checksum in one pass over them.
+            fused = not self.on_device and self.leaf_table is None and self.decoder.transform is None
+            hashed: list[bool] = []
+
+            def hash_frame(data: np.ndarray) -> int:
+                if data.size != frame.length:  # fails its check: no leaves of it
+                    return checksum(data)
+                hashed.append(True)
+                return int(self.digest.hash_frames(frame.pieces, data, _WHOLE, np.array([data.size]))[0])
+
             with trace.span("check frame"):
-                data = self.decoder.finish_span(i, fut, k)
+                data = self.decoder.finish_span(i, fut, k, hash_frame if fused else checksum)
             if isinstance(data, OnDevice):  # checked on the GPU and placed there: nothing to put
                 data = _SPENT.result()
             else:
-                if not self.on_device and self.leaf_table is None:  # else the engine hashed them
+                if not self.on_device and self.leaf_table is None and not hashed:  # else hashed already
                     with trace.span("digest leaves"):
-                        self.digest.hash_whole(self.frames[i].pieces, data)  # the bytes the sink gets
+                        self.digest.hash_whole(frame.pieces, data)  # the bytes the sink gets
                 # The sink first: the digest, which ends the run, then waits for every frame's put.
                 with trace.span("put"):
-                    self.sink.put(self.frames[i], data)
+                    self.sink.put(frame, data)
             # The bytes only where the digest walks them: a frame it still waits on (a leaf
             # straddles it and a frame not decoded yet) would otherwise hold its decoded
             # span's whole buffer through ``data`` (BENCHMARKS.md, session 37).
@@ -529,6 +541,8 @@ class _Restore:
         return True
 
 
+#: Where a frame's checksum starts in its bytes (:meth:`_Restore._put`).
+_WHOLE = np.zeros(1, np.int64)
 _SPENT: Future[np.ndarray] = Future()
 _SPENT.set_result(np.zeros(0, np.uint8))
 
