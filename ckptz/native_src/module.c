@@ -828,25 +828,38 @@ static PyObject *native_xxh3_64(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
+/* Whether offsets, sizes and out are int64/uint64 tables of one length whose ranges lie
+ * inside `len` bytes (and, with `sorted`, come in order without overlaps); if not, a
+ * ValueError naming `what` and the table's `label` is set. */
+static int hash_ranges_ok(const char *what, const char *label, const Py_buffer *offsets, const Py_buffer *sizes,
+                          const Py_buffer *out, Py_ssize_t len, int sorted) {
+    if (offsets->len % sizeof(int64_t) || sizes->len != offsets->len || out->len != offsets->len) {
+        PyErr_Format(PyExc_ValueError, "%s: offsets, sizes and out must be int64/uint64 of one length", what);
+        return 0;
+    }
+    const int64_t *at = offsets->buf, *size = sizes->buf;
+    for (size_t i = 0; i < (size_t)offsets->len / sizeof(int64_t); i++) {
+        if (at[i] < 0 || size[i] < 0 || at[i] > len || size[i] > len - at[i]) {
+            PyErr_Format(PyExc_ValueError, "%s: %srange %zu (%lld, %lld) outside %zd bytes", what, label, i,
+                         (long long)at[i], (long long)size[i], len);
+            return 0;
+        }
+        if (sorted && i && at[i] < at[i - 1] + size[i - 1]) {
+            PyErr_Format(PyExc_ValueError, "%s: %srange %zu overlaps or precedes the one before", what, label, i);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static PyObject *native_xxh3_64_ranges(PyObject *self, PyObject *args) {
     Py_buffer src, offsets, sizes, out;
     if (!PyArg_ParseTuple(args, "y*y*y*w*", &src, &offsets, &sizes, &out)) return NULL;
     PyObject *result = NULL;
     size_t count = (size_t)offsets.len / sizeof(int64_t);
-    if (offsets.len % sizeof(int64_t) || sizes.len != offsets.len || out.len != offsets.len) {
-        PyErr_SetString(PyExc_ValueError, "xxh3_64_ranges: offsets, sizes and out must be int64/uint64 of one length");
-        goto done;
-    }
-    const int64_t *off = offsets.buf, *len = sizes.buf;
-    for (size_t i = 0; i < count; i++) {
-        if (off[i] < 0 || len[i] < 0 || off[i] > src.len || len[i] > src.len - off[i]) {
-            PyErr_Format(PyExc_ValueError, "xxh3_64_ranges: range %zu (%lld, %lld) outside %zd bytes", i,
-                         (long long)off[i], (long long)len[i], src.len);
-            goto done;
-        }
-    }
+    if (!hash_ranges_ok("xxh3_64_ranges", "", &offsets, &sizes, &out, src.len, 0)) goto done;
     Py_BEGIN_ALLOW_THREADS;
-    hash_ranges(src.buf, off, len, out.buf, count);
+    hash_ranges(src.buf, offsets.buf, sizes.buf, out.buf, count);
     Py_END_ALLOW_THREADS;
     result = Py_None;
     Py_INCREF(result);
@@ -858,35 +871,13 @@ done:
     return result;
 }
 
-/* The ranges' (offsets, sizes) within len bytes, sorted by offset and without overlaps; else
- * ValueError naming which. */
-static int ranges_sorted(const char *what, const int64_t *at, const int64_t *size, size_t count, Py_ssize_t len) {
-    for (size_t i = 0; i < count; i++) {
-        if (at[i] < 0 || size[i] < 0 || at[i] > len || size[i] > len - at[i]) {
-            PyErr_Format(PyExc_ValueError, "xxh3_64_nested: %s range %zu (%lld, %lld) outside %zd bytes", what, i,
-                         (long long)at[i], (long long)size[i], len);
-            return 0;
-        }
-        if (i && at[i] < at[i - 1] + size[i - 1]) {
-            PyErr_Format(PyExc_ValueError, "xxh3_64_nested: %s range %zu overlaps or precedes the one before", what, i);
-            return 0;
-        }
-    }
-    return 1;
-}
-
 static PyObject *native_xxh3_64_nested(PyObject *self, PyObject *args) {
     Py_buffer src, oat, osize, oout, iat, isize, iout;
     if (!PyArg_ParseTuple(args, "y*y*y*w*y*y*w*", &src, &oat, &osize, &oout, &iat, &isize, &iout)) return NULL;
     PyObject *result = NULL;
     size_t outers = (size_t)oat.len / sizeof(int64_t), inners = (size_t)iat.len / sizeof(int64_t);
-    if (oat.len % sizeof(int64_t) || osize.len != oat.len || oout.len != oat.len || iat.len % sizeof(int64_t) ||
-        isize.len != iat.len || iout.len != iat.len) {
-        PyErr_SetString(PyExc_ValueError, "xxh3_64_nested: offsets, sizes and out must be int64/uint64 of one length");
-        goto done;
-    }
-    if (!ranges_sorted("outer", oat.buf, osize.buf, outers, src.len) ||
-        !ranges_sorted("inner", iat.buf, isize.buf, inners, src.len))
+    if (!hash_ranges_ok("xxh3_64_nested", "outer ", &oat, &osize, &oout, src.len, 1) ||
+        !hash_ranges_ok("xxh3_64_nested", "inner ", &iat, &isize, &iout, src.len, 1))
         goto done;
     Py_BEGIN_ALLOW_THREADS;
     hash_nested(src.buf, oat.buf, osize.buf, oout.buf, outers, iat.buf, isize.buf, iout.buf, inners);
