@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ckptz as run_cli
+from safetensors import safe_open
 from test_integrations_transformers import losses, train
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, modeling_utils, trainer
 
 import ckptz
-from ckptz.errors import ContainerError
+from ckptz.errors import ContainerError, UsageError
 from ckptz.library import is_container
 
 #: Token ids of the fixed input whose logits are compared.
@@ -182,3 +183,12 @@ def test_handles_nest(tmp_path: Path) -> None:
     outer.close()
     outer.close()  # a second close releases nothing more
     assert not ckptz.hf.enabled() and modeling_utils.os is os
+
+
+def test_a_transformers_without_a_hooked_name_is_refused_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transformers whose ``Trainer`` module no longer imports ``safetensors`` as a module:
+    enabling says so, and leaves every module as it was."""
+    monkeypatch.delattr(trainer, "safetensors")
+    with pytest.raises(UsageError, match=r"transformers\.trainer\.safetensors is missing"):
+        ckptz.hf.enable()
+    assert not ckptz.hf.enabled() and modeling_utils.os is os and modeling_utils.safe_open is safe_open

@@ -141,6 +141,8 @@ def _load_state_dict(real: Callable[..., Any]) -> Callable[..., Any]:
 
     A ``.safetensors`` name goes to the real function, whose ``safe_open`` is replaced too.
     """
+    import torch
+
     from ckptz.library.loading import load
 
     signature = inspect.signature(real)
@@ -153,9 +155,11 @@ def _load_state_dict(real: Callable[..., Any]) -> Callable[..., Any]:
         call.apply_defaults()
         place = call.arguments.get("map_location", "cpu")
         weights_only = bool(call.arguments.get("weights_only", True))
+        if str(place) != "meta":
+            return load(container, map_location=place, weights_only=weights_only)
         # The "meta" load only wants names, shapes and dtypes: decode on the host, keep no data.
-        loaded = load(container, map_location="cpu" if place == "meta" else place, weights_only=weights_only)
-        return {k: v.to("meta") for k, v in loaded.items()} if place == "meta" else loaded
+        loaded = load(container, map_location="cpu", weights_only=weights_only)
+        return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in loaded.items()}
 
     return load_state_dict
 
@@ -247,11 +251,9 @@ def _install() -> list[tuple[types.ModuleType, str, Any, Any]]:
                 )
             continue
         found.append((module, r.name, original, r.make))
-    undo = []
-    for module, name, original, make in found:
-        ours = make(original)
+    undo = [(module, name, original, make(original)) for module, name, original, make in found]
+    for module, name, _, ours in undo:
         setattr(module, name, ours)
-        undo.append((module, name, original, ours))
     return undo
 
 
