@@ -14,9 +14,9 @@ and leaves the JSON files (``config.json``, ``model.safetensors.index.json``,
 
 Nothing is written to disk. The change is confined to the names those modules look up at
 call time (their ``os``, ``open``, ``torch``, ``safetensors``, ``safe_open``,
-``load_state_dict``), which see through to the real ones for every path except a missing ``X`` whose ``X.ckptz``
-is a container; a file left in both forms by an interrupted compression is read plain.
-The last handle to close puts every name back.
+``load_state_dict``), which see through to the real ones for every path except a missing
+``X`` whose ``X.ckptz`` is a container; a file left in both forms by an interrupted
+compression is read plain. The last handle to close puts every name back.
 """
 
 from __future__ import annotations
