@@ -31,7 +31,7 @@ no callback.
    compresses that one before ``on_save`` returns).
 4. Checks the compressed checkpoints: each remaining ``checkpoint-N`` of the ``ckptz`` run
    holds only containers (and JSON); ``ckptz.load_file``/``ckptz.load`` read the model and the
-   optimizer state from the containers; ``resume()`` restores the folder; the restored files
+   optimizer state from the containers; ``ckptz decompress --in-place`` restores the folder; the restored files
    load with safetensors and torch to the same tensors, and are compared byte for byte with
    the ``plain`` run's (equal on the CPU; on CUDA, where training is not bitwise
    deterministic, the comparison is recorded, not required).
@@ -224,13 +224,13 @@ def folder_bytes(folder: Path) -> int:
 
 def check(plain: Path, packed: Path, device: str) -> dict[str, Any]:
     """Every remaining checkpoint of the ckptz run: containers only, readable through ckptz's
-    API, restored by ``resume()`` to files equal to what ckptz read (and compared with the
+    API, restored in place to files equal to what ckptz read (and compared with the
     plain run's)."""
     import torch
     from safetensors.torch import load_file as safetensors_load
 
     import ckptz
-    from ckptz.integrations.transformers import resume
+    from ckptz import api
 
     out: dict[str, Any] = {"folders": {}}
     folders = sorted(packed.glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
@@ -243,7 +243,8 @@ def check(plain: Path, packed: Path, device: str) -> dict[str, Any]:
         }
         weights = ckptz.load_file(folder / "model.safetensors.ckptz")
         optimizer = ckptz.load(folder / "optimizer.pt.ckptz", weights_only=True)
-        restored = Path(resume(folder))
+        api.decompress(folder, in_place=True)
+        restored = folder
         row["restored"] = not any(p.suffix == ".ckptz" for p in restored.iterdir())
         row["same_as_ckptz_read"] = _same(
             weights, safetensors_load(restored / "model.safetensors")
@@ -395,7 +396,7 @@ def report(doc: dict[str, Any]) -> None:
         f"{o['plain_saving_per_save_s'] * 1e3:.0f} ms per save against none."
     )
     print(
-        f"check: {len(check['folders'])} compressed folders read by ckptz and restored by resume(): "
+        f"check: {len(check['folders'])} compressed folders read by ckptz and restored in place: "
         f"{check['ok']}; restored bytes equal to the plain run's: {check['bitwise_as_plain_run']}"
     )
 

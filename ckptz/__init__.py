@@ -2,8 +2,9 @@
 
 The library API lives in :mod:`ckptz.api` (files and folders) and :mod:`ckptz.library`
 (saving and loading from Python: ``ckptz.save``, ``load``, ``open``, ``save_file``,
-``load_file``, ``safe_open``). This package import stays light (no torch, no nvCOMP) so the
-CLI starts fast: those names are imported on first use.
+``load_file``, ``safe_open``). ``ckptz.hf`` is :mod:`ckptz.integrations.transformers`
+(``ckptz.hf.enable()``: Transformers reads folders compressed in place). This package import
+stays light (no torch, no nvCOMP) so the CLI starts fast: those names are imported on first use.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ _LIBRARY = frozenset(
 )
 
 if TYPE_CHECKING:  # the names as type checkers and editors see them
+    from ckptz.integrations import transformers as hf  # noqa: F401  (the lazy ckptz.hf)
     from ckptz.library import ContainerReader as ContainerReader
     from ckptz.library import SafeSlice as SafeSlice
     from ckptz.library import load as load
@@ -33,8 +35,12 @@ def __getattr__(name: str) -> Any:
         from ckptz import library
 
         return getattr(library, name)
+    if name == "hf":
+        import importlib
+
+        return importlib.import_module("ckptz.integrations.transformers")
     raise AttributeError(f"module 'ckptz' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LIBRARY})
+    return sorted({*globals(), *_LIBRARY, "hf"})

@@ -68,16 +68,6 @@ def compress_folder(
             raise
 
 
-def restore_folder(folder: Path, *, device: str | None = None, threads: int | None = None) -> Summary:
-    """Restore every container under ``folder`` in place (none there: nothing to do).
-
-    A file that a killed compression left in both forms is finished too. If this fails, the
-    files restored so far stay restored (each is complete) and running it again finishes.
-    """
-    with _keeping_mtime(folder):
-        return api.decompress(folder, in_place=True, device=device, threads=threads)
-
-
 def _undo(folder: Path, exc: Exception, threads: int | None) -> None:
     """Restore what a failed compression of ``folder`` converted; note on ``exc`` if that fails."""
     if not folder.is_dir():
@@ -101,4 +91,4 @@ def _keeping_mtime(folder: Path) -> Iterator[None]:
             os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
-__all__ = ["compress_folder", "restore_folder"]
+__all__ = ["compress_folder"]

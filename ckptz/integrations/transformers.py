@@ -1,14 +1,20 @@
-"""Hugging Face Transformers: compress each saved checkpoint in the background, resume in one line.
+"""Hugging Face Transformers: compress each saved checkpoint in the background, read it compressed.
 
 :class:`CkptzCallback` compresses every ``checkpoint-N`` folder the ``Trainer`` saves, in
 place (:func:`ckptz.integrations.folders.compress_folder`), on a worker thread while training
-goes on; :func:`resume` restores one so that the ``Trainer`` can train on from it::
+goes on. :func:`enable` (also ``ckptz.hf.enable()``) lets Transformers read such folders, and
+any model folder compressed by ``ckptz compress --in-place``, without restoring them: the
+containers are decoded in memory
+(:mod:`ckptz.integrations.transformers_reading`)::
 
-    from ckptz.integrations.transformers import CkptzCallback, resume
+    import ckptz
+    from ckptz.integrations.transformers import CkptzCallback
 
+    ckptz.hf.enable()
+    model = AutoModelForCausalLM.from_pretrained("model_dir")  # shards read from their containers
     trainer = Trainer(model, args, train_dataset=data, callbacks=[CkptzCallback()])
     trainer.train()
-    trainer.train(resume_from_checkpoint=resume("out/checkpoint-500"))
+    trainer.train(resume_from_checkpoint="out/checkpoint-500")  # or True: the last one
 
 When the work happens, and why it cannot race the ``Trainer``:
 
@@ -28,11 +34,11 @@ When the work happens, and why it cannot race the ``Trainer``:
 
 What a resume sees: each file of a folder is, at any moment, whole in one form, ``X`` or
 ``X.ckptz`` (both, if the process died between a container's rename and the original's
-removal). ``Trainer`` itself cannot read containers, so a folder any of whose files is
-compressed needs :func:`resume`, which restores every container and finishes any file left in
-both forms, whatever point a compression reached or was killed at. A compression that fails
-restores the files it had converted and logs the error, which is raised in the next
-``on_save`` (after that checkpoint is written, which stays plain) or in ``on_train_end``.
+removal). With :func:`enable` on, the ``Trainer`` reads ``X`` where it is plain and
+``X.ckptz`` where it is not, whatever point a compression reached or was killed at. A
+compression that fails restores the files it had converted and logs the error, which is
+raised in the next ``on_save`` (after that checkpoint is written, which stays plain) or in
+``on_train_end``.
 
 Not supported: ``push_to_hub`` with ``hub_strategy`` ``checkpoint`` or ``all_checkpoints``
 (the ``Trainer`` uploads the folder in the background while it would be compressed; a
@@ -52,7 +58,8 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from ckptz.integrations.folders import compress_folder, restore_folder
+from ckptz.integrations.folders import compress_folder
+from ckptz.integrations.transformers_reading import Reading, disable, enable, enabled
 from ckptz.runs.run import check_codec
 
 log = logging.getLogger(__name__)
@@ -67,8 +74,9 @@ class CkptzCallback(TrainerCallback):
     """Compress each checkpoint folder the ``Trainer`` saves, in place, in the background.
 
     Every checkpoint file of ``checkpoint-N`` (model weights, optimizer, scheduler, RNG
-    state, ``training_args.bin``) becomes ``X.ckptz``; JSON files stay as they are. Pass
-    ``resume(path)`` as ``resume_from_checkpoint`` to train on from a compressed folder.
+    state, ``training_args.bin``) becomes ``X.ckptz``; JSON files stay as they are. Call
+    :func:`enable` (or pass ``resume(path)`` as ``resume_from_checkpoint``) to train on from a
+    compressed folder.
 
     Args:
         device: where to compress: ``cpu`` (the default, leaving the GPU to training),
@@ -170,31 +178,28 @@ class CkptzCallback(TrainerCallback):
                 )
 
 
-def resume(path: str | os.PathLike[str], *, device: str | None = None, threads: int | None = None) -> str:
-    """Restore a compressed checkpoint folder in place, for ``resume_from_checkpoint``.
+def resume(path: str | os.PathLike[str]) -> str:
+    """The checkpoint folder to pass as ``resume_from_checkpoint``, read compressed.
 
-    ``path`` is a ``checkpoint-N`` folder, or an output folder, whose last ``checkpoint-N`` is
-    taken (as ``resume_from_checkpoint=True`` takes it). Every container in the folder is
-    restored to the file the ``Trainer`` wrote, byte for byte, and the folder keeps its
-    modification time; a plain folder is returned as it is. In a multi-process run, restore on
-    one process first: ``with args.main_process_first(local=True): path = resume(path)``.
+    Turns on :func:`enable` for the rest of the process (until :func:`disable`), so that the
+    ``Trainer`` reads the folder's containers in memory; nothing is restored or written. ``path`` is a
+    ``checkpoint-N`` folder, or an output folder, whose last ``checkpoint-N`` is taken (as
+    ``resume_from_checkpoint=True`` takes it).
 
     Args:
         path: the checkpoint folder, or the output folder holding ``checkpoint-N`` folders.
-        device: where to decode: ``auto`` (the default), ``cpu``, ``cuda`` or ``cuda:N``.
-        threads: CPU threads (default: all cores).
 
     Returns:
         The checkpoint folder, as a string for ``Trainer.train(resume_from_checkpoint=...)``.
 
     Raises:
-        CkptzError: a container could not be restored; those restored so far stay restored
-            and running ``resume`` again finishes.
+        UsageError: the installed transformers lacks a function that ckptz hooks into.
     """
     folder = Path(path)
     if not (folder / _TRAINER_STATE).is_file() and (last := get_last_checkpoint(str(folder))) is not None:
         folder = Path(last)
-    restore_folder(folder, device=device, threads=threads)
+    if not enabled():
+        enable()  # left open: the Trainer reads the folder after this returns
     return str(folder)
 
 
@@ -248,4 +253,4 @@ class _Job:
             raise error
 
 
-__all__ = ["CkptzCallback", "resume"]
+__all__ = ["CkptzCallback", "Reading", "disable", "enable", "enabled", "resume"]
