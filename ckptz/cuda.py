@@ -52,6 +52,8 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuDeviceGetCount": [_REF(_INT)],
     "cuDeviceGet": [_REF(_INT), _INT],
     "cuDeviceGetAttribute": [_REF(_INT), _INT, _INT],
+    "cuDeviceGetName": [ctypes.c_char_p, _INT, _INT],
+    "cuDriverGetVersion": [_REF(_INT)],
     "cuDevicePrimaryCtxRetain": [_REF(_P), _INT],
     "cuCtxSetCurrent": [_P],
     "cuCtxGetCurrent": [_REF(_P)],
@@ -181,6 +183,20 @@ def capability(index: int) -> tuple[int, int]:
         check(lib.cuDeviceGetAttribute(ctypes.byref(value), attr, index), "cuDeviceGetAttribute")
         out.append(int(value.value))
     return out[0], out[1]
+
+
+def device_name(index: int) -> str:
+    """Device ``index``'s name, e.g. ``NVIDIA H100 80GB HBM3``."""
+    name = ctypes.create_string_buffer(256)
+    check(_init().cuDeviceGetName(name, len(name), index), "cuDeviceGetName")
+    return name.value.decode(errors="replace")
+
+
+def driver_version() -> int:
+    """The CUDA version the driver supports, as the driver gives it (e.g. 12040 for 12.4)."""
+    value = _INT()
+    check(_slow().cuDriverGetVersion(ctypes.byref(value)), "cuDriverGetVersion")
+    return int(value.value)
 
 
 def warm(index: int) -> None:
