@@ -34,7 +34,11 @@ class Setting:
 #: Every environment variable ckptz reads, in the order a user is likely to need them.
 SETTINGS: tuple[Setting, ...] = (
     Setting("CKPTZ_DEVICE", "auto", "Device when --device is not given: auto, cpu, cuda or cuda:N."),
-    Setting("CKPTZ_PROCESSES", "(chosen per job)", "Processes a CPU job splits its files over."),
+    Setting(
+        "CKPTZ_PROCESSES",
+        "(chosen per job)",
+        "Processes that code one large file together on a GPU; 1: never split (default: 2 for GPU jobs of 32 GiB and more on 8+ cores).",
+    ),
     Setting("CKPTZ_PEER_TIMEOUT", "60", "Seconds a rank waits for the others under torchrun or --nproc."),
     Setting(
         "CKPTZ_DISTRIBUTED",
