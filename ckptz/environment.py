@@ -99,17 +99,18 @@ def _driver() -> tuple[str | None, list[dict[str, Any]], str | None]:
     from ckptz import cuda
 
     try:
-        count = cuda.device_count()
-        version = cuda.driver_version()
-    except OSError:
+        number = cuda.driver_version()
+    except (OSError, AttributeError):
         return None, [], "no CUDA driver (libcuda.so.1) on this machine"
-    except cuda.DriverError as exc:
-        return None, [], str(exc)
-    gpus = []
-    for index in range(count):
-        major, minor = cuda.capability(index)
-        gpus.append({"index": index, "name": cuda.device_name(index), "capability": f"{major}.{minor}"})
-    return f"{version // 1000}.{version % 1000 // 10}", gpus, None
+    version = f"{number // 1000}.{number % 1000 // 10}"
+    try:
+        gpus = []
+        for index in range(cuda.device_count()):
+            major, minor = cuda.capability(index)
+            gpus.append({"index": index, "name": cuda.device_name(index), "capability": f"{major}.{minor}"})
+    except (OSError, cuda.DriverError) as exc:
+        return version, [], str(exc)
+    return version, gpus, None
 
 
 def _nvrtc_version() -> str | None:
