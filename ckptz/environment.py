@@ -102,6 +102,8 @@ def _driver() -> tuple[str | None, list[dict[str, Any]], str | None]:
         number = cuda.driver_version()
     except (OSError, AttributeError):
         return None, [], "no CUDA driver (libcuda.so.1) on this machine"
+    except cuda.DriverError as exc:
+        return None, [], str(exc)
     version = f"{number // 1000}.{number % 1000 // 10}"
     try:
         gpus = []
