@@ -49,8 +49,8 @@ def _cache_bytecode() -> None:
     the sources and torch ships none.
 
     Containers often set ``PYTHONDONTWRITEBYTECODE`` over a read-only ``site-packages``:
-    every GPU run then compiles torch's Python sources again, 2.5-3 s of its start-up on
-    the H100 host (``import torch``: 4.0-4.6 s; 1.5-2.0 s from cached bytecode). The
+    every run that imports torch then compiles torch's Python sources again, which costs
+    more than half of ``import torch``'s time. The
     cache (``$XDG_CACHE_HOME/ckptz/bytecode``, private to the user) holds only what Python
     itself would have written, checked by Python against each source's size and time.
     ``CKPTZ_BYTECODE_CACHE=0`` turns it off; the library (``import ckptz``) never does this.

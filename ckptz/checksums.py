@@ -2,8 +2,7 @@
 digest (docs/FORMAT.md), computed without holding the GIL.
 
 The python ``xxhash`` binding holds the GIL in its one-shot functions, so with many
-pipeline threads every checksum ran one at a time (on the H100 host that capped restores
-near 5 GB/s). The C extension's copy of xxHash (``ckptz/native_src/hash.c``) releases it,
+pipeline threads every checksum would run one at a time. The C extension's copy of xxHash (``ckptz/native_src/hash.c``) releases it,
 and hashes many ranges of one buffer in one call; where the extension is not built (or
 ``CKPTZ_NO_NATIVE=1``), python ``xxhash`` computes the same values.
 """

@@ -629,6 +629,17 @@ def bench(
     _emit(bench_json(result) if as_json else None, bench_view(result), as_json, quiet)
 
 
+@app.command()
+@_errors
+def env(as_json: Json = False) -> None:
+    """Show the versions, GPUs, native build and settings ckptz runs with (for a bug report)."""
+    from ckptz.environment import describe
+    from ckptz.report import env_view
+
+    info = describe()
+    _emit(info, env_view(info), as_json)
+
+
 def _size(text: str | None) -> int | None:
     if text is None:
         return None

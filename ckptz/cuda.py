@@ -3,15 +3,14 @@
 The engine needs little of CUDA: a device's primary context, streams, device memory,
 copies between host and device, page-locked host memory, and its kernels
 (:mod:`ckptz.engines.gpu.kernels`, compiled by NVRTC and loaded here as a :class:`Module`).
-torch would bring all of that at the price of ``import torch``: 1.5-2 s of every GPU
-command's start-up on the H100 host even with its bytecode cached (BENCHMARKS.md), more
-than the rest of a small command together. The driver library is already loaded by any
+torch would bring all of that at the price of ``import torch``, which takes seconds even
+with its bytecode cached, more than the rest of a small command together. The driver library is already loaded by any
 process that uses CUDA, so calling it directly costs nothing to import.
 
 Calls are made two ways. Those that return at once (queueing a copy from page-locked
 memory or a kernel, setting a context) keep the GIL (:data:`_QUICK`): releasing and
 retaking it costs more than the call when other threads want it, and the GPU workers'
-GIL waits were their main cost (BENCHMARKS.md, session 17). Those that may block
+GIL waits were their main cost. Those that may block
 (synchronising, allocating, pinning, copying pageable memory) release it (:data:`_SLOW`).
 
 The primary context is the one torch and nvCOMP use too, so memory, streams and pointers
@@ -52,6 +51,8 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuDeviceGetCount": [_REF(_INT)],
     "cuDeviceGet": [_REF(_INT), _INT],
     "cuDeviceGetAttribute": [_REF(_INT), _INT, _INT],
+    "cuDeviceGetName": [ctypes.c_char_p, _INT, _INT],
+    "cuDriverGetVersion": [_REF(_INT)],
     "cuDevicePrimaryCtxRetain": [_REF(_P), _INT],
     "cuCtxSetCurrent": [_P],
     "cuCtxGetCurrent": [_REF(_P)],
@@ -181,6 +182,20 @@ def capability(index: int) -> tuple[int, int]:
         check(lib.cuDeviceGetAttribute(ctypes.byref(value), attr, index), "cuDeviceGetAttribute")
         out.append(int(value.value))
     return out[0], out[1]
+
+
+def device_name(index: int) -> str:
+    """Device ``index``'s name, e.g. ``NVIDIA H100 80GB HBM3``."""
+    name = ctypes.create_string_buffer(256)
+    check(_init().cuDeviceGetName(name, len(name), index), "cuDeviceGetName")
+    return name.value.decode(errors="replace")
+
+
+def driver_version() -> int:
+    """The CUDA version the driver supports, as the driver gives it (e.g. 12040 for 12.4)."""
+    value = _INT()
+    check(_slow().cuDriverGetVersion(ctypes.byref(value)), "cuDriverGetVersion")
+    return int(value.value)
 
 
 def warm(index: int) -> None:

@@ -2,9 +2,9 @@
 started then.
 
 This module imports nothing of ckptz's pipeline or engines (nor numpy), so the CLI can call
-:func:`warm_named_gpu` as soon as it has parsed its options: on the H100 host creating a
-CUDA context takes ~0.3 s and importing the modules a compression needs ~0.5 s
-(BENCHMARKS.md, session 35), and the two overlap only if the context is started first.
+:func:`warm_named_gpu` as soon as it has parsed its options: creating a CUDA context and
+importing the modules a compression needs both take a noticeable part of a second, and they
+overlap only if the context is started first.
 Choosing the engine itself is :mod:`ckptz.engines`'.
 """
 

@@ -37,8 +37,8 @@ from ckptz.checksums import Streams, xxh3_64, xxh3_64_nested, xxh3_64_ranges
 
 #: Bytes per leaf that ckptz writes. python-xxhash releases the GIL only for inputs above
 #: 100 000 bytes, so leaves are hashed in parallel by plain threads; but each leaf is one
-#: release and one wait for the GIL, and on the 16-core H100 host 128 KiB leaves cost the
-#: GPU pipeline 30 % in those waits (measured). 512 KiB leaves make four times fewer calls,
+#: release and one wait for the GIL, and smaller leaves cost a GPU pipeline much of its
+#: time in those waits. 512 KiB leaves make four times fewer calls,
 #: while most of a 1 MiB frame (and 7/8 of a 4 MiB one) still lies in whole leaves.
 LEAF = 1 << 19
 #: Leaf sizes a reader accepts: a power of two in this range (a tiny leaf would make the
@@ -361,7 +361,7 @@ class LeafJoins:
     small frames holds one at a time), while the leaves progress in parallel. Where
     streams interleave in a file (a ``torch.save`` archive's records between its tensors),
     such leaves are many: hashing them in one thread that walked the whole file in order
-    was the slowest stage of a GPU compression (BENCHMARKS.md, session 25).
+    was the slowest stage of a GPU compression.
 
     Args:
         digest: where the hashes go.
@@ -429,8 +429,8 @@ class LeafJoins:
         """Frame ``i`` waits for another frame's bytes (a leaf straddles them): keep a copy
         of the parts of it that leaves still need (under the lock), not the frame. A frame
         is often a view of a larger buffer (a GPU restore decodes a span of ~40 frames into
-        one pinned buffer), which the view would keep whole: an 8.25 GB restore held 43
-        such buffers of 171 MiB for frames at tensor boundaries (BENCHMARKS.md, session 37)."""
+        one pinned buffer), which the view would keep whole, holding gigabytes for frames at
+        tensor boundaries."""
         data = self._views.get(i)
         if not isinstance(data, np.ndarray):
             return

@@ -1,13 +1,11 @@
 r"""Writing one output from many threads at once through shared mappings of it (tmpfs).
 
-Linux serialises writes to one file on the file's lock: ``pwrite``\ s from 4 or 8 threads
-into one tmpfs file moved 1.9-2.8 GB/s on the H100 host, 20 MiB at a time; copies into
-shared mappings of it take no such lock and moved 3.1-3.9 GB/s (BENCHMARKS.md, session 26).
-A restore writes every original byte into one file, and a compression of a large file most
+Linux serialises writes to one file on the file's lock, so ``pwrite``\ s from many threads
+into one tmpfs file move little more than one thread's; copies into shared mappings of it
+take no such lock and move markedly more. A restore writes every original byte into one file, and a compression of a large file most
 of them: on tmpfs, that lock was their wall. On ext4 the same copies ran no faster than
 ``pwrite`` into the page cache, and whole commands writing to the disk with ``fsync`` were
-7-22 % slower (not profiled; ext4 starts a journal handle at a page's first write through a
-mapping), so mappings are used on tmpfs only (:data:`FILE_SYSTEMS`).
+slower (ext4 starts a journal handle at a page's first write through a mapping), so mappings are used on tmpfs only (:data:`FILE_SYSTEMS`).
 
 Safety. A copy into a mapped page that the file system cannot back (it is full) raises
 ``SIGBUS`` and kills the process, where ``pwrite`` returns ``ENOSPC``. So the space of every
@@ -29,14 +27,12 @@ A file whose final size is known before it is written (a restore: the container 
 it) is sized at once (:meth:`MappedOutput.expect`: a file system without that much free
 space fails there, before any byte is written) and written through mappings of
 :data:`WINDOW` bytes, each made at its first write and unmapped once every byte of it is
-written: no system call per write, writes of any size copied (H100 host, restores to
-tmpfs in process: CPU 2.05 -> 2.39, GPU ``ans`` 1.92 -> 1.99 GB/s, BENCHMARKS.md session
-27), and mapped pages still bounded by the windows being written. Its space is reserved
+written: no system call per write, writes of any size copied, and mapped pages still bounded by the windows being written. Its space is reserved
 by a thread of its own (:class:`_Reserver`), :data:`STEP` bytes at a time from the start,
 while the restore runs; a window it has not reached when a writer needs it is reserved
-next, and the writer waits for it before mapping it. Reserving on tmpfs clears every page
-(3.6 GB/s on the CPU VM, 5.5 on the H100 host): reserved whole up front, a 4.6 GB file's
-restore began 0.6-0.8 s late (BENCHMARKS.md, session 37).
+next, and the writer waits for it before mapping it. Reserving on tmpfs clears every page,
+so reserving a large file whole up front would delay the restore's start by most of a
+second.
 """
 
 from __future__ import annotations
@@ -277,7 +273,7 @@ class MappedOutput:
 
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
         # Pages are faulted in as they are copied to: mapping them all at once (MAP_POPULATE)
-        # halved the rate on tmpfs (H100 host: 1.4-1.6 GB/s against 3.1-3.9 from 4-8 threads).
+        # halved the rate on tmpfs.
         m = mmap.mmap(
             self.fd, offset + n - start, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=start
         )
@@ -297,8 +293,7 @@ class _Reserver:
     bytes at a time in order from the start (where a restore's writes begin), but first any
     window a writer waits for. Only this thread reserves the file's space: ``fallocate``
     holds the file's lock throughout, and writers reserving their own windows beside it
-    waited for nearly all of it (two writes of a 4.6 GB restore on the H100 host stalled
-    1.0 s, and the restore with them).
+    waited for nearly all of it, stalling the restore with them.
 
     Args:
         fd: the file (open until :meth:`stop`).

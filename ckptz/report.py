@@ -732,3 +732,37 @@ def series_bench_json(result: SeriesBenchResult) -> dict[str, Any]:
             for r in result.rows
         ],
     }
+
+
+def env_view(info: dict[str, Any]) -> Table:
+    """``ckptz env``: one row per fact about this installation (:func:`ckptz.environment.describe`)."""
+    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    torch, cuda, nvcomp, native = info["torch"], info["cuda"], info["nvcomp"], info["native"]
+    gpus = [f"{g['index']}: {g['name']} (sm {g['capability']})" for g in info["gpus"]]
+    flags = [native["baseline"], *(f"{f} at run time" for f in native["runtime_dispatch"])]
+    rows = [
+        ("ckptz", f"{info['ckptz']} ({info['ckptz_path']})"),
+        ("Python", info["python"]),
+        ("platform", info["platform"]),
+        ("torch", torch["version"] or torch.get("error") or "not installed"),
+        ("CUDA driver", cuda["driver"] or "none"),
+        ("CUDA runtime", cuda["runtime"] or "none"),
+        ("nvCOMP", (nvcomp["version"] or "installed") if nvcomp["installed"] else "not installed"),
+        ("GPUs", "\n".join(gpus) or f"none ({cuda['problem'] or 'no device visible'})"),
+        (
+            "native extension",
+            ("loaded" if native["loaded"] else "built, turned off" if native["built"] else "not built")
+            + (
+                f": {', '.join(flags)}; AVX2 loops {'on' if native['avx2'] else 'off'}"
+                if native["loaded"]
+                else ""
+            ),
+        ),
+        ("kernel cache", info["kernel_cache"]),
+        ("settings", "\n".join(f"{k}={v}" for k, v in info["settings"].items()) or "none overridden"),
+    ]
+    for name, value in rows:
+        table.add_row(name, Text(str(value)))
+    return table

@@ -1,6 +1,6 @@
 """What compression saves: checkpoint stall on given storage, and the monthly cost projection.
 
-Pure arithmetic on measured figures, after the checkpoint blog (docs in FACTS.md): writing a
+Pure arithmetic on measured figures: writing a
 checkpoint of ``S`` bytes to storage of bandwidth ``B`` idles every GPU for ``S/B`` seconds;
 with compression pipelined with the write it takes ``max(S/B_compress, S/(R·B))``. Restores
 are the same with the decompression speed and the read bandwidth.

@@ -273,9 +273,8 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
     """Transform one frame (a 1-D uint8 array of whole words) and code each plane.
 
     With the C extension each plane is a bytes object of its own, and a plane stored raw is
-    its payload as it is (no copy: a pass over its memory and a wait for the GIL fewer; on
-    the H100 host 16 threads compressed 5.17 GB 3 % faster, within the noise, BENCHMARKS.md
-    session 36); otherwise the planes live in this thread's scratch buffer and every payload
+    its payload as it is (no copy: a pass over its memory and a wait for the GIL fewer);
+    otherwise the planes live in this thread's scratch buffer and every payload
     is a copy.
     """
     owned = split_owned(raw, dtype, _SAMPLE)

@@ -1,7 +1,7 @@
 """Order-1 exponents (bitstream 7, ``huff1``): each byte coded given the byte before it.
 
-Neighbouring float exponents are correlated: in optimizer moments a byte costs ~0.4 bit
-less given its predecessor (docs: FACTS.md). Here a byte's *context* is the *bucket* of the
+Neighbouring float exponents are correlated: in optimizer moments a byte costs less given
+its predecessor than alone. Here a byte's *context* is the *bucket* of the
 byte before it, a bucket being a range of byte values chosen by the encoder. The plane's
 bytes are grouped by context, keeping their order within a group, and each group is one
 zstd frame (RFC 8878): with the C extension, frames of Huffman-coded literal blocks

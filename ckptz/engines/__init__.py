@@ -24,10 +24,9 @@ GPU_ONLY_CODECS: tuple[str, ...] = tuple(b.name for b in CHOOSABLE if b.cpu is N
 
 def runs_apart() -> bool:
     """Whether a job coded on a GPU runs its engine in a process of its own
-    (:mod:`ckptz.engines.process`): where ``$CKPTZ_ENGINE_PROCESS`` is 1. Off by default: on
-    the H100 host it compressed and restored an 8.25 GB file as fast as one process did
-    (within 0.9-1.1x, writes discarded), and a fresh command ran 1.3x slower, pinning its
-    shared buffers anew (BENCHMARKS.md, session 42)."""
+    (:mod:`ckptz.engines.process`): where ``$CKPTZ_ENGINE_PROCESS`` is 1. Off by default: it
+    measured no faster than one process, and a fresh command is slower, pinning its shared
+    buffers anew."""
     return os.environ.get("CKPTZ_ENGINE_PROCESS", "").strip() == "1"
 
 
@@ -57,10 +56,9 @@ def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int =
     :func:`~ckptz.engines.hybrid.write_bytes` or more (smaller ones finish sooner on the CPU
     threads than the GPU starts), or with ``auto`` for a job of
     :func:`~ckptz.engines.hybrid.join_bytes` or more (the size at which the GPU would join
-    the CPU threads anyway; a GPU shared with training is left alone below it). On the H100
-    host the literal frames compressed a 5.35 GB checkpoint at 8.87 GB/s against the CPU
-    path's 5.35, writes discarded (BENCHMARKS.md, session 32). Restores of the bitstream stay
-    on the CPU threads (:class:`HybridEngine`)."""
+    the CPU threads anyway; a GPU shared with training is left alone below it); there the GPU
+    codes faster than the CPU threads. Restores of the bitstream stay on the CPU threads
+    (:class:`HybridEngine`)."""
     from ckptz.codecs.native import native
 
     if not writes or codec not in PORTABLE_CODECS or native is None or not nvcomp_installed():

@@ -47,9 +47,8 @@ def decode_chunks(stream: StreamInfo, chunks: list[StoredChunk], length: int, wh
 
 
 CPU_FRAME_SIZE = 4 << 20
-#: Frames of large streams: a quarter of the per-frame Python again, at the same ratio
-#: (1.2633 against 1.2632 on the e2e checkpoint), 1.5x compressing and 2x restoring on
-#: the 16-core H100 host (BENCHMARKS.md, session 22).
+#: Frames of large streams: a quarter of the per-frame Python again, at the same ratio, so
+#: many threads sharing one GIL code faster both ways.
 CPU_LARGEST_FRAME = 16 << 20
 
 #: Components whose exponent planes keep deflate's smaller code (see ckptz.codecs.frames):

@@ -1,13 +1,11 @@
 """The portable bitstream on a GPU machine: CPU threads first, the GPU when it pays.
 
-Measured on the H100 host (BENCHMARKS.md, 16 cores): the CPU coder writes the portable
-bitstream at 3.6 GB/s (5.6 GB/s decoding) with writes discarded, and nvCOMP Zstd on the same
-planes reaches 0.5 GB/s end to end. Bringing the GPU up cost 4-5 s while the engine needed
-torch (a 5 GB job ran 1.6x slower with the bring-up beside it, whose import held the GIL the
-CPU coder needs); since session 19 it is the CUDA context, nvCOMP's library and the cached
-kernels, well under a second, but nvCOMP Zstd is still the slower coder of this bitstream.
+On a many-core machine the CPU coder writes the portable bitstream several times faster than
+nvCOMP Zstd codes the same planes end to end, and bringing a GPU up (the CUDA context,
+nvCOMP's library and the cached kernels) takes a fraction of a second that a small job
+never repays.
 
-Since session 32 the GPU writes the portable bitstream's literal frames itself
+The GPU writes the portable bitstream's literal frames itself
 (:mod:`ckptz.engines.gpu.literals`), faster than the CPU threads, so a compression with a GPU
 named opens the GPU engine (:func:`ckptz.engines.writes_portable_on_gpu`). Restores, and runs
 with ``--device auto``, still open :class:`HybridEngine`: it codes on the CPU threads
@@ -55,16 +53,15 @@ from ckptz.engines.base import (
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CkptzError, DeviceError, UsageError
 
-#: Bytes a job codes on the CPU before the GPU is brought up: ~10 s of the CPU coder on 16
-#: cores, so the bring-up's 4-5 s are a fraction of the job it may speed up.
+#: Bytes a job codes on the CPU before the GPU is brought up: seconds of the CPU coder on
+#: many cores, so the bring-up is a small fraction of the job it may speed up.
 GPU_JOIN_BYTES = 32 << 30
 
 
 #: Bytes a compression with a GPU named (``--device cuda``) converts before the GPU writes
 #: the portable bitstream (:func:`ckptz.engines.writes_portable_on_gpu`): its start-up costs
-#: ~0.55 s more than the CPU path's (1.05 against 0.50 s) and it codes ~0.09 s a GB faster
-#: with writes discarded (8.9 against 5.35 GB/s; BENCHMARKS.md, session 32), so smaller jobs
-#: finish sooner on the CPU threads.
+#: more than the CPU path's and it saves only a little time per GB, so smaller jobs finish
+#: sooner on the CPU threads.
 GPU_WRITE_BYTES = 4 << 30
 
 
@@ -104,7 +101,7 @@ class Lane:
     The GPU gets a first window of frames; when they are done, its rate over that window is
     held against the CPU threads' combined rate, and the GPU keeps getting frames only if it
     is the faster of the two. A coder slower than the CPU only holds frames the in-order
-    writer then waits for (measured: 0.94 against 4.3 GB/s on the H100 host with nvCOMP Zstd).
+    writer then waits for (as nvCOMP Zstd is, on this bitstream, against many CPU cores).
     """
 
     name: str

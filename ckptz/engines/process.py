@@ -1,15 +1,12 @@
 """An engine in a process of its own: the GPU engine's Python off the pipeline's GIL.
 
-On the 16-core H100 host the pipeline around an engine that codes nothing moved 17-20 GB/s
-and the GPU engine alone 24-25, but the two in one process 11-13; run side by side in two
-processes, each kept 0.85-0.92 of its speed alone (BENCHMARKS.md, session 41). So a GPU
-engine can run in a child process (``CKPTZ_ENGINE_PROCESS=1``), and :class:`ProcessEngine`
-stands in for it in the caller, behind the same :class:`~ckptz.engines.base.Engine`
-protocol. Measured end to end it gained nothing: an 8.25 GB file compressed at 13.3-14.1
-GB/s against 12.6-12.8 in one process and restored at 17.0-18.8 against 17.4-18.0 (writes
-discarded), and a fresh command ran 1.3x slower, its child pinning its buffers anew
-(session 42). So it is off by default; it is kept for what it measured and for what it
-isolates (a fault in the GPU's libraries ends the child, and the run reports it).
+The pipeline and the GPU engine each run faster alone than together in one process, where
+they share one GIL, so a GPU engine can run in a child process
+(``CKPTZ_ENGINE_PROCESS=1``), and :class:`ProcessEngine` stands in for it in the caller,
+behind the same :class:`~ckptz.engines.base.Engine` protocol. End to end it measured no
+faster, and a fresh command is slower (its child pins its buffers anew), so it is off by
+default; it is kept for what it isolates (a fault in the GPU's libraries ends the child, and
+the run reports it).
 
 The bytes never cross the socket. Both processes map the same memory files (``memfd``):
 

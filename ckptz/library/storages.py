@@ -195,8 +195,8 @@ def _targets(index: Index, device: torch.device | None) -> tuple[np.ndarray, dic
 def _sparse_zeros(size: int) -> np.ndarray:
     """``size`` zero bytes of which only a few pages will be written (the zip's headers and
     pickle between the storages). Without transparent huge pages: with them (Linux's
-    default on many hosts), each first write zero-fills 2 MiB, which cost a 5 GB load a
-    quarter of a second for its ~1200 small gaps (BENCHMARKS.md, session 21)."""
+    default on many hosts), each first write zero-fills 2 MiB, a cost paid again for every
+    small gap between storages."""
     if size == 0 or not hasattr(mmap, "MADV_NOHUGEPAGE"):
         return np.zeros(size, np.uint8)
     area = mmap.mmap(-1, size)

@@ -52,10 +52,8 @@ class Options:
 
 
 #: The library's containers are made to be loaded by ``ckptz.load``, which decodes a CPU
-#: engine's frames on CPU threads while the GPU decodes the rest: it loaded 4 MiB frames
-#: 1.4x faster than the 16 MiB ones the CLI writes for large streams (1.19 against 1.72 s for
-#: 5 GB of optimizer state, H100 host, BENCHMARKS.md session 22), so they keep the
-#: engine's smallest frames.
+#: engine's frames on CPU threads while the GPU decodes the rest, and smaller frames spread
+#: that work over more threads, so they keep the engine's smallest frames.
 def _frame_limit(engine: Engine) -> int:
     return engine.frame_size
 

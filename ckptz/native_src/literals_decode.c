@@ -494,8 +494,8 @@ static int literals_frame(const uint8_t *in, size_t n, uint8_t *out, size_t size
 #define SCAN_PIECE 4096
 /* The most symbols a stream may have: a thread decodes a stream alone, so a batch waits for
  * its longest one. The GPU coder's 64 KiB blocks (16 KiB streams) decoded faster this way
- * than by nvCOMP, the CPU coder's planned blocks of up to 128 KiB slower (H100 host,
- * BENCHMARKS.md session 33): frames with longer streams are left to nvCOMP. */
+ * than by nvCOMP, the CPU coder's planned blocks of up to 128 KiB slower, so frames with
+ * longer streams are left to nvCOMP. */
 #define SCAN_MAX_STREAM (16 << 10)
 #define SCAN_LOOKUP (1 << MAX_BITS)
 enum { SCAN_COPY = 0, SCAN_FILL = 1, SCAN_STREAM = 2 };

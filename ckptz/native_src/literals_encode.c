@@ -58,8 +58,7 @@ static inline __attribute__((always_inline)) void encode_run(stream_t *st, const
 /* Two codes by the two bytes that give them (little-endian: src[i-1] << 8 | src[i-2]):
  * code(src[i-1]) | code(src[i-2]) << len(src[i-1]) in the low 24 bits, their total length
  * above. Built for the byte values of a block (PAIR_DISTINCT at most), it halves the loads
- * and joins per symbol: the exponent planes of the e2e checkpoint coded 13-14 % faster
- * (BENCHMARKS.md, session 45), every byte the same. */
+ * and joins per symbol, so exponent planes code faster with every byte the same. */
 #define PAIR_DISTINCT 96
 #define PAIR_BITS 24
 

@@ -13,8 +13,8 @@ engine's ``span_bytes``, a frame at a time where that is 0):
   and a writer thread takes the run's payload checksums and ``pwritev``\\ s them there (the
   GPU's block, the run's data area as written, in one call).
 
-Per-frame Python in every stage was what held a GPU compression to ~3.5 GB/s on the H100
-host (the GIL, not the GPU, BENCHMARKS.md); runs take it to one call per run.
+Per-frame Python in every stage was what held a GPU compression back (the GIL, not the
+GPU); runs take it to one call per run.
 
 The whole-file digest (``xxh3_tree``, :mod:`ckptz.digest`) is taken where the bytes are: the
 engine (or the reader) hashes the leaves that lie whole inside the run's frames, and those
@@ -82,7 +82,7 @@ WRITE_DEPTH = 8
 #: Runs of frames a file keeps in flight at least (the engine's look-ahead in bytes is cut
 #: into this many runs): reading, coding and placing each hold some, and a run's buffer
 #: comes back only once every stage is done with it. With fewer, larger runs the pipeline
-#: ran dry between them (H100 host, GPU ``ans``: readers and GPU both half idle).
+#: ran dry between them, its readers and GPU both half idle.
 RUNS_AHEAD = 24
 _ZEROS = bytes(ALIGN)
 #: Buffers one ``preadv`` may fill (the system's limit, usually 1024).
@@ -102,10 +102,9 @@ class _PlansFirst:
     """Files of a run being laid out and planned go before the pipelines of the others.
 
     A file's layout (a ``torch.save`` pickle walked in Python) and stream plan hold the GIL
-    most of the time, and a pipeline running beside them holds it too: on the H100 host, a
-    4.6 GB ``optimizer.pt``'s layout and plan took 140-180 ms beside ``model.safetensors``'s
-    pipeline against 40-50 ms alone, and in a split compression the helper's part waited
-    for them (BENCHMARKS.md, session 34). So a pipeline starts once no file is being planned,
+    most of the time, and a pipeline running beside them holds it too, which made planning
+    several times slower and kept a split compression's helper waiting for the plan. So a
+    pipeline starts once no file is being planned,
     or after :data:`PLANS_FIRST_S` (a huge pickle does not hold everything up for long).
     """
 

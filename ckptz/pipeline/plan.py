@@ -37,9 +37,8 @@ def frame_size_for(length: int, frame_size: int, largest: int) -> int:
     the stream keeps :data:`MIN_FRAMES` frames and the size stays within ``largest``.
 
     Every frame costs the pipeline the same Python (futures, checks, calls) whatever its
-    size, and its threads share one GIL: on the 16-core H100 host, 16 MiB CPU frames took a
-    5 GB checkpoint from 3.1 to 4.6 GB/s compressing and from 4.4 to 8.7 GB/s restoring,
-    at the same ratio, against 4 MiB ones (BENCHMARKS.md, session 22).
+    size, and its threads share one GIL, so larger frames of large streams code and restore
+    faster on many cores at the same ratio.
     """
     size = frame_size
     while size * 2 <= largest and length >= MIN_FRAMES * size * 2:

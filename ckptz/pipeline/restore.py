@@ -59,9 +59,8 @@ def _no_progress(_: int) -> None:
 
 
 #: Bytes of a decoded run that one writer task checks and puts. A GPU engine decodes runs
-#: of 20-40 frames at once; put by one thread each (4.3 ms a 4 MiB frame into tmpfs), a run
-#: held its frames' room for ~90 ms, and after its output's space was reserved a restore
-#: to tmpfs had 4-5 of its 16 writers busy (H100 host, BENCHMARKS.md session 44).
+#: of 20-40 frames at once; put by one thread each, a run would hold its frames' room for
+#: long while most writers sat idle, so a run is put in shares of this size.
 PUT_BYTES = 16 << 20
 
 
@@ -530,7 +529,7 @@ class _Restore:
                     self.sink.put(frame, data)
             # The bytes only where the digest walks them: a frame it still waits on (a leaf
             # straddles it and a frame not decoded yet) would otherwise hold its decoded
-            # span's whole buffer through ``data`` (BENCHMARKS.md, session 37).
+            # span's whole buffer through ``data``, past the memory budget.
             self.data[i].set_result(data if self.walked else _SPENT.result())
             self.progress(self.sizes[i])
             given.append((i, data))

@@ -1,9 +1,8 @@
 """One large file restored by several processes at once, each a range of its bytes.
 
-One process's GPU pipeline is bound by its interpreter, not by the machine: on the 16-core
-H100 host a GPU ``ans`` restore with writes discarded held the GIL 80 % of the time, and two
-processes restoring at once moved 22.5 GB/s together against 12.8 alone (BENCHMARKS.md,
-session 28). So a large file is cut into *ranges* of whole digest leaves, and helper
+One process's GPU pipeline is bound by its interpreter, not by the machine: a GPU restore
+holds the GIL most of the time, and two processes restoring at once move far more together
+than one alone. So a large file is cut into *ranges* of whole digest leaves, and helper
 processes, each with an engine of its own on the same device, restore some of them while
 the calling process restores the others (:func:`~ckptz.pipeline.restore.restore_range`:
 every frame holding a byte of the range is decoded and checked whole, and the range's bytes
@@ -70,10 +69,8 @@ T = TypeVar("T")
 #: Bytes of a range at least: each cut decodes up to one frame per stream twice.
 MIN_RANGE = 512 << 20
 #: Ranges per process of a file large enough. Each range costs its process a plan (the
-#: index read, frames clipped, leaf table: 15-25 ms for a 4 GB ``optimizer.pt``) and a
-#: pipeline's ramp and drain, so fewer win: 2 processes restored the H100 host's 5.35 GB
-#: folder at 14.5 GB/s with 1 range each, 14.3-13.3 with 2 and 13.1 with 3 (BENCHMARKS.md,
-#: session 29). A free helper takes a range first, so a late one takes none.
+#: index read, frames clipped, leaf table) and a pipeline's ramp and drain, so one range per
+#: process restored fastest. A free helper takes a range first, so a late one takes none.
 RANGES_PER_PROCESS = 1
 #: A file this large but too small to split goes whole to a free helper.
 MIN_WHOLE = 64 << 20

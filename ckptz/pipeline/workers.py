@@ -23,23 +23,19 @@ from ckptz import trace
 from ckptz.digest import Digest, LeafJoins, Piecewise, no_frame
 from ckptz.pipeline.plan import Frame
 
-#: Reader threads by default: page-cache reads reach ~20 GB/s on eight threads (FACTS: 3 GB/s
-#: on one), each also hashes what it read; more threads only contend for the GIL (on the
-#: 16-core H100 host, 4 readers and 2 writers beat 16 and 8, BENCHMARKS.md).
+#: Reader threads by default: page-cache reads scale to about eight threads, each also
+#: hashes what it read, and more threads only contend for the GIL.
 MAX_READERS = 8
 #: Writer threads at most by default (one per core): a file system takes parallel writes
 #: (NVMe RAID, Lustre, and tmpfs through mapped windows); where one writer is the wall, more
-#: threads cost nothing. On the 16-core H100 host, compressing to tmpfs in process, 4 / 8 /
-#: 16 writers: GPU ``ans`` 3.00 / 3.73 / 4.38 GB/s, CPU 2.38 / 2.82 / 2.98 (restoring: no
-#: change; BENCHMARKS.md, session 28).
+#: threads cost nothing, and compressions to tmpfs ran faster with every doubling up to 16.
 MAX_WRITERS = 16
 
 
 #: The interpreter's thread switch interval while a pipeline runs. Its threads hold the GIL
 #: in short stretches between long calls that release it; at the default 5 ms, a thread
 #: coming back from such a call waits for whichever thread holds the GIL to be asked to
-#: give it up. On the 16-core H100 host, 0.2 ms took the CPU path from 1.4 to 2.0 GB/s
-#: compressing and from 2.6 to 4.8 GB/s decompressing (4 MiB frames, BENCHMARKS.md).
+#: give it up, so a shorter interval lets the pipeline's threads take turns much faster.
 SWITCH_INTERVAL_S = 0.0002
 
 _switch_lock = threading.Lock()
@@ -55,8 +51,7 @@ def tuned_interpreter() -> Iterator[None]:
 
     A run makes many small objects (each frame's future, views and tables) that reference
     counting frees as each frame is done; the collections they trigger would walk the
-    caller's whole heap (two full collections of 65-120 ms each in five 5 GB loads on the
-    H100 host, BENCHMARKS.md session 21)."""
+    caller's whole heap, tens of milliseconds each in a process holding a large model."""
     global _switch_users, _switch_before, _collecting_before
     with _switch_lock:
         if _switch_users == 0:

@@ -3,9 +3,9 @@
 The launcher starts ``python -m ckptz`` with the same arguments N times, each with the
 variables ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_PORT``, ...);
 rank 0 hosts the c10d store, on a port the kernel picked for the launcher a moment before.
-The launcher itself never imports torch: the ranks import it at once, side by side (on the
-H100 host ``import torch`` alone takes 4 s, which a launcher hosting the store had added
-before any rank started). The ranks share stdout and
+The launcher itself never imports torch: the ranks import it at once, side by side, so
+``import torch``'s seconds are paid once in parallel rather than again before any rank
+starts. The ranks share stdout and
 stderr (rank 0 alone prints the summary). A signal to the launcher goes on to the ranks;
 a rank killed outright takes the others down, as under ``torchrun``.
 """

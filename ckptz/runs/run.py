@@ -109,17 +109,14 @@ def engine_session(
 
 
 #: Processes that compress or restore a large file together where it pays: a GPU run's
-#: pipeline is bound by its interpreter. On the H100 host, with the helper already running,
-#: two processes compressed a 5.35 GB folder 1.39x as fast as one and restored it 1.89x;
-#: three did no better than two (:mod:`ckptz.pipeline.shards`; BENCHMARKS.md, sessions 29-30).
+#: pipeline is bound by its interpreter; two processes compress and restore markedly faster
+#: than one, and three did no better than two (:mod:`ckptz.pipeline.shards`).
 SPLIT_PROCESSES = 2
 #: Cores a machine needs before a file is split (each process runs its own threads).
 SPLIT_CORES = 8
 #: Bytes a run converts before starting a helper pays: a helper's start (a fresh
-#: interpreter, the GPU's context, its pinned memory) takes ~1.5 s, and while it starts
-#: the caller works alone and shares the cores with it. Fresh processes given one 10 GB file
-#: ran 0.87x (compress) and 0.95x (restore) as fast in 2 processes as in 1 on the H100 host
-#: (BENCHMARKS.md, session 30); by the rates above, the split pays from ~25 GB.
+#: interpreter, the GPU's context, its pinned memory) takes over a second, during which the
+#: caller works alone and shares the cores with it, so only jobs of tens of GB repay it.
 SPLIT_BYTES = 32 << 30
 
 
@@ -167,8 +164,7 @@ def helper_shards(
     """Helpers for a run in ``processes`` processes (started now, beside the caller's own
     start-up, where the process has none yet: :meth:`Shards.shared`), and the memory
     budget of each process's engine: ``memory`` shared between them where given, else the
-    engine's default each (on the H100 host, two processes of 1 GiB each restored 16.0
-    GB/s, of 2 GiB each 18.5; BENCHMARKS.md, session 29). A run that ``writes``
+    engine's default each (a larger budget per process restores faster). A run that ``writes``
     (compresses) ``job_bytes`` gives its helpers the engine its own opens."""
     if processes <= 1:
         yield None, memory
@@ -206,10 +202,10 @@ class OpeningEngine:
     """A run's engine, opened on a thread of its own while the run prepares its outputs,
     lays out its files and makes their outputs; :meth:`get` waits for it.
 
-    A GPU engine's open (its workers' CUDA streams, kernels and nvCOMP) took 0.12-0.35 s
-    on the main thread of the H100 host, every other thread idle meanwhile; a restore's
-    output began reserving its space only after it, and that reservation bounds a restore
-    to tmpfs (BENCHMARKS.md, sessions 43-44). Opened here, it overlaps both. An engine that
+    A GPU engine's open (its workers' CUDA streams, kernels and nvCOMP) takes a noticeable
+    fraction of a second, every other thread idle meanwhile if it ran on the main thread;
+    a restore's output began reserving its space only after it, and that reservation bounds
+    a restore to tmpfs. Opened here, it overlaps both. An engine that
     cannot open raises from :meth:`get` what :func:`~ckptz.engines.open_engine` raised.
     """
 

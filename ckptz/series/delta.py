@@ -1,8 +1,7 @@
 """Series deltas: tensors coded as their XOR with the same tensor of a newer checkpoint.
 
 Consecutive snapshots of a training run differ little: XOR two of them and the exponent and
-high mantissa bits mostly cancel (FACTS.md: bf16 weights go from 1.54 to 2.4-2.6 at the
-order-0 bound). :class:`XorDelta` is the :class:`~ckptz.pipeline.transform.FrameTransform`
+high mantissa bits mostly cancel, so the XOR codes far smaller than either. :class:`XorDelta` is the :class:`~ckptz.pipeline.transform.FrameTransform`
 that does it: each *paired* tensor segment of a frame is XORed with its counterpart's bytes
 in the reference file, before the engine codes the frame and after it decodes it. Which
 tensors are paired is decided by :func:`choose_pairs` from a sample of each (XOR only where

@@ -98,8 +98,8 @@ MIN_BATCH = 1 << 20
 MAX_BATCH = 256 << 20
 #: Components whose frames the CPU coder codes, on the engine's CPU threads: pickles, zip
 #: and JSON headers and generator states, whose repeats zstd's matches find and no order-0
-#: coder does (GPU literal frames: metadata 1.75x against the CPU's 6.1x, RNG states 1.59x
-#: against 1.95x; session 32). They are a sliver of a checkpoint's bytes.
+#: coder does, so the CPU's frames are several times smaller; they are a sliver of a
+#: checkpoint's bytes.
 HOST_COMPONENTS = frozenset({"metadata", "rng_state"})
 #: How long a worker waits for a batch to fill before running what is queued.
 BATCH_WAIT_S = 0.02
@@ -184,11 +184,9 @@ class GpuEngine:
         #: frames, whose blocks are coded in parallel whatever the frame.
         big = self.batch_bytes >= 4 * ANS_FRAME_SIZE
         self.frame_size = ANS_FRAME_SIZE if big else FRAME_SIZE
-        #: ANS keeps one size: 8 MiB ANS frames coded and restored about 10 % faster but cost
-        #: 0.1 % of ratio (16 MiB: 0.35 %; H100 host, BENCHMARKS.md session 22). The literal
-        #: frames' blocks have tables of their own, so large streams get the CPU coder's 16
-        #: MiB frames: compressing 8.2-8.9 GB/s against 7.1-8.7 with 4 MiB ones, and the CPU
-        #: threads restored them at 8.6-9.3 GB/s against 4.8 (session 32).
+        #: ANS keeps one size, since larger ANS frames code a little faster but cost ratio. The
+        #: literal frames' blocks have tables of their own, so large streams get the CPU
+        #: coder's 16 MiB frames, which code and restore faster at the same ratio.
         self.largest_frame = self.frame_size if self.codec_id == ANS_ID else LITERAL_FRAME_SIZE
         self.threads = max(4, threads or os.cpu_count() or 4)
         #: A restore hands over spans of about a batch: one read, one copy to the device.
@@ -198,15 +196,11 @@ class GpuEngine:
         #: spans per worker, were a restore to keep this many).
         self.look_ahead = max(4 * self.threads + 4, 3 * workers * self.batch_bytes // self.frame_size)
         #: A restore holds a span until every frame of it is written, and on tmpfs its
-        #: writers wait on page faults (~1.5 GB/s a thread): with the look-ahead above (three
-        #: spans per worker) 3-4 of 16 writers were busy. So a restore keeps a third of the
-        #: budget in flight where that is more. An 8.25 GB file restored to tmpfs in process
-        #: with --memory 4GiB and the restore's look-ahead at 0 / 1/4 / 3/8 / 1/2 of it: 3.24-
-        #: 4.20 / 3.08-3.61 / 2.87-3.43 / 2.68-2.98 s, peak RSS 2.6 / 2.8 / 3.6-4.1 / 4.7-4.9
-        #: GB (H100 host; each span's output pages stay mapped until all of it is written,
-        #: so the RSS grows twice as fast as the look-ahead). A third keeps the peak within
-        #: the budget; compressions with more frames in flight wrote to tmpfs 15 % slower, so
-        #: theirs stays (BENCHMARKS.md, session 31).
+        #: writers wait on page faults, so with the look-ahead above few writers are busy. A
+        #: restore therefore keeps a third of the budget in flight where that is more: a third
+        #: keeps the peak memory within the budget (each span's output pages stay mapped until
+        #: all of it is written, so memory grows twice as fast as the look-ahead), while
+        #: compressions with more frames in flight wrote to tmpfs more slowly, so theirs stays.
         self.restore_ahead = max(self.look_ahead, self.memory // 3 // self.frame_size)
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
@@ -343,9 +337,8 @@ class GpuEngine:
         (libzstd, as a CPU-only machine will), unless a GPU worker has taken it already.
 
         Those decode-backs run through the GPU's literal kernel, a stream a thread: in an
-        in-place GPU compression of the 8.25 GB file they kept the two GPU workers busy
-        1.48 s beside the coding (BENCHMARKS.md, session 38), while the CPU threads, which
-        restore the portable bitstream at ~0.55 GB/s each, sat idle. Whoever comes first
+        in-place GPU compression they kept the GPU workers busy beside the coding while the
+        CPU threads, which restore the portable bitstream well, sat idle. Whoever comes first
         takes the job from the queue, so each side takes what it has room for. The check is
         the same: each frame decoded from the payloads that are written, its length and
         checksum then compared by the caller (:meth:`DecodedSpan.measure`). Whether this
@@ -462,8 +455,8 @@ class GpuEngine:
                 # nvCOMP needs thousands of chunks in flight to fill the GPU: a batch of a few
                 # frames runs nearly serially. So wait briefly for the pipeline to queue more
                 # (it stops queueing when its look-ahead is full, hence the time limit), unless
-                # a file's last frames are queued (flush: at a file's end the wait was 20 ms
-                # of every compression's tail; session 34).
+                # a file's last frames are queued (flush: at a file's end nothing more will
+                # come, so waiting would only lengthen every compression's tail).
                 deadline = time.monotonic() + BATCH_WAIT_S
                 while (
                     not self._closed
@@ -1049,10 +1042,9 @@ def _kind(job: _Job) -> int:
     into its pinned buffer, restored with places, leaves or checks of its own) alone; spans
     of the portable bitstream decoded only for their checksums (a compression's decode-back,
     :meth:`GpuEngine.decode_span` with ``keep``), with each other. Its literal kernel decodes
-    a stream a thread, and one frame has too few streams to fill the GPU: a frame's check
-    took 5.9 ms alone on the H100 host, and batching them made an in-place compression 0.87x
-    as long. ``ans`` frames fill the GPU alone (1.1 ms), and batching them, which copies
-    each block once more on the host, made it 1.06x as long (BENCHMARKS.md, session 35)."""
+    a stream a thread, and one frame has too few streams to fill the GPU, so batching them
+    shortens an in-place compression. ``ans`` frames fill the GPU alone, and batching them,
+    which copies each block once more on the host, made it longer."""
     if not isinstance(job, _DecodeJob):
         return _ENCODE
     if not job.alone:

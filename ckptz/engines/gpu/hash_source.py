@@ -13,7 +13,7 @@ partial sums): all the bytes are read in parallel. ``xxh3_many`` then runs, one 
 input, the only chain left, the scrambles: a 4 MiB input is 4096 dependent steps of a few
 instructions each, fed by the block sums 32 blocks at a time, the next 32 loaded while these
 are chained. (One warp reading its input block after block, as before, waited on memory at
-every block: 3.6 ms per 4 MiB input, however many ran at once, on an H100.) Inputs of at
+every block, so an input took as long however many ran at once.) Inputs of at
 most 240 bytes (XXH3's short paths) are hashed by the warp's first thread.
 
 ``copy_ranges`` copies byte ranges between device addresses: the leaves of a whole-file

@@ -26,10 +26,8 @@ that ships with torch's CUDA libraries) for the device's architecture, and the c
 in ``$XDG_CACHE_HOME/ckptz/kernels`` under a hash of the source, compiler and
 architecture. A later process loads it straight into the CUDA context
 (:class:`ckptz.engines.gpu.cuda.Module`): no Python JIT, no compiler in the process.
-Triton's kernels, which these replace, cost a process's first GPU use 0.75 s on the H100
-host (``import triton`` 0.22-0.25 s, then its cache key, which hashes Triton's own
-libraries, and its launchers: a first 50 MB compression took 0.77-0.91 s against 0.21-0.27
-s now; BENCHMARKS.md, session 18). Where NVRTC cannot be found or fails, :func:`available`
+A JIT compiler in the process (Triton, which these kernels replace) cost every process's
+first GPU use most of a second before its first kernel ran. Where NVRTC cannot be found or fails, :func:`available`
 says why, and the GPU engine does not start.
 
 :class:`CudaOps` is the coder's device (:class:`ckptz.engines.gpu.coder.Ops`) on one GPU and
@@ -340,8 +338,7 @@ class _Stage:
 
     A copy from pinned memory is queued with the GIL held (:func:`cuda.copy_to_device`),
     where one from pageable memory gives the GIL up while the driver stages it: each time,
-    the worker then waited for the GIL again among the pipeline's threads (BENCHMARKS.md,
-    session 27).
+    the worker then waited for the GIL again among the pipeline's threads.
     """
 
     #: Bytes staged between two waits for the stream, at most.

@@ -2,10 +2,9 @@
 
 The CPU coder writes a plane as one standard zstd frame made only of literal blocks
 (``ckptz/native_src/literals_encode.c``): libzstd and nvCOMP decode it, and it codes
-exponent planes 20 % smaller than nvCOMP's own Zstd (FACTS.md). This module writes the same
-kind of frame on the GPU, in blocks of :data:`BLOCK` bytes (the CPU plans block ends by
-dynamic programming; fixed 64 KiB blocks cost 0.07-0.2 % of an exponent plane's coded size
-on the e2e checkpoint's planes, BENCHMARKS.md session 32):
+exponent planes markedly smaller than nvCOMP's own Zstd. This module writes the same kind
+of frame on the GPU, in blocks of :data:`BLOCK` bytes (the CPU plans block ends by dynamic
+programming; fixed blocks cost a fraction of a percent of an exponent plane's coded size):
 
 1. ``literals_hist`` counts the bytes of every quarter of every block (a zstd block's four
    streams each code a quarter), one thread block per quarter;
@@ -316,7 +315,7 @@ def quarters(sizes: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 _Plan = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 #: Blocks a share of a batch's plan has at least: each share is planned by a thread of its
-#: own (the plan of a batch's ~700 blocks took 7.6 ms in one thread on the H100 host).
+#: own, since planning a whole batch's blocks in one thread would hold up the GPU.
 PLAN_SHARE = 128
 
 

@@ -146,8 +146,8 @@ class NvcompCodecs:
 
     Calls nvCOMP's C API (``nvcompBatched*Async``) with the chunks' pointers and sizes as
     device tables, copied in one upload per call: its Python binding made a Python object per
-    chunk (``nvcomp.as_arrays``, 14 µs each, holding the GIL), 15-17 % of the GPU workers'
-    GIL time (BENCHMARKS.md, session 17). The bitstreams are the binding's: ANS on bytes
+    chunk (``nvcomp.as_arrays``, holding the GIL), a large share of the GPU workers' GIL
+    time. The bitstreams are the binding's: ANS on bytes
     (``NVCOMP_TYPE_UCHAR``), Zstd frames, one stream per chunk. Chunks go in one call per
     power-of-two size class (usually one or two), and every class's sizes and statuses come
     back in one copy.

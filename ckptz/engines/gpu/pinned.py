@@ -1,10 +1,10 @@
 """Page-locked host memory for the GPU engine, pinned fast and kept for the process.
 
 Copies between host and GPU run asynchronously, at full PCIe speed, only from page-locked
-memory. ``cudaHostAlloc`` (torch's pinned allocator) pins about 1 GB/s on the H100 host: a
-5 GB restore spent 1.4 s of its 2.3 s pinning its buffers. Anonymous memory backed by
-transparent huge pages, touched once and then registered (``cuMemHostRegister``), pins at
-about 14 GB/s there (both measured in one run, see BENCHMARKS.md). So this module maps its
+memory. ``cudaHostAlloc`` (torch's pinned allocator) pins slowly enough that a restore can
+spend most of its time pinning its buffers, while anonymous memory backed by transparent
+huge pages, touched once and then registered (``cuMemHostRegister``), pins an order of
+magnitude faster. So this module maps its
 own regions, registers them through the driver (:mod:`ckptz.cuda`), and hands out
 *leases*: numpy arrays over a region that give it back to the pool once the lease and every
 view of it are gone. The pool belongs to the process, so a second engine (another file,
@@ -13,8 +13,7 @@ another ``ckptz.load``) finds its buffers already pinned.
 Memory: regions are kept for reuse up to :data:`KEEP` bytes free; beyond that, the free
 regions given back longest ago are unregistered and unmapped. (Closing the region just given
 back instead, as ckptz once did, let regions of sizes no longer asked for hold the pool: a
-GPU restore after a compression in one process pinned and unpinned each of its buffers,
-123 regions and 3.2 s of pinning per 5 GB restore on the H100 host, BENCHMARKS.md session 22.)
+GPU restore after a compression in one process pinned and unpinned each of its buffers.)
 """
 
 from __future__ import annotations

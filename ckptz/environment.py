@@ -1,0 +1,181 @@
+"""What ckptz runs on, for a bug report (``ckptz env``), and the one table of its settings.
+
+:data:`SETTINGS` lists every environment variable ckptz reads, with its default and meaning;
+``docs/configuration.md`` is written from it and ``ckptz env`` reports which are set. Probing
+never fails: whatever cannot be found (torch, a CUDA driver, nvCOMP, a GPU) is reported as
+absent. torch is imported only here, when asked, never by ``ckptz --help``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ckptz._version import __version__
+from ckptz.cache import cache_folder
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable ckptz reads."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+#: Every environment variable ckptz reads, in the order a user is likely to need them.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("CKPTZ_DEVICE", "auto", "Device when --device is not given: auto, cpu, cuda or cuda:N."),
+    Setting(
+        "CKPTZ_PROCESSES",
+        "(chosen per job)",
+        "Processes that code one large file together on a GPU; 1: never split (default: 2 for GPU jobs of 32 GiB and more on 8+ cores).",
+    ),
+    Setting("CKPTZ_PEER_TIMEOUT", "60", "Seconds a rank waits for the others under torchrun or --nproc."),
+    Setting(
+        "CKPTZ_DISTRIBUTED",
+        "(detect)",
+        "0 ignores torchrun's variables; 1 trusts them even in a process that only inherited them.",
+    ),
+    Setting("CKPTZ_PROGRESS_SECONDS", "10", "Seconds between progress lines when stderr is not a terminal."),
+    Setting("CKPTZ_DEBUG", "(unset)", "Set to 1 to see the traceback behind an error line."),
+    Setting("CKPTZ_TRACE", "(unset)", "Write a timeline of every pipeline stage to this JSON file."),
+    Setting("CKPTZ_NO_NATIVE", "0", "1 runs without the C extension (numpy paths; same container format)."),
+    Setting("CKPTZ_NO_AVX2", "0", "1 keeps the C extension on its SSE2 loops on an AVX2 CPU."),
+    Setting("CKPTZ_MAPPED_WRITES", "1", "0 writes outputs on tmpfs with pwrite instead of mappings."),
+    Setting(
+        "CKPTZ_BYTECODE_CACHE",
+        "1",
+        "0 stops the CLI from caching torch's bytecode under the cache folder where torch has none.",
+    ),
+    Setting(
+        "CKPTZ_GPU_JOIN_BYTES",
+        "32GiB",
+        "Job size (bytes) from which a GPU joins the CPU threads under --device auto; 0: at once.",
+    ),
+    Setting(
+        "CKPTZ_GPU_WRITE_BYTES",
+        "4GiB",
+        "Job size (bytes) from which --device cuda writes the portable bitstream on the GPU; 0: always.",
+    ),
+    Setting("CKPTZ_ENGINE_PROCESS", "0", "1 runs the GPU engine in a child process of its own."),
+    Setting(
+        "XDG_CACHE_HOME",
+        "~/.cache",
+        "Root of ckptz's cache folder (compiled GPU kernels, bytecode): $XDG_CACHE_HOME/ckptz.",
+    ),
+)
+
+
+def _distribution_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _torch() -> dict[str, Any]:
+    if importlib.util.find_spec("torch") is None:
+        return {"version": None, "cuda": None}
+    try:
+        import torch
+    except Exception as exc:  # a broken install is worth reporting, not raising
+        return {"version": None, "cuda": None, "error": f"{type(exc).__name__}: {exc}"}
+    return {"version": str(torch.__version__), "cuda": torch.version.cuda}
+
+
+def _driver() -> tuple[str | None, list[dict[str, Any]], str | None]:
+    """The CUDA driver's version, the GPUs it sees, and why there are none (or None)."""
+    from ckptz import cuda
+
+    try:
+        number = cuda.driver_version()
+    except (OSError, AttributeError):
+        return None, [], "no CUDA driver (libcuda.so.1) on this machine"
+    except cuda.DriverError as exc:
+        return None, [], str(exc)
+    version = f"{number // 1000}.{number % 1000 // 10}"
+    try:
+        gpus = []
+        for index in range(cuda.device_count()):
+            major, minor = cuda.capability(index)
+            gpus.append({"index": index, "name": cuda.device_name(index), "capability": f"{major}.{minor}"})
+    except (OSError, cuda.DriverError) as exc:
+        return version, [], str(exc)
+    return version, gpus, None
+
+
+def _nvrtc_version() -> str | None:
+    """NVRTC's version (the CUDA runtime the GPU kernels are compiled with), or None."""
+    found = []
+    for root in sys.path:
+        found += glob.glob(os.path.join(root, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*"))
+    for path in [*sorted(found), "libnvrtc.so"]:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+            return f"{major.value}.{minor.value}"
+    return None
+
+
+def _native() -> dict[str, Any]:
+    """Whether the C extension is built and loaded, and the instruction sets it uses."""
+    from ckptz.codecs.native import native
+
+    built = importlib.util.find_spec("ckptz._native") is not None
+    x86_linux = platform.machine() in ("x86_64", "AMD64") and sys.platform.startswith("linux")
+    return {
+        "built": built,
+        "loaded": native is not None,
+        "baseline": "SSE2" if x86_linux else platform.machine(),
+        "avx2": bool(getattr(native, "avx2", 0)),
+        "runtime_dispatch": ["AVX2", "BMI2"] if x86_linux else [],
+    }
+
+
+def overridden() -> dict[str, str]:
+    """The settings of :data:`SETTINGS` set in this process's environment, with their values."""
+    return {s.name: os.environ[s.name] for s in SETTINGS if s.name in os.environ}
+
+
+def describe() -> dict[str, Any]:
+    """Everything a bug report needs about this installation, as plain JSON-ready data."""
+    from ckptz.devices import nvcomp_installed
+
+    driver, gpus, no_gpu = _driver()
+    torch = _torch()
+    nvcomp = nvcomp_installed()
+    return {
+        "ckptz": __version__,
+        "ckptz_path": os.path.dirname(os.path.abspath(__file__)),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch,
+        "cuda": {"driver": driver, "runtime": _nvrtc_version() or torch.get("cuda"), "problem": no_gpu},
+        "gpus": gpus,
+        "nvcomp": {
+            "installed": nvcomp,
+            "version": _distribution_version("nvidia-libnvcomp-cu12", "nvidia-nvcomp-cu12")
+            if nvcomp
+            else None,
+        },
+        "native": _native(),
+        "kernel_cache": cache_folder("kernels"),
+        "settings": overridden(),
+    }
+
+
+__all__ = ["SETTINGS", "Setting", "describe", "overridden"]
