@@ -1,0 +1,205 @@
+"""An in-place run replaces a file only if it is still the file it read, and two in-place runs
+on overlapping trees never meet. Through the CLI, in subprocesses, as a user (or a trainer
+saving beside a running ckptz) would meet them.
+
+A run is held with SIGSTOP while its temp output exists (so it has read the file and has
+neither renamed its output nor removed the file yet); the file is changed meanwhile; the
+run is resumed with SIGCONT.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import CLI_ENV, ckptz, sha256
+
+from ckptz.safeio import is_temp
+
+#: float32 values per file: 8 MB, so a CPU run has its temp output for a good while.
+VALUES = 2_000_000
+
+
+def _save(path: Path, seed: int) -> None:
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    save_file({"w": (rng.standard_normal(VALUES) * 0.02).astype(np.float32)}, str(path))
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ckptz", *args],
+        env=CLI_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _temps(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if is_temp(p)]
+
+
+def _hold_mid_write(folder: Path, *args: str) -> subprocess.Popen[str]:
+    """Start ``ckptz ARGS`` and SIGSTOP it while it writes a temp output in ``folder``; the
+    temp file still there once stopped proves it has renamed and removed nothing yet."""
+    for _ in range(5):
+        proc = _start(*args)
+        end = time.monotonic() + 60
+        while time.monotonic() < end and proc.poll() is None and not _temps(folder):
+            time.sleep(0.001)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+            _wait_stopped(proc.pid)
+            if _temps(folder):
+                return proc
+            proc.send_signal(signal.SIGCONT)
+        proc.communicate(timeout=60)
+        pytest.fail(f"the run ended before it could be held: {proc.stderr}")
+    raise AssertionError("unreachable")
+
+
+def _wait_stopped(pid: int) -> None:
+    """Wait until every thread of ``pid`` has stopped (a signal is delivered asynchronously)."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        states = [
+            (Path("/proc") / str(pid) / "task" / t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            for t in os.listdir(f"/proc/{pid}/task")
+        ]
+        if all(state in "tTZX" for state in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError("the run did not stop")
+
+
+def _overwrite_same_size(path: Path, new: bytes) -> None:
+    """Write new bytes over the file, in place (same inode, same size)."""
+    with open(path, "r+b") as f:
+        f.write(new)
+
+
+def _rewrite(path: Path, new: bytes) -> None:
+    """Truncate and write the file again, whole (same inode)."""
+    path.write_bytes(new)
+
+
+def _replace(path: Path, new: bytes) -> None:
+    """Write a new file under a temp name and rename it over the file (``torch.save`` to a
+    temp name, then a rename: what Lightning does for ``last.ckpt``)."""
+    tmp = path.with_name(path.name + ".saving")
+    tmp.write_bytes(new)
+    os.replace(tmp, path)
+
+
+CHANGES: dict[str, Callable[[Path, bytes], None]] = {
+    "overwrite": _overwrite_same_size,
+    "rewrite": _rewrite,
+    "replace": _replace,
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_compress_in_place_keeps_a_file_changed_during_the_run(tmp_path: Path, change: str) -> None:
+    work = tmp_path / "run"
+    (work / "sub").mkdir(parents=True)
+    x = work / "sub" / "model.safetensors"
+    _save(x, 1)
+    _save(tmp_path / "new.safetensors", 2)  # the same structure, new values: same size
+    new = (tmp_path / "new.safetensors").read_bytes()
+    assert len(new) == x.stat().st_size
+
+    proc = _hold_mid_write(work, "compress", str(work), "--in-place", "-q")
+    try:
+        CHANGES[change](x, new)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+    assert "sub/model.safetensors" in err and "changed during the run" in err, err
+    assert x.read_bytes() == new  # the new file is untouched
+    assert not (work / "sub" / "model.safetensors.ckptz").exists()
+    assert _temps(work) == []
+
+    # A rerun compresses the new bytes, and its container restores them exactly.
+    assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
+    assert not x.exists()
+    assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+    assert x.read_bytes() == new
+
+
+def test_other_files_finish_beside_a_changed_one(tmp_path: Path) -> None:
+    """Only the file that changed is kept back; the run still converts the others."""
+    work = tmp_path / "run"
+    work.mkdir()
+    _save(work / "a.safetensors", 1)
+    _save(work / "b.safetensors", 3)
+    want_b = sha256(work / "b.safetensors")
+    _save(tmp_path / "new.safetensors", 2)
+    new = (tmp_path / "new.safetensors").read_bytes()
+
+    proc = _hold_mid_write(work, "compress", str(work), "--in-place", "-q")
+    try:
+        in_flight = {p.name.split(".ckptz-tmp-")[0].lstrip(".") for p in _temps(work)}
+        target = work / sorted(in_flight)[0].removesuffix(".ckptz")
+        _replace(target, new)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode != 0 and "changed during the run" in err and target.name in err, err
+    other = (work / "b.safetensors") if target.name == "a.safetensors" else (work / "a.safetensors")
+    assert target.read_bytes() == new and not target.with_name(target.name + ".ckptz").exists()
+    assert not other.exists() and other.with_name(other.name + ".ckptz").exists()
+    assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+    if other.name == "b.safetensors":
+        assert sha256(other) == want_b
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_decompress_in_place_keeps_a_container_changed_during_the_run(tmp_path: Path, change: str) -> None:
+    work = tmp_path / "run"
+    (work / "sub").mkdir(parents=True)
+    x = work / "sub" / "model.safetensors"
+    _save(x, 1)
+    assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
+    # A container of new bytes of the same size (same structure, values of the same spread).
+    other = tmp_path / "other"
+    other.mkdir()
+    _save(other / "model.safetensors", 2)
+    want = sha256(other / "model.safetensors")
+    assert ckptz("compress", str(other), "--in-place", "-q").returncode == 0
+    new = (other / "model.safetensors.ckptz").read_bytes()
+    container = work / "sub" / "model.safetensors.ckptz"
+    if change == "overwrite" and len(new) != container.stat().st_size:
+        new = new[: container.stat().st_size].ljust(container.stat().st_size, b"\0")
+
+    proc = _hold_mid_write(work, "decompress", str(work), "--in-place", "-q")
+    try:
+        CHANGES[change](container, new)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+    assert "sub/model.safetensors.ckptz" in err and "changed during the run" in err, err
+    assert container.read_bytes() == new  # the new container is untouched
+    assert not x.exists()  # nothing restored from the old one
+    assert _temps(work) == []
+    if change != "overwrite" or new == (other / "model.safetensors.ckptz").read_bytes():
+        # A rerun restores the new container's bytes exactly.
+        assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+        assert sha256(x) == want
