@@ -203,3 +203,96 @@ def test_decompress_in_place_keeps_a_container_changed_during_the_run(tmp_path: 
         # A rerun restores the new container's bytes exactly.
         assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
         assert sha256(x) == want
+
+
+def _overlapping(tmp_path: Path) -> tuple[Path, Path]:
+    """``a`` holding a container (``top``) and ``a/sub`` a plain checkpoint (``w``), 8 MB each."""
+    a = tmp_path / "a"
+    (a / "sub").mkdir(parents=True)
+    _save(a / "top.safetensors", 1)
+    assert ckptz("compress", str(a / "top.safetensors"), "-q").returncode == 0
+    (a / "top.safetensors").unlink()
+    _save(a / "sub" / "w.safetensors", 2)
+    return a, a / "sub"
+
+
+def _fails_at_once(*args: str) -> None:
+    t0 = time.monotonic()
+    second = ckptz(*args)
+    assert time.monotonic() - t0 < 20
+    assert second.returncode == 1, second.stderr
+    assert "another ckptz run is working on this" in second.stderr, second.stderr
+    assert second.stderr.count("\n") == 1, second.stderr
+
+
+@pytest.mark.parametrize("via", ["path", "symlink"])
+def test_in_place_run_inside_a_held_tree_fails_at_once(tmp_path: Path, via: str) -> None:
+    """``decompress a --in-place`` is working; ``compress a/sub --in-place`` (or through a
+    symlink to ``a/sub``) must not start beside it."""
+    a, sub = _overlapping(tmp_path)
+    inner = sub
+    if via == "symlink":
+        inner = tmp_path / "elsewhere" / "link"
+        inner.parent.mkdir()
+        inner.symlink_to(sub, target_is_directory=True)
+    want = sha256(sub / "w.safetensors")
+    first = _hold_mid_write(a, "decompress", str(a), "--in-place", "-q")
+    try:
+        _fails_at_once("compress", str(inner), "--in-place", "-q")
+        assert sorted(p.name for p in sub.iterdir()) == ["w.safetensors"]
+        assert sha256(sub / "w.safetensors") == want
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert (a / "top.safetensors").exists() and sha256(sub / "w.safetensors") == want
+
+
+def _comparing(pid: int, container: Path, folder: Path) -> bool:
+    """Whether ``pid`` holds its exclusive lock on ``folder`` and has ``container`` open
+    (finishing a file a killed run left in both forms: comparing, no temp file anywhere)."""
+    try:
+        names = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    inode = f":{folder.stat().st_ino} "
+    locks = Path("/proc/locks").read_text().splitlines()
+    held = any(f" WRITE {pid} " in line and inode in line for line in locks)
+    return held and str(container) in names
+
+
+def test_in_place_run_around_a_held_tree_fails_at_once(tmp_path: Path) -> None:
+    """``compress a/sub --in-place`` is finishing a file a killed run left in both forms
+    (comparing them: no temp file to trip over); ``decompress a --in-place`` must not
+    start beside it (it would remove the container while the other removes the file)."""
+    for _ in range(5):
+        a, sub = _overlapping(tmp_path / str(time.monotonic_ns()))
+        w = sub / "w.safetensors"
+        assert ckptz("compress", str(w), "-q").returncode == 0  # both forms, as a kill leaves them
+        container = w.with_name(w.name + ".ckptz")
+        first = _start("compress", str(sub), "--in-place", "-q")
+        end = time.monotonic() + 60
+        while first.poll() is None and time.monotonic() < end and not _comparing(first.pid, container, sub):
+            time.sleep(0.001)
+        if first.poll() is None:
+            first.send_signal(signal.SIGSTOP)
+            _wait_stopped(first.pid)
+            if _comparing(first.pid, container, sub) and not _temps(a):
+                break
+            first.send_signal(signal.SIGCONT)
+        first.communicate(timeout=120)
+    else:
+        pytest.fail("the run could not be held while comparing")
+    top = sha256(a / "top.safetensors.ckptz")
+    want = sha256(w)
+    try:
+        _fails_at_once("decompress", str(a), "--in-place", "-q")
+        assert sorted(p.name for p in a.iterdir()) == ["sub", "top.safetensors.ckptz"]
+        assert sha256(a / "top.safetensors.ckptz") == top and w.exists() and container.exists()
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert sorted(p.name for p in sub.iterdir()) == ["w.safetensors.ckptz"]
+    assert ckptz("decompress", str(a), "--in-place", "-q").returncode == 0
+    assert sha256(w) == want
