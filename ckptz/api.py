@@ -141,7 +141,9 @@ def compress(
 
     Raises:
         CkptzError: bad arguments, unreadable input, a failed write, another run on the same
-            files (``BusyError``) or a stop (``StoppedError``); nothing is lost.
+            files (``BusyError``), a stop (``StoppedError``), or in place files that changed
+            after they were read (``SourceChangedError``, once the other files are done: each
+            kept as it is now, without a container); nothing is lost.
     """
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
@@ -338,7 +340,7 @@ def _compress_one(
     read: dict[tuple[int, int], FileIdentity] | None = None,
 ) -> FileStats:
     """Compress one file; in place, replace it only while it is the file that was read (its
-    identity taken before its first byte is read, recorded in ``read``).
+    identity taken before its first byte is read, recorded in ``read`` once it is replaced).
 
     Raises:
         SourceChangedError: in place, the file changed after it was read; it is kept as it
@@ -347,8 +349,6 @@ def _compress_one(
     e, target = job.entry, job.target
     identity, st = FileIdentity.open(e.path, job.label)
     meta = FileMeta.of(st)
-    if in_place and read is not None:
-        read[identity.device, identity.inode] = identity
 
     def attempt(helpers: Shards | None, progress: Callable[[int], None]) -> WrittenContainer:
         with atomic_output(target, meta.container(), identity if in_place else None) as (f, _tmp):
@@ -373,6 +373,8 @@ def _compress_one(
         raise
     if in_place:
         remove_original(identity, target)
+        if read is not None:
+            read[identity.device, identity.inode] = identity  # its other names may follow
     return index_stats(job.label, written.index, written.size)
 
 
@@ -506,7 +508,9 @@ def decompress(
 
     Raises:
         CkptzError: bad arguments, a file that is not a container, a damaged container, a
-            failed write, another run on the same files, or a stop.
+            failed write, another run on the same files, a stop, or in place containers that
+            changed after they were read (``SourceChangedError``, once the other files are
+            done: each kept as it is now, nothing restored from it).
     """
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
@@ -575,8 +579,8 @@ def _restore_one(
 ) -> FileStats:
     """Restore one container; its output is made, and where written through mappings begins
     reserving its space (:class:`~ckptz.pipeline.restore.FileSink`), while ``engine`` opens.
-    In place, the container is replaced only while it is the one that was read (recorded in
-    ``read``).
+    In place, the container is replaced only while it is the one that was read (recorded in ``read``
+    once it is replaced).
 
     Raises:
         SourceChangedError: in place, the container changed after it was read; it is kept
@@ -585,8 +589,6 @@ def _restore_one(
     e, target = job.entry, job.target
     with open(e.path, "rb") as c:
         identity = FileIdentity.of(e.path, job.label, os.fstat(c.fileno()))
-        if in_place and read is not None:
-            read[identity.device, identity.inode] = identity
         try:
             index = read_index(c, job.label)
             meta = FileMeta.from_json(index.header.get("source"))
@@ -610,6 +612,8 @@ def _restore_one(
     stats = index_stats(job.label.removesuffix(SUFFIX), index, identity.size)
     if in_place:
         remove_original(identity, target)
+        if read is not None:
+            read[identity.device, identity.inode] = identity  # its other names may follow
     return stats
 
 
