@@ -21,7 +21,7 @@ from ckptz.accounting import FileStats, index_stats, layout_stats, total_compone
 from ckptz.container import SUFFIX, read_index
 from ckptz.engines import warm_gpu
 from ckptz.engines.base import Engine
-from ckptz.errors import BusyError, CkptzError, CorruptionError, StoppedError, UsageError
+from ckptz.errors import BusyError, CkptzError, CorruptionError, SourceChangedError, StoppedError, UsageError
 from ckptz.formats import read_layout
 from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, restore
@@ -33,6 +33,7 @@ from ckptz.runs.lock import hold
 from ckptz.runs.plan import Action, Job, Output, Plan, plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
 from ckptz.runs.run import (
+    Changed,
     OpeningEngine,
     carry,
     check_codec,
@@ -53,7 +54,7 @@ from ckptz.runs.run import (
 from ckptz.runs.share import SOLO, Team
 from ckptz.runs.streams import compress_stream, decompress_stream
 from ckptz.runs.tree import Selection, Tree, expand, scan
-from ckptz.safeio import atomic_output
+from ckptz.safeio import FileIdentity, atomic_output
 
 if TYPE_CHECKING:
     from ckptz.formats.layout import FileLayout
@@ -140,7 +141,9 @@ def compress(
 
     Raises:
         CkptzError: bad arguments, unreadable input, a failed write, another run on the same
-            files (``BusyError``) or a stop (``StoppedError``); nothing is lost.
+            files (``BusyError``), a stop (``StoppedError``), or in place files that changed
+            after they were read (``SourceChangedError``, once the other files are done: each
+            kept as it is now, without a container); nothing is lost.
     """
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
@@ -178,6 +181,9 @@ def compress(
     stop = Stop()
     team.watch(stop)
     done: list[str] = []
+    # In place: each file as read, by (device, inode), and those that changed after that.
+    read: dict[tuple[int, int], FileIdentity] = {}
+    changed = Changed()
     with ExitStack() as stack:
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
@@ -189,23 +195,31 @@ def compress(
         )
         prepare(mine, stop, done)
         team.ready(p)
-        _finish_interrupted(mine.finishes, opening, stop, done, compress=True)
+        _finish_interrupted(mine.finishes, opening, stop, done, changed, compress=True)
         reporter.start(sum(j.entry.size for j in mine.converts), "compress")
 
-        def one(job: Job) -> FileStats:
+        def one(job: Job) -> FileStats | None:
             assert opening is not None
             reporter.file(job.label)
             make = sp.transform(job) if sp is not None else None
-            stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, shards)
+            try:
+                stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, shards, read)
+            except SourceChangedError as exc:
+                changed.add(exc)  # the other files go on
+                return None
             reporter.file_done(job.label)
             return stats
 
-        files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
+        files = [f for f in run_jobs(one, mine.converts, stop, name=job_label, done=done) if f is not None]
         team.converted()
-        carry(mine, stop, done, in_place, reporter)
+        carry(mine, stop, done, in_place, reporter, read, changed)
         engine = opening.get() if opening is not None else None
-        if sp is not None and sp.recodes:
-            files += _recode_all(sp, engine, device, threads, level, codec, memory, reporter, stop, done)
+        # Re-coding against a file that changed would name a container no longer there.
+        if sp is not None and sp.recodes and not changed.labels:
+            files += _recode_all(
+                sp, engine, device, threads, level, codec, memory, reporter, stop, done, changed
+            )
+        changed.raise_any(compress=True)
     return make_summary("compress", root, files, p, engine, start, notices, compress=True)
 
 
@@ -230,8 +244,10 @@ def _recode_all(
     reporter: Reporter,
     stop: Stop,
     done: list[str],
+    changed: Changed,
 ) -> list[FileStats]:
-    """Re-code the previous newest files against the new ones, one at a time, each safely."""
+    """Re-code the previous newest files against the new ones, one at a time, each safely (a
+    container changed meanwhile is kept and added to ``changed``)."""
     from ckptz.series.run import recode
 
     with ExitStack() as stack:
@@ -244,7 +260,11 @@ def _recode_all(
             stop.check()
             label = node.member.entry.rel
             reporter.file(label)
-            index = recode(node.target, label, engine, ref.target, stop.ticker(ignore_progress))
+            try:
+                index = recode(node.target, label, engine, ref.target, stop.ticker(ignore_progress))
+            except SourceChangedError as exc:
+                changed.add(exc)
+                continue
             out.append(index_stats(label.removesuffix(SUFFIX), index, node.target.stat().st_size))
             reporter.file_done(label)
             done.append(label)
@@ -317,12 +337,21 @@ def _compress_one(
     stop: Stop,
     transform: Callable[[FileLayout], FrameTransform | None] | None = None,
     shards: Shards | None = None,
+    read: dict[tuple[int, int], FileIdentity] | None = None,
 ) -> FileStats:
+    """Compress one file; in place, replace it only while it is the file that was read (its
+    identity taken before its first byte is read, recorded in ``read`` once it is replaced).
+
+    Raises:
+        SourceChangedError: in place, the file changed after it was read; it is kept as it
+            is now and its container removed.
+    """
     e, target = job.entry, job.target
-    meta = FileMeta.of(os.stat(e.path))
+    identity, st = FileIdentity.open(e.path, job.label)
+    meta = FileMeta.of(st)
 
     def attempt(helpers: Shards | None, progress: Callable[[int], None]) -> WrittenContainer:
-        with atomic_output(target, meta.container()) as (f, _tmp):
+        with atomic_output(target, meta.container(), identity if in_place else None) as (f, _tmp):
             # ``verify`` decodes every frame back from the payloads written and reads the
             # file back before it is renamed (see ckptz.pipeline.compress and RELIABILITY.md).
             return compress_file(
@@ -337,9 +366,15 @@ def _compress_one(
                 helpers=helpers,
             )
 
-    written = compress_with(shards, attempt, stop.ticker(reporter.advance))
+    try:
+        written = compress_with(shards, attempt, stop.ticker(reporter.advance))
+    except CkptzError as exc:
+        _changed_instead(exc, identity if in_place else None)
+        raise
     if in_place:
-        remove_original(e.path)
+        remove_original(identity, target)
+        if read is not None:
+            read[identity.device, identity.inode] = identity  # its other names may follow
     return index_stats(job.label, written.index, written.size)
 
 
@@ -402,18 +437,27 @@ def _compare(container: Path, original: Path, rel: str, engine: Engine, stop: St
 
 
 def _finish_interrupted(
-    jobs: list[Job], opening: OpeningEngine | None, stop: Stop, done: list[str], *, compress: bool
+    jobs: list[Job],
+    opening: OpeningEngine | None,
+    stop: Stop,
+    done: list[str],
+    changed: Changed,
+    *,
+    compress: bool,
 ) -> None:
     """Finish in-place work a killed run left with both forms present.
 
-    The container is decoded and compared with the original, and only if they match is the
-    input (whichever of the two the command replaces) removed. A mismatch stops the run with
-    both files kept and says which one is stale and how to go on.
+    The container is decoded and compared with the original, and only if they match, and
+    the input (whichever of the two the command replaces) is still the file compared, is the
+    input removed. A mismatch stops the run with both files kept and says which one is stale
+    and how to go on; an input changed since it was compared is kept, the other form
+    removed, and added to ``changed``.
     """
     for j in jobs:
         assert opening is not None
         stop.check()
         original, container = (j.entry.path, j.target) if compress else (j.target, j.entry.path)
+        identity, _ = FileIdentity.open(j.entry.path, j.label)
         try:
             _compare(container, original, str(original), opening.get(), stop)
         except (StoppedError, BusyError):
@@ -426,7 +470,11 @@ def _finish_interrupted(
                 hint=f"a stale {'container' if compress else 'file'} from an earlier run? remove it, or pass --force to "
                 + ("compress over it" if compress else "restore over it"),
             ) from None
-        remove_original(j.entry.path)
+        try:
+            remove_original(identity, j.target)
+        except SourceChangedError as exc:
+            changed.add(exc)
+            continue
         done.append(j.label)
 
 
@@ -460,7 +508,9 @@ def decompress(
 
     Raises:
         CkptzError: bad arguments, a file that is not a container, a damaged container, a
-            failed write, another run on the same files, or a stop.
+            failed write, another run on the same files, a stop, or in place containers that
+            changed after they were read (``SourceChangedError``, once the other files are
+            done: each kept as it is now, nothing restored from it).
     """
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
@@ -484,6 +534,9 @@ def decompress(
     stop = Stop()
     team.watch(stop)
     done: list[str] = []
+    # In place: each container as read, by (device, inode), and those that changed after that.
+    read: dict[tuple[int, int], FileIdentity] = {}
+    changed = Changed()
     with ExitStack() as stack:
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
@@ -493,20 +546,25 @@ def decompress(
         )
         prepare(mine, stop, done)
         team.ready(p)
-        _finish_interrupted(mine.finishes, opening, stop, done, compress=False)
+        _finish_interrupted(mine.finishes, opening, stop, done, changed, compress=False)
         reporter.start(sum(_source_size(j.entry.path) for j in mine.converts), "decompress")
 
-        def one(job: Job) -> FileStats:
+        def one(job: Job) -> FileStats | None:
             assert opening is not None
             reporter.file(job.label)
-            stats = _restore_one(job, opening.get, in_place, reporter, stop, shards)
+            try:
+                stats = _restore_one(job, opening.get, in_place, reporter, stop, shards, read)
+            except SourceChangedError as exc:
+                changed.add(exc)  # the other files go on
+                return None
             reporter.file_done(job.label)
             return stats
 
-        files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
+        files = [f for f in run_jobs(one, mine.converts, stop, name=job_label, done=done) if f is not None]
         team.converted()
-        carry(mine, stop, done, in_place, reporter)
+        carry(mine, stop, done, in_place, reporter, read, changed)
         engine = opening.get() if opening is not None else None
+        changed.raise_any(compress=False)
     return make_summary("decompress", root, files, p, engine, start, notices, compress=False)
 
 
@@ -517,30 +575,56 @@ def _restore_one(
     reporter: Reporter,
     stop: Stop,
     shards: Shards | None,
+    read: dict[tuple[int, int], FileIdentity] | None = None,
 ) -> FileStats:
     """Restore one container; its output is made, and where written through mappings begins
-    reserving its space (:class:`~ckptz.pipeline.restore.FileSink`), while ``engine`` opens."""
+    reserving its space (:class:`~ckptz.pipeline.restore.FileSink`), while ``engine`` opens.
+    In place, the container is replaced only while it is the one that was read (recorded in ``read``
+    once it is replaced).
+
+    Raises:
+        SourceChangedError: in place, the container changed after it was read; it is kept
+            as it is now and the restored file removed.
+    """
     e, target = job.entry, job.target
     with open(e.path, "rb") as c:
-        index = read_index(c, job.label)
-        with atomic_output(target, FileMeta.from_json(index.header.get("source"))) as (f, _tmp):
-            # The container goes away next: each frame is read back as it is written.
-            sink = FileSink(f, index.source_size, read_back=in_place, path=job.label)
-            restore_with(
-                shards,
-                c,
-                job.label,
-                engine(),
-                sink,
-                index=index,
-                progress=stop.ticker(reporter.advance),
-            )
-            if in_place:
-                _check_size(f.fileno(), index.source_size, job.label)
-    stats = index_stats(job.label.removesuffix(SUFFIX), index, e.path.stat().st_size)
+        identity = FileIdentity.of(e.path, job.label, os.fstat(c.fileno()))
+        try:
+            index = read_index(c, job.label)
+            meta = FileMeta.from_json(index.header.get("source"))
+            with atomic_output(target, meta, identity if in_place else None) as (f, _tmp):
+                # The container goes away next: each frame is read back as it is written.
+                sink = FileSink(f, index.source_size, read_back=in_place, path=job.label)
+                restore_with(
+                    shards,
+                    c,
+                    job.label,
+                    engine(),
+                    sink,
+                    index=index,
+                    progress=stop.ticker(reporter.advance),
+                )
+                if in_place:
+                    _check_size(f.fileno(), index.source_size, job.label)
+        except CkptzError as exc:
+            _changed_instead(exc, identity if in_place else None)
+            raise
+    stats = index_stats(job.label.removesuffix(SUFFIX), index, identity.size)
     if in_place:
-        remove_original(e.path)
+        remove_original(identity, target)
+        if read is not None:
+            read[identity.device, identity.inode] = identity  # its other names may follow
     return stats
+
+
+def _changed_instead(error: CkptzError, read: FileIdentity | None) -> None:
+    """A file rewritten while it was read fails the reader's own checks (it grew, a checksum
+    is wrong): in place (``read`` given), raise what happened to it instead of what the
+    reader saw."""
+    if read is None or isinstance(error, StoppedError | BusyError | SourceChangedError):
+        return
+    if not read.holds():
+        raise SourceChangedError((read.label,)) from None
 
 
 def _check_size(fd: int, size: int, rel: str) -> None:

@@ -107,6 +107,27 @@ class MismatchError(CkptzError, ValueError):
     """A restored file differs from the original it is compared against."""
 
 
+class SourceChangedError(CkptzError, RuntimeError):
+    """A file an in-place run read changed (rewritten, replaced, touched) before the run
+    replaced it: the file is kept as it is now and the form made from its old bytes removed.
+
+    Attributes:
+        changed: the files that changed (relative paths).
+    """
+
+    def __init__(self, changed: tuple[str, ...], *, replaces: str = "compress") -> None:
+        self.changed = changed
+        names = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        one = len(changed) == 1
+        super().__init__(
+            "changed during the run: kept as it is now, nothing made from its old bytes"
+            if one
+            else f"{len(changed)} files changed during the run: {names}; kept as they are now",
+            path=changed[0] if one else None,
+            hint=f"run the same command again to {replaces} the new bytes",
+        )
+
+
 class CodecError(CkptzError, RuntimeError):
     """A codec failed to encode or decode.
 

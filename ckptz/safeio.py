@@ -21,13 +21,14 @@ import secrets
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
 from ckptz.codecs.native import native
-from ckptz.errors import BusyError, OutOfSpaceError, WriteError
+from ckptz.errors import BusyError, OutOfSpaceError, SourceChangedError, WriteError
 from ckptz.mapped import MappedOutput, open_output, pwrite_views
 from ckptz.meta import FileMeta, apply_fd, create_mode
 
@@ -117,6 +118,68 @@ def try_lock(fd: int, *, exclusive: bool) -> bool:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """A file as it was when opened for reading, before its first byte was read.
+
+    An in-place run replaces a file only while its name still holds this: the same inode
+    on the same device, unchanged size, mtime and ctime. A write in place moves mtime and
+    ctime, a rename over the name brings another inode, so a file rewritten or replaced
+    after it was read (a trainer saving ``last.ckpt`` again) is never taken for the bytes
+    that were read.
+
+    Attributes:
+        path: the name it was opened by (never followed: a symlink there is another file).
+        label: how the run names it to the user.
+    """
+
+    path: Path
+    label: str
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, path: Path, label: str, st: os.stat_result) -> FileIdentity:
+        """``path`` as ``st`` (an ``fstat`` of it opened for reading) describes it."""
+        return cls(path, label, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    @classmethod
+    def open(cls, path: Path, label: str) -> tuple[FileIdentity, os.stat_result]:
+        """Open ``path`` (without following a symlink) and ``fstat`` it: its identity and stat.
+
+        Raises:
+            OSError: it cannot be opened.
+        """
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return cls.of(path, label, st), st
+
+    def holds(self, *, relinked: bool = False) -> bool:
+        """Whether ``path`` is still this file, unchanged (``relinked``: its ctime may have
+        moved, as removing another hard link to it moves it)."""
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        return (
+            stat.S_ISREG(st.st_mode)
+            and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            == (self.device, self.inode, self.size, self.mtime_ns)
+            and (relinked or st.st_ctime_ns == self.ctime_ns)
+        )
+
+    def check(self, *, relinked: bool = False) -> None:
+        """Raise :class:`~ckptz.errors.SourceChangedError` unless :meth:`holds`."""
+        if not self.holds(relinked=relinked):
+            raise SourceChangedError((self.label,))
+
+
 def fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -141,12 +204,16 @@ def os_error(exc: OSError, path: Path) -> OutOfSpaceError | WriteError:
 
 
 @contextmanager
-def atomic_output(final: Path, meta: FileMeta | None = None) -> Iterator[tuple[BinaryIO, Path]]:
+def atomic_output(
+    final: Path, meta: FileMeta | None = None, read: FileIdentity | None = None
+) -> Iterator[tuple[BinaryIO, Path]]:
     """Yield ``(file, temp path)``; on success fsync and rename to ``final``, else remove the temp.
 
     The temp file is created with ``meta``'s permission bits (plus owner read/write) and gets
     ``meta`` (bits, mtime, owner as root) before the rename. The caller may check the temp
-    file's content before the block ends; the rename happens only if the block returns normally.
+    file's content before the block ends; the rename happens only if the block returns normally
+    and, given the file ``read`` that the output is made from, only while that file is
+    unchanged (else :class:`~ckptz.errors.SourceChangedError`, the temp removed).
     """
     tmp = temp_path(final)
     try:
@@ -174,6 +241,8 @@ def atomic_output(final: Path, meta: FileMeta | None = None) -> Iterator[tuple[B
                 _MAPPED.pop(mapped.fd, None)  # before the number can be reused
                 mapped.close()
             f.close()
+        if read is not None:
+            read.check()  # the last moment before the output takes its name
         os.replace(tmp, final)
         fsync_dir(final.parent)
     except OSError as exc:
@@ -263,6 +332,22 @@ def remove(path: Path) -> None:
     """Remove a file that is safely represented elsewhere, and make that durable."""
     os.unlink(path)
     fsync_dir(path.parent)
+
+
+def remove_read(read: FileIdentity, made: Path, *, relinked: bool = False) -> None:
+    """Remove the file ``read`` now that ``made`` (the output made from it, already under its
+    final name) represents it, but only while it is still the file that was read; else
+    remove ``made`` instead, keep the file, and raise.
+
+    Raises:
+        SourceChangedError: the file changed after it was read (``made`` is removed).
+        OSError: the removal failed.
+    """
+    if not read.holds(relinked=relinked):
+        _unlink_quietly(made)
+        fsync_dir(made.parent)
+        raise SourceChangedError((read.label,))
+    remove(read.path)
 
 
 def _unlink_quietly(path: Path) -> None:

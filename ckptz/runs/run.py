@@ -33,7 +33,7 @@ from ckptz.engines import (
     writes_portable_on_gpu,
 )
 from ckptz.engines.base import Engine
-from ckptz.errors import CkptzError, StoppedError, UsageError
+from ckptz.errors import CkptzError, SourceChangedError, StoppedError, UsageError
 from ckptz.meta import FileMeta, apply_link, apply_path
 from ckptz.pipeline.workers import tuned_interpreter
 from ckptz.runs.jobs import Stop, run_jobs
@@ -41,7 +41,16 @@ from ckptz.runs.lock import hold
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.results import Reporter, Summary
 from ckptz.runs.tree import Tree, expand, scan
-from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps_of
+from ckptz.safeio import (
+    FileIdentity,
+    copy_file,
+    link_file,
+    make_symlink,
+    os_error,
+    remove_read,
+    remove_temp,
+    stale_temps_of,
+)
 
 if TYPE_CHECKING:
     from ckptz.pipeline.shards import Shards
@@ -335,24 +344,73 @@ def ignore_progress(_: int) -> None:
     pass
 
 
-def remove_original(path: Path) -> None:
-    """Remove an original now represented by its verified, durable counterpart. (On tmpfs
-    this frees the file's pages, ~0.1 s a GB: traced as its own stage.)"""
+def remove_original(read: FileIdentity, made: Path, *, relinked: bool = False) -> None:
+    """Remove an original now represented by its verified, durable counterpart ``made``,
+    only while it is still the file that was read (:func:`~ckptz.safeio.remove_read`). (On
+    tmpfs this frees the file's pages, ~0.1 s a GB: traced as its own stage.)
+
+    Raises:
+        SourceChangedError: it changed after it was read; it is kept and ``made`` removed.
+    """
     try:
         with trace.span("remove original"):
-            remove(path)
+            remove_read(read, made, relinked=relinked)
     except OSError as exc:
-        raise os_error(exc, path) from None
+        raise os_error(exc, read.path) from None
 
 
-def carry(p: Plan, stop: Stop, done: list[str], in_place: bool, reporter: Reporter) -> None:
-    """Hard links to outputs, copies, symlinks; then the folders' own metadata."""
+class Changed:
+    """The files of a run that changed after they were read (each kept as it is now, its
+    output removed): collected while the other files go on, raised at the run's end."""
+
+    def __init__(self) -> None:
+        self.labels: list[str] = []
+        self._lock = threading.Lock()
+
+    def add(self, error: SourceChangedError) -> None:
+        with self._lock:
+            self.labels.extend(error.changed)
+
+    def raise_any(self, *, compress: bool) -> None:
+        """Raise :class:`~ckptz.errors.SourceChangedError` naming them, if any changed."""
+        if self.labels:
+            raise SourceChangedError(tuple(self.labels), replaces="compress" if compress else "restore")
+
+
+def carry(
+    p: Plan,
+    stop: Stop,
+    done: list[str],
+    in_place: bool,
+    reporter: Reporter,
+    read: dict[tuple[int, int], FileIdentity] | None = None,
+    changed: Changed | None = None,
+) -> None:
+    """Hard links to outputs, copies, symlinks; then the folders' own metadata.
+
+    In place, a second name of a file is removed only while its inode is still the one
+    ``read`` (by ``(device, inode)``) says its first name was when read; a change is added
+    to ``changed``."""
     for j in p.links:
         stop.check()
         assert j.primary is not None
+        first = (read or {}).get(j.entry.inode)
+        if in_place and first is None:
+            continue  # its first name was not converted (it changed): this one stays too
         link_file(j.primary, j.target)
         if in_place:
-            remove_original(j.entry.path)
+            assert first is not None
+            this = FileIdentity(
+                j.entry.path, j.label, *j.entry.inode, first.size, first.mtime_ns, first.ctime_ns
+            )
+            try:
+                # Removing the first name moved the inode's ctime: only that may differ.
+                remove_original(this, j.target, relinked=True)
+            except SourceChangedError as exc:
+                if changed is None:
+                    raise
+                changed.add(exc)
+                continue
         done.append(j.label)
         reporter.file_done(j.label)
 

@@ -37,7 +37,7 @@ from ckptz.pipeline import FileSink, compress_file, restore
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.tree import Tree
-from ckptz.safeio import atomic_output, temp_path, try_lock
+from ckptz.safeio import FileIdentity, atomic_output, temp_path, try_lock
 from ckptz.series.delta import Keyframe, Tensor, delta_for, index_tensors, layout_tensors
 from ckptz.series.detect import Member, detect, tracks
 from ckptz.series.reference import ContainerReference, PlainReference, ReferenceBytes, RefSpec
@@ -205,8 +205,11 @@ def recode(
     Raises:
         ReferenceMissingError: ``container``'s own reference is missing (nothing is changed).
         CorruptionError: the new container does not hold the same original.
+        SourceChangedError: ``container`` changed while it was re-coded (it is kept).
     """
     with open(container, "rb") as c:
+        # Renamed over only while it is still the container read here.
+        read = FileIdentity.of(container, label, os.fstat(c.fileno()))
         old = read_index(c, label)
         meta = FileMeta.from_json(old.header.get("source"))
         plain = container.with_name(container.name.removesuffix(SUFFIX))
@@ -221,7 +224,7 @@ def recode(
                 make = lambda layout: Keyframe()  # noqa: E731
             else:
                 make = lambda layout: _delta(layout, tmp, container, against, [against])  # noqa: E731
-            with atomic_output(container, meta.container() if meta else None) as (out, _tmp):
+            with atomic_output(container, meta.container() if meta else None, read) as (out, _tmp):
                 written = compress_file(
                     tmp,
                     label.removesuffix(SUFFIX),

@@ -1,0 +1,337 @@
+"""An in-place run replaces a file only if it is still the file it read, and two in-place runs
+on overlapping trees never meet. Through the CLI, in subprocesses, as a user (or a trainer
+saving beside a running ckptz) would meet them.
+
+A run is held with SIGSTOP while its temp output exists (so it has read the file and has
+neither renamed its output nor removed the file yet); the file is changed meanwhile; the
+run is resumed with SIGCONT.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import CLI_ENV, ckptz, sha256
+
+from ckptz.safeio import is_temp
+
+#: float32 values per file: 8 MB, so a CPU run has its temp output for a good while.
+VALUES = 2_000_000
+
+
+def _save(path: Path, seed: int) -> None:
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    save_file({"w": (rng.standard_normal(VALUES) * 0.02).astype(np.float32)}, str(path))
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ckptz", *args],
+        env=CLI_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _temps(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if is_temp(p)]
+
+
+def _hold_mid_write(folder: Path, *args: str) -> subprocess.Popen[str]:
+    """Start ``ckptz ARGS`` and SIGSTOP it while it writes a temp output in ``folder``; the
+    temp file still there once stopped proves it has renamed and removed nothing yet."""
+    for _ in range(5):
+        proc = _start(*args)
+        end = time.monotonic() + 60
+        while time.monotonic() < end and proc.poll() is None and not _temps(folder):
+            time.sleep(0.001)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+            _wait_stopped(proc.pid)
+            if _temps(folder):
+                return proc
+            proc.send_signal(signal.SIGCONT)
+        proc.communicate(timeout=60)
+        pytest.fail(f"the run ended before it could be held: {proc.stderr}")
+    raise AssertionError("unreachable")
+
+
+def _wait_stopped(pid: int) -> None:
+    """Wait until every thread of ``pid`` has stopped (a signal is delivered asynchronously)."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        states = [
+            (Path("/proc") / str(pid) / "task" / t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            for t in os.listdir(f"/proc/{pid}/task")
+        ]
+        if all(state in "tTZX" for state in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError("the run did not stop")
+
+
+def _overwrite_same_size(path: Path, new: bytes) -> None:
+    """Write new bytes over the file, in place (same inode, same size)."""
+    with open(path, "r+b") as f:
+        f.write(new)
+
+
+def _rewrite(path: Path, new: bytes) -> None:
+    """Truncate and write the file again, whole (same inode)."""
+    path.write_bytes(new)
+
+
+def _replace(path: Path, new: bytes) -> None:
+    """Write a new file under a temp name and rename it over the file (``torch.save`` to a
+    temp name, then a rename: what Lightning does for ``last.ckpt``)."""
+    tmp = path.with_name(path.name + ".saving")
+    tmp.write_bytes(new)
+    os.replace(tmp, path)
+
+
+CHANGES: dict[str, Callable[[Path, bytes], None]] = {
+    "overwrite": _overwrite_same_size,
+    "rewrite": _rewrite,
+    "replace": _replace,
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_compress_in_place_keeps_a_file_changed_during_the_run(tmp_path: Path, change: str) -> None:
+    work = tmp_path / "run"
+    (work / "sub").mkdir(parents=True)
+    x = work / "sub" / "model.safetensors"
+    _save(x, 1)
+    _save(tmp_path / "new.safetensors", 2)  # the same structure, new values: same size
+    new = (tmp_path / "new.safetensors").read_bytes()
+    assert len(new) == x.stat().st_size
+
+    proc = _hold_mid_write(work, "compress", str(work), "--in-place", "-q")
+    try:
+        CHANGES[change](x, new)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+    assert "sub/model.safetensors" in err and "changed during the run" in err, err
+    assert x.read_bytes() == new  # the new file is untouched
+    assert not (work / "sub" / "model.safetensors.ckptz").exists()
+    assert _temps(work) == []
+
+    # A rerun compresses the new bytes, and its container restores them exactly.
+    assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
+    assert not x.exists()
+    assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+    assert x.read_bytes() == new
+
+
+def test_other_files_finish_beside_a_changed_one(tmp_path: Path) -> None:
+    """Only the file that changed is kept back; the run still converts the others."""
+    work = tmp_path / "run"
+    work.mkdir()
+    _save(work / "a.safetensors", 1)
+    _save(work / "b.safetensors", 3)
+    want_b = sha256(work / "b.safetensors")
+    _save(tmp_path / "new.safetensors", 2)
+    new = (tmp_path / "new.safetensors").read_bytes()
+
+    proc = _hold_mid_write(work, "compress", str(work), "--in-place", "-q")
+    try:
+        in_flight = {p.name.split(".ckptz-tmp-")[0].lstrip(".") for p in _temps(work)}
+        target = work / sorted(in_flight)[0].removesuffix(".ckptz")
+        _replace(target, new)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode != 0 and "changed during the run" in err and target.name in err, err
+    other = (work / "b.safetensors") if target.name == "a.safetensors" else (work / "a.safetensors")
+    assert target.read_bytes() == new and not target.with_name(target.name + ".ckptz").exists()
+    assert not other.exists() and other.with_name(other.name + ".ckptz").exists()
+    assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+    if other.name == "b.safetensors":
+        assert sha256(other) == want_b
+
+
+@pytest.mark.parametrize("change", ["overwrite both names", "replace the second name"])
+def test_hard_linked_names_of_a_changed_file_are_kept(tmp_path: Path, change: str) -> None:
+    """Two names of one file: a name whose file changed is kept, without a container (the
+    second name is linked to the first's container, then removed, only while it is still
+    the file read)."""
+    work = tmp_path / "run"
+    work.mkdir()
+    a, b = work / "a.safetensors", work / "b.safetensors"
+    _save(a, 1)
+    os.link(a, b)
+    old = a.read_bytes()
+    _save(tmp_path / "new.safetensors", 2)
+    new = (tmp_path / "new.safetensors").read_bytes()
+
+    proc = _hold_mid_write(work, "compress", str(work), "--in-place", "-q")
+    try:
+        if change == "overwrite both names":
+            _overwrite_same_size(a, new)
+        else:
+            _replace(b, new)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode != 0 and "changed during the run" in err and "Traceback" not in err, err
+    assert _temps(work) == []
+    if change == "overwrite both names":
+        assert a.read_bytes() == new and b.read_bytes() == new
+        assert sorted(p.name for p in work.iterdir()) == ["a.safetensors", "b.safetensors"]
+    else:
+        # Renaming over ``b`` unlinked a name of ``a``'s file too (its ctime moved): ``a`` may
+        # be reported with it; nothing is lost either way.
+        assert b.read_bytes() == new and not (work / "b.safetensors.ckptz").exists()
+        if (work / "a.safetensors.ckptz").exists():
+            assert not a.exists()
+            assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+        assert a.read_bytes() == old and b.read_bytes() == new
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_decompress_in_place_keeps_a_container_changed_during_the_run(tmp_path: Path, change: str) -> None:
+    work = tmp_path / "run"
+    (work / "sub").mkdir(parents=True)
+    x = work / "sub" / "model.safetensors"
+    _save(x, 1)
+    assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
+    # A container of new bytes of the same size (same structure, values of the same spread).
+    other = tmp_path / "other"
+    other.mkdir()
+    _save(other / "model.safetensors", 2)
+    want = sha256(other / "model.safetensors")
+    assert ckptz("compress", str(other), "--in-place", "-q").returncode == 0
+    new = (other / "model.safetensors.ckptz").read_bytes()
+    container = work / "sub" / "model.safetensors.ckptz"
+    if change == "overwrite" and len(new) != container.stat().st_size:
+        new = new[: container.stat().st_size].ljust(container.stat().st_size, b"\0")
+
+    proc = _hold_mid_write(work, "decompress", str(work), "--in-place", "-q")
+    try:
+        CHANGES[change](container, new)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+    assert "sub/model.safetensors.ckptz" in err and "changed during the run" in err, err
+    assert container.read_bytes() == new  # the new container is untouched
+    assert not x.exists()  # nothing restored from the old one
+    assert _temps(work) == []
+    if change != "overwrite" or new == (other / "model.safetensors.ckptz").read_bytes():
+        # A rerun restores the new container's bytes exactly.
+        assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+        assert sha256(x) == want
+
+
+def _overlapping(tmp_path: Path) -> tuple[Path, Path]:
+    """``a`` holding a container (``top``) and ``a/sub`` a plain checkpoint (``w``), 8 MB each."""
+    a = tmp_path / "a"
+    (a / "sub").mkdir(parents=True)
+    _save(a / "top.safetensors", 1)
+    assert ckptz("compress", str(a / "top.safetensors"), "-q").returncode == 0
+    (a / "top.safetensors").unlink()
+    _save(a / "sub" / "w.safetensors", 2)
+    return a, a / "sub"
+
+
+def _fails_at_once(*args: str) -> None:
+    t0 = time.monotonic()
+    second = ckptz(*args)
+    assert time.monotonic() - t0 < 20
+    assert second.returncode == 1, second.stderr
+    assert "another ckptz run is working on this" in second.stderr, second.stderr
+    assert second.stderr.count("\n") == 1, second.stderr
+
+
+@pytest.mark.parametrize("via", ["path", "symlink"])
+def test_in_place_run_inside_a_held_tree_fails_at_once(tmp_path: Path, via: str) -> None:
+    """``decompress a --in-place`` is working; ``compress a/sub --in-place`` (or through a
+    symlink to ``a/sub``) must not start beside it."""
+    a, sub = _overlapping(tmp_path)
+    inner = sub
+    if via == "symlink":
+        inner = tmp_path / "elsewhere" / "link"
+        inner.parent.mkdir()
+        inner.symlink_to(sub, target_is_directory=True)
+    want = sha256(sub / "w.safetensors")
+    first = _hold_mid_write(a, "decompress", str(a), "--in-place", "-q")
+    try:
+        _fails_at_once("compress", str(inner), "--in-place", "-q")
+        assert sorted(p.name for p in sub.iterdir()) == ["w.safetensors"]
+        assert sha256(sub / "w.safetensors") == want
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert (a / "top.safetensors").exists() and sha256(sub / "w.safetensors") == want
+
+
+def _comparing(pid: int, container: Path, folder: Path) -> bool:
+    """Whether ``pid`` holds its exclusive lock on ``folder`` and has ``container`` open
+    (finishing a file a killed run left in both forms: comparing, no temp file anywhere)."""
+    try:
+        names = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    inode = f":{folder.stat().st_ino} "
+    locks = Path("/proc/locks").read_text().splitlines()
+    held = any(f" WRITE {pid} " in line and inode in line for line in locks)
+    return held and str(container) in names
+
+
+def test_in_place_run_around_a_held_tree_fails_at_once(tmp_path: Path) -> None:
+    """``compress a/sub --in-place`` is finishing a file a killed run left in both forms
+    (comparing them: no temp file to trip over); ``decompress a --in-place`` must not
+    start beside it (it would remove the container while the other removes the file)."""
+    for _ in range(5):
+        a, sub = _overlapping(tmp_path / str(time.monotonic_ns()))
+        w = sub / "w.safetensors"
+        assert ckptz("compress", str(w), "-q").returncode == 0  # both forms, as a kill leaves them
+        container = w.with_name(w.name + ".ckptz")
+        first = _start("compress", str(sub), "--in-place", "-q")
+        end = time.monotonic() + 60
+        while first.poll() is None and time.monotonic() < end and not _comparing(first.pid, container, sub):
+            time.sleep(0.001)
+        if first.poll() is None:
+            first.send_signal(signal.SIGSTOP)
+            _wait_stopped(first.pid)
+            if _comparing(first.pid, container, sub) and not _temps(a):
+                break
+            first.send_signal(signal.SIGCONT)
+        first.communicate(timeout=120)
+    else:
+        pytest.fail("the run could not be held while comparing")
+    top = sha256(a / "top.safetensors.ckptz")
+    want = sha256(w)
+    try:
+        _fails_at_once("decompress", str(a), "--in-place", "-q")
+        assert sorted(p.name for p in a.iterdir()) == ["sub", "top.safetensors.ckptz"]
+        assert sha256(a / "top.safetensors.ckptz") == top and w.exists() and container.exists()
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert sorted(p.name for p in sub.iterdir()) == ["w.safetensors.ckptz"]
+    assert ckptz("decompress", str(a), "--in-place", "-q").returncode == 0
+    assert sha256(w) == want
