@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ckptz.accounting import FileStats, index_stats, layout_stats, total_components
 from ckptz.container import SUFFIX, read_index
-from ckptz.engines import warm_gpu
+from ckptz.engines import check_device, warm_gpu
 from ckptz.engines.base import Engine
 from ckptz.errors import BusyError, CkptzError, CorruptionError, StoppedError, UsageError
 from ckptz.formats import read_layout
@@ -145,6 +145,7 @@ def compress(
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
     codec = check_codec(codec)
+    check_device(device, codec, writes=True)  # before any output folder is made
     warm_gpu(device, codec, writes=True)  # the GPU comes up while the files are scanned and planned
     trees = scan_sources(src)
     # Discarding names no outputs: planned as in place, which needs none.
@@ -476,6 +477,7 @@ def decompress(
     if dry_run and not discard:  # reads the containers' indexes: no engine, no GPU
         files = [_container_stats(j.entry.path, j.label) for j in mine.converts + mine.finishes]
         return make_summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
+    check_device(device)  # before any output folder is made
     warm_gpu(device, codec)  # where a container holds a bitstream only a GPU decodes
     # A team (--nproc, torchrun) already runs a process per share of the files.
     split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1)

@@ -78,7 +78,9 @@ Device = Annotated[
     str | None,
     typer.Option(
         "--device",
-        help="auto, cpu, cuda or cuda:N [default: $CKPTZ_DEVICE or auto: the first GPU with nvCOMP, else the CPU].",
+        help="auto, cpu, cuda or cuda:N [default: $CKPTZ_DEVICE or auto]. auto uses the first GPU where"
+        " nvCOMP and a CUDA driver are installed and it pays (a GPU-only codec, a job over 32 GiB),"
+        " else the CPU; cuda fails where that GPU cannot be used.",
         show_default=False,
         metavar="DEVICE",
         autocompletion=lambda: ["auto", "cpu", "cuda", "cuda:0"],
