@@ -32,6 +32,7 @@ from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
 from ckptz.runs.plan import Action, Job, Output, Plan, plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
+from ckptz.runs.resume import remove_stale
 from ckptz.runs.run import (
     OpeningEngine,
     carry,
@@ -204,6 +205,7 @@ def compress(
         files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
         team.converted()
         carry(mine, stop, done, in_place, reporter)
+        remove_stale(mine.stale, {out_dir for _, out_dir in mine.dirs})
         engine = opening.get() if opening is not None else None
         if sp is not None and sp.recodes:
             files += _recode_all(sp, engine, device, threads, level, codec, memory, reporter, stop, done)
@@ -508,6 +510,7 @@ def decompress(
         files = run_jobs(one, mine.converts, stop, name=job_label, done=done)
         team.converted()
         carry(mine, stop, done, in_place, reporter)
+        remove_stale(mine.stale, {out_dir for _, out_dir in mine.dirs})
         engine = opening.get() if opening is not None else None
     return make_summary("decompress", root, files, p, engine, start, notices, compress=False)
 

@@ -86,7 +86,16 @@ Device = Annotated[
         autocompletion=lambda: ["auto", "cpu", "cuda", "cuda:0"],
     ),
 ]
-Force = Annotated[bool, typer.Option("-f", "--force", help="Overwrite existing outputs.")]
+Force = Annotated[
+    bool,
+    typer.Option(
+        "-f",
+        "--force",
+        help="Overwrite existing outputs, and remove from the output folder the containers (compress) or "
+        "checkpoints (decompress) whose sources are gone; other files there are left alone. Without -f, "
+        "a rerun skips the outputs an earlier run finished and does the rest.",
+    ),
+]
 Memory = Annotated[
     str | None, typer.Option("--memory", help="GPU pipeline buffer budget, e.g. 4GiB.", metavar="SIZE")
 ]

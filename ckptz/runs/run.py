@@ -350,7 +350,15 @@ def remove_original(path: Path) -> None:
 
 
 def carry(p: Plan, stop: Stop, done: list[str], in_place: bool, reporter: Reporter) -> None:
-    """Hard links to outputs, copies, symlinks; then the folders' own metadata."""
+    """Copies and symlinks, then hard links to outputs (a link's target, converted or
+    copied, is complete by then); then the folders' own metadata."""
+
+    def one(j: Job) -> None:
+        reporter.file(j.label)
+        _carry_one(j, stop)
+        reporter.file_done(j.label)
+
+    run_jobs(one, p.carries, stop, name=job_label, done=done)
     for j in p.links:
         stop.check()
         assert j.primary is not None
@@ -359,13 +367,6 @@ def carry(p: Plan, stop: Stop, done: list[str], in_place: bool, reporter: Report
             remove_original(j.entry.path)
         done.append(j.label)
         reporter.file_done(j.label)
-
-    def one(j: Job) -> None:
-        reporter.file(j.label)
-        _carry_one(j, stop)
-        reporter.file_done(j.label)
-
-    run_jobs(one, p.carries, stop, name=job_label, done=done)
     for src_dir, out_dir in reversed(p.dirs):
         try:
             apply_path(out_dir, FileMeta.of(src_dir.stat()))
