@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ckptz.accounting import FileStats, index_stats, layout_stats, total_components
 from ckptz.container import SUFFIX, read_index
-from ckptz.engines import warm_gpu
+from ckptz.engines import check_device, warm_gpu
 from ckptz.engines.base import Engine
 from ckptz.errors import BusyError, CkptzError, CorruptionError, SourceChangedError, StoppedError, UsageError
 from ckptz.formats import read_layout
@@ -32,6 +32,7 @@ from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
 from ckptz.runs.plan import Action, Job, Output, Plan, plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
+from ckptz.runs.resume import remove_stale
 from ckptz.runs.run import (
     Changed,
     OpeningEngine,
@@ -148,6 +149,7 @@ def compress(
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
     codec = check_codec(codec)
+    check_device(device, codec, writes=True)  # before any output folder is made
     warm_gpu(device, codec, writes=True)  # the GPU comes up while the files are scanned and planned
     trees = scan_sources(src)
     # Discarding names no outputs: planned as in place, which needs none.
@@ -213,6 +215,7 @@ def compress(
         files = [f for f in run_jobs(one, mine.converts, stop, name=job_label, done=done) if f is not None]
         team.converted()
         carry(mine, stop, done, in_place, reporter, read, changed)
+        remove_stale(mine.stale, {out_dir for _, out_dir in mine.dirs})
         engine = opening.get() if opening is not None else None
         # Re-coding against a file that changed would name a container no longer there.
         if sp is not None and sp.recodes and not changed.labels:
@@ -526,6 +529,7 @@ def decompress(
     if dry_run and not discard:  # reads the containers' indexes: no engine, no GPU
         files = [_container_stats(j.entry.path, j.label) for j in mine.converts + mine.finishes]
         return make_summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
+    check_device(device)  # before any output folder is made
     warm_gpu(device, codec)  # where a container holds a bitstream only a GPU decodes
     # A team (--nproc, torchrun) already runs a process per share of the files.
     split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
@@ -563,6 +567,7 @@ def decompress(
         files = [f for f in run_jobs(one, mine.converts, stop, name=job_label, done=done) if f is not None]
         team.converted()
         carry(mine, stop, done, in_place, reporter, read, changed)
+        remove_stale(mine.stale, {out_dir for _, out_dir in mine.dirs})
         engine = opening.get() if opening is not None else None
         changed.raise_any(compress=False)
     return make_summary("decompress", root, files, p, engine, start, notices, compress=False)

@@ -78,13 +78,24 @@ Device = Annotated[
     str | None,
     typer.Option(
         "--device",
-        help="auto, cpu, cuda or cuda:N [default: $CKPTZ_DEVICE or auto: the first GPU with nvCOMP, else the CPU].",
+        help="auto, cpu, cuda or cuda:N [default: $CKPTZ_DEVICE or auto]. auto uses the first GPU where"
+        " nvCOMP and a CUDA driver are installed and it pays (a GPU-only codec, a job over 32 GiB),"
+        " else the CPU; cuda fails where that GPU cannot be used.",
         show_default=False,
         metavar="DEVICE",
         autocompletion=lambda: ["auto", "cpu", "cuda", "cuda:0"],
     ),
 ]
-Force = Annotated[bool, typer.Option("-f", "--force", help="Overwrite existing outputs.")]
+Force = Annotated[
+    bool,
+    typer.Option(
+        "-f",
+        "--force",
+        help="Overwrite existing outputs, and remove from the output folder the containers (compress) or "
+        "checkpoints (decompress) whose sources are gone; other files there are left alone. Without -f, "
+        "a rerun skips the outputs an earlier run finished and does the rest.",
+    ),
+]
 Memory = Annotated[
     str | None, typer.Option("--memory", help="GPU pipeline buffer budget, e.g. 4GiB.", metavar="SIZE")
 ]

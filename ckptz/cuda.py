@@ -104,6 +104,15 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         return _LIBS
 
 
+def driver_installed() -> bool:
+    """Whether the CUDA driver library loads here (without starting it)."""
+    try:
+        _libs()
+    except OSError:
+        return False
+    return True
+
+
 def _slow() -> Any:
     return _libs()[0]
 

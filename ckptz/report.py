@@ -291,7 +291,7 @@ def actions_table(actions: tuple[Action, ...]) -> Table:
 
 def notes(actions: tuple[Action, ...], verbose: bool) -> list[str]:
     """One line per skipped file with ``verbose``; else one line per kind of skip."""
-    skips = [a for a in actions if a.kind == "skip" or (a.note and a.kind == "copy")]
+    skips = [a for a in actions if a.kind in ("skip", "remove-stale") or (a.note and a.kind == "copy")]
     if verbose:
         return [f"{a.path}: {a.note}" for a in skips]
     by_note = Counter(a.note for a in skips)

@@ -105,6 +105,7 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
 def test_refuses_to_overwrite(small_checkpoint: Path, tmp_path: Path) -> None:
     packed = tmp_path / "c.ckptz"
     assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
+    (packed / "config.json").write_text("{}")  # not what this run writes
     again = runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)])
     assert again.exit_code == 2 and "already exists" in again.stderr
     assert (

@@ -33,6 +33,7 @@ def test_quiet_prints_nothing_but_errors(work: Path, tmp_path: Path) -> None:
     done = ckptz("decompress", str(tmp_path / "out"), "-o", str(tmp_path / "back"), "--quiet")
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
     assert tree_digests(tmp_path / "back") == tree_digests(work)
+    (tmp_path / "out" / "config.json").write_text("{}")  # not what this run writes
     done = ckptz("compress", str(work), "-o", str(tmp_path / "out"), "-q")
     assert done.returncode == 2 and "already exists" in done.stderr  # errors still show
 

@@ -277,6 +277,8 @@ def test_a_gpu_named_writes_the_portable_bitstream_there_and_restores_it_on_the_
     monkeypatch.setattr(engines, "warm_context", warmed.append)
     monkeypatch.setattr(engines, "open_gpu", open_gpu)
     monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
+    monkeypatch.setattr(engines, "gpu_setup_reason", lambda: None)
+    monkeypatch.setattr(engines, "gpu_unavailable_reason", lambda: None)
     out = tmp_path / "packed"
     api.compress(small_checkpoint, out, device="cuda")  # a small job: the CPU threads
     assert (warmed, opened) == ([], [])

@@ -30,12 +30,26 @@ def runs_apart() -> bool:
     return os.environ.get("CKPTZ_ENGINE_PROCESS", "").strip() == "1"
 
 
-def gpu_unavailable_reason() -> str | None:
-    """Why no GPU engine can run here, or None if one can."""
+def gpu_setup_reason() -> str | None:
+    """Why no GPU engine can run here, where that shows without starting the CUDA driver
+    (loading its library is cheap; starting it is not): no driver comes first, since
+    installing nvCOMP would not help a machine without one."""
+    from ckptz import cuda
+
+    if not cuda.driver_installed():
+        return "no CUDA driver on this machine"
     if not nvcomp_installed():
         return "nvCOMP is not installed (pip install 'ckptz[gpu]')"
     if importlib.util.find_spec("ckptz.engines.gpu") is None:
         return "this ckptz build has no GPU engine"
+    return None
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why no GPU engine can run here, or None if one can."""
+    reason = gpu_setup_reason()
+    if reason is not None:
+        return reason
     from ckptz import cuda
 
     try:
@@ -46,6 +60,28 @@ def gpu_unavailable_reason() -> str | None:
     except cuda.DriverError as exc:
         return f"the CUDA driver would not start ({exc})"
     return None
+
+
+def check_device(device: str | None, codec: str = "auto", writes: bool = False) -> None:
+    """Refuse, before a run creates anything, a GPU it cannot have: one named with
+    ``--device cuda[:N]``, or one that a compression with a GPU-only ``codec`` needs. Only
+    what shows without starting the CUDA driver is checked here (:func:`open_engine`
+    checks the rest while the run scans its files).
+
+    Raises:
+        UsageError: unknown device.
+        DeviceError: no GPU can be used here.
+    """
+    want = requested_device(device)
+    named = want.startswith("cuda")
+    if not (named or (writes and codec.lower() in GPU_ONLY_CODECS)):
+        return
+    reason = gpu_setup_reason()
+    if reason is None:
+        return
+    if named:
+        raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu or --device auto")
+    raise DeviceError(f"codec {codec.lower()!r} runs only on a GPU: {reason}", hint="use --codec zstd")
 
 
 def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int = 0) -> bool:
@@ -117,8 +153,13 @@ def open_gpu(
     warm_context(want)  # the context comes up while the engine's modules load
     reason = gpu_unavailable_reason()
     if reason is not None:
-        what = f"codec {codec!r} runs only on a GPU" if want == "auto" else f"cannot use {want}"
-        hint = "use --codec zstd" if want == "auto" else "use --device cpu"
+        gpu_only = want == "auto" and codec not in PORTABLE_CODECS
+        what = (
+            f"codec {codec!r} runs only on a GPU"
+            if gpu_only
+            else ("no GPU can be used" if want == "auto" else f"cannot use {want}")
+        )
+        hint = "use --codec zstd" if gpu_only else "use --device cpu"
         raise DeviceError(f"{what}: {reason}", hint=hint)
     from ckptz.engines.gpu import open_gpu_engine
 
@@ -149,6 +190,12 @@ def open_engine(
     want = requested_device(device)
     codec = codec.lower()
     apart = runs_apart() if apart is None else apart
+    if want.startswith("cuda"):
+        # A GPU asked for by name codes there or the run fails: it never settles on the CPU
+        # threads for want of a GPU, even where a small job would start on them.
+        reason = gpu_unavailable_reason()
+        if reason is not None:
+            raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu or --device auto")
     if writes_portable_on_gpu(want, codec, writes, job_bytes) and (
         want != "auto" or gpu_unavailable_reason() is None
     ):

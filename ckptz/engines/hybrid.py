@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ckptz.codecs import codec_name
 from ckptz.codecs.table import by_id
 from ckptz.container import StreamInfo
 from ckptz.engines.base import (
@@ -51,7 +52,7 @@ from ckptz.engines.base import (
     encode_each,
 )
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import CkptzError, DeviceError, UsageError
+from ckptz.errors import CkptzError, CodecUnavailableError, DeviceError, UsageError
 
 #: Bytes a job codes on the CPU before the GPU is brought up: seconds of the CPU coder on
 #: many cores, so the bring-up is a small fraction of the job it may speed up.
@@ -292,7 +293,7 @@ class HybridEngine:
             self._start()
             self._up.wait()
             if self._gpu is None:
-                raise _device_error(self._error or DeviceError("the GPU engine did not start"))
+                raise _no_gpu_decoder(chunks, self._error)
             with self._lock:
                 self.frames["gpu"] += 1
             return self._gpu.decode(stream, chunks, length, where)
@@ -351,6 +352,18 @@ def _decodes(codec: int, where: str) -> bool:
     """Whether ``where`` (``cpu`` or ``gpu``) has a decoder for bitstream ``codec``."""
     bitstream = by_id(codec)
     return bitstream is not None and getattr(bitstream, where) is not None
+
+
+def _no_gpu_decoder(chunks: list[StoredChunk], error: BaseException | None) -> CodecUnavailableError:
+    """A GPU-only bitstream that cannot be decoded here because no GPU came up: the
+    container may be sound, so this is never reported as damage."""
+    codec = next(c.codec for c in chunks if not _decodes(c.codec, "cpu"))
+    reason = error.message if isinstance(error, CkptzError) else str(error or "the GPU engine did not start")
+    return CodecUnavailableError(
+        f"this bitstream has no CPU decoder; {reason}",
+        codec=codec_name(codec),
+        hint="decode it on a machine with a GPU and `pip install ckptz[gpu]`",
+    )
 
 
 def _device_error(exc: BaseException) -> CkptzError:

@@ -26,6 +26,7 @@ from ckptz.errors import (
     BusyError,
     CkptzError,
     CodecUnavailableError,
+    DeviceError,
     MismatchError,
     NothingToDoError,
     ReferenceMissingError,
@@ -224,7 +225,8 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
         return _files(p.label, mine, theirs, reporter, stop)
     except (StoppedError, BusyError):
         raise
-    except CodecUnavailableError as exc:
+    except (CodecUnavailableError, DeviceError) as exc:
+        # What this machine cannot decode says nothing about the container's health.
         return FileCheck(p.label, "undecodable", 0, str(exc))
     except MismatchError as exc:
         return FileCheck(p.label, "changed", 0, str(exc))

@@ -82,6 +82,8 @@ class Plan:
     #: folders (or files) the run writes in, and sources it only reads
     writes: list[Path] = field(default_factory=list)
     reads: list[Path] = field(default_factory=list)
+    #: with ``--force``, outputs whose sources are gone (:func:`ckptz.runs.resume.stale_outputs`)
+    stale: list[Path] = field(default_factory=list)
 
     @property
     def converted_bytes(self) -> int:
@@ -96,6 +98,7 @@ class Plan:
             for j in self.finishes + self.converts + self.links + self.carries
         ]
         out += [Action("remove-temp", str(j.entry.path)) for j in self.temps]
+        out += [Action("remove-stale", str(path), note="removed: its source is gone") for path in self.stale]
         return tuple(out + self.skipped)
 
 
@@ -177,7 +180,15 @@ def plan(
         for e in t.entries:
             done_already += _place(p, t, e, root, out, compress, selection, prefix, force)
     _pair_hard_links(p, out)
-    _refuse(p, trees, out, force, compress)
+    done_already += _refuse(p, trees, out, force, compress)
+    if force and not out.in_place:
+        from ckptz.runs.resume import stale_outputs
+
+        targets = {j.target for j in p.converts + p.links + p.carries}
+        for t in trees:
+            root = _out_root(t, out, compress) if t.is_dir else None
+            if root is not None:
+                p.stale += stale_outputs(root, targets, compress)
     if not (p.converts or p.finishes or p.links):
         where = ", ".join(str(t.root) for t in trees)
         if done_already:
@@ -293,8 +304,10 @@ def _pair_hard_links(p: Plan, out: Output) -> None:
         group[:] = kept
 
 
-def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool) -> None:
-    """Refuse outputs that collide, that are inputs, or (without ``force``) that exist."""
+def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool) -> int:
+    """Refuse outputs that collide, that are inputs, or (without ``force``) that exist,
+    unless an earlier run of the same command finished them (then they are skipped); return
+    how many conversions were skipped so."""
     inputs = {e.inode for t in trees for e in t.entries}
     claimed: dict[Path, Job] = {}
     jobs = p.converts + p.links + p.carries
@@ -310,13 +323,27 @@ def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool
             )
         claimed[j.target] = j
     if out.in_place:
-        return
+        return 0
+    from ckptz.runs.resume import already_done
+
+    finished: set[int] = set()
     for j in jobs:
         ident = _identity(j.target)
         if ident is not None and ident in inputs:
             raise UsageError("output would overwrite an input", path=str(j.target), hint="choose another -o")
         if not force and (j.target.exists() or j.target.is_symlink()):
-            raise UsageError("output already exists", path=str(j.target), hint="remove it or pass --force")
+            if not already_done(j, compress):
+                raise UsageError(
+                    "output already exists and is not this run's",
+                    path=str(j.target),
+                    hint="remove it or pass --force",
+                )
+            finished.add(id(j))
+            p.skipped.append(Action("skip", str(j.entry.path), str(j.target), note="done by an earlier run"))
+    converted = len(p.converts)
+    for group in (p.converts, p.links, p.carries):
+        group[:] = [j for j in group if id(j) not in finished]
+    return converted - len(p.converts)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

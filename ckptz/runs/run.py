@@ -386,11 +386,19 @@ def carry(
     read: dict[tuple[int, int], FileIdentity] | None = None,
     changed: Changed | None = None,
 ) -> None:
-    """Hard links to outputs, copies, symlinks; then the folders' own metadata.
+    """Copies and symlinks, then hard links to outputs (a link's target, converted or
+    copied, is complete by then); then the folders' own metadata.
 
     In place, a second name of a file is removed only while its inode is still the one
     ``read`` (by ``(device, inode)``) says its first name was when read; a change is added
     to ``changed``."""
+
+    def one(j: Job) -> None:
+        reporter.file(j.label)
+        _carry_one(j, stop)
+        reporter.file_done(j.label)
+
+    run_jobs(one, p.carries, stop, name=job_label, done=done)
     for j in p.links:
         stop.check()
         assert j.primary is not None
@@ -413,13 +421,6 @@ def carry(
                 continue
         done.append(j.label)
         reporter.file_done(j.label)
-
-    def one(j: Job) -> None:
-        reporter.file(j.label)
-        _carry_one(j, stop)
-        reporter.file_done(j.label)
-
-    run_jobs(one, p.carries, stop, name=job_label, done=done)
     for src_dir, out_dir in reversed(p.dirs):
         try:
             apply_path(out_dir, FileMeta.of(src_dir.stat()))
