@@ -29,7 +29,7 @@ import numpy as np
 from ckptz.codecs.native import native
 from ckptz.errors import BusyError, OutOfSpaceError, WriteError
 from ckptz.mapped import MappedOutput, open_output, pwrite_views
-from ckptz.meta import FileMeta, apply_fd, create_mode
+from ckptz.meta import FileMeta, apply_fd, create_mode, is_root
 
 try:
     import fcntl
@@ -133,8 +133,12 @@ def fsync_dir(folder: Path) -> None:
 def os_error(exc: OSError, path: Path) -> OutOfSpaceError | WriteError:
     """Turn an OSError from writing ``path`` into ckptz's error with a hint."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        # A check of ckptz's own (check_room) says how much is missing; the kernel's words do not.
+        detail = exc.strerror if exc.strerror and exc.strerror != os.strerror(exc.errno) else None
         return OutOfSpaceError(
-            "no space left on the device", path=str(path), hint="free space and run the same command again"
+            f"no space left on the device ({detail})" if detail else "no space left on the device",
+            path=str(path),
+            hint="free space and run the same command again",
         )
     reason = exc.strerror or str(exc)
     return WriteError(f"cannot write ({reason})", path=str(path), hint="check permissions and free space")
@@ -281,6 +285,28 @@ def expect_size(fd: int, size: int) -> None:
     mapped = _MAPPED.get(fd)
     if mapped is not None:
         mapped.expect(size)
+    else:
+        check_room(fd, size)
+
+
+def check_room(fd: int, size: int) -> None:
+    """Refuse to start writing ``fd`` to ``size`` bytes where its file system has less free
+    space than that: a container may declare any size (a few hundred bytes of constant
+    frames can claim terabytes), and a restore must fail before writing, not fill the disk.
+
+    Raises:
+        OSError: ``ENOSPC``, naming both sizes.
+    """
+    try:
+        have = os.fstat(fd).st_size
+        vfs = os.fstatvfs(fd)
+    except OSError:
+        return  # no figures to judge by: writing will say if there is no room
+    # Root may use the blocks kept back for it; anyone else only those available to all.
+    blocks = vfs.f_bfree if is_root() else vfs.f_bavail
+    free = blocks * vfs.f_frsize
+    if size - have > free:
+        raise OSError(errno.ENOSPC, f"the file needs {size:,} bytes and its file system has {free:,} free")
 
 
 @contextmanager
