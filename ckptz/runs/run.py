@@ -34,14 +34,24 @@ from ckptz.engines import (
 )
 from ckptz.engines.base import Engine
 from ckptz.errors import CkptzError, StoppedError, UsageError
-from ckptz.meta import FileMeta, apply_link, apply_path
+from ckptz.meta import FileMeta, apply_fd
 from ckptz.pipeline.workers import tuned_interpreter
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.results import Reporter, Summary
 from ckptz.runs.tree import Tree, expand, scan
-from ckptz.safeio import copy_file, link_file, make_symlink, os_error, remove, remove_temp, stale_temps_of
+from ckptz.safeio import (
+    confined,
+    copy_file,
+    link_file,
+    make_symlink,
+    open_folder,
+    os_error,
+    remove,
+    remove_temp,
+    stale_temps_of,
+)
 
 if TYPE_CHECKING:
     from ckptz.pipeline.shards import Shards
@@ -303,7 +313,8 @@ def locked(p: Plan) -> Iterator[None]:
     """Create the output folders (no more open than their sources) and lock everything."""
     for src_dir, out_dir in p.dirs:
         _mkdir(out_dir, src_dir)
-    with hold(p.writes, p.reads):
+    # From here on, folders below the roots are never entered through a symlink.
+    with hold(p.writes, p.reads), confined(w for w in p.writes if w.is_dir()):
         yield
 
 
@@ -368,7 +379,11 @@ def carry(p: Plan, stop: Stop, done: list[str], in_place: bool, reporter: Report
     run_jobs(one, p.carries, stop, name=job_label, done=done)
     for src_dir, out_dir in reversed(p.dirs):
         try:
-            apply_path(out_dir, FileMeta.of(src_dir.stat()))
+            folder = open_folder(out_dir, create=False)
+            try:
+                apply_fd(folder, FileMeta.of(src_dir.stat()))
+            finally:
+                os.close(folder)
         except OSError as exc:
             raise os_error(exc, out_dir) from None
 
@@ -377,8 +392,7 @@ def _carry_one(j: Job, stop: Stop) -> None:
     if j.kind == "symlink":
         # Recreated verbatim, never followed: a link that points outside the folder is the
         # user's data, and nothing is ever read or written through it.
-        make_symlink(os.readlink(j.entry.path), j.target)
-        apply_link(j.target, FileMeta.of(j.entry.path.lstat()))
+        make_symlink(os.readlink(j.entry.path), j.target, FileMeta.of(j.entry.path.lstat()))
     else:
         copy_file(j.entry.path, j.target, stop.ticker(ignore_progress))
 
