@@ -232,8 +232,9 @@ def read_index(f: BinaryIO, path: str) -> Index:
     if magic != MAGIC:
         # A container's footer, or bytes close to the magic: a damaged container, never some
         # other kind of file.
-        damaged = CorruptionError if near_magic(head) or end == END_MAGIC else ContainerError
-        raise damaged("not a ckptz container (bad magic)", path=path)
+        if near_magic(head) or end == END_MAGIC:
+            raise CorruptionError("damaged ckptz container (bad magic)", path=path)
+        raise ContainerError("not a ckptz container (bad magic)", path=path)
     if end != END_MAGIC:
         raise ContainerError("footer missing or damaged (truncated?)", path=path)
     # The header's version and flags are repeated in the footer; comparing them is what makes a
