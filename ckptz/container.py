@@ -56,8 +56,10 @@ CHUNK_DTYPE = np.dtype(
 # (1 GiB of tables is ~30 million chunks, a source of tens of terabytes).
 MAX_INDEX_BYTES = 1 << 30
 # Limits that keep every allocation made while decoding bounded: one frame at a time, and
-# sizes that stay exact in float64 (2**53 bytes is 8 PiB).
-MAX_FRAME_BYTES = 1 << 30
+# sizes that stay exact in float64 (2**53 bytes is 8 PiB). ckptz writes frames of at most
+# 16 MiB; a frame declared larger than this is refused before anything is decoded, so a
+# decompression bomb of constant frames costs memory by this bound, not by its claims.
+MAX_FRAME_BYTES = 64 << 20
 MAX_SOURCE_BYTES = (1 << 53) - 1
 
 
@@ -183,6 +185,30 @@ def index_bytes(index: Index, offset: int) -> bytes:
     return blob + footer
 
 
+#: Bits in which a file's first bytes may differ from :data:`MAGIC` and still be taken for
+#: a (damaged) container: no checkpoint format ckptz reads starts within them.
+MAGIC_SLACK_BITS = 2
+
+
+def near_magic(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes, all of them when fewer than the magic's) is
+    the magic, or within :data:`MAGIC_SLACK_BITS` bits of it or of its start (a damaged or
+    truncated container)."""
+    head = head[: len(MAGIC)]
+    if not head:
+        return False
+    flipped = int.from_bytes(head, "big") ^ int.from_bytes(MAGIC[: len(head)], "big")
+    return flipped.bit_count() <= MAGIC_SLACK_BITS
+
+
+def judged_container(head: bytes, tail: bytes = b"", name: str = "") -> bool:
+    """Whether a file is to be read as a container, damaged or not: it is named ``*.ckptz``,
+    its first bytes are near the magic (:func:`near_magic`), or its last bytes are the
+    footer's magic. A damaged container is then reported as damaged, never read as the
+    plain file it is not."""
+    return name.endswith(SUFFIX) or near_magic(head) or (len(tail) == len(END_MAGIC) and tail == END_MAGIC)
+
+
 def read_index(f: BinaryIO, path: str) -> Index:
     """Read and validate a container's header, footer and index.
 
@@ -195,14 +221,20 @@ def read_index(f: BinaryIO, path: str) -> Index:
         CorruptionError: the index fails its checksum.
     """
     size = os.fstat(f.fileno()).st_size
-    if size < HEADER.size + FOOTER.size:
-        raise ContainerError("too small to be a ckptz container (truncated?)", path=path)
     f.seek(0)
-    magic, major, minor, flags = HEADER.unpack(f.read(HEADER.size))
-    if magic != MAGIC:
-        raise ContainerError("not a ckptz container (bad magic)", path=path)
+    head = f.read(HEADER.size)
+    if size < HEADER.size + FOOTER.size:
+        # Read as a container (by its name or its first bytes), it is one cut short.
+        raise CorruptionError("too small to be a ckptz container (truncated?)", path=path)
     f.seek(size - FOOTER.size)
     off, isize, raw_size, isum, fmajor, fminor, fflags, end = FOOTER.unpack(f.read(FOOTER.size))
+    magic, major, minor, flags = HEADER.unpack(head)
+    if magic != MAGIC:
+        # A container's footer, or bytes close to the magic: a damaged container, never some
+        # other kind of file.
+        if near_magic(head) or end == END_MAGIC:
+            raise CorruptionError("damaged ckptz container (bad magic)", path=path)
+        raise ContainerError("not a ckptz container (bad magic)", path=path)
     if end != END_MAGIC:
         raise ContainerError("footer missing or damaged (truncated?)", path=path)
     # The header's version and flags are repeated in the footer; comparing them is what makes a
@@ -267,6 +299,7 @@ def _parse_index(raw: bytes, path: str, data_end: int) -> Index:
             path=path,
             hint="a newer ckptz may read it; upgrade ckptz",
         )
+    _check_tensor_keys(header.get("tensor_keys"), n_seg, path)
     tables = []
     for nbytes, dtype in zip(sizes, (SEGMENT_DTYPE, FRAME_DTYPE, CHUNK_DTYPE), strict=True):
         tables.append(np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=pos))
@@ -274,6 +307,19 @@ def _parse_index(raw: bytes, path: str, data_end: int) -> Index:
     index = Index(header, streams, *tables)
     _validate(index, path, data_end)
     return index
+
+
+def _check_tensor_keys(keys: Any, segments: int, path: str) -> None:
+    """``tensor_keys``, where present, is what the writer makes: per segment, a list of key
+    paths (strings). Readers place tensors by it, so any other shape is refused here."""
+    if keys is None:
+        return
+    if (
+        not isinstance(keys, list)
+        or len(keys) > segments
+        or not all(isinstance(k, list) and all(isinstance(p, str) for p in k) for k in keys)
+    ):
+        raise ContainerError("index header's tensor_keys are malformed", path=path)
 
 
 def _validate(index: Index, path: str, data_end: int) -> None:
@@ -287,6 +333,12 @@ def _validate(index: Index, path: str, data_end: int) -> None:
     streams, seg, frames, chunks = index.streams, index.segments, index.frames, index.chunks
     n = len(streams)
     for i, s in enumerate(streams):
+        if s.frame_size > MAX_FRAME_BYTES:
+            raise CorruptionError(
+                f"stream {i} declares frames of {s.frame_size} bytes, more than the format's"
+                f" {MAX_FRAME_BYTES >> 20} MiB",
+                path=path,
+            )
         if (
             s.id != i
             or s.word not in (1, 2, 4, 8)

@@ -152,6 +152,10 @@ class OutOfSpaceError(CkptzError, OSError):
     """Writing failed because the disk is full or the quota exceeded."""
 
 
+class OutOfMemoryError(CkptzError, MemoryError):
+    """A file too large to decode into this process's memory (load it mapped instead)."""
+
+
 class WriteError(CkptzError, OSError):
     """Writing failed for another OS reason (permissions, read-only filesystem)."""
 

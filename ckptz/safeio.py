@@ -10,6 +10,12 @@ writes, so a run that finds a temp file another live run is writing stops with
 
 Outputs are created with their final permission bits (plus owner read/write while writing)
 and get their final metadata before the rename (:mod:`ckptz.meta`).
+
+Every output is created, renamed and removed relative to a descriptor of its folder, opened
+once for it. Under the output roots of a run (:func:`confined`), that folder is opened one
+component at a time from the root with ``O_NOFOLLOW``, as rsync and tar do: a folder swapped
+for a symlink while the run goes on stops the run with
+:class:`~ckptz.errors.UnsafePathError` instead of being written through.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -28,9 +35,16 @@ from typing import BinaryIO
 import numpy as np
 
 from ckptz.codecs.native import native
-from ckptz.errors import BusyError, OutOfSpaceError, SourceChangedError, WriteError
+from ckptz.errors import (
+    BusyError,
+    CkptzError,
+    OutOfSpaceError,
+    SourceChangedError,
+    UnsafePathError,
+    WriteError,
+)
 from ckptz.mapped import MappedOutput, open_output, pwrite_views
-from ckptz.meta import FileMeta, apply_fd, create_mode
+from ckptz.meta import FileMeta, apply_fd, create_mode, is_root
 
 try:
     import fcntl
@@ -180,6 +194,99 @@ class FileIdentity:
             raise SourceChangedError((self.label,))
 
 
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC
+
+#: The output roots of the runs in progress (absolute paths) and a descriptor of each.
+_ROOTS: dict[str, int] = {}
+_ROOTS_LOCK = threading.Lock()
+
+
+@contextmanager
+def confined(roots: Iterable[Path]) -> Iterator[None]:
+    """For the block, every folder below one of ``roots`` (existing folders a run writes in)
+    is opened from the root one component at a time, never through a symlink
+    (:func:`open_folder`). The roots themselves are opened now, as named."""
+    mine: list[str] = []
+    try:
+        for root in roots:
+            try:
+                fd = os.open(root, _FOLDER_FLAGS)
+            except OSError:
+                continue  # not a folder (a file source, written beside): nothing to confine
+            key = os.path.abspath(root)
+            with _ROOTS_LOCK:
+                if key in _ROOTS:
+                    os.close(fd)
+                    continue
+                _ROOTS[key] = fd
+            mine.append(key)
+        yield
+    finally:
+        with _ROOTS_LOCK:
+            for key in mine:
+                os.close(_ROOTS.pop(key))
+
+
+def _root_of(folder: str) -> tuple[str, int] | None:
+    """The deepest confined root holding ``folder`` (an absolute path), with its descriptor."""
+    with _ROOTS_LOCK:
+        best = None
+        for key, fd in _ROOTS.items():
+            if (folder == key or folder.startswith(key.rstrip(os.sep) + os.sep)) and (
+                best is None or len(key) > len(best[0])
+            ):
+                best = (key, fd)
+        return None if best is None else (best[0], os.dup(best[1]))
+
+
+def open_folder(folder: Path, *, create: bool = True) -> int:
+    """A new descriptor of the output folder ``folder``, made first (with its parents) where
+    ``create``. Below a confined root (:func:`confined`) each component is opened with
+    ``O_NOFOLLOW`` from the root's descriptor; elsewhere the path is opened as named.
+
+    Raises:
+        UnsafePathError: a component below the root is a symlink or not a folder.
+        OSError: the folder cannot be made or opened.
+    """
+    absolute = os.path.abspath(folder)
+    found = _root_of(absolute)
+    if found is None:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        return os.open(folder, _FOLDER_FLAGS)
+    key, fd = found
+    try:
+        for part in Path(absolute[len(key) :]).parts:
+            if part == os.sep:
+                continue
+            if create:
+                with suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            try:
+                inner = os.open(part, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePathError(
+                        "an output folder was replaced by a symlink or a file during the run;"
+                        " nothing is written through it",
+                        path=absolute,
+                        hint="check who else writes there, then run again",
+                    ) from None
+                raise
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _fsync_fd(fd: int) -> None:
+    with suppress(OSError):
+        os.fsync(fd)
+
+
 def fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -193,11 +300,18 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def os_error(exc: OSError, path: Path) -> OutOfSpaceError | WriteError:
-    """Turn an OSError from writing ``path`` into ckptz's error with a hint."""
+def os_error(exc: OSError, path: Path) -> CkptzError:
+    """Turn an OSError from writing ``path`` into ckptz's error with a hint (one of ckptz's
+    own is kept as it is)."""
+    if isinstance(exc, CkptzError):
+        return exc
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        # A check of ckptz's own (check_room) says how much is missing; the kernel's words do not.
+        detail = exc.strerror if exc.strerror and exc.strerror != os.strerror(exc.errno) else None
         return OutOfSpaceError(
-            "no space left on the device", path=str(path), hint="free space and run the same command again"
+            f"no space left on the device ({detail})" if detail else "no space left on the device",
+            path=str(path),
+            hint="free space and run the same command again",
         )
     reason = exc.strerror or str(exc)
     return WriteError(f"cannot write ({reason})", path=str(path), hint="check permissions and free space")
@@ -217,8 +331,21 @@ def atomic_output(
     """
     tmp = temp_path(final)
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        f = _open_temp(tmp, create_mode(meta))
+        folder = open_folder(final.parent)
+    except OSError as exc:
+        raise os_error(exc, final) from None
+    try:
+        yield from _atomic_output_in(folder, final, tmp, meta, read)
+    finally:
+        os.close(folder)
+
+
+def _atomic_output_in(
+    folder: int, final: Path, tmp: Path, meta: FileMeta | None, read: FileIdentity | None
+) -> Iterator[tuple[BinaryIO, Path]]:
+    """:func:`atomic_output` once its folder is open as ``folder``."""
+    try:
+        f = _open_temp(tmp, create_mode(meta), folder)
     except OSError as exc:
         raise os_error(exc, final) from None
     try:
@@ -243,15 +370,15 @@ def atomic_output(
             f.close()
         if read is not None:
             read.check()  # the last moment before the output takes its name
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
+        os.replace(tmp.name, final.name, src_dir_fd=folder, dst_dir_fd=folder)
+        _fsync_fd(folder)
     except OSError as exc:
-        _unlink_quietly(tmp)
-        if exc.filename is not None and exc.filename not in (str(tmp), str(final)):
+        _unlink_quietly(tmp, folder)
+        if exc.filename is not None and exc.filename not in (str(tmp), str(final), tmp.name, final.name):
             raise  # reading some other file failed: not a write error, keep its own name
         raise os_error(exc, final) from None
     except BaseException:
-        _unlink_quietly(tmp)
+        _unlink_quietly(tmp, folder)
         raise
 
 
@@ -275,10 +402,12 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
         advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-def _open_temp(tmp: Path, mode: int = 0o666) -> BinaryIO:
-    """Create the temporary file (exclusive) with ``mode``; tests replace this to inject write faults."""
+def _open_temp(tmp: Path, mode: int = 0o666, folder: int | None = None) -> BinaryIO:
+    """Create the temporary file (exclusive, never through a symlink) with ``mode``, in the
+    open ``folder`` where given; tests replace this to inject write faults."""
     # Readable too: compressing in place reads the container back before it is renamed.
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+    fd = os.open(tmp if folder is None else tmp.name, flags, mode, dir_fd=folder)
     return os.fdopen(fd, "wb")
 
 
@@ -305,33 +434,61 @@ def copy_file(src: Path, final: Path, tick: Callable[[int], object] | None = Non
 
 def link_file(existing: Path, final: Path) -> None:
     """Make ``final`` a hard link to ``existing``, atomically (a link under a temp name, renamed)."""
-    _make_and_rename(lambda tmp: os.link(existing, tmp), final)
-    fsync_dir(final.parent)
+
+    def make(name: str, folder: int) -> None:
+        source = open_folder(existing.parent, create=False)
+        try:
+            os.link(existing.name, name, src_dir_fd=source, dst_dir_fd=folder, follow_symlinks=False)
+        finally:
+            os.close(source)
+
+    _make_and_rename(make, final)
 
 
-def make_symlink(text: str, final: Path) -> None:
-    """Make ``final`` a symlink whose target is ``text`` (never resolved), atomically."""
-    _make_and_rename(lambda tmp: os.symlink(text, tmp), final)
+def make_symlink(text: str, final: Path, meta: FileMeta | None = None) -> None:
+    """Make ``final`` a symlink whose target is ``text`` (never resolved), atomically, with
+    ``meta``'s mtime (and owner, as root) where given."""
+
+    def make(name: str, folder: int) -> None:
+        os.symlink(text, name, dir_fd=folder)
+        if meta is not None:
+            if is_root():
+                os.chown(name, meta.uid, meta.gid, dir_fd=folder, follow_symlinks=False)
+            if os.utime in os.supports_follow_symlinks and os.utime in os.supports_dir_fd:
+                os.utime(name, ns=(meta.mtime_ns, meta.mtime_ns), dir_fd=folder, follow_symlinks=False)
+
+    _make_and_rename(make, final)
 
 
-def _make_and_rename(make: Callable[[Path], None], final: Path) -> None:
-    """``make`` an entry under a temp name beside ``final`` and rename it there (removed on failure)."""
+def _make_and_rename(make: Callable[[str, int], None], final: Path) -> None:
+    """``make`` an entry under a temp name in ``final``'s open folder and rename it there
+    (removed on failure); the folder is fsynced after."""
     tmp = temp_path(final)
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        make(tmp)
-        os.replace(tmp, final)
+        folder = open_folder(final.parent)
+    except OSError as exc:
+        raise os_error(exc, final) from None
+    try:
+        make(tmp.name, folder)
+        os.replace(tmp.name, final.name, src_dir_fd=folder, dst_dir_fd=folder)
+        _fsync_fd(folder)
     except BaseException as exc:
-        _unlink_quietly(tmp)
+        _unlink_quietly(tmp, folder)
         if isinstance(exc, OSError):
             raise os_error(exc, final) from None
         raise
+    finally:
+        os.close(folder)
 
 
 def remove(path: Path) -> None:
     """Remove a file that is safely represented elsewhere, and make that durable."""
-    os.unlink(path)
-    fsync_dir(path.parent)
+    folder = open_folder(path.parent, create=False)
+    try:
+        os.unlink(path.name, dir_fd=folder)
+        _fsync_fd(folder)
+    finally:
+        os.close(folder)
 
 
 def remove_read(read: FileIdentity, made: Path, *, relinked: bool = False) -> None:
@@ -344,15 +501,15 @@ def remove_read(read: FileIdentity, made: Path, *, relinked: bool = False) -> No
         OSError: the removal failed.
     """
     if not read.holds(relinked=relinked):
-        _unlink_quietly(made)
-        fsync_dir(made.parent)
+        with suppress(OSError):
+            remove(made)
         raise SourceChangedError((read.label,))
     remove(read.path)
 
 
-def _unlink_quietly(path: Path) -> None:
+def _unlink_quietly(path: Path, folder: int | None = None) -> None:
     with suppress(OSError):
-        os.unlink(path)
+        os.unlink(path if folder is None else path.name, dir_fd=folder)
 
 
 def expect_size(fd: int, size: int) -> None:
@@ -366,6 +523,28 @@ def expect_size(fd: int, size: int) -> None:
     mapped = _MAPPED.get(fd)
     if mapped is not None:
         mapped.expect(size)
+    else:
+        check_room(fd, size)
+
+
+def check_room(fd: int, size: int) -> None:
+    """Refuse to start writing ``fd`` to ``size`` bytes where its file system has less free
+    space than that: a container may declare any size (a few hundred bytes of constant
+    frames can claim terabytes), and a restore must fail before writing, not fill the disk.
+
+    Raises:
+        OSError: ``ENOSPC``, naming both sizes.
+    """
+    try:
+        have = os.fstat(fd).st_size
+        vfs = os.fstatvfs(fd)
+    except OSError:
+        return  # no figures to judge by: writing will say if there is no room
+    # Root may use the blocks kept back for it; anyone else only those available to all.
+    blocks = vfs.f_bfree if is_root() else vfs.f_bavail
+    free = blocks * vfs.f_frsize
+    if size - have > free:
+        raise OSError(errno.ENOSPC, f"the file needs {size:,} bytes and its file system has {free:,} free")
 
 
 @contextmanager

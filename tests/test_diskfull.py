@@ -44,7 +44,7 @@ def _full_disk_after(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     real = safeio.pwrite_all
     lock = threading.Lock()
 
-    def open_temp(tmp: Path, mode: int = 0o666) -> BinaryIO:
+    def open_temp(tmp: Path, mode: int = 0o666, folder: int | None = None) -> BinaryIO:
         # Readable too, as the real temp file is: a restore in place reads back what it writes.
         return io.BufferedWriter(_FullDisk(tmp, "x+"))
 
@@ -122,7 +122,7 @@ def test_enospc_to_output_folder(folder: Path, tmp_path: Path, monkeypatch: pyte
 def test_eacces_on_destination(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     want = tree_digests(folder)
 
-    def refuse(tmp: Path, mode: int = 0o666) -> BinaryIO:
+    def refuse(tmp: Path, mode: int = 0o666, folder: int | None = None) -> BinaryIO:
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp))
 
     monkeypatch.setattr(safeio, "_open_temp", refuse)

@@ -100,8 +100,8 @@ def test_outputs_are_created_private(tree: Path, tmp_path: Path, monkeypatch: py
     real = safeio._open_temp
     seen: dict[str, int] = {}
 
-    def spy(tmp: Path, mode: int = 0o666):  # type: ignore[no-untyped-def]
-        f = real(tmp, mode)
+    def spy(tmp: Path, mode: int = 0o666, folder: int | None = None):  # type: ignore[no-untyped-def]
+        f = real(tmp, mode, folder)
         seen[tmp.name] = _mode(tmp)
         return f
 

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from ckptz.container import MAGIC, read_index
+from ckptz.container import read_index
 from ckptz.digest import Hasher
 from ckptz.engines import open_engine
 from ckptz.engines.base import Engine
 from ckptz.errors import CorruptionError, UsageError
+from ckptz.library.sources import looks_like_container
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.whole import seek_position
 
@@ -237,13 +238,16 @@ class ContainerReader(io.RawIOBase):
 
 
 def is_container(path: str | os.PathLike[str]) -> bool:
-    """Whether the file at ``path`` starts like a ``.ckptz`` container (by content, not name).
+    """Whether the file at ``path`` is to be read as a ``.ckptz`` container: it starts with
+    the magic, or is a damaged or truncated container (first bytes near the magic, the
+    footer's magic at its end, or a ``.ckptz`` name), which then raises
+    :class:`~ckptz.errors.CorruptionError` when opened rather than read as a plain file.
 
     Raises:
         OSError: ``path`` cannot be read.
     """
     with builtins.open(path, "rb") as f:
-        return f.read(len(MAGIC)) == MAGIC
+        return looks_like_container(f, os.fspath(path))
 
 
 def open(

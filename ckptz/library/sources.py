@@ -1,7 +1,10 @@
 """What a load function was given: a path or a file object, a container or a plain file.
 
-Containers are told apart by their first bytes, never by their name, so a container saved
-under ``model.pt`` loads, and so does a plain file named ``x.ckptz``.
+Containers are told apart by their bytes first, so a container saved under ``model.pt``
+loads. A file is taken for a container where its first bytes are near the magic or its last
+are the footer's, or it is named ``x.ckptz`` (:func:`~ckptz.container.judged_container`):
+a damaged container then raises :class:`~ckptz.errors.CorruptionError` instead of being
+handed to ``torch.load`` as the plain file it is not.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, BinaryIO, cast
 
-from ckptz.container import MAGIC
+from ckptz.container import END_MAGIC, MAGIC, judged_container
 from ckptz.runs.streams import spooled
 
 Source = str | os.PathLike[str] | IO[bytes]
@@ -51,7 +54,7 @@ def opened(f: Source) -> Iterator[Opened]:
     if isinstance(f, str | os.PathLike):
         name = os.fspath(f)
         with builtins.open(f, "rb") as file:
-            if file.read(len(MAGIC)) == MAGIC:
+            if looks_like_container(file, name):
                 yield Opened(name, cast(BinaryIO, file), None)
                 return
         yield Opened(name, None, f)
@@ -61,16 +64,29 @@ def opened(f: Source) -> Iterator[Opened]:
         with spooled(cast(BinaryIO, f)) as copy, opened(copy) as inner:
             yield Opened(name, inner.container, inner.plain)
         return
-    pos = f.tell()
-    head = f.read(len(MAGIC))
-    f.seek(pos)
-    if head != MAGIC:
+    if not looks_like_container(f, name):
         yield Opened(name, None, f)
-    elif pos == 0 and _regular(f):
+    elif f.tell() == 0 and _regular(f):
         yield Opened(name, cast(BinaryIO, f), None)
     else:
         with spooled(cast(BinaryIO, f)) as copy, builtins.open(copy, "rb") as file:
             yield Opened(name, cast(BinaryIO, file), None)
+
+
+def looks_like_container(f: IO[bytes], name: str = "") -> bool:
+    """Whether the seekable ``f``, from its position, is to be read as a container
+    (:func:`~ckptz.container.judged_container`); its position is left where it was."""
+    pos = f.tell()
+    try:
+        head = f.read(len(MAGIC))
+        end = f.seek(0, os.SEEK_END)
+        tail = b""
+        if end - pos >= len(MAGIC) + len(END_MAGIC):
+            f.seek(end - len(END_MAGIC))
+            tail = f.read(len(END_MAGIC))
+    finally:
+        f.seek(pos)
+    return judged_container(head, tail, name)
 
 
 def _seekable(f: IO[bytes]) -> bool:
@@ -95,4 +111,4 @@ def source_name(f: Source) -> str:
     return name if isinstance(name, str) else "<stream>"
 
 
-__all__ = ["Opened", "Source", "opened", "source_name"]
+__all__ = ["Opened", "Source", "looks_like_container", "opened", "source_name"]

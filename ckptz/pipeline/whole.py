@@ -16,6 +16,7 @@ import io
 import itertools
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
@@ -23,8 +24,10 @@ import numpy as np
 from ckptz.container import Index, read_index
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import OutOfMemoryError
 from ckptz.pipeline.plan import Frame
 from ckptz.pipeline.restore import FileSink, restore
+from ckptz.safeio import check_room, os_error
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -97,7 +100,7 @@ def restore_to_memory(
 ) -> np.ndarray:
     """The original file's bytes, decoded into one new uint8 array."""
     index = index or read_index(container, path)
-    buf = np.empty(index.source_size, np.uint8)
+    buf = memory_for(index.source_size, path)
     restore_into(container, path, [(0, buf)], index=index, engine=engine)
     return buf
 
@@ -108,12 +111,32 @@ def restore_to_file(
     """Decode the container into the empty file ``out`` (written at its offsets, in parallel),
     with ``engine`` (default: the CPU's)."""
     index = index or read_index(container, path)
+    try:
+        check_room(out.fileno(), index.source_size)  # a container may declare any size
+    except OSError as exc:
+        raise os_error(exc, Path(getattr(out, "name", path))) from None
     out.truncate(index.source_size)
     if engine is not None:
         restore(container, path, engine, FileSink(out), index=index)
         return
     with CpuEngine() as cpu:
         restore(container, path, cpu, FileSink(out), index=index)
+
+
+def memory_for(size: int, path: str) -> np.ndarray:
+    """An uninitialised buffer of ``size`` bytes for a restored file.
+
+    Raises:
+        OutOfMemoryError: the process cannot hold it (a container may declare any size).
+    """
+    try:
+        return np.empty(size, np.uint8)
+    except MemoryError:
+        raise OutOfMemoryError(
+            f"the restored file needs {size:,} bytes of memory, more than this process can have",
+            path=path,
+            hint="load it with mmap=True, or decompress it to a file",
+        ) from None
 
 
 def seek_position(pos: int, size: int, offset: int, whence: int) -> int:

@@ -34,7 +34,7 @@ from ckptz.engines import (
 )
 from ckptz.engines.base import Engine
 from ckptz.errors import CkptzError, SourceChangedError, StoppedError, UsageError
-from ckptz.meta import FileMeta, apply_link, apply_path
+from ckptz.meta import FileMeta, apply_fd
 from ckptz.pipeline.workers import tuned_interpreter
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
@@ -43,9 +43,11 @@ from ckptz.runs.results import Reporter, Summary
 from ckptz.runs.tree import Tree, expand, scan
 from ckptz.safeio import (
     FileIdentity,
+    confined,
     copy_file,
     link_file,
     make_symlink,
+    open_folder,
     os_error,
     remove_read,
     remove_temp,
@@ -308,7 +310,8 @@ def locked(p: Plan) -> Iterator[None]:
     """Create the output folders (no more open than their sources) and lock everything."""
     for src_dir, out_dir in p.dirs:
         _mkdir(out_dir, src_dir)
-    with hold(p.writes, p.reads):
+    # From here on, folders below the roots are never entered through a symlink.
+    with hold(p.writes, p.reads), confined(w for w in p.writes if w.is_dir()):
         yield
 
 
@@ -423,7 +426,11 @@ def carry(
         reporter.file_done(j.label)
     for src_dir, out_dir in reversed(p.dirs):
         try:
-            apply_path(out_dir, FileMeta.of(src_dir.stat()))
+            folder = open_folder(out_dir, create=False)
+            try:
+                apply_fd(folder, FileMeta.of(src_dir.stat()))
+            finally:
+                os.close(folder)
         except OSError as exc:
             raise os_error(exc, out_dir) from None
 
@@ -432,8 +439,7 @@ def _carry_one(j: Job, stop: Stop) -> None:
     if j.kind == "symlink":
         # Recreated verbatim, never followed: a link that points outside the folder is the
         # user's data, and nothing is ever read or written through it.
-        make_symlink(os.readlink(j.entry.path), j.target)
-        apply_link(j.target, FileMeta.of(j.entry.path.lstat()))
+        make_symlink(os.readlink(j.entry.path), j.target, FileMeta.of(j.entry.path.lstat()))
     else:
         copy_file(j.entry.path, j.target, stop.ticker(ignore_progress))
 
