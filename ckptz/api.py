@@ -102,6 +102,7 @@ def compress(
     series: bool = False,
     keyframe_every: int = 8,
     processes: int | None = None,
+    skip_unreadable: bool = False,
 ) -> Summary:
     """Compress checkpoint files and folders.
 
@@ -139,9 +140,12 @@ def compress(
         processes: a large file coded on a GPU is compressed by this many processes at
             once, each the streams of a part of its bytes (default: 2 where that pays, see
             :func:`~ckptz.runs.run.split_processes`; 1: never split).
+        skip_unreadable: leave out the files that cannot be read (listed in the summary's
+            actions as skipped, ``cannot be read``) instead of refusing to run.
 
     Raises:
-        CkptzError: bad arguments, unreadable input, a failed write, another run on the same
+        CkptzError: bad arguments, unreadable input (``UnreadableError``: files this user
+            cannot read, before anything is done), a failed write, another run on the same
             files (``BusyError``), a stop (``StoppedError``), or in place files that changed
             after they were read (``SourceChangedError``, once the other files are done: each
             kept as it is now, without a container); nothing is lost.
@@ -158,7 +162,14 @@ def compress(
     selection = Selection(tuple(include), tuple(exclude))
     if series and team is not SOLO:
         raise UsageError("--series runs in one process", hint="run it without torchrun or --nproc")
-    p = plan(trees, out, compress=True, selection=selection, force=force or discard)
+    p = plan(
+        trees,
+        out,
+        compress=True,
+        selection=selection,
+        force=force or discard,
+        skip_unreadable=skip_unreadable,
+    )
     mine = team.share(p)
     warm_gpu(device, codec, writes=True, job_bytes=mine.converted_bytes)  # a large job's GPU, likewise
     root = ", ".join(str(t.root) for t in trees)
@@ -497,6 +508,7 @@ def decompress(
     discard: bool = False,
     team: Team = SOLO,
     processes: int | None = None,
+    skip_unreadable: bool = False,
 ) -> Summary:
     """Restore every container under the sources to its original bytes and metadata
     (``discard``: decode and check everything, write nothing).
@@ -509,11 +521,14 @@ def decompress(
     digest, given the original's permission bits and mtime (and owner, as root), and only
     then renamed; in place, the container is removed after that.
 
+    A file that cannot be read is refused before anything is done (``UnreadableError``), or
+    with ``skip_unreadable`` left out and listed in the summary's actions as skipped.
+
     Raises:
-        CkptzError: bad arguments, a file that is not a container, a damaged container, a
-            failed write, another run on the same files, a stop, or in place containers that
-            changed after they were read (``SourceChangedError``, once the other files are
-            done: each kept as it is now, nothing restored from it).
+        CkptzError: bad arguments, a file that is not a container or cannot be read, a
+            damaged container, a failed write, another run on the same files, a stop, or in
+            place containers that changed after they were read (``SourceChangedError``, once
+            the other files are done: each kept as it is now, nothing restored from it).
     """
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
@@ -522,7 +537,14 @@ def decompress(
     out = Output.parse(None if discard else dst, in_place or discard, len(trees), trees[0].is_dir)
     in_place = in_place and not discard
     selection = Selection(tuple(include), tuple(exclude))
-    p = plan(trees, out, compress=False, selection=selection, force=force or discard)
+    p = plan(
+        trees,
+        out,
+        compress=False,
+        selection=selection,
+        force=force or discard,
+        skip_unreadable=skip_unreadable,
+    )
     mine = team.share(p)
     root = ", ".join(str(t.root) for t in trees)
     codec = decoding_codec(mine.converts + mine.finishes, device)
@@ -680,9 +702,9 @@ def inspect(path: str | Path | Sequence[str | Path]) -> Summary:
             if e.kind == "container":
                 files.append(_container_stats(e.path, label))
                 _check_chain(e.path, label)
-            elif e.kind == "checkpoint" or (e.kind == "other" and not t.is_dir):
+            elif e.kind == "checkpoint" or (e.kind in ("other", "unreadable") and not t.is_dir):
                 files.append(layout_stats(label, read_layout(e.path, label)))
-            elif e.kind == "other":
+            elif e.kind in ("other", "unreadable"):
                 others.append(label)
     return Summary(
         "inspect",
@@ -702,6 +724,7 @@ def verify(
     device: str | None = None,
     reporter: Reporter | None = None,
     team: Team = SOLO,
+    skip_unreadable: bool = False,
 ) -> VerifyResult:
     """Check that restoring ``path`` gives exactly ``against`` (or, alone, that it decodes).
 
@@ -709,7 +732,9 @@ def verify(
     with equal bytes and permission bits: containers are decoded and compared in a stream,
     plain files byte for byte, symlinks by target. Missing, extra and changed files each get
     an entry. Without it, every container is decoded and its checksums checked, and other
-    files are listed as not checked. Failures are recorded per file, not raised.
+    files are listed as not checked. Failures are recorded per file, not raised: a file
+    that cannot be read is ``unreadable`` (a failure), or with ``skip_unreadable``
+    ``skipped``.
     """
     reporter = reporter or SilentReporter()
     start = time.perf_counter()
@@ -722,7 +747,7 @@ def verify(
         engine, notices = stack.enter_context(
             engine_session(device, threads, 3, "auto", None, reporter, announce=False)
         )
-        checks = verify_trees(trees, base, engine, reporter, stop, team)
+        checks = verify_trees(trees, base, engine, reporter, stop, team, skip_unreadable)
     return VerifyResult(
         ", ".join(str(t.root) for t in trees),
         tuple(checks),

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from ckptz import __version__, _signals
 from ckptz.devices import warm_named_gpu
-from ckptz.errors import CkptzError, PeerFailedError, StoppedError, UsageError
+from ckptz.errors import CkptzError, PeerFailedError, StoppedError, UnreadableError, UsageError
 from ckptz.runs.progress import Progress
 
 if TYPE_CHECKING:
@@ -124,6 +124,13 @@ Exclude = Annotated[
         metavar="PATTERN",
     ),
 ]
+SkipUnreadable = Annotated[
+    bool,
+    typer.Option(
+        "--skip-unreadable",
+        help="Leave out files this user cannot read (each named on stderr) instead of refusing to run.",
+    ),
+]
 Nproc = Annotated[
     int | None,
     typer.Option(
@@ -160,6 +167,9 @@ def _errors(fn: F) -> F:
                 exc = OSError(exc.errno, "stdout was closed before everything was written")
             if isinstance(exc, StoppedError):
                 code = _signals.exit_code()
+            if isinstance(exc, UnreadableError):
+                for path, why in exc.files:  # one line each: which files, and why
+                    stderr.print(f"ckptz: {path}: {why}", soft_wrap=True)
             where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
             text = str(exc) if isinstance(exc, CkptzError) else f"{where}{exc.strerror or exc}"
             if isinstance(exc, StoppedError):
@@ -345,6 +355,7 @@ def compress(
             metavar="K",
         ),
     ] = 8,
+    skip_unreadable: SkipUnreadable = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
     no_progress: NoProgress = False,
@@ -393,6 +404,7 @@ def compress(
             reporter=ui,
             series=series,
             keyframe_every=keyframe_every,
+            skip_unreadable=skip_unreadable,
         )
     if _leads(world):
         _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
@@ -436,6 +448,7 @@ def decompress(
     memory: Memory = None,
     force: Force = False,
     dry_run: DryRun = False,
+    skip_unreadable: SkipUnreadable = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
     no_progress: NoProgress = False,
@@ -484,6 +497,7 @@ def decompress(
             exclude=exclude or (),
             dry_run=dry_run,
             reporter=ui,
+            skip_unreadable=skip_unreadable,
         )
     if _leads(world):
         _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
@@ -517,6 +531,7 @@ def verify(
     threads: Threads = None,
     device: Device = None,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="List only the files that failed.")] = False,
+    skip_unreadable: SkipUnreadable = False,
     no_progress: NoProgress = False,
     as_json: Json = False,
     nproc: Nproc = None,
@@ -533,9 +548,21 @@ def verify(
     world = _world(nproc)
     ui = _progress(quiet, no_progress, False, world)
     with ui:
-        result = _call(world, api.verify, paths, against, threads=threads, device=device, reporter=ui)
+        result = _call(
+            world,
+            api.verify,
+            paths,
+            against,
+            threads=threads,
+            device=device,
+            reporter=ui,
+            skip_unreadable=skip_unreadable,
+        )
     if _leads(world):
         _emit(verify_json(result) if as_json else None, verify_view(result, problems_only=quiet), as_json)
+        for c in result.files:
+            if c.status in ("unreadable", "skipped"):  # one line each, also beside --json
+                stderr.print(f"ckptz: {c.error}" + "; skipped" * (c.status == "skipped"), soft_wrap=True)
         broken = [c for c in result.files if c.status == "unreferenced"]
         if broken:
             more = f" (and {len(broken) - 1} more files)" if len(broken) > 1 else ""

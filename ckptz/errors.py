@@ -160,6 +160,26 @@ class WriteError(CkptzError, OSError):
     """Writing failed for another OS reason (permissions, read-only filesystem)."""
 
 
+class UnreadableError(CkptzError, PermissionError):
+    """Files a run needs cannot be read; nothing was done.
+
+    Attributes:
+        files: ``(path, why)`` of each.
+    """
+
+    def __init__(self, files: tuple[tuple[str, str], ...]) -> None:
+        self.files = files
+        n = len(files)
+        super().__init__(
+            f"{n} file{'s' * (n != 1)} cannot be read; nothing was done",
+            path=files[0][0] if n == 1 else None,
+            hint="give this user read access, or pass --skip-unreadable to leave them out",
+        )
+
+    def __reduce__(self) -> tuple[type[UnreadableError], tuple[tuple[tuple[str, str], ...]]]:
+        return type(self), (self.files,)  # pickled (between processes) as it was made
+
+
 class NothingToDoError(CkptzError, FileNotFoundError):
     """The sources hold nothing the command could work on (no checkpoint, no container, no match)."""
 

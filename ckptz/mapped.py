@@ -23,6 +23,14 @@ was reserved past the end. Each write maps only its own range and unmaps it once
 the mapped pages are never more than the writes in flight (and count as the process's
 memory only meanwhile).
 
+Reserving ahead must never fail a run that ``pwrite``\ s would have fitted (several
+outputs written at once each ran ahead into the room the others' writes needed): it runs
+at most an :data:`AHEAD_SHARE` of the free space ahead, and where a write's own bytes
+cannot be reserved, every output of the process on that file system gives back what it
+reserved past its end, none runs ahead there any more while they are open, and the
+write's bytes are reserved again. Only when that fails too does the write fail with
+``ENOSPC``: then the file system cannot hold them.
+
 A file whose final size is known before it is written (a restore: the container records
 it) is sized at once (:meth:`MappedOutput.expect`: a file system without that much free
 space fails there, before any byte is written) and written through mappings of
@@ -45,6 +53,7 @@ import os
 import struct
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 
 from ckptz import trace
@@ -57,6 +66,9 @@ FILE_SYSTEMS = {0x01021994: "tmpfs"}
 MIN_BYTES = 1 << 20
 #: Bytes reserved at once ahead of the writes (fewer, larger ``fallocate`` calls).
 STEP = 256 << 20
+#: Reserving ahead takes at most this share of the file system's free space, so that the
+#: outputs written beside it find room for their own writes.
+AHEAD_SHARE = 8
 #: Bytes of a file of known size mapped at once (:meth:`MappedOutput.expect`).
 WINDOW = 64 << 20
 
@@ -123,6 +135,30 @@ def open_output(fd: int) -> MappedOutput | None:
     return MappedOutput(fd)
 
 
+#: The outputs of this process written through mappings now: one that has no room for its
+#: own bytes makes the others on its file system give back what they reserved ahead.
+_LIVE: weakref.WeakSet[MappedOutput] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+#: File systems (``st_dev``) found short of room: outputs on them reserve no more ahead
+#: (the room given back stays for the writes that need it) until none is open there.
+_SHORT: set[int] = set()
+
+
+def _give_back_ahead(but: MappedOutput | None, fd: int) -> None:
+    """Have every live output on the file system of ``fd`` other than ``but`` give back the
+    space it reserved ahead, and none reserve ahead there from now on."""
+    device = os.fstat(fd).st_dev
+    with _LIVE_LOCK:
+        _SHORT.add(device)
+        others = [o for o in _LIVE if o is not but and o.device == device]
+    for other in others:
+        other.give_back_ahead()
+
+
+def _is_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 class MappedOutput:
     r"""One regular file written at known offsets by many threads (see the module docstring).
 
@@ -144,6 +180,11 @@ class MappedOutput:
         self._windows: dict[int, _Window] = {}
         #: Reserves the space of a file of known size (:meth:`expect`).
         self._reserver: _Reserver | None = None
+        st = os.fstat(fd)
+        self.device, self._inode = st.st_dev, (st.st_dev, st.st_ino)
+        self._closed = False
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     def expect(self, size: int) -> None:
         """The file will be ``size`` bytes: size it now, start reserving its space in the
@@ -159,9 +200,9 @@ class MappedOutput:
             return
         with self._lock:
             missing = size - self.reserved
-        if missing > 0:
-            free = os.fstatvfs(self.fd)
-            if free.f_bavail * free.f_frsize < missing:
+        if missing > 0 and _free_bytes(self.fd) < missing:
+            _give_back_ahead(self, self.fd)  # other outputs may hold it only reserved ahead
+            if _free_bytes(self.fd) < missing:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self.grow(size)
         self.final = size
@@ -180,7 +221,13 @@ class MappedOutput:
             return
         if n < MIN_BYTES:
             self.grow(offset + n)  # every change of the size under the lock, never down
-            pwrite_views(self.fd, list(views), offset)
+            try:
+                pwrite_views(self.fd, list(views), offset)
+            except OSError as exc:
+                if not _is_full(exc):
+                    raise
+                _give_back_ahead(self, self.fd)  # the room may be held only reserved ahead
+                pwrite_views(self.fd, list(views), offset)
             return
         self._make_room(offset + n)
         self._copy(views, offset, n)
@@ -188,6 +235,11 @@ class MappedOutput:
     def close(self) -> None:
         """Stop reserving, and unmap the windows left (of a file not written whole, or a
         failed run); once no write is under way."""
+        self.give_back_ahead(closing=True)  # before it leaves _LIVE: no room held unseen
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+            if not any(o.device == self.device for o in _LIVE):
+                _SHORT.discard(self.device)  # the outputs that were short of room are done
         if self._reserver is not None:
             self._reserver.stop()  # within one STEP: the descriptor must outlive its calls
             self.reserved = max(self.reserved, self._reserver.prefix())
@@ -207,27 +259,71 @@ class MappedOutput:
             self.reserved = self.size = size
 
     def _make_room(self, end: int) -> None:
-        """Reserve the space of every byte before ``end`` (up to :data:`STEP` bytes more), and
-        make the file at least that long, so that a mapping of it can be written."""
+        """Reserve the space of every byte before ``end`` (and some ahead, see the module
+        docstring), and make the file at least that long, so that a mapping of it can be
+        written.
+
+        Raises:
+            OSError: ``ENOSPC`` where the file system cannot hold the bytes before ``end``.
+        """
         with self._lock:
-            if end > self.reserved:
-                ahead = max(end, self.reserved + STEP)
+            if self._reserve_to(end, ahead=True):
+                return
+        _give_back_ahead(self, self.fd)  # other outputs may hold the room only reserved ahead
+        with self._lock:
+            if not self._reserve_to(end, ahead=False):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def _reserve_to(self, end: int, *, ahead: bool) -> bool:
+        """Under the lock: reserve up to ``end`` (and ahead, where asked and there is room)
+        and grow the file to ``end`` in the same hold of the lock, so that space reserved
+        for a write is below the file's end before anyone could give it back. False where
+        the file system has no room for the bytes before ``end``."""
+        if end > self.reserved:
+            wants = [end]
+            if ahead and self.device not in _SHORT:
+                run_ahead = self.reserved + min(STEP, _free_bytes(self.fd) // AHEAD_SHARE)
+                if run_ahead > end:
+                    wants.insert(0, run_ahead)
+            for want in wants:
                 try:
-                    reserve(self.fd, self.reserved, ahead - self.reserved)
+                    reserve(self.fd, self.reserved, want - self.reserved)
                 except OSError as exc:
-                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or ahead == end:
+                    if not _is_full(exc):
                         raise
-                    ahead = end  # no room to run ahead: reserve only what this write needs
-                    reserve(self.fd, self.reserved, ahead - self.reserved)
-                self.reserved = ahead
-        self.grow(end)
+                    continue
+                self.reserved = want
+                break
+            else:
+                return False
+        self._grow_locked(end)
+        return True
+
+    def give_back_ahead(self, *, closing: bool = False) -> None:
+        """Give back the space reserved past the file's end (another output needs it); a
+        later write past the end reserves again. Nothing once closed (``closing``: this is
+        the last time), as the caller closes the descriptor next."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = closing
+            if self.reserved <= self.size:
+                return
+            st = os.fstat(self.fd)
+            end = max(self.size, st.st_size)  # bytes written by other means too
+            if (st.st_dev, st.st_ino) == self._inode and self.reserved > end:
+                os.ftruncate(self.fd, end)  # frees the pages past the end
+                self.reserved = end
 
     def grow(self, end: int) -> None:
         """Make the file at least ``end`` bytes long."""
         with self._lock:
-            if end > self.size:
-                os.ftruncate(self.fd, end)
-                self.size = end
+            self._grow_locked(end)
+
+    def _grow_locked(self, end: int) -> None:
+        if end > self.size:
+            os.ftruncate(self.fd, end)
+            self.size = end
 
     def _to_windows(self, view: memoryview, offset: int) -> None:
         """Copy ``view`` to ``offset`` through the windows it falls in."""
@@ -286,6 +382,12 @@ class MappedOutput:
             del target
         finally:
             m.close()
+
+
+def _free_bytes(fd: int) -> int:
+    """Bytes the file system of ``fd`` has free for this user."""
+    free = os.fstatvfs(fd)
+    return free.f_bavail * free.f_frsize
 
 
 class _Reserver:
@@ -362,9 +464,16 @@ class _Reserver:
                 if self._stopping or k >= self._count:
                     return
             start = k * WINDOW
+            length = min(n * WINDOW, self._final - start)
             try:
                 with trace.span("reserve"):
-                    reserve(self._fd, start, min(n * WINDOW, self._final - start))
+                    try:
+                        reserve(self._fd, start, length)
+                    except OSError as exc:
+                        if not _is_full(exc):
+                            raise
+                        _give_back_ahead(None, self._fd)  # the room may be held only reserved ahead
+                        reserve(self._fd, start, length)
             except OSError as exc:
                 with self._cv:
                     self._error = exc
@@ -398,6 +507,7 @@ def pwrite_views(fd: int, views: list[memoryview], offset: int) -> None:
 
 
 __all__ = [
+    "AHEAD_SHARE",
     "FILE_SYSTEMS",
     "MIN_BYTES",
     "STEP",

@@ -19,6 +19,7 @@ from rich.text import Text
 from ckptz.accounting import ComponentStats, FileStats
 from ckptz.api import Action, Summary, VerifyResult
 from ckptz.container import SUFFIX
+from ckptz.runs.tree import UNREADABLE
 
 if TYPE_CHECKING:
     from ckptz.bench.benchmark import BenchResult, BenchRow
@@ -290,19 +291,22 @@ def actions_table(actions: tuple[Action, ...]) -> Table:
 
 
 def notes(actions: tuple[Action, ...], verbose: bool) -> list[str]:
-    """One line per skipped file with ``verbose``; else one line per kind of skip."""
+    """One line per skipped file with ``verbose``; else one line per kind of skip, but one
+    per file that could not be read (each may hold data the user expected converted)."""
     skips = [a for a in actions if a.kind in ("skip", "remove-stale") or (a.note and a.kind == "copy")]
+    unread = [a for a in skips if a.kind == "skip" and a.note and a.note.startswith(UNREADABLE)]
     if verbose:
-        return [f"{a.path}: {a.note}" for a in skips]
+        return [f"{a.path}: {a.note}" + "; skipped" * (a in unread) for a in skips]
+    skips = [a for a in skips if a not in unread]
     by_note = Counter(a.note for a in skips)
-    out = []
+    out = [f"{a.path}: {a.note}; skipped" for a in unread]
     for note, n in by_note.items():
         first = next(a.path for a in skips if a.note == note)
         out.append(f"{first}: {note}" if n == 1 else f"{n} files: {note} (e.g. {first}; -v lists them)")
     return out
 
 
-_STATUS_STYLE = {"ok": "green", "unchecked": "yellow"}
+_STATUS_STYLE = {"ok": "green", "unchecked": "yellow", "skipped": "yellow"}
 
 
 def verify_view(result: VerifyResult, problems_only: bool = False) -> RenderableType:
@@ -343,8 +347,10 @@ def verify_footer(result: VerifyResult) -> str:
             what += f"; {unchecked} not checked (" + (
                 "no --against to compare them)" if not result.against else "not regular files)"
             )
+        if counts.get("skipped"):
+            what += f"; {counts['skipped']} skipped (cannot be read)"
         return what
-    bad = {k: v for k, v in counts.items() if k not in ("ok", "unchecked")}
+    bad = {k: v for k, v in counts.items() if k not in ("ok", "unchecked", "skipped")}
     return f"{sum(bad.values())} of {len(result.files)} failed: " + ", ".join(
         f"{v} {k}" for k, v in sorted(bad.items())
     )
@@ -398,6 +404,7 @@ def summary_json(summary: Summary) -> dict[str, Any]:
             for i, f in enumerate(summary.files)
         ],
         "copied": list(summary.copied),
+        "skipped": [{"path": a.path, "reason": a.note} for a in summary.actions if a.kind == "skip"],
         "actions": [
             {"action": a.kind, "path": a.path, "target": a.target, "note": a.note} for a in summary.actions
         ],

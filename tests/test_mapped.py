@@ -365,3 +365,57 @@ def test_a_full_file_system_is_an_error_not_a_signal(tmp_path: Path) -> None:
     assert result.stdout.split() == ["error", "ENOSPC", str(1 << 20), "error", "ENOSPC", "0", "0"], (
         result.stdout + result.stderr
     )
+
+
+_BESIDE = r"""
+set -u
+mount -t tmpfs -o size=32m ckptz-test "$1" || exit 77
+"$PY" - "$1" "$2" <<'EOF'
+import shutil, sys
+from pathlib import Path
+from ckptz import api, mapped
+from ckptz.errors import CkptzError
+mapped.STEP = 30 << 20  # the tmpfs and the files scaled down by the same factor
+out = Path(sys.argv[1]) / "out"
+for attempt in range(4):
+    # Then each output runs ahead into all the free space: only giving it back lets the others write.
+    mapped.AHEAD_SHARE = 1 if attempt % 2 else 8
+    try:
+        api.compress(sys.argv[2], out, device="cpu", threads=2)
+    except CkptzError as exc:
+        print("error", exc)
+        break
+    shutil.rmtree(out)
+else:
+    print("fits")
+EOF
+"""
+
+
+@needs_linux
+def test_outputs_written_together_never_run_out_of_room_that_exists(tmp_path: Path) -> None:
+    """Several outputs compressed at once to a tmpfs with room for all of them: each reserved
+    :data:`~ckptz.mapped.STEP` ahead of its writes, and the first one's reservation left the
+    others without room ("no space left on the device" in most runs, never with
+    ``CKPTZ_MAPPED_WRITES=0``)."""
+    import torch
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    gen = torch.Generator().manual_seed(3)
+    for i in range(4):  # 4 x 4 MB of noise (stored as it is): 16 MB for 32 MiB of room
+        torch.save({"w": torch.randn(1_000_000, generator=gen)}, src / f"m{i}.pt")
+    result = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _BESIDE, "sh", str(mnt), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PY": sys.executable, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    if result.returncode == 77:
+        pytest.skip(f"cannot mount a private tmpfs here: {result.stderr.strip()[:200]}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["fits"], result.stdout + result.stderr

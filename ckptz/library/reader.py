@@ -66,16 +66,28 @@ class ContainerReader(io.RawIOBase):
         path: the container.
         device: where frames are decoded (``cpu`` by default; ``cuda[:N]``, ``auto``).
         cache_bytes: decoded frames kept for later reads.
+        fd: the container already open (``path`` then only names it): read through a
+            duplicate of it, so a container removed since it was opened still reads. Its
+            offset is moved while the index is read.
 
     Raises:
         ContainerError: ``path`` is not a container, or its index is damaged.
         OSError: ``path`` cannot be opened.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, device: str = "cpu", cache_bytes: int = CACHE_BYTES):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        device: str = "cpu",
+        cache_bytes: int = CACHE_BYTES,
+        fd: int | None = None,
+    ):
         super().__init__()
         self.name = os.fspath(path)
-        self._file: BinaryIO | None = builtins.open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._file: BinaryIO | None = (  # closed by close()
+            builtins.open(path, "rb") if fd is None else os.fdopen(os.dup(fd), "rb")  # noqa: SIM115
+        )
         self._engine: Engine | None = None
         try:
             self.index = read_index(self._file, self.name)

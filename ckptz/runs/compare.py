@@ -7,7 +7,8 @@ present on both sides with equal bytes and permission bits (``ok``), or ``missin
 whose reference, a newer checkpoint, is missing or changed). Containers are decoded and compared
 with the original in a stream, without writing anything; plain files are compared block by
 block. Without an original, every container is decoded and its checksums checked, and every
-other file is listed as ``unchecked``.
+other file is listed as ``unchecked``. A file that cannot be read is ``unreadable``, or
+``skipped`` where the caller asked to leave those out.
 """
 
 from __future__ import annotations
@@ -43,10 +44,21 @@ if TYPE_CHECKING:
     from ckptz.runs.results import Reporter
 
 CheckStatus = Literal[
-    "ok", "unchecked", "changed", "missing", "extra", "damaged", "undecodable", "unreferenced"
+    "ok",
+    "unchecked",
+    "skipped",
+    "changed",
+    "missing",
+    "extra",
+    "damaged",
+    "undecodable",
+    "unreferenced",
+    "unreadable",
 ]
 #: Verdicts that make ``verify`` fail.
-FAILING: frozenset[str] = frozenset({"changed", "missing", "extra", "damaged", "undecodable", "unreferenced"})
+FAILING: frozenset[str] = frozenset(
+    {"changed", "missing", "extra", "damaged", "undecodable", "unreferenced", "unreadable"}
+)
 _BLOCK = 8 << 20
 
 
@@ -107,11 +119,13 @@ def verify_trees(
     reporter: Reporter,
     stop: Stop,
     team: Team = SOLO,
+    skip_unreadable: bool = False,
 ) -> list[FileCheck]:
     """Verdicts for every name of ``trees`` (and, with ``base``, of the original).
 
     With several ranks (``team``), each decodes its share of the containers by bytes, and
-    rank 0 alone gives the verdicts that need no decoding.
+    rank 0 alone gives the verdicts that need no decoding. A file that cannot be read, on
+    either side, is ``unreadable``, or ``skipped`` with ``skip_unreadable``.
 
     Raises:
         UsageError: several trees with an original, or a folder against a file.
@@ -126,12 +140,14 @@ def verify_trees(
             for e in t.entries:
                 if e.kind == "container":
                     pairs.append(_Pair(prefix + e.rel, e, None))
+                elif e.kind == "unreadable":
+                    verdicts.append(_unreadable(prefix + e.rel, e, skip_unreadable))
                 elif e.kind != "temp":
                     why = "a symlink" if e.kind == "symlink" else "not a container"
                     verdicts.append(
                         FileCheck(prefix + e.rel, "unchecked", 0, f"{why}; give --against to compare it")
                     )
-        if not pairs:
+        if not pairs and not verdicts_of(verdicts, "unreadable", "skipped"):
             where = ", ".join(str(t.root) for t in trees)
             raise NothingToDoError(
                 "no .ckptz containers here", path=where, hint="give --against SRC to compare plain files"
@@ -140,6 +156,14 @@ def verify_trees(
         if len(trees) != 1:
             raise UsageError("--against compares one tree", hint="verify one folder (or file) at a time")
         verdicts, pairs = _match(trees[0], base)
+        compared = []
+        for p in pairs:  # nothing to compare where either side cannot be read
+            unread = next((e for e in (p.mine, p.theirs) if e is not None and e.kind == "unreadable"), None)
+            if unread is None:
+                compared.append(p)
+            else:
+                verdicts.append(_unreadable(p.label, unread, skip_unreadable))
+        pairs = compared
     pairs = team.mine(pairs, lambda p: p.mine.size)
     verdicts = verdicts if team.leader else []
     reporter.start(sum(p.mine.size for p in pairs), "verify")
@@ -154,8 +178,17 @@ def verify_trees(
     return sorted(verdicts, key=lambda v: v.path)
 
 
+def verdicts_of(checks: list[FileCheck], *statuses: str) -> list[FileCheck]:
+    return [c for c in checks if c.status in statuses]
+
+
+def _unreadable(label: str, e: Entry, skip: bool) -> FileCheck:
+    return FileCheck(label, "skipped" if skip else "unreadable", 0, f"{e.path}: {e.error}")
+
+
 def _original_name(e: Entry) -> str:
-    return e.rel.removesuffix(SUFFIX) if e.kind == "container" and e.rel.endswith(SUFFIX) else e.rel
+    named = e.kind in ("container", "unreadable") and e.rel.endswith(SUFFIX)
+    return e.rel.removesuffix(SUFFIX) if named else e.rel
 
 
 def _match(tree: Tree, base: Tree) -> tuple[list[FileCheck], list[_Pair]]:

@@ -3,8 +3,9 @@
 A plan maps every entry of every source (:mod:`ckptz.runs.tree`) to one job: convert it, carry it
 over (copy a file, recreate a symlink, hard-link a second name of an inode), finish what a
 killed in-place run left, or skip it with a note. All refusals (an output that exists, is an
-input, or is claimed twice; a stale container in the way) happen here, so a run either
-starts with a consistent plan or does nothing.
+input, or is claimed twice; a stale container in the way; a file the run needs that cannot
+be read, unless asked to skip those) happen here, so a run either starts with a consistent
+plan or does nothing.
 
 Where outputs go (``-o``): one folder source, ``-o D`` names the mirror of the folder; one
 file source, ``-o F`` names the output file, unless ``F`` ends in ``/`` or is a folder. With
@@ -17,13 +18,13 @@ checking the output.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from ckptz.container import SUFFIX
-from ckptz.errors import ContainerError, NothingToDoError, UnsafePathError, UsageError
-from ckptz.runs.tree import Entry, Kind, Selection, Tree
+from ckptz.errors import ContainerError, NothingToDoError, UnreadableError, UnsafePathError, UsageError
+from ckptz.runs.tree import UNREADABLE, Entry, Kind, Selection, Tree
 
 JobKind = Literal["convert", "finish", "link", "copy", "symlink", "temp"]
 
@@ -79,6 +80,8 @@ class Plan:
     #: (source folder, output folder) pairs to mirror, parents first
     dirs: list[tuple[Path, Path]] = field(default_factory=list)
     skipped: list[Action] = field(default_factory=list)
+    #: files the run needs that cannot be read (skipped where asked to, else refused)
+    unreadable: list[Action] = field(default_factory=list)
     #: folders (or files) the run writes in, and sources it only reads
     writes: list[Path] = field(default_factory=list)
     reads: list[Path] = field(default_factory=list)
@@ -145,11 +148,16 @@ def plan(
     compress: bool,
     selection: Selection,
     force: bool,
+    skip_unreadable: bool = False,
 ) -> Plan:
     """The jobs for ``trees``; see the module docstring for where outputs go.
 
+    A file the run would convert or copy that cannot be read is refused, or with
+    ``skip_unreadable`` left as it is and listed among the skipped (as ``cannot be read``).
+
     Raises:
         UsageError: outputs that exist (without ``force``), overwrite an input, or collide.
+        UnreadableError: files the run needs cannot be read (without ``skip_unreadable``).
         NothingToDoError: nothing to convert, or an ``--include`` pattern matched nothing.
         ContainerError: ``decompress`` of a file that is not a container.
         UnsafePathError: a symlink in an output path.
@@ -179,6 +187,9 @@ def plan(
                 p.dirs.extend((t.root / d, root / d) for d in t.dirs)
         for e in t.entries:
             done_already += _place(p, t, e, root, out, compress, selection, prefix, force)
+    if p.unreadable and not skip_unreadable:
+        raise UnreadableError(tuple((a.path, a.note or "") for a in p.unreadable))
+    p.skipped += p.unreadable
     _pair_hard_links(p, out)
     done_already += _refuse(p, trees, out, force, compress)
     if force and not out.in_place:
@@ -191,7 +202,7 @@ def plan(
                 p.stale += stale_outputs(root, targets, compress)
     if not (p.converts or p.finishes or p.links):
         where = ", ".join(str(t.root) for t in trees)
-        if done_already:
+        if done_already or p.unreadable:
             return p
         if out.in_place and not compress and all(t.is_dir for t in trees):
             # A rerun after everything was restored (a kill just before the exit) is done.
@@ -250,6 +261,12 @@ def _place(
     wanted: Kind = "checkpoint" if compress else "container"
     if e.kind == "special":
         p.skipped.append(Action("skip", str(e.path), note="not a regular file, folder or symlink"))
+        return 0
+    if e.kind == "unreadable":
+        # Its content is unknown: any file but one excluded from converting may be a
+        # checkpoint (a container), and -o copies every file.
+        if explicit or not out.in_place or selection.converts(replace(e, kind=wanted), wanted):
+            p.unreadable.append(Action("skip", str(e.path), note=e.error or UNREADABLE))
         return 0
     if e.kind == "temp":
         if out.in_place:

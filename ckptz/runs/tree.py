@@ -8,7 +8,9 @@ symlink; every entry is classified by its content, not its name alone:
 * ``other``: any other regular file (copied unchanged);
 * ``symlink``: kept as a link, never followed;
 * ``temp``: a temporary file a killed ckptz run left;
-* ``special``: FIFOs, sockets, devices (never opened, skipped with a note).
+* ``special``: FIFOs, sockets, devices (never opened, skipped with a note);
+* ``unreadable``: a regular file this process cannot open for reading (its content, hence
+  its kind, is unknown; a command refuses it, or skips it where asked to).
 
 ``--include``/``--exclude`` patterns (:class:`Selection`) choose which files a command
 converts; the others are carried over unchanged.
@@ -29,10 +31,12 @@ from ckptz.errors import InputNotFoundError, NothingToDoError
 from ckptz.formats import SNIFF_BYTES, is_checkpoint
 from ckptz.safeio import is_temp
 
-Kind = Literal["checkpoint", "container", "other", "symlink", "temp", "special"]
+Kind = Literal["checkpoint", "container", "other", "symlink", "temp", "special", "unreadable"]
 
 #: The source name that means standard input (and, as ``-o``, standard output).
 STDIO = "-"
+#: How a file that cannot be read is noted (the reason follows in brackets).
+UNREADABLE = "cannot be read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class Entry:
         size: bytes (of the link itself for a symlink).
         inode: ``(device, inode)``, to find hard links.
         links: its hard-link count.
+        error: why it cannot be read (``unreadable`` only).
     """
 
     path: Path
@@ -54,6 +59,7 @@ class Entry:
     size: int
     inode: tuple[int, int]
     links: int
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,23 +174,28 @@ def _raise(exc: OSError) -> None:
 
 
 def _entry(path: Path, rel: str, st: os.stat_result) -> Entry:
-    return Entry(path, rel, _kind(path, st), st.st_size, (st.st_dev, st.st_ino), st.st_nlink)
+    try:
+        kind = _kind(path, st)
+    except OSError as exc:
+        why = f"{UNREADABLE} ({exc.strerror or exc})"
+        return Entry(path, rel, "unreadable", st.st_size, (st.st_dev, st.st_ino), st.st_nlink, why)
+    return Entry(path, rel, kind, st.st_size, (st.st_dev, st.st_ino), st.st_nlink)
 
 
 def _kind(path: Path, st: os.stat_result) -> Kind:
+    """``path``'s kind, by its first bytes where its name does not say.
+
+    Raises:
+        OSError: it is a regular file that cannot be opened for reading.
+    """
     if stat.S_ISLNK(st.st_mode):
         return "symlink"
     if not stat.S_ISREG(st.st_mode):
         return "special"
     if is_temp(path):
         return "temp"
-    if path.name.endswith(SUFFIX):
-        return "container"
-    try:
-        with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
-    except OSError:
-        return "other"  # unreadable: copying it will say why
-    if head.startswith(MAGIC):
+    with open(path, "rb") as f:
+        head = b"" if path.name.endswith(SUFFIX) else f.read(SNIFF_BYTES)
+    if path.name.endswith(SUFFIX) or head.startswith(MAGIC):
         return "container"
     return "checkpoint" if is_checkpoint(path, head) else "other"

@@ -85,29 +85,83 @@ class PlainReference:
         self.close()
 
 
+class _OpenedFolders:
+    """The folders of the reference containers this process holds open, by inode.
+
+    A reference container is opened once, by its path, and read through that descriptor
+    from then on; a reference of its own is found beside it, in the folder it was opened
+    in. Once opened it may be removed (an in-place decompress restores it beside the
+    container, then removes the container) while it is still read: its inode lives on while
+    open, and this table still says where it lay.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: dict[tuple[int, int], tuple[Path, int]] = {}
+
+    def add(self, fd: int, path: Path) -> tuple[int, int]:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            _, count = self._paths.get(key, (path, 0))
+            self._paths[key] = (path, count + 1)
+        return key
+
+    def remove(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            path, count = self._paths.pop(key)
+            if count > 1:
+                self._paths[key] = (path, count - 1)
+
+    def get(self, st: os.stat_result) -> Path | None:
+        with self._lock:
+            found = self._paths.get((st.st_dev, st.st_ino))
+        return None if found is None else found[0]
+
+
+_opened = _OpenedFolders()
+
+
 class ContainerReference:
     """A reference that is itself a container (and may have a reference of its own).
+
+    The container is opened once and read only through that descriptor, so a reference
+    found as a container stays readable if the container is removed meanwhile.
 
     Each thread reads through a reader of its own (a reader decodes the frames a read
     needs, in the calling thread), so the pipeline's threads restoring a delta read their
     counterparts in parallel rather than one at a time.
+
+    Raises:
+        FileNotFoundError: ``path`` is not there (restored and removed meanwhile).
     """
 
     def __init__(self, path: Path) -> None:
         from ckptz.library.reader import ContainerReader
 
-        self._open = lambda: ContainerReader(path, device="cpu")
-        self.reader = self._open()
+        # close() and __del__ see every attribute even when opening fails.
+        self._fd = -1
+        self._key: tuple[int, int] | None = None
+        self._readers: list[ContainerReader] = []
+        self._lock = threading.Lock()
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._key = _opened.add(self._fd, Path(os.path.realpath(path)))
+            # Readers share the descriptor's offset while each reads its index: made one at a time.
+            self._open = lambda: ContainerReader(path, device="cpu", fd=self._fd)
+            self.reader = self._open()
+        except BaseException:
+            self.close()
+            raise
         self._local = threading.local()
         self._local.reader = self.reader
-        self._readers = [self.reader]
-        self._lock = threading.Lock()
+        self._readers.append(self.reader)
 
     def read(self, offset: int, n: int) -> bytes:
         reader = getattr(self._local, "reader", None)
         if reader is None:
-            reader = self._local.reader = self._open()
             with self._lock:
+                reader = self._local.reader = self._open()
                 self._readers.append(reader)
         reader.seek(offset)
         return reader.read(n) or b""
@@ -115,8 +169,17 @@ class ContainerReference:
     def close(self) -> None:
         with self._lock:
             readers, self._readers = self._readers, []
+            fd, self._fd = self._fd, -1
+            key, self._key = self._key, None
         for reader in readers:
             reader.close()
+        if key is not None:
+            _opened.remove(key)
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def locate(fd: int, path: str) -> Path:
@@ -126,6 +189,9 @@ def locate(fd: int, path: str) -> Path:
         ReferenceMissingError: it cannot be found (read from a pipe or a deleted file).
     """
     st = os.fstat(fd)
+    opened = _opened.get(st)
+    if opened is not None:
+        return opened
     candidates = [Path(path), Path(f"/proc/self/fd/{fd}")]
     for c in candidates:
         try:
