@@ -218,7 +218,7 @@ def recode(
         try:
             try_lock(fd, exclusive=True)  # a concurrent run's cleanup leaves it alone
             with open(fd, "wb", closefd=False) as f:
-                restore(c, label, engine, FileSink(f), index=old)  # digest checked
+                restore(c, label, engine, FileSink(f, old.source_size), index=old)  # digest checked
             make: Callable[[FileLayout], FrameTransform | None]
             if against is None:
                 make = lambda layout: Keyframe()  # noqa: E731
