@@ -65,16 +65,28 @@ class ContainerReader(io.RawIOBase):
         path: the container.
         device: where frames are decoded (``cpu`` by default; ``cuda[:N]``, ``auto``).
         cache_bytes: decoded frames kept for later reads.
+        fileobj: the container already open as a real file (``path`` then only names it);
+            it stays open after :meth:`close`.
 
     Raises:
         ContainerError: ``path`` is not a container, or its index is damaged.
         OSError: ``path`` cannot be opened.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, device: str = "cpu", cache_bytes: int = CACHE_BYTES):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        device: str = "cpu",
+        cache_bytes: int = CACHE_BYTES,
+        fileobj: BinaryIO | None = None,
+    ):
         super().__init__()
         self.name = os.fspath(path)
-        self._file: BinaryIO | None = builtins.open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._owned = fileobj is None
+        self._file: BinaryIO | None = (
+            fileobj if fileobj is not None else builtins.open(path, "rb")  # noqa: SIM115 - closed by close()
+        )
         self._engine: Engine | None = None
         try:
             self.index = read_index(self._file, self.name)
@@ -150,7 +162,7 @@ class ContainerReader(io.RawIOBase):
             if engine is not None:
                 engine.close()
             file, self._file = getattr(self, "_file", None), None
-            if file is not None:
+            if file is not None and getattr(self, "_owned", True):
                 file.close()
         finally:
             super().close()
