@@ -215,12 +215,12 @@ def load_model(
     device: str | int = "cpu",
     *,
     backend: str = "mmap",
-) -> tuple[list[str], list[str]]:
+) -> tuple[set[str], list[str]]:
     """Load a safetensors file or container into ``model``, as ``safetensors.torch.load_model``.
 
     Returns:
-        ``(missing, unexpected)``: the model's names the file did not fill, and the file's
-        names the model has no place for.
+        ``(missing, unexpected)``: the model's names the file did not fill (a set, as
+        safetensors returns it), and the file's names the model has no place for.
 
     Raises:
         RuntimeError: ``strict`` and some names are missing or unexpected.
@@ -246,7 +246,7 @@ def load_model(
                 f'"{k}"' for k in sorted(unexpected)
             )
         raise RuntimeError(error)
-    return list(missing), list(unexpected)
+    return missing, list(unexpected)
 
 
 class safe_open:
@@ -448,8 +448,9 @@ class SafeSlice:
 
 
 def _by_offset(header: Header) -> dict[str, TensorInfo]:
-    """The header's tensors in the order of their bytes (then names, for empty ones)."""
-    return dict(sorted(header.tensors.items(), key=lambda kv: (kv[1].begin, kv[0])))
+    """The header's tensors in the order of their bytes (an empty one first where it shares
+    an offset), as safetensors orders them."""
+    return dict(sorted(header.tensors.items(), key=lambda kv: (kv[1].begin, kv[1].end, kv[0])))
 
 
 def _torch_type(info: TensorInfo, name: str) -> torch.dtype:
