@@ -153,6 +153,7 @@ def load_file(
         ContainerError: the container is unreadable (``CorruptionError``: damaged bytes).
     """
     _check_backend(backend)
+    _device(device)
     if not reader.is_container(filename):
         with safe_open(filename, "pt", device) as f:
             return f.get_tensors()
@@ -169,6 +170,7 @@ def load_container(
 
     from ckptz.container import read_index
 
+    target = _device(device)
     index = read_index(container, name)
     with reader.ContainerReader(name, fileobj=container) as r:
         header = read_header(r, r.size, name)
@@ -178,7 +180,7 @@ def load_container(
     storages = {k: torch.empty(t.end - t.begin, dtype=torch.uint8) for k, t in infos.items()}
     targets = [(infos[k].begin, s.numpy()) for k, s in storages.items() if s.numel()]
     restore_into(container, name, targets, index=index)
-    return {k: _typed(s, infos[k], k).to(_device(device)) for k, s in storages.items()}
+    return {k: _typed(s, infos[k], k).to(target) for k, s in storages.items()}
 
 
 def save_model(
@@ -278,7 +280,7 @@ class safe_open:
         if framework not in ("pt", "torch"):
             raise UsageError(f"framework {framework!r} is not supported", hint="use framework='pt'")
         _check_backend(backend)
-        self._device = device
+        self._device = _device(device)
         self._lock = threading.Lock()
         self._closed = False
         if isinstance(filename, _Bytes):
@@ -338,7 +340,7 @@ class safe_open:
         """
         info = self._info(name)
         _torch_type(info, name)
-        return _typed(self._read(info.begin, info.end), info, name).to(_device(self._device))
+        return _typed(self._read(info.begin, info.end), info, name).to(self._device)
 
     def get_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor, by name, in the order of their bytes in the file.
@@ -421,7 +423,7 @@ class SafeSlice:
             )
         first = items[0] if items else None
         if not shape or isinstance(first, bool) or not isinstance(first, int | slice):
-            return self._rows(0, shape[0] if shape else 1)[index].to(_device(self._owner._device))
+            return self._rows(0, shape[0] if shape else 1)[index].to(self._owner._device)
         rows = shape[0]
         if isinstance(first, int):
             i = first + rows if first < 0 else first
@@ -436,7 +438,7 @@ class SafeSlice:
             lo = r.start if r else 0
             hi = r[-1] + 1 if r else 0
             local = slice(0, hi - lo, r.step)
-        return self._rows(lo, hi)[(local, *items[1:])].to(_device(self._owner._device))
+        return self._rows(lo, hi)[(local, *items[1:])].to(self._owner._device)
 
     def _rows(self, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` of the tensor (all of a 0-d one), read and typed."""
@@ -492,8 +494,18 @@ def _typed(data: torch.Tensor, info: TensorInfo, name: str) -> torch.Tensor:
     return data.view(dtype).reshape(shape)
 
 
-def _device(device: str | int | torch.device) -> str | torch.device:
-    return f"cuda:{device}" if isinstance(device, int) else device
+def _device(device: str | int | torch.device) -> torch.device:
+    """The torch device ``device`` names (an int is a CUDA device's index).
+
+    Raises:
+        UsageError: it names none.
+    """
+    import torch
+
+    try:
+        return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UsageError(f"device {device} is invalid", hint="use cpu, cuda:N or a device index") from None
 
 
 def _check_backend(backend: str) -> None:
