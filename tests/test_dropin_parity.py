@@ -690,3 +690,38 @@ def test_missing_files_and_frameworks_fail_alike(tmp_path: Path) -> None:
         outcome(lambda: safetensors.safe_open(missing, "pt")), outcome(lambda: ckptz.safe_open(missing, "pt"))
     )
     assert_same_outcome(outcome(lambda: torch.load(missing)), outcome(lambda: ckptz.load(missing)))
+
+
+def _save_inputs() -> dict[str, Any]:
+    w = torch.ones(4, 4)
+    inputs: dict[str, Any] = {
+        "non contiguous": {"t": w.t()},
+        "shared": {"a": w, "b": w},
+        "sparse": {"s": w.to_sparse()},
+        "not a tensor": {"a": 1},
+        "not a dict": [w],
+    }
+    for dtype in every_dtype():
+        inputs[str(dtype)] = {"t": of_dtype(dtype)["t"] if dtype not in QUANTIZED else of_dtype(dtype)["q"]}
+    return inputs
+
+
+SAVE_INPUTS = _save_inputs()
+
+
+@pytest.mark.parametrize("name", sorted(SAVE_INPUTS))
+def test_save_file_takes_and_refuses_what_safetensors_does(tmp_path: Path, name: str) -> None:
+    """Every torch dtype and the inputs safetensors refuses: the same bytes, or the same error."""
+    tensors = SAVE_INPUTS[name]
+    theirs = outcome(lambda: safetensors.torch.save_file(tensors, tmp_path / "plain.safetensors"))
+    ours = outcome(lambda: ckptz.save_file(tensors, tmp_path / "ours.safetensors", device="cpu"))
+    assert ours.error is theirs.error, (theirs, ours)
+    if theirs.error is None:
+        with ckptz.open(tmp_path / "ours.safetensors") as f:
+            assert f.read() == (tmp_path / "plain.safetensors").read_bytes()
+        assert_same_outcome(
+            outcome(lambda: safetensors.torch.load_file(tmp_path / "plain.safetensors")),
+            outcome(lambda: ckptz.load_file(tmp_path / "ours.safetensors")),
+        )
+    else:  # nothing is left behind
+        assert not (tmp_path / "ours.safetensors").exists()
