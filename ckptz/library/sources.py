@@ -81,9 +81,8 @@ def opened(f: Source) -> Iterator[Opened]:
     if head != MAGIC:
         yield Opened(name, None, f)
         return
-    end = f.seek(0, os.SEEK_END)
-    f.seek(pos)
-    if pos == 0 and _real_file(f, end) and _container_ends_at(f, 0, end):
+    end = _real_file_end(f, pos)
+    if pos == 0 and end is not None and _container_ends_at(f, 0, end):
         yield Opened(name, cast(BinaryIO, f), None)
         f.seek(end)
         return
@@ -99,17 +98,22 @@ def _seekable(f: IO[bytes]) -> bool:
         return False
 
 
-def _real_file(f: IO[bytes], end: int) -> bool:
-    """Whether ``f``'s ``fileno`` is the file ``f`` reads: an ``io.FileIO`` or a buffered
-    reader over one (by type: a wrapper such as ``gzip.GzipFile`` passes on the ``fileno``
-    of the file it decodes), whose size is the one ``f`` sees."""
+def _real_file_end(f: IO[bytes], pos: int) -> int | None:
+    """The size of ``f`` where its ``fileno`` is the file it reads, else None.
+
+    That is an ``io.FileIO`` or a buffered reader over one (by type: a wrapper such as
+    ``gzip.GzipFile`` passes on the ``fileno`` of the file it decodes) whose size is the one
+    ``f`` sees. ``f`` is left at ``pos``.
+    """
     raw = f.raw if type(f) in (io.BufferedReader, io.BufferedRandom) else f  # type: ignore[attr-defined]
     if type(raw) is not io.FileIO:
-        return False
+        return None
     try:
-        return os.fstat(raw.fileno()).st_size == end
+        end = f.seek(0, os.SEEK_END)
+        f.seek(pos)
+        return end if os.fstat(raw.fileno()).st_size == end else None
     except (ValueError, OSError):
-        return False
+        return None
 
 
 def _read_at(f: IO[bytes], at: int, n: int) -> bytes:
@@ -143,14 +147,15 @@ def _container_ends_at(f: IO[bytes], pos: int, end: int) -> bool:
 
 
 @contextmanager
-def _one_container(f: IO[bytes], pos: int, end: int) -> Iterator[tuple[Path, int]]:
+def _one_container(f: IO[bytes], pos: int, end: int | None) -> Iterator[tuple[Path, int]]:
     """The container at ``pos`` in ``f``, copied to a private temporary file (removed after):
     its path and its length.
 
-    Where the container does not end where ``f`` does, its end is found by its footer: the
-    first ``CKPTZEND`` whose footer points back to the container's start and whose index
-    passes its checksum. Where none does, everything to the end is copied (and the reader
-    then says the container is damaged).
+    In a real file of ``end`` bytes, a container that ends where the file does is copied
+    whole. Otherwise its end is found in one pass as it is copied (a ``gzip`` file is not
+    decoded twice): the first ``CKPTZEND`` whose footer points back to the container's
+    start and whose index passes its checksum. Where none does, everything to the end is
+    copied (and the reader then says the container is damaged).
     """
     try:
         fd, name = tempfile.mkstemp(prefix=".ckptz-load-")
@@ -159,9 +164,9 @@ def _one_container(f: IO[bytes], pos: int, end: int) -> Iterator[tuple[Path, int
     path = Path(name)
     try:
         with os.fdopen(fd, "w+b") as out:
-            whole = _container_ends_at(f, pos, end)
+            whole = end is not None and _container_ends_at(f, pos, end)
             f.seek(pos)
-            if whole:
+            if end is not None and whole:
                 shutil.copyfileobj(f, out, _BLOCK)
                 length = end - pos
             else:
