@@ -1,7 +1,8 @@
 """``ckptz.load``: ``torch.load`` for containers and plain files alike.
 
 A safetensors container loads as ``torch.load`` loads a ``.safetensors`` file: as
-``safetensors.torch.load_file`` (:func:`ckptz.load_file`) does. A ``torch.save`` container is decoded by the pipeline's restore loop (every check it makes)
+``safetensors.torch.load_file`` (:func:`ckptz.load_file`) does. A ``torch.save`` container
+is decoded by the pipeline's restore loop (every check it makes)
 straight into the storages the loaded tensors use, on the GPU that ``map_location`` names
 or in host memory (:mod:`ckptz.library.storages`). Any other container is decoded into one
 buffer, which ``torch.load`` then reads as a file; with ``mmap=True`` it is decoded into an
@@ -45,23 +46,31 @@ def load(
 
     Takes the arguments of ``torch.load`` and returns what ``torch.load`` returns on the
     original file. A container is recognised by its first bytes, whatever its name; a plain
-    file goes straight to ``torch.load``.
+    file goes straight to ``torch.load``. A safetensors container gives its tensors, as
+    ``torch.load`` gives those of a path named ``.safetensors``.
 
     Args:
-        f: a path, or a binary file object (read from its position; a container that is not
-            a real file is first copied to a private temporary file).
+        f: a path, or a binary file object, read from its position: a container takes
+            exactly its own bytes and leaves the position after them, so objects saved one
+            after another into one stream load in order (a container that is not in a real
+            file, such as one in ``BytesIO`` or a ``gzip`` file, is first copied to a
+            private temporary file).
         map_location: as for ``torch.load``.
         pickle_module: as for ``torch.load`` (it refuses one with ``weights_only=True``).
         weights_only: unpickle only tensors and plain containers (``torch.load``'s safe
             unpickler). ``False`` executes the pickle: pass it only for files you trust.
-        mmap: as for ``torch.load``; a container is then decoded into an unlinked temporary
-            file (in ``$TMPDIR``) that the tensors map, instead of into memory.
+        mmap: as for ``torch.load`` (which takes it for paths only); a container is then
+            decoded into an unlinked temporary file (in ``$TMPDIR``) that the tensors map,
+            instead of into memory.
         pickle_load_args: passed on to ``torch.load`` (e.g. ``encoding="latin1"``).
 
     Raises:
         ContainerError: the container is unreadable.
         CorruptionError: some of its bytes fail their checksum (names the chunk and tensor).
         pickle.UnpicklingError: ``weights_only=True`` met something it will not unpickle.
+        RuntimeError: ``pickle_module`` with ``weights_only=True``, or a safetensors container
+            with a ``map_location`` that does not name one device (as ``torch.load``).
+        ValueError: ``mmap=True`` on a file object holding a zip checkpoint (as ``torch.load``).
     """
     import torch
 
@@ -80,6 +89,12 @@ def load(
             return load_container(src.container, src.name, _safetensors_device(map_location))
         with tuned_interpreter():  # many small objects, freed as they go: no full collections
             if mmap:
+                if (
+                    not isinstance(f, str | os.PathLike)
+                    and index.header["source"].get("format") == "torch-zip"
+                ):
+                    # torch.load's refusal, before decoding what it would refuse
+                    raise ValueError("f must be a file path in order to use the mmap argument")
                 return _load_mapped(src.container, src.name, f, map_location, kwargs)
             done, obj = load_storages(
                 src.container, src.name, map_location, pickle_module, weights_only, pickle_load_args, index
