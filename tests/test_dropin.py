@@ -275,6 +275,10 @@ def test_backend_get_tensors_and_offset_keys_as_safetensors(tmp_path: Path) -> N
 def test_a_closed_safe_open_answers_nothing(tmp_path: Path) -> None:
     path = tmp_path / "p.safetensors"
     safetensors.torch.save_file({"a": torch.ones(2)}, path)
+    with ckptz.safe_open(path, "pt") as f:
+        kept = f.get_slice("a")
+    with pytest.raises(UsageError, match="closed"):
+        kept[:1]
     for opener in (safetensors.safe_open, ckptz.safe_open):
         with opener(path, "pt") as f:
             assert f.keys() == ["a"]

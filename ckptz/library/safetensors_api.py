@@ -373,6 +373,7 @@ class safe_open:
         """Bytes ``[begin, end)`` of the original file, as a new uint8 tensor."""
         import torch
 
+        self._open_header()  # a slice kept past the with block says so clearly
         out = torch.empty(end - begin, dtype=torch.uint8)
         view = out.numpy().data
         got = 0
