@@ -362,7 +362,8 @@ def ckptz_save(obj: Any, f: Any, **kwargs: Any) -> None:
 def both_ways(
     tmp: Path, obj: Any, kind: str, save_args: dict[str, Any], load_args: dict[str, Any]
 ) -> tuple[Outcome, Outcome]:
-    """Save ``obj`` with torch and with ckptz into targets of ``kind``, load each back."""
+    """Save ``obj`` with torch and with ckptz into targets of ``kind``, load each back (and
+    torch's file with ckptz too)."""
     misses = (kind, save_args.get("_use_new_zipfile_serialization", True)) in TORCH_MISWRITES
     theirs_t = Target("BytesIO" if misses else kind, tmp / "theirs" / "ckpt.pt")
     ours_t = Target(kind, tmp / "ours" / "ckpt.pt.ckptz")
@@ -375,6 +376,8 @@ def both_ways(
         return theirs_saved, ours_saved
     with theirs_t.for_load() as f:
         theirs = outcome(lambda: torch.load(f, **load_args))
+    with theirs_t.for_load() as f:  # ckptz.load of torch's own file is torch.load's
+        assert_same_outcome(theirs, outcome(lambda: ckptz.load(f, **load_args)))
     with ours_t.for_load() as f:
         ours = outcome(lambda: ckptz.load(f, **load_args))
     return theirs, ours
@@ -453,6 +456,33 @@ def test_torch_damages_legacy_bz2_and_lzma(tmp_path: Path, kind: str) -> None:
         ckptz.save(obj, f, device="cpu", _use_new_zipfile_serialization=False)
     with _open(kind, tmp_path / "ours", "rb") as f:
         assert_same(torch.load(theirs), ckptz.load(f))
+
+
+class Unseekable(io.RawIOBase):
+    """A pipe-like stream: reads only."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._data.readinto(buffer)
+
+
+def test_a_stream_that_cannot_seek() -> None:
+    """torch.load refuses a stream it cannot seek; ckptz.load copies one first and reads
+    it, a container or a plain file (the one deliberate superset besides TORCH_MISWRITES)."""
+    obj = mixed()
+    theirs, ours = io.BytesIO(), io.BytesIO()
+    torch.save(obj, theirs)
+    ckptz.save(obj, ours, device="cpu")
+    with pytest.raises(io.UnsupportedOperation):
+        torch.load(Unseekable(theirs.getvalue()))
+    expected = torch.load(io.BytesIO(theirs.getvalue()))
+    assert_same(expected, ckptz.load(Unseekable(ours.getvalue())))
+    assert_same(expected, ckptz.load(Unseekable(theirs.getvalue())))
 
 
 def test_a_pickle_module_with_weights_only_is_refused_alike(tmp_path: Path) -> None:
