@@ -346,3 +346,17 @@ def test_a_named_temporary_file_object_still_loads() -> None:
         ckptz.save(state(), f, device="cpu")
         f.seek(0)
         assert ckptz.load(f)["step"] == 3
+
+
+@pytest.mark.parametrize("block", [7, 13, 48, 4096])
+def test_a_footer_split_between_reads_is_found(monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    """The end of a container in a stream is found whichever reads its footer falls across."""
+    from ckptz.library import sources
+
+    monkeypatch.setattr(sources, "_BLOCK", block)
+    buf = io.BytesIO()
+    for n in range(3):
+        ckptz.save({"n": torch.arange(n + 2)}, buf, device="cpu")
+    buf.seek(0)
+    assert [ckptz.load(buf)["n"].tolist() for _ in range(3)] == [[0, 1], [0, 1, 2], [0, 1, 2, 3]]
+    assert buf.read() == b""
