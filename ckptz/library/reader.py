@@ -69,6 +69,8 @@ class ContainerReader(io.RawIOBase):
         fd: the container already open (``path`` then only names it): read through a
             duplicate of it, so a container removed since it was opened still reads. Its
             offset is moved while the index is read.
+        fileobj: the container already open as a real file (``path`` then only names it);
+            it stays open after :meth:`close`.
 
     Raises:
         ContainerError: ``path`` is not a container, or its index is damaged.
@@ -82,11 +84,17 @@ class ContainerReader(io.RawIOBase):
         device: str = "cpu",
         cache_bytes: int = CACHE_BYTES,
         fd: int | None = None,
+        fileobj: BinaryIO | None = None,
     ):
         super().__init__()
         self.name = os.fspath(path)
-        self._file: BinaryIO | None = (  # closed by close()
-            builtins.open(path, "rb") if fd is None else os.fdopen(os.dup(fd), "rb")  # noqa: SIM115
+        self._owned = fileobj is None
+        self._file: BinaryIO | None = (  # closed by close() unless the caller's fileobj
+            fileobj
+            if fileobj is not None
+            else builtins.open(path, "rb")  # noqa: SIM115
+            if fd is None
+            else os.fdopen(os.dup(fd), "rb")
         )
         self._engine: Engine | None = None
         try:
@@ -163,7 +171,7 @@ class ContainerReader(io.RawIOBase):
             if engine is not None:
                 engine.close()
             file, self._file = getattr(self, "_file", None), None
-            if file is not None:
+            if file is not None and getattr(self, "_owned", True):
                 file.close()
         finally:
             super().close()

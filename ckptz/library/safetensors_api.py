@@ -1,30 +1,52 @@
-"""``save_file``, ``load_file`` and ``safe_open``, shaped like ``safetensors.torch``'s.
+"""``save_file``, ``load_file``, ``safe_open`` and the rest of ``safetensors.torch``'s API.
 
 They take containers and plain safetensors files alike. :class:`safe_open` is lazy: it reads
 the header through :func:`ckptz.library.reader.open` (which decodes only the frames that
 hold it), and ``get_tensor(k)`` decodes only the frames that hold ``k``'s bytes.
 :func:`load_file` decodes a whole container at once, in parallel, straight into each
-tensor's storage. Writing uses the ``safetensors`` package (``pip install 'ckptz[safetensors]'``);
-reading needs only torch.
+tensor's storage. ``save``/``load`` do the same with bytes, and ``save_model``/``load_model``
+handle a module's shared tensors as safetensors' own do. Writing uses the ``safetensors``
+package (``pip install 'ckptz[safetensors]'``); reading needs only torch.
+
+Every dtype safetensors 0.8 knows is read; a tensor of a dtype this torch has no type for
+(``F6_E2M3``, ``F6_E3M2``) is refused when it is asked for, and the file's other tensors
+still load. The ``backend`` argument is taken for compatibility: a container is decoded
+the same way whichever is named.
 """
 
 from __future__ import annotations
 
+import builtins
 import io
 import math
 import os
+import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
+from ckptz.container import MAGIC
 from ckptz.errors import FormatError, UsageError
 from ckptz.library import reader
 from ckptz.library.safetensors_header import Header, TensorInfo, read_header
-from ckptz.library.writing import Options, compress_to_path
+from ckptz.library.writing import Options, compress_to_path, compress_to_stream
 from ckptz.pipeline.whole import restore_into
 
 if TYPE_CHECKING:
     import torch
+
+#: The storage backends ``safetensors.safe_open`` takes.
+BACKENDS = ("mmap", "pread")
+
+
+def _safetensors_torch() -> Any:
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise UsageError(
+            "writing safetensors needs the safetensors package", hint="pip install 'ckptz[safetensors]'"
+        ) from None
+    return safetensors.torch
 
 
 def save_file(
@@ -51,12 +73,7 @@ def save_file(
         UsageError: the ``safetensors`` package is not installed, or a bad device or codec.
         WriteError: the file cannot be written.
     """
-    try:
-        from safetensors.torch import save_file as write
-    except ImportError:
-        raise UsageError(
-            "ckptz.save_file needs the safetensors package", hint="pip install 'ckptz[safetensors]'"
-        ) from None
+    write = _safetensors_torch().save_file
     compress_to_path(
         Path(filename),
         lambda raw: write(tensors, raw, metadata=metadata),
@@ -64,32 +81,174 @@ def save_file(
     )
 
 
+def save(
+    tensors: dict[str, torch.Tensor],
+    metadata: dict[str, str] | None = None,
+    *,
+    device: str | None = None,
+    codec: str = "auto",
+    level: int = 3,
+) -> bytes:
+    """A container of what ``safetensors.torch.save(tensors, metadata)`` returns, as bytes.
+
+    Args:
+        device, codec, level: as for :func:`save_file`.
+
+    Raises:
+        UsageError: the ``safetensors`` package is not installed, or a bad device or codec.
+    """
+    write = _safetensors_torch().save_file
+    out = io.BytesIO()
+    compress_to_stream(
+        out,
+        "tensors.safetensors",
+        lambda raw: write(tensors, raw, metadata=metadata),
+        Options(device, codec, level, False),
+    )
+    return out.getvalue()
+
+
+def load(data: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file or container given as bytes, on the CPU, as
+    ``safetensors.torch.load`` gives them.
+
+    Raises:
+        FormatError: the bytes are not a safetensors file (or one of its tensors has a dtype
+            this torch lacks).
+        ContainerError: the container is unreadable (``CorruptionError``: damaged bytes).
+    """
+    view = memoryview(data).cast("B")
+    if bytes(view[: len(MAGIC)]) == MAGIC:
+        fd, name = tempfile.mkstemp(prefix=".ckptz-load-", suffix=".safetensors")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(view)
+            return load_file(name)
+        finally:
+            os.unlink(name)
+    with safe_open(cast(Any, _Bytes(view)), "pt") as f:
+        return f.get_tensors()
+
+
+class _Bytes:
+    """Bytes given to :func:`load`, as the file :class:`safe_open` opens."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+
 def load_file(
-    filename: str | os.PathLike[str], device: str | int | torch.device = "cpu"
+    filename: str | os.PathLike[str], device: str | int | torch.device = "cpu", *, backend: str = "mmap"
 ) -> dict[str, torch.Tensor]:
-    """Load every tensor of a safetensors file or container, as ``safetensors.torch.load_file``.
+    """Load every tensor of a safetensors file or container, as ``safetensors.torch.load_file``
+    does (in the order of their bytes in the file).
 
     A container is decoded once, in parallel, each tensor's bytes straight into its storage,
     with every check a full restore makes (the whole file's digest included).
 
     Raises:
-        FormatError: the file is not a safetensors file.
+        UsageError: an unknown ``backend``.
+        FormatError: the file is not a safetensors file, or one of its tensors has a dtype
+            this torch lacks.
         ContainerError: the container is unreadable (``CorruptionError``: damaged bytes).
     """
+    _check_backend(backend)
+    _device(device)
     if not reader.is_container(filename):
         with safe_open(filename, "pt", device) as f:
-            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+            return f.get_tensors()
+    with builtins.open(filename, "rb") as c:
+        return load_container(cast(BinaryIO, c), os.fspath(filename), device)
+
+
+def load_container(
+    container: BinaryIO, name: str, device: str | int | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors container open as ``container`` (a real file), as
+    :func:`load_file` loads them."""
     import torch
 
-    name = os.fspath(filename)
-    with reader.ContainerReader(filename) as r:
+    from ckptz.container import read_index
+
+    target = _device(device)
+    index = read_index(container, name)
+    with reader.ContainerReader(name, fileobj=container) as r:
         header = read_header(r, r.size, name)
-        index = r.index
-    storages = {k: torch.empty(t.end - t.begin, dtype=torch.uint8) for k, t in header.tensors.items()}
-    targets = [(header.tensors[k].begin, s.numpy()) for k, s in storages.items() if s.numel()]
-    with open(filename, "rb") as c:
-        restore_into(c, name, targets, index=index)
-    return {k: _typed(s, header.tensors[k]).to(_device(device)) for k, s in storages.items()}
+    infos = _by_offset(header)
+    for k, t in infos.items():
+        _torch_type(t, k)  # a tensor torch cannot hold fails the whole load, as safetensors' does
+    storages = {k: torch.empty(t.end - t.begin, dtype=torch.uint8) for k, t in infos.items()}
+    targets = [(infos[k].begin, s.numpy()) for k, s in storages.items() if s.numel()]
+    restore_into(container, name, targets, index=index)
+    return {k: _typed(s, infos[k], k).to(target) for k, s in storages.items()}
+
+
+def save_model(
+    model: torch.nn.Module,
+    filename: str | os.PathLike[str],
+    metadata: dict[str, str] | None = None,
+    force_contiguous: bool = True,
+    *,
+    device: str | None = None,
+    codec: str = "auto",
+    level: int = 3,
+    verify: bool = False,
+) -> None:
+    """Save a module's tensors as ``safetensors.torch.save_model`` does (tensors that share
+    memory are saved once), compressed into a container.
+
+    Raises:
+        UsageError: the ``safetensors`` package is not installed, or a bad device or codec.
+        ValueError: a tensor is not contiguous and ``force_contiguous`` is False.
+        WriteError: the file cannot be written.
+    """
+    write = _safetensors_torch().save_model
+    compress_to_path(
+        Path(filename),
+        lambda raw: write(model, str(raw), metadata=metadata, force_contiguous=force_contiguous),
+        Options(device, codec, level, verify),
+    )
+
+
+def load_model(
+    model: torch.nn.Module,
+    filename: str | os.PathLike[str],
+    strict: bool = True,
+    device: str | int = "cpu",
+    *,
+    backend: str = "mmap",
+) -> tuple[set[str], list[str]]:
+    """Load a safetensors file or container into ``model``, as ``safetensors.torch.load_model``.
+
+    Returns:
+        ``(missing, unexpected)``: the model's names the file did not fill (a set, as
+        safetensors returns it), and the file's names the model has no place for.
+
+    Raises:
+        RuntimeError: ``strict`` and some names are missing or unexpected.
+        FormatError, ContainerError: as for :func:`load_file`.
+    """
+    st = _safetensors_torch()
+    state_dict = load_file(filename, device=device, backend=backend)
+    to_removes = st._remove_duplicate_names(model.state_dict(), preferred_names=state_dict.keys())
+    missing_keys, unexpected = model.load_state_dict(state_dict, strict=False)
+    missing = set(missing_keys)
+    for group in to_removes.values():
+        for name in group:
+            if name in missing:
+                missing.remove(name)
+            else:
+                unexpected.append(name)
+    if strict and (missing or unexpected):
+        error = f"Error(s) in loading state_dict for {model.__class__.__name__}:"
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing))
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(
+                f'"{k}"' for k in sorted(unexpected)
+            )
+        raise RuntimeError(error)
+    return missing, list(unexpected)
 
 
 class safe_open:
@@ -102,9 +261,10 @@ class safe_open:
         filename: a safetensors file, or a container of one.
         framework: ``pt`` (PyTorch tensors; the only one supported).
         device: where tensors go (``cpu``, ``cuda:N``, a device index).
+        backend: ``mmap`` or ``pread``, as safetensors takes them; both read the same way.
 
     Raises:
-        UsageError: another framework.
+        UsageError: another framework, or an unknown backend.
         FormatError: not a safetensors file.
         ContainerError: the container's index is damaged.
     """
@@ -114,20 +274,31 @@ class safe_open:
         filename: str | os.PathLike[str],
         framework: str = "pt",
         device: str | int | torch.device = "cpu",
+        *,
+        backend: str = "mmap",
     ) -> None:
         if framework not in ("pt", "torch"):
             raise UsageError(f"framework {framework!r} is not supported", hint="use framework='pt'")
-        self._device = device
+        _check_backend(backend)
+        self._device = _device(device)
         self._lock = threading.Lock()
-        self._file = reader.open(filename)
-        try:
+        self._closed = False
+        if isinstance(filename, _Bytes):
+            name = "<bytes>"
+            self._file: reader.ContainerReader | IO[bytes] = io.BytesIO(filename.view)
+            self._size = len(filename.view)
+        else:
+            name = os.fspath(filename)
+            self._file = reader.open(filename)
             self._size = (
                 self._file.size if isinstance(self._file, reader.ContainerReader) else _size(self._file)
             )
-            self._header: Header = read_header(self._file, self._size, os.fspath(filename))
+        try:
+            self._header: Header = read_header(self._file, self._size, name)
         except BaseException:
             self._file.close()
             raise
+        self._name = name
 
     def __enter__(self) -> safe_open:
         return self
@@ -136,40 +307,65 @@ class safe_open:
         self.close()
 
     def close(self) -> None:
-        """Close the file (a ``with`` block does it)."""
+        """Close the file (a ``with`` block does it); the object answers nothing after."""
+        self._closed = True
         self._file.close()
 
     @property
-    def file(self) -> reader.ContainerReader | io.BufferedReader:
+    def file(self) -> reader.ContainerReader | IO[bytes]:
         """The file object underneath (a :class:`~ckptz.library.reader.ContainerReader`, whose
         ``stats`` count frames decoded and bytes read, for a container)."""
         return self._file
 
     def keys(self) -> list[str]:
         """The tensors' names, sorted."""
-        return sorted(self._header.tensors)
+        return sorted(self._open_header().tensors)
+
+    def offset_keys(self) -> list[str]:
+        """The tensors' names in the order of their bytes in the file."""
+        return list(_by_offset(self._open_header()))
 
     def metadata(self) -> dict[str, str] | None:
         """The header's ``__metadata__``, if it has one."""
-        return None if self._header.metadata is None else dict(self._header.metadata)
+        metadata = self._open_header().metadata
+        return None if metadata is None else dict(metadata)
 
     def get_tensor(self, name: str) -> torch.Tensor:
         """The tensor ``name``, reading only its bytes.
 
         Raises:
             KeyError: no tensor of that name.
+            FormatError: its dtype has no torch type here.
             CorruptionError: its bytes fail their checks.
         """
         info = self._info(name)
-        return _typed(self._read(info.begin, info.end), info).to(_device(self._device))
+        _torch_type(info, name)
+        return _typed(self._read(info.begin, info.end), info, name).to(self._device)
+
+    def get_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor, by name, in the order of their bytes in the file.
+
+        Raises:
+            FormatError: a tensor's dtype has no torch type here.
+            CorruptionError: some bytes fail their checks.
+        """
+        infos = _by_offset(self._open_header())
+        for k, info in infos.items():
+            _torch_type(info, k)
+        return {k: self.get_tensor(k) for k in infos}
 
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy view of tensor ``name``; indexing it reads only the rows it needs."""
-        return SafeSlice(self, self._info(name))
+        return SafeSlice(self, self._info(name), name)
+
+    def _open_header(self) -> Header:
+        if self._closed:
+            raise UsageError("the file is closed", path=self._name, hint="use it inside its with block")
+        return self._header
 
     def _info(self, name: str) -> TensorInfo:
         try:
-            return self._header.tensors[name]
+            return self._open_header().tensors[name]
         except KeyError:
             raise KeyError(f"no tensor named {name!r} in the file") from None
 
@@ -177,15 +373,16 @@ class safe_open:
         """Bytes ``[begin, end)`` of the original file, as a new uint8 tensor."""
         import torch
 
+        self._open_header()  # a slice kept past the with block says so clearly
         out = torch.empty(end - begin, dtype=torch.uint8)
         view = out.numpy().data
         got = 0
         with self._lock:
             self._file.seek(begin)
             while got < len(view):
-                n = self._file.readinto(view[got:])
+                n = self._file.readinto(view[got:])  # type: ignore[union-attr]
                 if not n:
-                    raise FormatError("file ends inside a tensor", path=self._file.name)
+                    raise FormatError("file ends inside a tensor", path=self._name)
                 got += n
         return out
 
@@ -194,14 +391,18 @@ class SafeSlice:
     """A tensor of a :class:`safe_open` file, read in part: ``s[a:b]`` reads rows ``a`` to ``b``.
 
     Indexing whose first item is an integer or a slice reads only the rows it covers; any
-    other index (``...``, ``None``, tensors) reads the whole tensor first.
+    other index (``...``, ``None``, tensors) reads the whole tensor first. An ``F4`` tensor
+    (two values a byte) is indexed in its torch shape, whose last dimension is halved, and
+    only along its other dimensions.
     """
 
-    def __init__(self, owner: safe_open, info: TensorInfo) -> None:
+    def __init__(self, owner: safe_open, info: TensorInfo, name: str = "") -> None:
         self._owner = owner
         self._info = info
+        self._name = name
 
     def get_shape(self) -> list[int]:
+        """The shape as the header gives it."""
         return list(self._info.shape)
 
     def get_dtype(self) -> str:
@@ -210,11 +411,21 @@ class SafeSlice:
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         info = self._info
+        _torch_type(info, self._name)
+        shape = _torch_shape(info, self._name)
         items = index if isinstance(index, tuple) else (index,)
+        if shape != info.shape and (
+            len(items) >= len(shape) or any(i is Ellipsis or i is None for i in items)
+        ):
+            raise UsageError(
+                f"tensor {self._name!r} packs two {info.dtype} values a byte; its last dimension"
+                " cannot be indexed",
+                hint="index its other dimensions, or get_tensor it whole",
+            )
         first = items[0] if items else None
-        if not info.shape or isinstance(first, bool) or not isinstance(first, int | slice):
-            return self._rows(0, info.shape[0] if info.shape else 1)[index].to(_device(self._owner._device))
-        rows = info.shape[0]
+        if not shape or isinstance(first, bool) or not isinstance(first, int | slice):
+            return self._rows(0, shape[0] if shape else 1)[index].to(self._owner._device)
+        rows = shape[0]
         if isinstance(first, int):
             i = first + rows if first < 0 else first
             if not 0 <= i < rows:
@@ -228,35 +439,94 @@ class SafeSlice:
             lo = r.start if r else 0
             hi = r[-1] + 1 if r else 0
             local = slice(0, hi - lo, r.step)
-        return self._rows(lo, hi)[(local, *items[1:])].to(_device(self._owner._device))
+        return self._rows(lo, hi)[(local, *items[1:])].to(self._owner._device)
 
     def _rows(self, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` of the tensor (all of a 0-d one), read and typed."""
         info = self._info
-        row = info.itemsize * math.prod(info.shape[1:])
+        row = math.prod(info.shape[1:]) * info.bits // 8
         data = self._owner._read(info.begin + lo * row, info.begin + hi * row)
         shape = (hi - lo, *info.shape[1:]) if info.shape else ()
-        return _typed(data, TensorInfo(info.dtype, shape, 0, 0))
+        return _typed(data, TensorInfo(info.dtype, shape, 0, 0), self._name)
 
 
-def _typed(data: torch.Tensor, info: TensorInfo) -> torch.Tensor:
+def _by_offset(header: Header) -> dict[str, TensorInfo]:
+    """The header's tensors in the order of their bytes (an empty one first where it shares
+    an offset), as safetensors orders them."""
+    return dict(sorted(header.tensors.items(), key=lambda kv: (kv[1].begin, kv[1].end, kv[0])))
+
+
+def _torch_type(info: TensorInfo, name: str) -> torch.dtype:
+    """The torch dtype of tensor ``name``.
+
+    Raises:
+        FormatError: this torch has none for it.
+    """
+    import torch
+
+    dtype = getattr(torch, info.torch_dtype or "", None)
+    if not isinstance(dtype, torch.dtype):
+        raise FormatError(
+            f"tensor {name!r} has dtype {info.dtype}, which this torch has no type for",
+            hint="upgrade torch, or load the other tensors one by one with safe_open",
+        )
+    return dtype
+
+
+def _torch_shape(info: TensorInfo, name: str) -> tuple[int, ...]:
+    shape = info.torch_shape
+    if shape is None:
+        raise FormatError(
+            f"tensor {name!r} of dtype {info.dtype} has shape {list(info.shape)}, whose last"
+            " dimension does not split into whole torch elements",
+            hint="its bytes are intact: read them with ckptz.open",
+        )
+    return shape
+
+
+def _typed(data: torch.Tensor, info: TensorInfo, name: str) -> torch.Tensor:
     """uint8 bytes as the tensor they hold."""
     import torch
 
-    dtype = getattr(torch, info.torch_dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise FormatError(f"this torch has no dtype {info.torch_dtype}", hint="upgrade torch")
+    dtype = _torch_type(info, name)
+    shape = _torch_shape(info, name)
     if data.numel() == 0:
-        return torch.empty(info.shape, dtype=dtype)
-    return data.view(dtype).reshape(info.shape)
+        return torch.empty(shape, dtype=dtype)
+    return data.view(dtype).reshape(shape)
 
 
-def _device(device: str | int | torch.device) -> str | torch.device:
-    return f"cuda:{device}" if isinstance(device, int) else device
+def _device(device: str | int | torch.device) -> torch.device:
+    """The torch device ``device`` names (an int is a CUDA device's index).
+
+    Raises:
+        UsageError: it names none.
+    """
+    import torch
+
+    try:
+        return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UsageError(f"device {device} is invalid", hint="use cpu, cuda:N or a device index") from None
 
 
-def _size(f: io.BufferedReader) -> int:
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise UsageError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
+
+
+def _size(f: IO[bytes]) -> int:
     return os.fstat(f.fileno()).st_size
 
 
-__all__ = ["SafeSlice", "load_file", "safe_open", "save_file"]
+__all__ = [
+    "BACKENDS",
+    "SafeSlice",
+    "load",
+    "load_container",
+    "load_file",
+    "load_model",
+    "safe_open",
+    "save",
+    "save_file",
+    "save_model",
+]

@@ -15,14 +15,52 @@ import struct
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ckptz.dtypes import SAFETENSORS_TYPES, lookup
 from ckptz.errors import FormatError
 from ckptz.formats.safetensors import MAX_HEADER_BYTES
 
 _LEN = struct.Struct("<Q")
-#: safetensors dtype → torch dtype name, for the dtypes torch has an element type for (its
-#: sub-byte floats, F4 and F6, have none: ckptz's table files them as raw bytes).
-DTYPES: dict[str, str] = {k: v for k, v in SAFETENSORS_TYPES.items() if v != "uint8" or k == "U8"}
+
+
+@dataclass(frozen=True, slots=True)
+class DType:
+    """A safetensors dtype: its element width and the torch dtype that holds it.
+
+    Attributes:
+        bits: bits per element (4 and 6 for the sub-byte floats).
+        torch_name: the torch dtype's name, or None where torch has none.
+        packed: elements per torch element (two ``F4`` values in one ``float4_e2m1fn_x2``).
+    """
+
+    bits: int
+    torch_name: str | None
+    packed: int = 1
+
+
+#: Every dtype safetensors 0.8 reads, by its header name.
+DTYPES: dict[str, DType] = {
+    "BOOL": DType(8, "bool"),
+    "F4": DType(4, "float4_e2m1fn_x2", 2),
+    "F6_E2M3": DType(6, None),
+    "F6_E3M2": DType(6, None),
+    "U8": DType(8, "uint8"),
+    "I8": DType(8, "int8"),
+    "F8_E5M2": DType(8, "float8_e5m2"),
+    "F8_E4M3": DType(8, "float8_e4m3fn"),
+    "F8_E8M0": DType(8, "float8_e8m0fnu"),
+    "F8_E4M3FNUZ": DType(8, "float8_e4m3fnuz"),
+    "F8_E5M2FNUZ": DType(8, "float8_e5m2fnuz"),
+    "I16": DType(16, "int16"),
+    "U16": DType(16, "uint16"),
+    "F16": DType(16, "float16"),
+    "BF16": DType(16, "bfloat16"),
+    "I32": DType(32, "int32"),
+    "U32": DType(32, "uint32"),
+    "F32": DType(32, "float32"),
+    "C64": DType(64, "complex64"),
+    "F64": DType(64, "float64"),
+    "I64": DType(64, "int64"),
+    "U64": DType(64, "uint64"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +69,7 @@ class TensorInfo:
 
     Attributes:
         dtype: its safetensors dtype (``F32``, ``BF16``).
-        shape: its shape.
+        shape: its shape as the header gives it (in elements, two per byte for ``F4``).
         begin: file offset of its first byte.
         end: file offset just past its last byte.
     """
@@ -42,13 +80,25 @@ class TensorInfo:
     end: int
 
     @property
-    def torch_dtype(self) -> str:
-        """The torch dtype's name (``float32``)."""
-        return DTYPES[self.dtype]
+    def torch_dtype(self) -> str | None:
+        """The torch dtype's name (``float32``), or None where torch has none (``F6_E2M3``)."""
+        return DTYPES[self.dtype].torch_name
 
     @property
-    def itemsize(self) -> int:
-        return lookup(DTYPES[self.dtype]).itemsize
+    def bits(self) -> int:
+        """Bits per element."""
+        return DTYPES[self.dtype].bits
+
+    @property
+    def torch_shape(self) -> tuple[int, ...] | None:
+        """The shape of the torch tensor that holds it (the last dimension halved for ``F4``),
+        or None where no torch shape can (``F4`` with an odd last dimension)."""
+        packed = DTYPES[self.dtype].packed
+        if packed == 1:
+            return self.shape
+        if not self.shape or self.shape[-1] % packed:
+            return None
+        return (*self.shape[:-1], self.shape[-1] // packed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +146,8 @@ def _entry(name: str, info: Any, start: int, size: int, path: str) -> TensorInfo
     if not isinstance(info, dict):
         raise _bad(f"entry {name!r} is not an object", path)
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if dtype not in DTYPES:
-        raise _bad(f"tensor {name!r} has dtype {dtype!r}, which ckptz cannot load", path)
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise _bad(f"tensor {name!r} has dtype {dtype!r}, which safetensors does not know", path)
     if not isinstance(shape, list) or not all(_count(d) for d in shape):
         raise _bad(f"tensor {name!r} has a bad shape", path)
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_count(v) for v in offsets):
@@ -105,7 +155,10 @@ def _entry(name: str, info: Any, start: int, size: int, path: str) -> TensorInfo
     begin, end = offsets
     if not begin <= end or start + end > size:
         raise _bad(f"tensor {name!r} lies outside the file", path)
-    if end - begin != math.prod(shape) * lookup(DTYPES[dtype]).itemsize:
+    bits = math.prod(shape) * DTYPES[dtype].bits
+    if bits % 8:
+        raise _bad(f"tensor {name!r} of sub-byte dtype {dtype} does not end on a byte", path)
+    if end - begin != bits // 8:
         raise _bad(f"tensor {name!r}'s data_offsets disagree with its shape and dtype", path)
     return TensorInfo(dtype, tuple(shape), start + begin, start + end)
 
@@ -122,4 +175,4 @@ def _bad(reason: str, path: str) -> FormatError:
     )
 
 
-__all__ = ["DTYPES", "Header", "TensorInfo", "read_header"]
+__all__ = ["DTYPES", "DType", "Header", "TensorInfo", "read_header"]

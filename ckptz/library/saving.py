@@ -24,6 +24,7 @@ from ckptz.library.writing import (
     compress_into_stream,
     compress_to_path,
     compress_to_stream,
+    original_name,
 )
 
 
@@ -50,7 +51,8 @@ def save(
         f: a path (the container is written under exactly this name; ``.ckptz`` is the
             usual suffix) or a binary file object, written from its current position.
             ``torch.save`` names the archive inside after the path's file name, or
-            ``archive`` for a file object; so does this.
+            ``archive`` for a file object; so does this, with the name less ``.ckptz``
+            (``opt.pt.ckptz`` holds what ``torch.save(obj, "opt.pt")`` writes).
         device: where to compress: ``auto`` (a GPU if nvCOMP can use one), ``cpu``,
             ``cuda[:N]``; default ``$CKPTZ_DEVICE`` or ``auto``.
         codec: ``auto``, ``zstd`` or a GPU codec such as ``ans`` (decodes only on a GPU).
@@ -68,7 +70,9 @@ def save(
     target = Path(cast(str, f)) if stream is None else None
     with tempfile.TemporaryDirectory(prefix=".ckptz-save-") as folder:
         try:
-            skel = skeleton(obj, Path(folder), target.name if target else "archive", torch_save_args)
+            skel = skeleton(
+                obj, Path(folder), original_name(target) if target else "archive", torch_save_args
+            )
         except Unsupported:
             _fallback(obj, f, options, torch_save_args)
             return

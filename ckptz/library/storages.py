@@ -127,6 +127,7 @@ def load_storages(
     pickle_module: Any,
     weights_only: bool,
     pickle_load_args: dict[str, Any],
+    index: Index | None = None,
 ) -> tuple[bool, Any]:
     """Load a ``torch.save`` container as the module docstring says; ``(False, None)`` where
     this path does not apply and the caller should decode the whole file instead.
@@ -138,8 +139,9 @@ def load_storages(
     """
     if not _loader_fits():
         return False, None
-    with trace.span("load: index"):
-        index = read_index(container, name)
+    if index is None:
+        with trace.span("load: index"):
+            index = read_index(container, name)
     if index.header.get("source", {}).get("format") != "torch-zip":
         return False, None
     device = _cuda_target(map_location)

@@ -106,7 +106,7 @@ def compress_to_path(target: Path, write: Writer, options: Options, *, memory: b
             write(raw)
             compress_into_path(target, raw, options)
         return
-    with _original(target.parent, target.name) as raw:
+    with _original(target.parent, original_name(target)) as raw:
         write(raw)
         compress_into_path(target, raw, options, FileMeta.of(raw.stat()))
 
@@ -167,6 +167,13 @@ class _InOrder:
         return self._f.write(data)
 
 
+def original_name(target: Path) -> str:
+    """The file name the original has inside a container saved as ``target`` (``opt.pt`` for
+    ``opt.pt.ckptz``): ``torch.save`` names its archive after it, so the restored bytes are
+    what ``torch.save`` writes to the name a user compares them with."""
+    return _relpath(target.name)
+
+
 def _relpath(name: str) -> str:
     """The name a checkpoint's tensors are classified by (``optimizer.pt``), without ``.ckptz``."""
     return Path(name).name.removesuffix(".ckptz") or "checkpoint"
@@ -179,4 +186,5 @@ __all__ = [
     "compress_into_stream",
     "compress_to_path",
     "compress_to_stream",
+    "original_name",
 ]
