@@ -42,8 +42,7 @@ def gpu_unavailable_reason() -> str | None:
 def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int = 0) -> bool:
     """Whether an engine that ``writes`` (compresses) on device ``want`` with ``codec`` codes
     the portable bitstream on the GPU from the first frame, where the GPU writes its literal
-    frames (:mod:`ckptz.engines.gpu.literals`: nvCOMP installed, and ckptz's C extension to
-    plan them): where a GPU was asked for by name, for a job of
+    frames (:mod:`ckptz.engines.gpu.literals`, nvCOMP installed): where a GPU was asked for by name, for a job of
     :func:`~ckptz.engines.hybrid.write_bytes` or more (smaller ones finish sooner on the CPU
     threads than the GPU starts), or with ``auto`` for a job of
     :func:`~ckptz.engines.hybrid.join_bytes` or more (the size at which the GPU would join
@@ -51,9 +50,7 @@ def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int =
     host the literal frames compressed a 5.35 GB checkpoint at 8.87 GB/s against the CPU
     path's 5.35, writes discarded (BENCHMARKS.md, session 32). Restores of the bitstream stay
     on the CPU threads (:class:`HybridEngine`)."""
-    from ckptz.codecs.native import native
-
-    if not writes or codec not in PORTABLE_CODECS or native is None or not nvcomp_installed():
+    if not writes or codec not in PORTABLE_CODECS or not nvcomp_installed():
         return False
     if want.startswith("cuda"):
         return job_bytes >= write_bytes()
