@@ -773,3 +773,26 @@ def test_pickle_scan_cases() -> None:
         assert native.pickle_scan(pkl, pickle_walk._KINDS) is None and _genops_view(pkl) is None
     with pytest.raises(ValueError, match="256"):
         native.pickle_scan(pkl, b"short")
+
+
+def test_a_build_without_a_compiler_says_what_to_install(tmp_path: Path) -> None:
+    """The extension is required: where it cannot be compiled the install fails with one line
+    naming what to install, not with an install that silently lacks it."""
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "ckptz").mkdir()
+    (tmp_path / "setup.py").write_text((repo / "setup.py").read_text())
+    subprocess.run(["cp", "-r", str(repo / "ckptz" / "native_src"), str(tmp_path / "ckptz")], check=True)
+    done = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--build-lib", "lib", "--build-temp", "tmp"],
+        cwd=tmp_path,
+        env={**os.environ, "CC": str(tmp_path / "no-such-compiler")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: ckptz needs a C compiler and Python headers: apt-get install build-essential"
+    )
+    assert not list(tmp_path.rglob("_native*.so"))
