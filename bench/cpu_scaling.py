@@ -19,7 +19,6 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,7 @@ def _frames(size: int, frame: int, word: int) -> list[tuple[int, int]]:
 def loop(fd: int, frames: list[tuple[int, int]], threads: int, stage: int, dtype: str) -> float:
     """GB/s of the bare loop up to ``stage`` (an index of :data:`STAGES`) on ``threads``."""
     kind = lookup(dtype)
-    options = replace(EncodeOptions(level=3), fast_exponents=True)
+    options = EncodeOptions(level=3)
     todo = iter(range(len(frames)))
     lock = threading.Lock()
     largest = max(n for _, n in frames)
@@ -91,7 +90,7 @@ def copy_rate(threads: int, size: int = 64 << 20, repeats: int = 20) -> float:
 def planes(fd: int, frames: list[tuple[int, int]], dtype: str) -> None:
     """One thread: ms per frame in the split and in each plane's bitstream."""
     kind = lookup(dtype)
-    options = replace(EncodeOptions(level=3), fast_exponents=True)
+    options = EncodeOptions(level=3)
     spent: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     raw: collections.Counter[str] = collections.Counter()

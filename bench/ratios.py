@@ -85,7 +85,7 @@ def ckptz_encode(
 ) -> list[list[EncodedChunk]]:
     """Encode streams (``raw[bounds[i]:bounds[i + 1]]``) frame by frame on the pool, with
     the CPU engine's options for the component."""
-    opts = EncodeOptions(fast_exponents=not dense)
+    opts = EncodeOptions()
     cuts = [
         (s, min(s + frame, end))
         for start, end in itertools.pairwise(bounds)

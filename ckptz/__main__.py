@@ -53,9 +53,10 @@ def _cache_bytecode() -> None:
     more than half of ``import torch``'s time. The
     cache (``$XDG_CACHE_HOME/ckptz/bytecode``, private to the user) holds only what Python
     itself would have written, checked by Python against each source's size and time.
-    ``CKPTZ_BYTECODE_CACHE=0`` turns it off; the library (``import ckptz``) never does this.
+    A ``PYTHONPYCACHEPREFIX`` of the user's own is kept; the library (``import ckptz``) never
+    does this.
     """
-    if not sys.dont_write_bytecode or sys.pycache_prefix or os.environ.get("CKPTZ_BYTECODE_CACHE") == "0":
+    if not sys.dont_write_bytecode or sys.pycache_prefix:
         return
     try:
         torch = find_spec("torch")
@@ -85,7 +86,9 @@ def _quiet_torch_logs() -> None:
     ranks: ...``, which carries the same text. Set before torch loads (its logger reads the
     variable once); a value the user set, or ``CKPTZ_DEBUG``, keeps torch's default.
     """
-    if "TORCH_CPP_LOG_LEVEL" not in os.environ and not os.environ.get("CKPTZ_DEBUG"):
+    from ckptz.settings import value
+
+    if "TORCH_CPP_LOG_LEVEL" not in os.environ and not value("debug"):
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
 
 

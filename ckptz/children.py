@@ -1,4 +1,4 @@
-"""How ckptz starts Python processes of its own (helper processes, an engine's process,
+"""How ckptz starts Python processes of its own (helper processes and
 ``--nproc`` ranks), and how it talks to them: pickled tuples over a socket, each after its
 length, with file descriptors passed beside them (``SCM_RIGHTS``).
 

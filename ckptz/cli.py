@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from ckptz import __version__, _signals
+from ckptz import __version__, _signals, settings
 from ckptz.devices import warm_named_gpu
 from ckptz.errors import CkptzError, PeerFailedError, StoppedError, UnreadableError, UsageError
 from ckptz.runs.progress import Progress
@@ -154,7 +154,7 @@ def _errors(fn: F) -> F:
             _signals.arm()
             return fn(*args, **kwargs)
         except (CkptzError, OSError) as exc:
-            if os.environ.get("CKPTZ_DEBUG"):
+            if settings.value("debug"):
                 raise
             code = exc.exit_code if isinstance(exc, CkptzError) else 1
             if isinstance(exc, PeerFailedError) and exc.quiet:

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from ckptz import settings
 from ckptz.container import SUFFIX, read_index
 from ckptz.engines import gpu_unavailable_reason, open_engine
 from ckptz.engines.base import Engine
@@ -69,7 +70,7 @@ _STAGING = ".ckptz-dcp-"
 
 def _rank_device(device: str | None) -> str | None:
     """``device``, else this rank's ``LOCAL_RANK`` GPU where one can code, else ``auto``."""
-    if device is not None or os.environ.get("CKPTZ_DEVICE"):
+    if device is not None or "CKPTZ_DEVICE" in settings.overridden():
         return device
     local = os.environ.get("LOCAL_RANK")
     if local is not None and local.isdigit() and gpu_unavailable_reason() is None:

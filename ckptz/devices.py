@@ -11,8 +11,8 @@ Choosing the engine itself is :mod:`ckptz.engines`'.
 from __future__ import annotations
 
 import importlib.util
-import os
 
+from ckptz import settings
 from ckptz.errors import UsageError
 
 #: ``--codec`` values that name the portable bitstream, which CPU and GPU both write.
@@ -21,7 +21,7 @@ PORTABLE_CODECS: tuple[str, ...] = ("auto", "zstd")
 
 def requested_device(device: str | None) -> str:
     """The device the user asked for: the flag, else ``$CKPTZ_DEVICE``, else ``auto``."""
-    value = (device or os.environ.get("CKPTZ_DEVICE") or "auto").strip().lower()
+    value = (device or str(settings.value("device"))).strip().lower()
     if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
         return value
     raise UsageError(f"unknown device {value!r}", hint="use auto, cpu, cuda or cuda:N")

@@ -1,6 +1,6 @@
 """What ckptz runs on, for a bug report (``ckptz env``), and the one table of its settings.
 
-:data:`SETTINGS` lists every environment variable ckptz reads, with its default and meaning;
+:data:`ckptz.settings.SETTINGS` lists every environment variable ckptz reads;
 ``docs/configuration.md`` is written from it and ``ckptz env`` reports which are set. Probing
 never fails: whatever cannot be found (torch, a CUDA driver, nvCOMP, a GPU) is reported as
 absent. torch is imported only here, when asked, never by ``ckptz --help``.
@@ -15,64 +15,11 @@ import importlib.util
 import os
 import platform
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 from ckptz._version import __version__
 from ckptz.cache import cache_folder
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One environment variable ckptz reads."""
-
-    name: str
-    default: str
-    meaning: str
-
-
-#: Every environment variable ckptz reads, in the order a user is likely to need them.
-SETTINGS: tuple[Setting, ...] = (
-    Setting("CKPTZ_DEVICE", "auto", "Device when --device is not given: auto, cpu, cuda or cuda:N."),
-    Setting(
-        "CKPTZ_PROCESSES",
-        "(chosen per job)",
-        "Processes that code one large file together on a GPU; 1: never split (default: 2 for GPU jobs of 32 GiB and more on 8+ cores).",
-    ),
-    Setting("CKPTZ_PEER_TIMEOUT", "60", "Seconds a rank waits for the others under torchrun or --nproc."),
-    Setting(
-        "CKPTZ_DISTRIBUTED",
-        "(detect)",
-        "0 ignores torchrun's variables; 1 trusts them even in a process that only inherited them.",
-    ),
-    Setting("CKPTZ_PROGRESS_SECONDS", "10", "Seconds between progress lines when stderr is not a terminal."),
-    Setting("CKPTZ_DEBUG", "(unset)", "Set to 1 to see the traceback behind an error line."),
-    Setting("CKPTZ_TRACE", "(unset)", "Write a timeline of every pipeline stage to this JSON file."),
-    Setting("CKPTZ_NO_NATIVE", "0", "1 runs without the C extension (numpy paths; same container format)."),
-    Setting("CKPTZ_NO_AVX2", "0", "1 keeps the C extension on its SSE2 loops on an AVX2 CPU."),
-    Setting("CKPTZ_MAPPED_WRITES", "1", "0 writes outputs on tmpfs with pwrite instead of mappings."),
-    Setting(
-        "CKPTZ_BYTECODE_CACHE",
-        "1",
-        "0 stops the CLI from caching torch's bytecode under the cache folder where torch has none.",
-    ),
-    Setting(
-        "CKPTZ_GPU_JOIN_BYTES",
-        "32GiB",
-        "Job size (bytes) from which a GPU joins the CPU threads under --device auto; 0: at once.",
-    ),
-    Setting(
-        "CKPTZ_GPU_WRITE_BYTES",
-        "4GiB",
-        "Job size (bytes) from which --device cuda writes the portable bitstream on the GPU; 0: always.",
-    ),
-    Setting("CKPTZ_ENGINE_PROCESS", "0", "1 runs the GPU engine in a child process of its own."),
-    Setting(
-        "XDG_CACHE_HOME",
-        "~/.cache",
-        "Root of ckptz's cache folder (compiled GPU kernels, bytecode): $XDG_CACHE_HOME/ckptz.",
-    ),
-)
+from ckptz.settings import overridden
 
 
 def _distribution_version(*names: str) -> str | None:
@@ -146,11 +93,6 @@ def _native() -> dict[str, Any]:
     }
 
 
-def overridden() -> dict[str, str]:
-    """The settings of :data:`SETTINGS` set in this process's environment, with their values."""
-    return {s.name: os.environ[s.name] for s in SETTINGS if s.name in os.environ}
-
-
 def describe() -> dict[str, Any]:
     """Everything a bug report needs about this installation, as plain JSON-ready data."""
     from ckptz.devices import nvcomp_installed
@@ -178,4 +120,4 @@ def describe() -> dict[str, Any]:
     }
 
 
-__all__ = ["SETTINGS", "Setting", "describe", "overridden"]
+__all__ = ["describe"]

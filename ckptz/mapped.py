@@ -13,7 +13,6 @@ byte a mapping is written at is reserved first (``fallocate``, which fails clean
 ``ENOSPC``: tests/test_mapped.py fills a small tmpfs, and without the reservation the process
 dies of ``SIGBUS``). Writes under :data:`MIN_BYTES`, files not open for reading and writing,
 and every other file system are written with ``pwrite`` as before.
-``CKPTZ_MAPPED_WRITES=0`` turns mappings off.
 
 The reservation runs up to :data:`STEP` bytes ahead of the writes without changing the
 file's size, which only ever grows to the end of a write about to be made, so the file is
@@ -117,7 +116,7 @@ def reserve(fd: int, offset: int, length: int) -> None:
 def open_output(fd: int) -> MappedOutput | None:
     """A :class:`MappedOutput` for ``fd`` where mapped writes are safe and possible: a
     regular file open for reading and writing, on one of :data:`FILE_SYSTEMS`; else None."""
-    if os.environ.get("CKPTZ_MAPPED_WRITES", "1") == "0" or _libc() is None:
+    if _libc() is None:
         return None
     try:
         import fcntl

@@ -577,11 +577,11 @@ def grow(fd: int, size: int) -> None:
 
 def pread_spans(fd: int, spans: Sequence[tuple[int, int]]) -> list[bytes]:
     """The bytes at each ``(offset, size)`` of a file (fewer past its end), in one call that
-    gives the GIL up once where the C extension is built: a file's thousands of small reads
+    gives the GIL up once: a file's thousands of small reads
     (a zip's local headers, the stream plan's samples), each made alone, each took the GIL
     back among a busy pipeline's threads."""
-    if native is None or not spans:
-        return [os.pread(fd, n, at) for at, n in spans]
+    if not spans:
+        return []
     table = np.array(spans, np.int64).reshape(-1, 2)
     return list(native.pread_many(fd, np.ascontiguousarray(table[:, 0]), np.ascontiguousarray(table[:, 1])))
 
@@ -590,18 +590,10 @@ def first_difference(fd: int, data: np.ndarray, pieces: Sequence[tuple[int, int,
     """Read back each ``(file offset, offset in data, bytes)`` piece of a file and compare it
     with those bytes of ``data``: None where all are equal, else the file offset of the first
     difference found (a piece cut short by the file's end differs where it stops). One call
-    that gives the GIL up once where the C extension is built."""
-    if native is not None:
-        table = np.array(pieces, np.int64).reshape(-1, 3).T
-        at = native.first_difference(fd, data, *(np.ascontiguousarray(column) for column in table))
-        return None if at < 0 else int(at)
-    for at, within, n in pieces:
-        theirs = os.pread(fd, n, at)
-        ours = data.data[within : within + n]
-        if theirs != ours:
-            same = np.frombuffer(theirs, np.uint8) == np.frombuffer(ours, np.uint8)[: len(theirs)]
-            return at + (int(np.argmin(same)) if not same.all() else len(theirs))
-    return None
+    that gives the GIL up once."""
+    table = np.array(pieces, np.int64).reshape(-1, 3).T
+    at = native.first_difference(fd, data, *(np.ascontiguousarray(column) for column in table))
+    return None if at < 0 else int(at)
 
 
 def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import threading
 from time import perf_counter_ns
 from types import TracebackType
+from typing import cast
+
+from ckptz.settings import value
 
 #: Where the trace goes (None: not tracing).
-PATH = os.environ.get("CKPTZ_TRACE") or None
+PATH = cast("str | None", value("trace"))
 
 _events: list[tuple[str, tuple[str, int], int, int]] = []
 

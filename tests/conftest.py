@@ -106,23 +106,6 @@ def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(params=["native", "numpy"])
-def coder_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a test on the C extension's coder and on the numpy/bindings fallback.
-
-    The fallback is what an install without a C compiler runs; both write the same format.
-    """
-    from ckptz.codecs import bitpack, cpu, frames, native, order1, planes
-
-    if request.param == "native":
-        if native.native is None:
-            pytest.skip("ckptz._native is not built (see test_native.py::test_extension_is_built)")
-    else:
-        for module in (bitpack, cpu, frames, order1, planes):
-            monkeypatch.setattr(module, "native", None)
-    return str(request.param)
-
-
 @pytest.fixture
 def cuda_ops() -> Iterator[Any]:
     """The GPU coder's device on GPU 0 (``-m gpu`` tests): a stream of its own and scratch memory."""

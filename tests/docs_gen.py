@@ -1,7 +1,7 @@
 """Writes the generated parts of docs/: the command reference and the settings table.
 
 ``PYTHONPATH=. python3 tests/docs_gen.py`` rewrites ``docs/cli.md`` from the Typer app and the
-table between the markers of ``docs/configuration.md`` from :data:`ckptz.environment.SETTINGS`;
+table between the markers of ``docs/configuration.md`` from :data:`ckptz.settings.SETTINGS`;
 ``tests/test_docs.py`` fails when either is stale.
 """
 
@@ -92,9 +92,9 @@ def cli_markdown() -> str:
 
 def settings_markdown() -> str:
     """The table of every environment variable ckptz reads, for docs/configuration.md."""
-    from ckptz.environment import SETTINGS
+    from ckptz.settings import SETTINGS
 
-    rows = [f"| `{s.name}` | `{s.default}` | {_cell(s.meaning)} |" for s in SETTINGS]
+    rows = [f"| `{s.variable}` | `{s.default}` | {_cell(s.help)} |" for s in SETTINGS]
     return "\n".join([BEGIN, "", "| variable | default | meaning |", "|---|---|---|", *rows, "", END])
 
 

@@ -90,7 +90,7 @@ CPU_ROWS = [b for b in TABLE if b.cpu is not None]
 
 
 @pytest.mark.parametrize("row", CPU_ROWS, ids=lambda b: b.name)
-def test_codec_conformance(row: Bitstream, coder_path: str) -> None:
+def test_codec_conformance(row: Bitstream) -> None:
     assert row.cpu is not None
     check_codec(row.cpu())
 
@@ -135,11 +135,11 @@ def check_frame(dtype: DType, options: EncodeOptions) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(DTYPES))
-def test_frame_conformance(name: str, coder_path: str) -> None:
+def test_frame_conformance(name: str) -> None:
     for options in (
         EncodeOptions(),
         EncodeOptions(effort=0, level=1),
-        EncodeOptions(effort=2, fast_exponents=True),
+        EncodeOptions(effort=2, context_exponents=True),
     ):
         check_frame(DTYPES[name], options)
 
@@ -195,10 +195,9 @@ def test_exponent_plane_is_top_byte() -> None:
     assert split(raw, DTYPES["float32"])[-1].tolist() == [127, 128]
 
 
-def test_policy(coder_path: str) -> None:
-    """Noise stored raw; exponents Huffman-coded: zstd frames from the C extension, else
-    deflate for dense fp32 and literal zstd for 16-bit floats or with fast_exponents."""
-    dense_fp32 = 2 if coder_path == "native" else 5
+def test_policy() -> None:
+    """Noise stored raw; exponents Huffman-coded as zstd frames."""
+    dense_fp32 = ZSTD.id
     assert looks_like_noise(RNG.integers(0, 256, 1 << 18, dtype=np.uint8))
     assert not looks_like_noise(RNG.integers(0, 128, 1 << 18, dtype=np.uint8))
     assert encode_plane(RNG.integers(0, 256, 1 << 16, dtype=np.uint8), EncodeOptions()).codec == RAW.id
@@ -208,32 +207,28 @@ def test_policy(coder_path: str) -> None:
     weights = _floats(1 << 16)
     assert encode_plane(_exponent_plane(weights), EncodeOptions(), exponent=True).codec == dense_fp32
     bf16 = split(_bf16_bytes(weights), DTYPES["bfloat16"])[-1]
-    assert encode_plane(bf16, EncodeOptions(), exponent=True, literal=True).codec == ZSTD.id
+    assert encode_plane(bf16, EncodeOptions(), exponent=True).codec == ZSTD.id
     fp32 = weights.view(np.uint8)
     assert encode_frame(fp32, DTYPES["float32"], EncodeOptions())[-1].codec == dense_fp32
-    assert encode_frame(fp32, DTYPES["float32"], EncodeOptions(fast_exponents=True))[-1].codec == ZSTD.id
     assert encode_frame(_bf16_bytes(weights), DTYPES["bfloat16"], EncodeOptions())[-1].codec == ZSTD.id
 
 
-def test_context_exponents_policy(coder_path: str) -> None:
+def test_context_exponents_policy() -> None:
     """With context_exponents, huff1 is chosen where neighbours share a scale and saves
-    more than CONTEXT_MARGIN; not on i.i.d. exponents (a tie) nor without the C extension."""
+    more than CONTEXT_MARGIN; not on i.i.d. exponents (a tie)."""
     rows = 4096
     scales = np.exp(RNG.uniform(-14, -4, rows)).astype(np.float32)
     moments = np.abs(RNG.standard_normal(rows * 128)).astype(np.float32) * np.repeat(scales, 128)
-    options = EncodeOptions(fast_exponents=True, context_exponents=True)
-    chosen = encode_plane(_exponent_plane(moments), options, exponent=True, literal=True).codec
-    assert chosen == (HUFF1.id if coder_path == "native" else ZSTD.id)
-    assert (
-        encode_plane(_exponent_plane(_floats(1 << 18)), options, exponent=True, literal=True).codec
-        != HUFF1.id
-    )
-    plain = EncodeOptions(fast_exponents=True)
-    assert encode_plane(_exponent_plane(moments), plain, exponent=True, literal=True).codec == ZSTD.id
+    options = EncodeOptions(context_exponents=True)
+    chosen = encode_plane(_exponent_plane(moments), options, exponent=True).codec
+    assert chosen == HUFF1.id
+    assert encode_plane(_exponent_plane(_floats(1 << 18)), options, exponent=True).codec != HUFF1.id
+    plain = EncodeOptions()
+    assert encode_plane(_exponent_plane(moments), plain, exponent=True).codec == ZSTD.id
     # A third of the rows untouched (zero runs): LZ-matching zstd is still tried beside huff1.
     moments[: moments.size // 3] = 0
     plane = _exponent_plane(moments)
-    chosen_chunk = encode_plane(plane, options, exponent=True, literal=True)
+    chosen_chunk = encode_plane(plane, options, exponent=True)
     assert len(chosen_chunk.payload) <= len(ZstdCodec(3).encode(plane))
 
 
@@ -292,18 +287,13 @@ def test_garbage_payloads_fail_cleanly(payload: bytes, size: int, codec_id: int)
     assert out.size == size
 
 
-def test_cpu_engine_keeps_deflate_exponents_for_weights() -> None:
-    """Dense weights keep deflate's smaller exponent code; other components get literal zstd."""
+def test_cpu_engine_tries_order1_exponents_on_second_moments_only() -> None:
+    """Order-1 exponents only from CONTEXT_LEVEL, and only on the second moments."""
 
     def stream(component: str) -> StreamInfo:
         return StreamInfo(0, component, "float32", 4, True, 1 << 20, 0, 0)
 
     with CpuEngine(1) as engine:
-        assert not engine.options_for(stream("weights")).fast_exponents
-        assert not engine.options_for(stream("master_weights")).fast_exponents
-        assert engine.options_for(stream("optimizer.exp_avg")).fast_exponents
-        assert engine.options_for(stream("gradients")).fast_exponents
-        # Order-1 exponents only from CONTEXT_LEVEL, and only on the second moments.
         assert not engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
     with CpuEngine(1, level=CONTEXT_LEVEL) as engine:
         assert engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents

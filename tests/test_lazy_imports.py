@@ -96,7 +96,7 @@ def test_bytecode_is_cached_where_python_may_not_write_it(tmp_path: Path) -> Non
 
 
 def test_bytecode_cache_stays_off_where_it_is_not_needed(tmp_path: Path) -> None:
-    assert not _help_with(tmp_path / "a", fake_torch=True, CKPTZ_BYTECODE_CACHE="0").exists()
+    assert not _help_with(tmp_path / "a", fake_torch=True, PYTHONPYCACHEPREFIX=str(tmp_path / "own")).exists()
     assert not _help_with(tmp_path / "b", fake_torch=True, PYTHONDONTWRITEBYTECODE="").exists()
 
 

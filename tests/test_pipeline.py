@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-import ckptz.safeio
 from ckptz import api
 from ckptz.codecs import codec_name
 from ckptz.container import frame_chunk_starts, read_index
@@ -113,14 +111,12 @@ def test_plan_separates_bf16_exact_fp32_tensors(tmp_path: Path) -> None:
     matrices = {by_key[k] for k in tensors if k.endswith("attn.weight")}
     norms = {by_key[k] for k in tensors if k.endswith("norm.weight")}
     assert len(matrices) == 1 and len(norms) == 1 and matrices != norms
-    # The samples read from a path, an open descriptor or a read function (with the C
-    # extension's batched reads, or without it), one at a time or all at once: one plan.
+    # The samples read from a path, an open descriptor or a read function, one at a time or
+    # all at once: one plan.
     fd = os.open(src, os.O_RDONLY)
     try:
         assert plan_streams(layout, source=fd) == split
         assert plan_streams(layout, source=lambda at, n: os.pread(fd, n, at)) == split
-        with mock.patch.object(ckptz.safeio, "native", None):
-            assert plan_streams(layout, source=fd) == split
     finally:
         os.close(fd)
 

@@ -240,7 +240,6 @@ def test_processes_by_default(monkeypatch: pytest.MonkeyPatch, packed: tuple[Pat
     from ckptz.runs.plan import Job
     from ckptz.runs.tree import Entry
 
-    monkeypatch.delenv("CKPTZ_PROCESSES", raising=False)
     big = Job("convert", Entry(Path("x"), "x", "file", 8 << 30, (0, 0), 1), Path("x"), "x")  # type: ignore[arg-type]
     small = Job("convert", Entry(Path("y"), "y", "file", 1 << 20, (0, 0), 1), Path("y"), "y")  # type: ignore[arg-type]
     monkeypatch.setattr(run_module.os, "cpu_count", lambda: 16)
@@ -259,10 +258,7 @@ def test_processes_by_default(monkeypatch: pytest.MonkeyPatch, packed: tuple[Pat
     assert split_processes([big], "auto", None, "cuda", True) == run_module.SPLIT_PROCESSES
     assert split_processes([big], "auto", None, "cuda") == 1  # its restores: the CPU threads
     assert split_processes([big], "auto", 3) == 3
-    monkeypatch.setenv("CKPTZ_PROCESSES", "4")
-    assert split_processes([big], "auto", None) == 4
     monkeypatch.setattr(run_module.os, "cpu_count", lambda: 2)
-    monkeypatch.delenv("CKPTZ_PROCESSES")
     assert split_processes([big], "ans", None) == 1
 
 

@@ -17,7 +17,7 @@ class RawCodec(Codec):
 
     def encode(self, data: np.ndarray) -> bytes:
         # A copy that does not hold the GIL (tobytes() does, for the frame's largest payload).
-        return native.copy(data) if native is not None and data.flags.c_contiguous else data.tobytes()
+        return native.copy(data) if data.flags.c_contiguous else data.tobytes()
 
     def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
         if len(payload) != size:
@@ -108,12 +108,11 @@ class ZstdCodec(Codec):
         return self.decode_into(payload, size, None)
 
     def decode_into(self, payload: bytes | memoryview, size: int, out: np.ndarray | None) -> np.ndarray:
-        if native is not None:
-            # Frames of literal-only blocks (HuffmanZstd's, and libzstd's where it found no
-            # matches) decode in C, 1.1-1.6x libzstd's speed, straight into the array.
-            array = np.empty(size, np.uint8) if out is None else out
-            if native.literals_decode(payload, array):
-                return array
+        # Frames of literal-only blocks (HuffmanZstd's, and libzstd's where it found no
+        # matches) decode in C, 1.1-1.6x libzstd's speed, straight into the array.
+        array = np.empty(size, np.uint8) if out is None else out
+        if native.literals_decode(payload, array):
+            return array
         try:
             declared = zstandard.frame_content_size(payload)
         except zstandard.ZstdError as exc:
@@ -139,16 +138,13 @@ class HuffmanZstd(ZstdCodec):
     block ends are planned from the plane's statistics (8-128 KiB). On trained exponent
     planes this is 0.2-1.6% smaller than Huffman-only deflate and decodes 2-3x faster.
 
-    Where the extension is not built, or a block would need a table it cannot describe,
-    it falls back to the literal-mostly zstd encoder: still a valid zstd frame.
+    Where a block would need a table it cannot describe, it falls back to the literal-mostly
+    zstd encoder: still a valid zstd frame.
     """
 
     def __init__(self) -> None:
         super().__init__(literal=True)
 
     def encode(self, data: np.ndarray) -> bytes:
-        if native is not None:
-            frame: bytes | None = native.huffman_zstd(np.ascontiguousarray(data))
-            if frame is not None:
-                return frame
-        return super().encode(data)
+        frame: bytes | None = native.huffman_zstd(np.ascontiguousarray(data))
+        return frame if frame is not None else super().encode(data)

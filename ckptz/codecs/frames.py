@@ -7,19 +7,12 @@ This is the CPU frame coder. Per plane, cheapest first:
 2. a plane that looks like noise on a strided sample (near 8 bits of order-0 entropy and
    no more zeros than noise has: trained mantissas) is stored ``raw`` without trying a
    coder, which is where most of the time would otherwise go;
-3. a float's exponent plane gets Huffman coding. With the C extension that is
-   :class:`~ckptz.codecs.cpu.HuffmanZstd`: zstd frames of Huffman-coded literal blocks
+3. a float's exponent plane gets Huffman coding:
+   :class:`~ckptz.codecs.cpu.HuffmanZstd`, zstd frames of Huffman-coded literal blocks
    whose ends follow the plane's statistics, 0.2-1.6% smaller than deflate and decoded
-   2-3x faster. Without it: ``zstd`` with literal-mostly parameters (32 KiB blocks, each
-   its own Huffman table: 2-3.5x faster to encode and 2-3x faster to decode than deflate,
-   0.5-0.8% larger), except for 32/64-bit floats without ``fast_exponents``, which get
-   ``deflate`` (Huffman only, 16 K-literal blocks: near the chunk-local order-0
-   entropy). zstd cannot be told to skip matching, and its residual short matches cost
-   ~0.013 bits per fp32 exponent: on dense fp32 weights that is the whole margin over
-   ZipNN, so the CPU engine sets ``fast_exponents`` only for streams outside the weights
-   components. Where the sample is at least 20% zeros (a fine-tune's unseen rows)
+   2-3x faster. Where the sample is at least 20% zeros (a fine-tune's unseen rows)
    level-``level`` zstd is tried as well; at ``effort >= 2``, deflate too. With
-   ``context_exponents`` (the CPU engine sets it for Adam's moments) and the C extension,
+   ``context_exponents`` (the CPU engine sets it for Adam's moments),
    ``huff1`` is tried too: each exponent coded given the bucket of the one before it
    (:mod:`ckptz.codecs.order1`);
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
@@ -86,16 +79,12 @@ class EncodeOptions:
         level: zstd level for the planes worth coding (1-22).
         effort: 1 (default) tries a second coder only where the sample says it may
             win; 2 tries both ``deflate`` and ``zstd`` on every plane worth coding.
-        fast_exponents: without the C extension, code the exponent planes of 32/64-bit
-            floats with literal zstd rather than deflate: 2-3x faster both ways, ~0.5%
-            larger on those planes. (With it, they get Huffman-coded zstd either way.)
-        context_exponents: with the C extension, also try ``huff1`` (each exponent coded
+        context_exponents: also try ``huff1`` (each exponent coded
             given the one before it) on exponent planes and keep the smaller payload.
     """
 
     level: int = 3
     effort: int = 1
-    fast_exponents: bool = False
     context_exponents: bool = False
 
 
@@ -111,7 +100,6 @@ class EncodedChunk:
 _RAW = RawCodec()
 _CONST = ConstCodec()
 _ZSTD: dict[int, ZstdCodec] = {}
-_LITERAL = ZstdCodec(literal=True)
 _HUFFMAN = HuffmanZstd()
 _DEFLATE = DeflateCodec()
 _BITPACK = BitpackCodec()
@@ -156,22 +144,9 @@ class PlaneStats:
         return self.bits > NOISE_BITS and self.zeros <= NOISE_ZERO_SHARE
 
 
-def _sample_stats(plane: np.ndarray) -> tuple[float, float]:
-    """Order-0 entropy (bits per byte) and share of zero bytes of a strided sample."""
-    sample = plane[:: max(1, plane.size // _SAMPLE)]
-    counts = np.bincount(sample, minlength=256)
-    seen = counts[counts > 0].astype(np.float64)
-    n = sample.size
-    # H = log2(n) - sum(c log2 c) / n: fewer passes than normalising first (runs per plane).
-    return float(np.log2(n) - (seen * np.log2(seen)).sum() / n), float(counts[0] / n)
-
-
 def plane_stats(plane: np.ndarray) -> PlaneStats:
-    """A non-empty plane's :class:`PlaneStats` (one C pass, or numpy's)."""
-    if native is not None:
-        return PlaneStats(*native.plane_stats(plane, _SAMPLE))
-    ones = int(np.bitwise_and.reduce(plane))
-    return PlaneStats(*_sample_stats(plane), ones, int(np.bitwise_or.reduce(plane)))
+    """A non-empty plane's :class:`PlaneStats` (one C pass)."""
+    return PlaneStats(*native.plane_stats(plane, _SAMPLE))
 
 
 def looks_like_noise(plane: np.ndarray) -> bool:
@@ -184,7 +159,6 @@ def encode_plane(
     options: EncodeOptions,
     *,
     exponent: bool = False,
-    literal: bool = False,
     stats: PlaneStats | None = None,
     owned: bytes | None = None,
 ) -> EncodedChunk:
@@ -194,8 +168,6 @@ def encode_plane(
         plane: the plane's bytes (1-D uint8).
         options: how hard to try.
         exponent: the plane holds float exponents (Huffman coding is the first choice).
-        literal: an exponent plane gets literal zstd rather than deflate (see the module
-            docs for when).
         stats: the plane's statistics if already known (computed here otherwise).
         owned: the plane's bytes as an object of their own, which a plane stored raw
             becomes without a copy (else it is copied out of ``plane``).
@@ -212,22 +184,17 @@ def encode_plane(
     bits, zeros = stats.bits, stats.zeros
     context = False
     zstd = _zstd(options.level)
-    # The Huffman coder: frames from the C extension, else literal-mostly zstd frames.
-    huffman: Codec = _HUFFMAN if native is not None else _LITERAL
     if exponent:
         candidates: list[Codec]
         if options.effort >= 2:
-            candidates = [huffman, _DEFLATE, zstd]
+            candidates = [_HUFFMAN, _DEFLATE, zstd]
         elif zeros >= _ZSTD_ZEROS:
             # Zero runs: level-3 matching wins where they fill whole rows (optimizer states
             # of a fine-tune).
-            candidates = [huffman, zstd]
-        elif native is not None or literal:
-            candidates = [huffman]
+            candidates = [_HUFFMAN, zstd]
         else:
-            candidates = [_DEFLATE]
-        if options.context_exponents and native is not None:
-            context = True
+            candidates = [_HUFFMAN]
+        context = options.context_exponents
     else:
         fixed = stats.fixed
         if fixed and 8 - bin(fixed).count("1") < bits + _PACK_SLACK:
@@ -240,9 +207,9 @@ def encode_plane(
         # where zstd's short LZ matches cost more than Huffman's one bit per byte: literal
         # zstd is within 0.3% of deflate there, at twice its speed.
         if options.effort >= 2:
-            candidates = [zstd, huffman, _DEFLATE]
+            candidates = [zstd, _HUFFMAN, _DEFLATE]
         elif bits < _LOW_BITS and zeros < _RUN_SHARE:
-            candidates = [zstd, huffman]
+            candidates = [zstd, _HUFFMAN]
         else:
             candidates = [zstd]
     ordered = None
@@ -252,9 +219,8 @@ def encode_plane(
         # no order-0 code (one table per run of blocks) can catch up: if that is the only
         # other candidate (no LZ matching, which can go below, for zero runs), it is not
         # tried, which halves the cost of trying huff1.
-        assert native is not None
         ordered = _ORDER1.encode(plane)
-        alone = candidates == [huffman]
+        alone = candidates == [_HUFFMAN]
         if alone and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, _BLOCK):
             return EncodedChunk(_ORDER1.id, size, ordered)
     best_id, best = _RAW.id, b""
@@ -287,9 +253,8 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
         blobs = [None] * len(planes)
     stats = [PlaneStats(*s) for s in sampled] if sampled else [None] * len(planes)
     top = len(planes) - 1
-    literal = dtype.word == 2 or options.fast_exponents
     return [
-        encode_plane(p, options, exponent=dtype.is_float and i == top, literal=literal, stats=st, owned=blob)
+        encode_plane(p, options, exponent=dtype.is_float and i == top, stats=st, owned=blob)
         for i, (p, st, blob) in enumerate(zip(planes, stats, blobs, strict=True))
     ]
 
@@ -324,8 +289,7 @@ def decode_frame(
     # The usual frame (raw, const, bitpack and literal-only zstd planes) in one call that
     # holds no GIL: Python per plane cost as much as a bitpack plane's decoding.
     if (
-        native is not None
-        and out is not None
+        out is not None
         and room is not None
         and dtype.word in (2, 4, 8)
         and native.decode_frame(chunks, out, room, dtype.word, dtype.is_float)

@@ -1,24 +1,24 @@
-"""The CPU coder's optional C extension, ``ckptz._native`` (source: ``ckptz/native_src/``).
+"""ckptz's C extension, ``ckptz._native`` (source: ``ckptz/native_src/``), built at install.
 
-It is built at install time where a C compiler is found. It makes the transform one pass
-over the words (:func:`ckptz.codecs.planes.split` and ``merge``) and writes the Huffman
-coding of exponent planes as standard zstd frames (:class:`ckptz.codecs.cpu.HuffmanZstd`).
-Without it ckptz runs the same container format on numpy and the zstd/deflate bindings,
-more slowly and with up to ~1% larger exponent planes. ``CKPTZ_NO_NATIVE=1`` turns it off
-(the tests run both paths).
+It holds the coders' inner loops: the transform in one pass over the words
+(:func:`ckptz.codecs.planes.split` and ``merge``), the Huffman coding of exponent planes as
+standard zstd frames (:class:`ckptz.codecs.cpu.HuffmanZstd`), checksums and file copies.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 from types import ModuleType
 
-native: ModuleType | None = None
-if os.environ.get("CKPTZ_NO_NATIVE", "") in ("", "0"):
-    try:
-        native = importlib.import_module("ckptz._native")
-    except ImportError:  # pragma: no cover - no compiler at install time
-        native = None
+#: What to install where the extension could not be built (setup.py prints it too).
+BUILD_HINT = "ckptz needs a C compiler and Python headers: apt-get install build-essential python3-dev"
 
-__all__ = ["native"]
+try:
+    from ckptz import _native
+except ImportError as exc:  # pragma: no cover - an install whose build failed
+    raise ImportError(
+        f"ckptz's C extension ckptz._native is missing ({exc}); {BUILD_HINT}, then reinstall ckptz"
+    ) from exc
+
+native: ModuleType = _native
+
+__all__ = ["BUILD_HINT", "native"]

@@ -40,8 +40,8 @@ The encoder chooses the buckets by dynamic programming over the plane's pair cou
 range's cost: the order-0 entropy of the bytes that follow it, plus a fixed cost per
 group); the C extension (``ckptz/native_src/order1.c``) writes and reads the payload
 without the GIL, and its frame decoder (``native.decode_frame``) decodes ``huff1`` planes
-in the same single call as the others. Without it, numpy and the zstandard binding do the
-same, slowly: the frame coder chooses ``huff1`` only with the extension.
+in the same single call as the others. Where the C writer declines a plane, or the C reader
+a payload (a group with libzstd matches), numpy and the zstandard binding do the same, slowly.
 """
 
 from __future__ import annotations
@@ -142,11 +142,8 @@ class Order1Codec(Codec):
     def encode(self, data: np.ndarray) -> bytes:
         data = np.ascontiguousarray(data, dtype=np.uint8)
         segments = next(s for least, s in SEGMENTS if data.size >= least)
-        if native is not None:
-            payload: bytes | None = native.order1_encode(data, segments)
-            if payload is not None:
-                return payload
-        return self._encode_numpy(data, segments)
+        payload: bytes | None = native.order1_encode(data, segments)
+        return payload if payload is not None else self._encode_numpy(data, segments)
 
     def _encode_numpy(self, data: np.ndarray, segments: int) -> bytes:
         prev = _contexts(data, segments)
@@ -175,7 +172,7 @@ class Order1Codec(Codec):
 
     def decode_into(self, payload: bytes | memoryview, size: int, out: np.ndarray | None) -> np.ndarray:
         array = np.empty(size, np.uint8) if out is None else out
-        if native is not None and native.order1_decode(payload, array):
+        if native.order1_decode(payload, array):
             return array
         return self._decode_numpy(memoryview(payload), size, array)
 

@@ -7,7 +7,6 @@ when a GPU could be used; on a machine without nvCOMP ``auto`` settles on the CP
 from __future__ import annotations
 
 import importlib.util
-import os
 
 from ckptz.codecs.table import CHOOSABLE
 from ckptz.devices import PORTABLE_CODECS, nvcomp_installed, requested_device, warm_context
@@ -20,14 +19,6 @@ from ckptz.errors import DeviceError, UsageError
 CODECS_CPU: tuple[str, ...] = ("auto", *(b.name for b in CHOOSABLE if b.cpu is not None))
 #: ``--codec`` values only a GPU can write (and decode).
 GPU_ONLY_CODECS: tuple[str, ...] = tuple(b.name for b in CHOOSABLE if b.cpu is None)
-
-
-def runs_apart() -> bool:
-    """Whether a job coded on a GPU runs its engine in a process of its own
-    (:mod:`ckptz.engines.process`): where ``$CKPTZ_ENGINE_PROCESS`` is 1. Off by default: it
-    measured no faster than one process, and a fresh command is slower, pinning its shared
-    buffers anew."""
-    return os.environ.get("CKPTZ_ENGINE_PROCESS", "").strip() == "1"
 
 
 def gpu_setup_reason() -> str | None:
@@ -87,17 +78,14 @@ def check_device(device: str | None, codec: str = "auto", writes: bool = False) 
 def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int = 0) -> bool:
     """Whether an engine that ``writes`` (compresses) on device ``want`` with ``codec`` codes
     the portable bitstream on the GPU from the first frame, where the GPU writes its literal
-    frames (:mod:`ckptz.engines.gpu.literals`: nvCOMP installed, and ckptz's C extension to
-    plan them): where a GPU was asked for by name, for a job of
+    frames (:mod:`ckptz.engines.gpu.literals`, nvCOMP installed): where a GPU was asked for by name, for a job of
     :func:`~ckptz.engines.hybrid.write_bytes` or more (smaller ones finish sooner on the CPU
     threads than the GPU starts), or with ``auto`` for a job of
     :func:`~ckptz.engines.hybrid.join_bytes` or more (the size at which the GPU would join
     the CPU threads anyway; a GPU shared with training is left alone below it); there the GPU
     codes faster than the CPU threads. Restores of the bitstream stay on the CPU threads
     (:class:`HybridEngine`)."""
-    from ckptz.codecs.native import native
-
-    if not writes or codec not in PORTABLE_CODECS or native is None or not nvcomp_installed():
+    if not writes or codec not in PORTABLE_CODECS or not nvcomp_installed():
         return False
     if want.startswith("cuda"):
         return job_bytes >= write_bytes()
@@ -125,31 +113,16 @@ def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_
     if (want.startswith("cuda") and gpu_first) or (
         want == "auto" and (codec in GPU_ONLY_CODECS or portable_gpu)
     ):
-        # The GPU engine itself (not the hybrid, which brings the GPU up later, in process).
-        if runs_apart() and (portable_gpu or codec not in PORTABLE_CODECS):
-            from ckptz.engines import process
-
-            process.prestart(want)  # its own context, beside the caller's planning
-        else:
-            warm_context(want)
+        # The GPU engine itself (not the hybrid, which brings the GPU up later).
+        warm_context(want)
 
 
-def open_gpu(
-    want: str, *, threads: int | None, level: int, codec: str, memory: int | None, apart: bool = False
-) -> Engine:
-    """The GPU engine on ``want`` (in a process of its own where ``apart``, unless it cannot
-    open there: then here, which reports why or settles as :func:`open_engine` says).
+def open_gpu(want: str, *, threads: int | None, level: int, codec: str, memory: int | None) -> Engine:
+    """The GPU engine on ``want``.
 
     Raises:
         DeviceError: no GPU engine can run here, or on ``want``.
     """
-    if apart:
-        from ckptz.engines import process
-
-        try:
-            return process.open_apart(want, threads=threads, level=level, codec=codec, memory=memory)
-        except DeviceError:
-            pass
     warm_context(want)  # the context comes up while the engine's modules load
     reason = gpu_unavailable_reason()
     if reason is not None:
@@ -175,13 +148,10 @@ def open_engine(
     memory: int | None = None,
     writes: bool = False,
     job_bytes: int = 0,
-    apart: bool | None = None,
 ) -> tuple[Engine, str | None]:
     """Open the engine for ``device``; return it with a notice for the user, if any. An
     engine that ``writes`` (compresses) ``job_bytes`` may code the portable bitstream on the
     GPU where one that restores decodes it on the CPU threads (:func:`writes_portable_on_gpu`).
-    The GPU engine (not the hybrid's, which joins later) runs in a process of its own where
-    ``apart`` says so (default: :func:`runs_apart`), unless it cannot open there.
 
     Raises:
         UsageError: unknown device or codec.
@@ -189,7 +159,6 @@ def open_engine(
     """
     want = requested_device(device)
     codec = codec.lower()
-    apart = runs_apart() if apart is None else apart
     if want.startswith("cuda"):
         # A GPU asked for by name codes there or the run fails: it never settles on the CPU
         # threads for want of a GPU, even where a small job would start on them.
@@ -199,7 +168,7 @@ def open_engine(
     if writes_portable_on_gpu(want, codec, writes, job_bytes) and (
         want != "auto" or gpu_unavailable_reason() is None
     ):
-        return open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory, apart=apart), None
+        return open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory), None
     if want != "cpu" and codec in PORTABLE_CODECS and nvcomp_installed():
         # The portable bitstream: CPU threads start at once, the GPU joins when it is up.
         def start_gpu() -> Engine:
@@ -230,7 +199,7 @@ def open_engine(
             notice = None if want == "cpu" else f"running on the CPU: {reason}"
             return CpuEngine(threads, level), notice
     try:
-        engine = open_gpu(want, threads=threads, level=level, codec=codec, memory=memory, apart=apart)
+        engine = open_gpu(want, threads=threads, level=level, codec=codec, memory=memory)
     except DeviceError as exc:
         if want != "auto" or codec not in CODECS_CPU:
             raise

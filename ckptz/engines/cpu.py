@@ -88,8 +88,7 @@ class CpuEngine:
         self.threads = max(1, threads or os.cpu_count() or 1)
         self.look_ahead = 2 * self.threads + 4
         self.options = EncodeOptions(level=level)
-        self._fast = replace(self.options, fast_exponents=True)
-        self._context = replace(self._fast, context_exponents=level >= CONTEXT_LEVEL)
+        self._context = replace(self.options, context_exponents=level >= CONTEXT_LEVEL)
 
     @property
     def restore_ahead(self) -> int:
@@ -97,11 +96,8 @@ class CpuEngine:
         return self.look_ahead
 
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
-        """Literal-zstd exponents everywhere but the dense weights components; order-1
-        exponents tried too on :data:`CONTEXT_COMPONENTS` from :data:`CONTEXT_LEVEL`."""
-        if stream.component in DENSE_COMPONENTS:
-            return self.options
-        return self._context if stream.component in CONTEXT_COMPONENTS else self._fast
+        """Order-1 exponents tried too on :data:`CONTEXT_COMPONENTS` from :data:`CONTEXT_LEVEL`."""
+        return self._context if stream.component in CONTEXT_COMPONENTS else self.options
 
     def _encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> EncodedFrame:
         with trace.span("encode"):

@@ -25,7 +25,6 @@ interpreter never stops in the middle of an import; the CLI leaves at once throu
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ckptz import settings
 from ckptz.codecs import codec_name
 from ckptz.codecs.table import by_id
 from ckptz.container import StreamInfo
@@ -52,7 +52,7 @@ from ckptz.engines.base import (
     encode_each,
 )
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import CkptzError, CodecUnavailableError, DeviceError, UsageError
+from ckptz.errors import CkptzError, CodecUnavailableError, DeviceError
 
 #: Bytes a job codes on the CPU before the GPU is brought up: seconds of the CPU coder on
 #: many cores, so the bring-up is a small fraction of the job it may speed up.
@@ -69,22 +69,17 @@ GPU_WRITE_BYTES = 4 << 30
 def join_bytes() -> int:
     """:data:`GPU_JOIN_BYTES`, or ``$CKPTZ_GPU_JOIN_BYTES`` (0: bring the GPU up at once, e.g.
     on a machine with few cores per GPU, where it may code faster than they do)."""
-    return _bytes_from("CKPTZ_GPU_JOIN_BYTES", GPU_JOIN_BYTES)
+    return _bytes_from("gpu_join_bytes", GPU_JOIN_BYTES)
 
 
 def write_bytes() -> int:
     """:data:`GPU_WRITE_BYTES`, or ``$CKPTZ_GPU_WRITE_BYTES`` (0: every job)."""
-    return _bytes_from("CKPTZ_GPU_WRITE_BYTES", GPU_WRITE_BYTES)
+    return _bytes_from("gpu_write_bytes", GPU_WRITE_BYTES)
 
 
 def _bytes_from(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return max(0, int(value))
-    except ValueError:
-        raise UsageError(f"{name}={value!r} is not a number of bytes") from None
+    given = settings.value(name)
+    return default if given is None else max(0, int(given))
 
 
 _pending: list[threading.Thread] = []

@@ -254,9 +254,7 @@ _KINDS = _opcode_kinds()
 
 def _opcodes_fine(data: bytes) -> bool:
     """Whether the native pass walked ``data`` to its STOP within every limit (False also
-    where it is unsure, or there is no extension: :func:`_check_opcodes` then decides)."""
-    if native is None:
-        return False
+    where it is unsure: :func:`_check_opcodes` then decides)."""
     scan = native.pickle_scan(data, _KINDS)
     if scan is None:
         return False

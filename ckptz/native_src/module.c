@@ -1020,7 +1020,24 @@ done:
     return result;
 }
 
+/* Tests turn the AVX2 loops off and on again, to check the SSE2 ones on a CPU that has AVX2. */
+static PyObject *native_use_avx2(PyObject *self, PyObject *arg) {
+    (void)self;
+    int want = PyObject_IsTrue(arg);
+    if (want < 0) return NULL;
+#if AVX2_PATHS
+    int before = have_avx2;
+    have_avx2 = want && __builtin_cpu_supports("avx2");
+    return PyBool_FromLong(before);
+#else
+    return PyBool_FromLong(0);
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"use_avx2", native_use_avx2, METH_O,
+     "use_avx2(on) -> bool: run the AVX2 loops where the CPU has them (on) or the SSE2 ones; returns\n"
+     "whether the AVX2 loops ran before."},
     {"xxh3_64", native_xxh3_64, METH_VARARGS, "xxh3_64(data) -> int: xxh3_64 (seed 0), without the GIL for large data."},
     {"xxh3_64_ranges", native_xxh3_64_ranges, METH_VARARGS,
      "xxh3_64_ranges(data, offsets, sizes, out): xxh3_64 of each range of data (int64 offsets and sizes)\n"
@@ -1088,10 +1105,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ckptz._native", NULL
 PyMODINIT_FUNC PyInit__native(void) {
     init_spread();
 #if AVX2_PATHS
-    /* CKPTZ_NO_AVX2=1 keeps the SSE2 loops (tests run both) */
-    const char *off = getenv("CKPTZ_NO_AVX2");
     __builtin_cpu_init();
-    have_avx2 = __builtin_cpu_supports("avx2") && !(off && *off && strcmp(off, "0"));
+    have_avx2 = __builtin_cpu_supports("avx2");
 #else
     const int have_avx2 = 0;
 #endif

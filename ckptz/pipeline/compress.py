@@ -675,7 +675,7 @@ class _Compression:
         all in one native call (one wait for the GIL, where each ``preadv`` had one among the
         pipeline's threads); else one ``preadv`` for each stretch of the file they cover back
         to back."""
-        if native is not None and isinstance(self.source, _FileSource):
+        if isinstance(self.source, _FileSource):
             table = np.array(pieces, np.int64).reshape(-1, 3).T.copy()
             if native.pread_into(self.source.fd, buf, table[0], table[1], table[2]) != int(table[2].sum()):
                 raise FormatError("file changed or was truncated while being read", path=self.relpath)

@@ -607,7 +607,6 @@ def _serve(sock: socket.socket, spec: EngineSpec) -> None:
             memory=spec.memory,
             writes=spec.gpu_writes,
             job_bytes=sys.maxsize if spec.gpu_writes else 0,  # the caller's job was large enough
-            apart=False,  # a helper is a process of its own already
         )
     except BaseException as exc:
         children.send(sock, ("failed", children.portable_error(exc)))

@@ -23,16 +23,15 @@ never the time a rank spends on its files.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from ckptz import _signals
+from ckptz import _signals, settings
 from ckptz.accounting import total_components
 from ckptz.container import SUFFIX
 from ckptz.errors import CkptzError, DistributedError, PeerFailedError, StoppedError
@@ -295,7 +294,7 @@ def join(world: World) -> tuple[Ranks, Callable[[], None]]:
 
 def _patience() -> float:
     try:
-        return max(1.0, float(os.environ.get("CKPTZ_PEER_TIMEOUT", "60")))
+        return max(1.0, float(cast(float, settings.value("peer_timeout"))))
     except ValueError:
         raise DistributedError(
             "CKPTZ_PEER_TIMEOUT must be a number of seconds", hint="unset it or give e.g. 60"

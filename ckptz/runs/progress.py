@@ -8,10 +8,10 @@ so logs show movement without control characters. Notices are printed once each.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from types import TracebackType
+from typing import cast
 
 from rich.console import Console
 from rich.filesize import decimal
@@ -25,15 +25,14 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
+from ckptz import settings
+
 #: How many in-flight names the bar shows before "+N".
 SHOWN_FILES = 2
 
 
 def _interval() -> float:
-    try:
-        return max(0.0, float(os.environ.get("CKPTZ_PROGRESS_SECONDS", "10")))
-    except ValueError:
-        return 10.0
+    return max(0.0, float(cast(float, settings.value("progress_seconds"))))
 
 
 class Progress:

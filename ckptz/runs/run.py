@@ -135,7 +135,7 @@ def split_processes(
     jobs: Sequence[Job], codec: str, processes: int | None, device: str | None = None, writes: bool = False
 ) -> int:
     """How many processes compress or restore one large file together: ``processes`` where
-    given (or ``CKPTZ_PROCESSES``); else :data:`SPLIT_PROCESSES` where the files are coded
+    given; else :data:`SPLIT_PROCESSES` where the files are coded
     on a GPU (``codec`` is a GPU-only bitstream, or the run ``writes`` the portable one on
     ``device``'s GPU: :func:`~ckptz.engines.writes_portable_on_gpu`), the machine has
     :data:`SPLIT_CORES` cores, a file is large enough to split, and the run converts
@@ -144,11 +144,9 @@ def split_processes(
     which more processes would only share.)"""
     from ckptz.pipeline.shards import MIN_RANGE, helpers_running
 
-    if processes is None and os.environ.get("CKPTZ_PROCESSES", "").isdigit():
-        processes = int(os.environ["CKPTZ_PROCESSES"])
     if processes is not None:
         if processes < 1:
-            raise UsageError("processes (CKPTZ_PROCESSES) must be at least 1")
+            raise UsageError("processes must be at least 1")
         return processes
     total = sum(j.entry.size for j in jobs)
     on_gpu = codec in GPU_ONLY_CODECS or writes_portable_on_gpu(

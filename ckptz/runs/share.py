@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
+from ckptz import settings
 from ckptz.errors import DistributedError
 from ckptz.runs.jobs import Stop
 from ckptz.runs.plan import Job, Plan
@@ -58,8 +59,8 @@ class World:
         they count only if this process is ``torchrun``'s own worker: a process that merely
         inherited them (``ckptz`` called from inside a training run) stays single.
         """
-        choice = env.get("CKPTZ_DISTRIBUTED", "").strip()
-        if choice == "0" or not all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        choice = settings.value("distributed", env)
+        if choice is False or not all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
             return None
         try:
             world = cls(
@@ -73,7 +74,7 @@ class World:
                 "RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE must be integers",
                 hint="start ckptz with torchrun, or unset them",
             ) from None
-        if world.size <= 1 or (choice != "1" and not _launched_by_torchrun()):
+        if world.size <= 1 or (choice is not True and not _launched_by_torchrun()):
             return None
         if not 0 <= world.rank < world.size or world.local_size < 1:
             raise DistributedError(

@@ -388,11 +388,8 @@ class GpuEngine:
         the CPU coder, for :data:`HOST_COMPONENTS`)."""
         return {
             "zstd": {
-                **(
-                    {"implementation": "ckptz-gpu-literals", "block": literals.BLOCK}
-                    if literals.AVAILABLE
-                    else {"implementation": "nvcomp", "bitstream_kind": "RAW", "nvcomp": nvcomp_version()}
-                ),
+                "implementation": "ckptz-gpu-literals",
+                "block": literals.BLOCK,
                 "also": self._host.codec_config()["zstd"],
             },
             "ans": {"implementation": "nvcomp", "data_type": "|u1", "nvcomp": nvcomp_version()},

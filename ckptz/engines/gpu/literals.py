@@ -71,10 +71,6 @@ NAMES = ("literals_hist", "literals_encode", "bitpack_encode", "literals_decode"
 #: the threads of a block of every kernel (:mod:`ckptz.engines.gpu.kernels`' ``THREADS``).
 _MAX_Y = 65535
 _THREADS = 256
-#: Whether this machine writes the literal frames (their plan needs ckptz's C extension;
-#: without it nvCOMP's Zstd writes the bitstream).
-AVAILABLE = native is not None
-
 SOURCE = r"""
 #ifndef HD
 #define HD __device__ __forceinline__
@@ -367,7 +363,6 @@ def plan(
 def _plan_share(
     counts: np.ndarray, sizes: np.ndarray, src_at: np.ndarray, dst_at: np.ndarray, capacities: np.ndarray
 ) -> _Plan:
-    assert native is not None, "the literal frames are planned by ckptz's C extension"
     blocks = int((-(-sizes // BLOCK)).sum())
     got = np.empty(sizes.size, np.int64)
     packs = np.empty(sizes.size, np.int64)
@@ -480,7 +475,6 @@ def decode(
     (``ckptz._native.literals_scan``: its headers and Huffman tables checked and made into
     lookup tables, each stream's bytes and where its symbols go), a thread a row decodes
     them. Which payloads were such frames (the others are left to the caller)."""
-    assert native is not None, "literal frames are scanned by ckptz's C extension"
     at, size, raw, out_at = _columns(offsets, sizes, raw_sizes, dst_offsets)
     ok = np.zeros(at.size, np.uint8)
     if not at.size:
@@ -550,8 +544,7 @@ class LiteralCodecs:
     """The GPU coder's batched codecs (:class:`ckptz.engines.gpu.coder.BatchCodecs`): the
     ``zstd`` bitstream written by :func:`encode` (a chunk it bit-packs gets the ``bitpack``
     bitstream, which CPUs decode) and its frames decoded by :func:`decode`, bit packs by
-    :func:`decode_bitpack`; everything else by ``nvcomp``. Without ckptz's C extension
-    (:data:`AVAILABLE`), nvCOMP's Zstd writes and decodes the bitstream."""
+    :func:`decode_bitpack`; everything else by ``nvcomp``."""
 
     def __init__(
         self, nvcomp: BatchCodecs, ops: _Ops, pool: Executor | None = None, threads: int = 1
@@ -560,13 +553,13 @@ class LiteralCodecs:
         self._chosen: list[int] | None = None
 
     def max_compressed_size(self, codec_id: int, size: int) -> int:
-        if codec_id == ZSTD.id and AVAILABLE:
+        if codec_id == ZSTD.id:
             return max_frame_size(size)
         return self._nvcomp.max_compressed_size(codec_id, size)
 
     def encode(self, codec_id: int, *args: Any) -> list[int]:
         """:meth:`~ckptz.engines.gpu.coder.BatchCodecs.encode`."""
-        if codec_id == ZSTD.id and AVAILABLE:
+        if codec_id == ZSTD.id:
             got, self._chosen = encode(self._ops, *args, pool=self._pool, threads=self._threads)
             return got
         self._chosen = None
@@ -597,7 +590,7 @@ class LiteralCodecs:
                 raise CodecError("bitpack payloads are decoded from their host copy", codec=BITPACK.name)
             decode_bitpack(self._ops, host, dst, src, *args)
             return
-        if codec_id == ZSTD.id and AVAILABLE and host is not None:
+        if codec_id == ZSTD.id and host is not None:
             rest = np.flatnonzero(~decode(self._ops, host, dst, src, *args)).tolist()
             if not rest:
                 return

@@ -21,7 +21,6 @@ from __future__ import annotations
 import bisect
 import ctypes
 import mmap
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -44,47 +43,25 @@ class Region:
     or just dropped: a mapping unmapped while still registered leaves the driver taking
     whatever memory later lands at those addresses for pinned memory (a later copy of a
     pageable tensor there failed with "invalid argument").
-
-    A ``shared`` region is a memory file (``memfd``) mapped shared, which another process
-    maps too (:mod:`ckptz.engines.process`): its descriptor is :attr:`fd`, and ``pin`` False
-    leaves it unregistered (a process that runs no CUDA). :meth:`mapped` maps such a region
-    made elsewhere. :attr:`key` names it to both processes.
     """
 
-    def __init__(
-        self, size: int, *, shared: bool = False, pin: bool = True, fd: int = -1, key: object = None
-    ) -> None:
+    def __init__(self, size: int) -> None:
         self.size = size
-        self.key = key
-        self.fd = fd
         self._map: mmap.mmap | None = None
         allocated = 0
         pinned = False
         try:
-            if shared or fd >= 0:
-                if fd < 0:
-                    self.fd = os.memfd_create("ckptz-buffers", os.MFD_CLOEXEC)
-                    os.ftruncate(self.fd, size)
-                self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
-            else:
-                self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             if hasattr(mmap, "MADV_HUGEPAGE"):
                 self._map.madvise(mmap.MADV_HUGEPAGE)
             self.array = np.frombuffer(self._map, dtype=np.uint8)
-            if fd < 0:  # (another process's region holds its bytes already)
-                self.array[::4096] = 0  # fault the pages in here: registering them is then quick
-            if pin:
-                cuda.host_register(self.array.ctypes.data, size)
-                pinned = True
+            self.array[::4096] = 0  # fault the pages in here: registering them is then quick
+            cuda.host_register(self.array.ctypes.data, size)
+            pinned = True
         except (OSError, RuntimeError):
-            if shared or fd >= 0:
-                if self._map is None:
-                    raise
-                # Shared memory the driver would not pin: kept, and copied from as it is.
-            else:
-                self._map = None
-                allocated = cuda.host_alloc(size)
-                self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(allocated))
+            self._map = None
+            allocated = cuda.host_alloc(size)
+            self.array = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(allocated))
         self.start = self.array.ctypes.data
         #: Whether CUDA has it registered (else it is copied from as pageable memory).
         self.pinned = pinned or allocated != 0
@@ -92,16 +69,8 @@ class Region:
         self.returned = 0
         # Runs on close() or when the region is dropped, while the mapping is still mapped
         # (the finalizer holds it); not at exit, where the process's memory goes anyway.
-        self._release = weakref.finalize(
-            self, _release, self._map if pinned else None, allocated, self.start, self.fd
-        )
+        self._release = weakref.finalize(self, _release, self._map if pinned else None, allocated, self.start)
         self._release.atexit = False
-
-    @classmethod
-    def mapped(cls, fd: int, size: int, key: object, pin: bool = True) -> Region:
-        """The shared region another process made, mapped here from its descriptor ``fd``
-        (taken over: closed with the region)."""
-        return cls(size, fd=fd, key=key, pin=pin)
 
     def close(self) -> None:
         """Unpin and unmap (no lease of it may be left)."""
@@ -110,10 +79,8 @@ class Region:
         self._map = None
 
 
-def _release(mapping: mmap.mmap | None, allocated: int, start: int, fd: int = -1) -> None:
+def _release(mapping: mmap.mmap | None, allocated: int, start: int) -> None:
     """Unpin a region's memory, then let it go."""
-    if fd >= 0:
-        os.close(fd)
     if mapping is not None:
         if not cuda.host_unregister(start):
             # CUDA still counts these pages as pinned: unmapped, their addresses could come
@@ -131,22 +98,12 @@ class PinnedPool:
     :meth:`holds` tells whether an array lies in pinned memory, so a copy to the device can go
     straight from where a reader put the bytes.
 
-    Regions another process made and shares (:meth:`adopt`) are found by :meth:`holds` and
-    :meth:`find` but never leased.
-
     Args:
         keep: free bytes kept pinned for later leases (default :data:`KEEP`).
-        make: makes a region of a given size (shared ones, or the tests' stand-in for pinned
-            memory).
-        forget: called with each region the pool lets go of, before it is closed.
+        make: makes a region of a given size (the tests' stand-in for pinned memory).
     """
 
-    def __init__(
-        self,
-        keep: int = KEEP,
-        make: Callable[[int], Region] = Region,
-        forget: Callable[[Region], None] | None = None,
-    ) -> None:
+    def __init__(self, keep: int = KEEP, make: Callable[[int], Region] = Region) -> None:
         self._lock = threading.Lock()
         self._free: list[Region] = []  # sorted by size
         self._starts: list[int] = []  # every region, by address
@@ -154,7 +111,6 @@ class PinnedPool:
         self._kept = 0
         self._keep = keep
         self._make = make
-        self._forget = forget
         self._returns = 0
 
     def take(self, size: int) -> np.ndarray:
@@ -189,21 +145,6 @@ class PinnedPool:
                 return self._regions[at]
             return None
 
-    def adopt(self, region: Region) -> None:
-        """Know ``region`` (shared by another process) as this pool's memory, never leased."""
-        with self._lock:
-            at = bisect.bisect(self._starts, region.start)
-            self._starts.insert(at, region.start)
-            self._regions.insert(at, region)
-
-    def disown(self, region: Region) -> None:
-        """Forget a region :meth:`adopt` took, and close it."""
-        with self._lock:
-            at = bisect.bisect(self._starts, region.start) - 1
-            if at >= 0 and self._regions[at] is region:
-                del self._starts[at], self._regions[at]
-        region.close()
-
     def _reuse(self, size: int) -> Region | None:
         with self._lock:
             sizes = [r.size for r in self._free]
@@ -231,8 +172,6 @@ class PinnedPool:
                 del self._starts[at], self._regions[at]
                 stale.append(oldest)
         for r in stale:  # unpinning takes a moment: not under the lock
-            if self._forget is not None:
-                self._forget(r)
             r.close()
 
 
@@ -249,14 +188,4 @@ def pool() -> PinnedPool:
         return _POOL
 
 
-def use_pool(made: PinnedPool) -> None:
-    """Make ``made`` the process's pinned memory (an engine's process, whose buffers are
-    shared with the process it codes for), before anything takes from :func:`pool`."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is not None:
-            raise RuntimeError("the process's pinned pool is in use already")
-        _POOL = made
-
-
-__all__ = ["GRAIN", "KEEP", "PinnedPool", "Region", "pool", "use_pool"]
+__all__ = ["GRAIN", "KEEP", "PinnedPool", "Region", "pool"]
