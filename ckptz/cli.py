@@ -234,7 +234,18 @@ def _emit(data: dict[str, Any] | None, view: Any, as_json: bool, quiet: bool = F
     if as_json:
         sys.stdout.write(json.dumps(_strict(data), indent=2, default=str, allow_nan=False) + "\n")
     elif not quiet:
+        _print(view)
+
+
+def _print(view: Any) -> None:
+    """``view`` on stdout; piped, without the spaces that pad its lines to the table's width
+    (they only make logs wider and diffs noisier)."""
+    if stdout.is_terminal:
         stdout.print(view)
+        return
+    with stdout.capture() as captured:
+        stdout.print(view)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def _strict(value: Any) -> Any:
@@ -348,13 +359,15 @@ def _show(
     summary: Summary, ui: Progress, *, as_json: bool, quiet: bool, verbose: bool, dry_run: bool
 ) -> None:
     """A compress or decompress result: notes on stderr, the summary (or JSON) on stdout."""
-    from ckptz.report import actions_table, notes, summary_json, summary_view
+    from ckptz.report import actions_table, notes, summary_json, summary_view, unreadable_checkpoints
 
-    for line in notes(summary.actions, verbose):
+    for line in notes(summary.actions, verbose) + unreadable_checkpoints(summary.files) * (
+        summary.operation == "compress"
+    ):
         ui.notice(line)
-    _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json, quiet)
+    _emit(summary_json(summary) if as_json else None, summary_view(summary, verbose), as_json, quiet)
     if verbose and dry_run and not as_json:
-        stdout.print(actions_table(summary.actions))
+        _print(actions_table(summary.actions))
 
 
 @app.command(short_help="Compress checkpoint files and folders: each checkpoint X becomes X.ckptz.")

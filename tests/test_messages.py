@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -116,3 +117,66 @@ def test_damage_is_told_in_the_originals_terms(small_checkpoint: Path, tmp_path:
     detail = verdict["error"]
     assert not detail.startswith(packed.name) and "stream" not in detail and "chunk" not in detail, detail
     assert "offset" in detail and "(in tensor " in detail, detail
+
+
+def test_a_truncated_checkpoint_is_named_when_stored_as_opaque_bytes(
+    small_checkpoint: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "cut"
+    source.mkdir()
+    for name in ("optimizer.pt", "model.safetensors"):
+        data = (small_checkpoint / name).read_bytes()
+        (source / name).write_bytes(data[: len(data) // 2])
+    out = tmp_path / "cut.ckptz"
+    done = ckptz("compress", str(source), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    for name in ("optimizer.pt", "model.safetensors"):
+        line = f"ckptz: warning: {name} is not a readable checkpoint; stored as opaque bytes"
+        assert line in done.stderr.splitlines(), done.stderr
+    shown = ckptz("inspect", str(out)).stdout
+    assert "warning: optimizer.pt is not a readable checkpoint; stored as opaque bytes" in shown
+    healthy = ckptz("compress", str(small_checkpoint), "-o", str(tmp_path / "ok.ckptz"))
+    assert "warning" not in healthy.stderr
+
+
+def test_piped_tables_carry_no_trailing_spaces(small_checkpoint: Path, tmp_path: Path) -> None:
+    done = ckptz("compress", str(small_checkpoint), "-o", str(tmp_path / "x.ckptz"), env={"COLUMNS": "120"})
+    assert done.returncode == 0 and done.stdout
+    assert all(line == line.rstrip() for line in done.stdout.splitlines()), done.stdout
+
+
+def test_a_large_tree_gets_a_summary_and_v_lists_every_file(tmp_path: Path) -> None:
+    import torch
+
+    source = tmp_path / "many"
+    source.mkdir()
+    for i in range(30):
+        torch.save({"w": torch.full((8,), float(i))}, source / f"part-{i:02d}.pt")
+    done = ckptz("compress", str(source), "-o", str(tmp_path / "a"))
+    assert done.returncode == 0, done.stderr
+    assert "30 files (-v lists each)" in done.stdout and "part-17.pt" not in done.stdout
+    assert len(done.stdout.splitlines()) < 20
+    every = ckptz("compress", str(source), "-o", str(tmp_path / "b"), "-v")
+    assert all(f"part-{i:02d}.pt" in every.stdout for i in range(30))
+
+
+def test_bench_prints_figures_people_read(small_checkpoint: Path) -> None:
+    done = ckptz(
+        "bench", str(small_checkpoint / "model.safetensors"), "--codecs", "ckptz-auto", "--storage-gbps", "1"
+    )
+    assert done.returncode == 0, done.stderr
+    assert not re.search(r"\de[-+]\d", done.stdout), done.stdout
+    assert "+0.00 " not in done.stdout and not done.stdout.rstrip().endswith("+0.00")
+
+
+def test_nproc_reports_the_whole_runs_time(small_checkpoint: Path, tmp_path: Path) -> None:
+    import time
+
+    began = time.perf_counter()
+    done = ckptz(
+        "compress", str(small_checkpoint), "-o", str(tmp_path / "x.ckptz"), "--nproc", "2", timeout=300
+    )
+    wall = time.perf_counter() - began
+    assert done.returncode == 0, done.stderr
+    (reported,) = re.findall(r" in ([\d.]+) s", done.stdout)
+    assert float(reported) >= 0.6 * wall, (reported, wall)
