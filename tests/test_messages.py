@@ -180,3 +180,44 @@ def test_nproc_reports_the_whole_runs_time(small_checkpoint: Path, tmp_path: Pat
     assert done.returncode == 0, done.stderr
     (reported,) = re.findall(r" in ([\d.]+) s", done.stdout)
     assert float(reported) >= 0.6 * wall, (reported, wall)
+
+
+def test_the_progress_bar_keeps_its_figures_whole_at_80_columns(tmp_path: Path) -> None:
+    """On a terminal (a pty here) 80 columns wide, long names in flight are cut short; the
+    byte counts and the speed are never split or elided."""
+    import pty
+    import subprocess
+    import sys
+
+    import torch
+    from conftest import CLI_ENV
+
+    source = tmp_path / "run"
+    source.mkdir()
+    for i in range(3):
+        torch.save({"w": torch.randn(512, 1024)}, source / f"a-rather-long-checkpoint-file-name-{i}.pt")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptz", "compress", str(source), "-o", str(tmp_path / "o"), "-T", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+        env={**CLI_ENV, "COLUMNS": "80"},
+    )
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=120) == 0
+    os.close(leader)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+    bars = [s for s in text.split("\r") if "━" in s]
+    assert bars, text
+    for line in bars:
+        assert "\n" not in line and len(line) <= 80, repr(line)
+        assert re.search(r" [\d.]+/[\d.]+ [kMG]?B ", line), repr(line)
