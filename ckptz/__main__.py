@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from importlib.util import find_spec
 
 from ckptz import _signals
@@ -17,6 +18,8 @@ from ckptz import _signals
 def main() -> None:
     """Console-script entry point."""
     _signals.install()
+    # When the command started, for ranks it starts (--nproc) to report the whole run's time.
+    os.environ.setdefault("_CKPTZ_STARTED_AT", repr(time.time()))
     _cache_bytecode()
     _quiet_torch_logs()
     try:

@@ -21,6 +21,14 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperGroup
+
+try:  # Typer 0.24+ carries its own copy of click
+    from typer._click.exceptions import NoSuchOption
+    from typer._click.exceptions import UsageError as ClickUsageError
+except ImportError:  # pragma: no cover - older Typer, on click itself
+    from click.exceptions import NoSuchOption  # type: ignore[assignment]
+    from click.exceptions import UsageError as ClickUsageError  # type: ignore[assignment]
 
 from ckptz import __version__, _signals, settings
 from ckptz.devices import warm_named_gpu
@@ -31,8 +39,50 @@ if TYPE_CHECKING:
     from ckptz.runs.results import Summary
     from ckptz.runs.share import World
 
+
+class _Commands(TyperGroup):
+    """ckptz's command group: usage errors in one line, like every other error."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except ClickUsageError as exc:
+            raise _UsageLine(exc) from None
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ClickUsageError as exc:
+            raise _UsageLine(exc) from None
+
+
+class _UsageLine(ClickUsageError):
+    """A usage error shown as ``ckptz: error: MESSAGE (see 'ckptz CMD -h')``. Click's own
+    suggestions are kept only where one shares the mistyped option's first letters (it
+    offered --device for --series)."""
+
+    def __init__(self, exc: ClickUsageError) -> None:
+        message = exc.format_message()
+        if isinstance(exc, NoSuchOption):
+            close = [p for p in exc.possibilities or () if p[:4] == exc.option_name[:4]]
+            message = f"no such option: {exc.option_name}" + (f" (did you mean {close[0]}?)" if close else "")
+        super().__init__(message[:1].lower() + message[1:].rstrip("."), exc.ctx)
+
+    def show(self, file: Any = None) -> None:
+        where = self.ctx.command_path if self.ctx is not None else "ckptz"
+        stderr.print(f"ckptz: error: {self.message} (see '{where} -h')", soft_wrap=True)
+
+
+def _no_types(self: Any, ctx: Any) -> None:
+    """Arguments show their metavar alone, not a Python type (``SOURCE <list[str]>``)."""
+    return None
+
+
+TyperArgument.display_type_rich = _no_types  # type: ignore[method-assign]
+
 app = typer.Typer(
     name="ckptz",
+    cls=_Commands,
     help="Lossless, byte-exact compression of PyTorch checkpoints (GPU with nvCOMP, or CPU).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -54,6 +104,12 @@ Sources = Annotated[
         help="Checkpoint files or folders; shell patterns work (runs/checkpoint-*). '-' reads stdin.",
         show_default=False,
         metavar="SOURCE",
+    ),
+]
+Paths = Annotated[
+    list[str],
+    typer.Argument(
+        help="Files or folders; shell patterns work (runs/checkpoint-*).", show_default=False, metavar="PATH"
     ),
 ]
 Output = Annotated[
@@ -188,7 +244,18 @@ def _emit(data: dict[str, Any] | None, view: Any, as_json: bool, quiet: bool = F
     if as_json:
         sys.stdout.write(json.dumps(_strict(data), indent=2, default=str, allow_nan=False) + "\n")
     elif not quiet:
+        _print(view)
+
+
+def _print(view: Any) -> None:
+    """``view`` on stdout; piped, without the spaces that pad its lines to the table's width
+    (they only make logs wider and diffs noisier)."""
+    if stdout.is_terminal:
         stdout.print(view)
+        return
+    with stdout.capture() as captured:
+        stdout.print(view)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def _strict(value: Any) -> Any:
@@ -233,6 +300,14 @@ def _call(world: World | None, fn: Callable[..., Any], *args: Any, **kwargs: Any
 
 def _leads(world: World | None) -> bool:
     return world is None or world.leader
+
+
+def _no_stdin(paths: list[str]) -> None:
+    if "-" in paths:
+        raise UsageError(
+            "'-' (stdin) is read by compress and decompress only",
+            hint="save the stream to a file and name it",
+        )
 
 
 def _one_process(nproc: int | None) -> None:
@@ -294,16 +369,18 @@ def _show(
     summary: Summary, ui: Progress, *, as_json: bool, quiet: bool, verbose: bool, dry_run: bool
 ) -> None:
     """A compress or decompress result: notes on stderr, the summary (or JSON) on stdout."""
-    from ckptz.report import actions_table, notes, summary_json, summary_view
+    from ckptz.report import actions_table, notes, summary_json, summary_view, unreadable_checkpoints
 
-    for line in notes(summary.actions, verbose):
+    for line in notes(summary.actions, verbose) + unreadable_checkpoints(summary.files) * (
+        summary.operation == "compress"
+    ):
         ui.notice(line)
-    _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json, quiet)
+    _emit(summary_json(summary) if as_json else None, summary_view(summary, verbose), as_json, quiet)
     if verbose and dry_run and not as_json:
-        stdout.print(actions_table(summary.actions))
+        _print(actions_table(summary.actions))
 
 
-@app.command()
+@app.command(short_help="Compress checkpoint files and folders: each checkpoint X becomes X.ckptz.")
 @_errors
 def compress(
     sources: Sources,
@@ -327,7 +404,11 @@ def compress(
         ),
     ] = "auto",
     fast: Annotated[
-        bool, typer.Option("--fast", help="Prefer speed over portability: --codec ans on a GPU.")
+        bool,
+        typer.Option(
+            "--fast",
+            help="Same as --codec ans: fastest, but only a GPU can write or restore it (an error without one).",
+        ),
     ] = False,
     memory: Memory = None,
     verify: Annotated[
@@ -410,10 +491,10 @@ def compress(
         _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
 
 
-@app.command()
+@app.command(short_help="Make series containers (compress --series) self-contained again, in place.")
 @_errors
 def detach(
-    paths: Sources,
+    paths: Paths,
     threads: Threads = None,
     device: Device = None,
     quiet: Quiet = False,
@@ -426,6 +507,7 @@ def detach(
     Do this before deleting or moving a checkpoint away from its run: the containers coded
     against it (older checkpoints) still restore, and it no longer needs newer ones.
     """
+    _no_stdin(paths)
     from ckptz import api
 
     ui = _progress(quiet, no_progress, verbose)
@@ -434,7 +516,7 @@ def detach(
     _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=False)
 
 
-@app.command()
+@app.command(short_help="Restore .ckptz containers to byte-identical originals, with their metadata.")
 @_errors
 def decompress(
     sources: Sources,
@@ -503,10 +585,11 @@ def decompress(
         _show(summary, ui, as_json=as_json, quiet=quiet, verbose=verbose, dry_run=dry_run)
 
 
-@app.command()
+@app.command(short_help="Show what each component costs (raw checkpoint) or saves (compressed one).")
 @_errors
-def inspect(paths: Sources, as_json: Json = False) -> None:
+def inspect(paths: Paths, as_json: Json = False) -> None:
     """Show what each component costs (raw checkpoint) or saves (compressed one)."""
+    _no_stdin(paths)
     from ckptz import api
     from ckptz.report import summary_json, summary_view
 
@@ -514,10 +597,10 @@ def inspect(paths: Sources, as_json: Json = False) -> None:
     _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json)
 
 
-@app.command()
+@app.command(short_help="Check that containers restore exactly: exit 0 only if every file matches.")
 @_errors
 def verify(
-    paths: Sources,
+    paths: Paths,
     against: Annotated[
         str | None,
         typer.Option(
@@ -542,6 +625,7 @@ def verify(
     stream, nothing written); without it, every container is decoded and its checksums
     checked, and the files it could not check are listed.
     """
+    _no_stdin(paths)
     from ckptz import api
     from ckptz.report import verify_json, verify_view
 
@@ -563,7 +647,7 @@ def verify(
         for c in result.files:
             if c.status in ("unreadable", "skipped"):  # one line each, also beside --json
                 stderr.print(f"ckptz: {c.error}" + "; skipped" * (c.status == "skipped"), soft_wrap=True)
-        broken = [c for c in result.files if c.status == "unreferenced"]
+        broken = [c for c in result.files if c.status == "missing reference"]
         if broken:
             more = f" (and {len(broken) - 1} more files)" if len(broken) > 1 else ""
             stderr.print(f"ckptz: error: {broken[0].error}{more}", soft_wrap=True)
@@ -571,10 +655,14 @@ def verify(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(
+    short_help="Measure every codec on your checkpoint and its storage; recommend one and project the savings."
+)
 @_errors
 def bench(
-    path: Annotated[Path, typer.Argument(help="A checkpoint file or folder.", show_default=False)],
+    path: Annotated[
+        Path, typer.Argument(help="A checkpoint file or folder.", show_default=False, metavar="PATH")
+    ],
     device: Device = None,
     codecs: Annotated[
         str | None,
@@ -583,10 +671,16 @@ def bench(
             help="Comma-separated configurations: ckptz-auto, ckptz-zstd, ckptz-zstd-gpu, ckptz-ans-gpu, "
             "zstd-raw, nvcomp-zstd-raw, nvcomp-ans-raw [default: all that can run here].",
             show_default=False,
+            metavar="LIST",
         ),
     ] = None,
     sample: Annotated[
-        str, typer.Option("--sample", help="Bytes sampled per component; smaller components are taken whole.")
+        str,
+        typer.Option(
+            "--sample",
+            help="Bytes sampled per component; smaller components are taken whole.",
+            metavar="SIZE",
+        ),
     ] = "256MiB",
     storage: Annotated[
         Path | None,
@@ -594,29 +688,40 @@ def bench(
             "--storage",
             help="A folder on the checkpoint storage to measure [default: the folder the checkpoint is in].",
             show_default=False,
+            metavar="DIR",
         ),
     ] = None,
     storage_gbps: Annotated[
         float | None,
         typer.Option(
-            "--storage-gbps", help="Storage bandwidth in GB/s, instead of measuring it.", show_default=False
+            "--storage-gbps",
+            help="Storage bandwidth in GB/s, instead of measuring it.",
+            show_default=False,
+            metavar="GBPS",
         ),
     ] = None,
     threads: Threads = None,
     repeats: Annotated[
-        int, typer.Option("--repeats", help="Timed runs per measurement (median).", min=3)
+        int, typer.Option("--repeats", help="Timed runs per measurement (median).", min=3, metavar="N")
     ] = 3,
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs idle while a checkpoint is saved.", min=1)] = 8,
+    gpus: Annotated[
+        int, typer.Option("--gpus", help="GPUs idle while a checkpoint is saved.", min=1, metavar="N")
+    ] = 8,
     gpu_hour_usd: Annotated[
-        float, typer.Option("--gpu-hour-usd", help="Price of a GPU-hour (USD).", min=0)
+        float, typer.Option("--gpu-hour-usd", help="Price of a GPU-hour (USD).", min=0, metavar="USD")
     ] = 2.5,
     every_min: Annotated[
-        float, typer.Option("--every-min", help="Minutes between checkpoints.", min=0.1)
+        float, typer.Option("--every-min", help="Minutes between checkpoints.", min=0.1, metavar="MIN")
     ] = 30.0,
     storage_usd_tb_month: Annotated[
-        float, typer.Option("--storage-usd-tb-month", help="Price of a TB-month of storage (USD).", min=0)
+        float,
+        typer.Option(
+            "--storage-usd-tb-month", help="Price of a TB-month of storage (USD).", min=0, metavar="USD"
+        ),
     ] = 20.0,
-    keep: Annotated[int, typer.Option("--keep", help="Checkpoints kept at any time.", min=1)] = 5,
+    keep: Annotated[
+        int, typer.Option("--keep", help="Checkpoints kept at any time.", min=1, metavar="N")
+    ] = 5,
     series: Annotated[
         bool,
         typer.Option(

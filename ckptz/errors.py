@@ -77,13 +77,8 @@ class CorruptionError(ContainerError):
         self.tensor = tensor
         #: the message without the location suffix, so a caller can re-raise with more location.
         self.reason = message
-        where = []
-        if chunk is not None:
-            where.append(f"chunk {chunk}")
-        if tensor:
-            where.append(f"tensor {tensor}")
-        if where:
-            message = f"{message} [{', '.join(where)}]"
+        if tensor:  # the chunk index means nothing to a user; the tensor's name does
+            message = f"{message} (in tensor {tensor})"
         super().__init__(message, path=path, hint=hint)
 
 

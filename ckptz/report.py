@@ -233,8 +233,24 @@ def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
     return table
 
 
-def summary_view(summary: Summary) -> RenderableType:
-    """Everything a command shows for a summary."""
+#: Files a compress or decompress lists by default; more give way to one line (``-v``: all).
+FILES_LISTED = 20
+
+
+def unreadable_checkpoints(files: tuple[FileStats, ...]) -> list[str]:
+    """A warning for each file named like a checkpoint that ckptz could not read (a truncated
+    ``.pt``, say): it is stored as opaque bytes, so it restores exactly but saves little."""
+    from ckptz.formats import CHECKPOINT_SUFFIXES
+
+    return [
+        f"warning: {f.path} is not a readable checkpoint; stored as opaque bytes"
+        for f in files
+        if f.format == "opaque" and f.path.lower().endswith(CHECKPOINT_SUFFIXES)
+    ]
+
+
+def summary_view(summary: Summary, verbose: bool = False) -> RenderableType:
+    """Everything a command shows for a summary (``verbose``: every file, however many)."""
     if not summary.files:
         what = (
             "no checkpoint files or containers"
@@ -247,8 +263,13 @@ def summary_view(summary: Summary) -> RenderableType:
             )
         return Text(f"{what.rstrip()} ({summary.root})", style="dim")
     parts: list[RenderableType] = [Fit(components_table(summary), components_table(summary, narrow=True))]
-    if len(summary.files) > 1 or summary.operation == "inspect":
+    many = len(summary.files) > FILES_LISTED and not verbose and summary.operation != "inspect"
+    if many:
+        parts.append(Text(f"{len(summary.files)} files (-v lists each)", style="dim"))
+    elif len(summary.files) > 1 or summary.operation == "inspect":
         parts.append(Fit(files_table(summary.files), files_table(summary.files, narrow=True)))
+    if summary.operation == "inspect":
+        parts += [Text(line, style="yellow") for line in unreadable_checkpoints(summary.files)]
     if summary.dry_run:
         parts.append(Text(_plan_line(summary.actions), style="dim"))
     elif summary.operation != "inspect":
@@ -427,8 +448,28 @@ def verify_json(result: VerifyResult) -> dict[str, Any]:
     }
 
 
-def _gbps(x: float) -> str:
-    return "∞" if x == float("inf") else f"{x:.3g}"
+def _gbps(x: float, sign: str = "") -> str:
+    """A speed in GB/s, a ratio or seconds: three significant figures, never in exponent
+    form, and "<0.001" below what a table's reader can use (``sign``: ``+`` to sign it)."""
+    if x == float("inf"):
+        return "∞"
+    if 0 < abs(x) < 0.001:
+        return f"{'-' if x < 0 else sign}<0.001"
+    return _fixed(x, 3, sign)
+
+
+def _fixed(x: float, figures: int, sign: str = "") -> str:
+    """``x`` to ``figures`` significant figures in fixed-point form (``sign``: ``+`` to sign it)."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:{sign}.0f}" if x == 0 else str(x)
+    decimals = max(0, figures - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:{sign},.{decimals}f}"
+
+
+def _usd(x: float) -> str:
+    """A signed amount of dollars: cents, or two significant figures below a cent (a small
+    checkpoint's storage costs fractions of one)."""
+    return f"{x:+,.2f}" if x == 0 or abs(x) >= 0.01 else _fixed(x, 2, "+")
 
 
 def bench_view(result: BenchResult) -> RenderableType:
@@ -516,8 +557,8 @@ def _plans_table(result: BenchResult, part: str = "all") -> Table:
     """The plans: ``all`` columns, or (narrow) the ``time`` or the ``money`` ones."""
     st, cost = result.storage, result.cost
     title = (
-        f"checkpoint of {decimal(result.bytes)} on storage writing {st.write_gbps:.3g} GB/s, "
-        f"reading {st.read_gbps:.3g} GB/s ({st.method})"
+        f"checkpoint of {decimal(result.bytes)} on storage writing {_gbps(st.write_gbps)} GB/s, "
+        f"reading {_gbps(st.read_gbps)} GB/s ({st.method})"
     )
     times = ("device", "ratio", "write s", "restore s", "saved s")
     money = ("GPU-h/mo", "$ GPUs/mo", "$ storage/mo")
@@ -530,8 +571,8 @@ def _plans_table(result: BenchResult, part: str = "all") -> Table:
         "codec": "uncompressed",
         "device": "-",
         "ratio": "1.000×",
-        "write s": f"{rec.baseline_write_seconds:.3g}",
-        "restore s": f"{rec.baseline_restore_seconds:.3g}",
+        "write s": _gbps(rec.baseline_write_seconds),
+        "restore s": _gbps(rec.baseline_restore_seconds),
     }
     table.add_row(*[base.get(n, "-") for n in names])
     for p in result.plans:
@@ -540,12 +581,12 @@ def _plans_table(result: BenchResult, part: str = "all") -> Table:
             "codec": Text(t.codec, style="bold green" if t.codec == rec.codec else ""),
             "device": t.device,
             "ratio": _ratio(t.ratio),
-            "write s": f"{p.write_seconds:.3g}",
-            "restore s": f"{p.restore_seconds:.3g}",
-            "saved s": f"{p.stall_saved_seconds:+.3g}",
-            "GPU-h/mo": f"{p.idle_gpu_hours_month:+.3g}",
-            "$ GPUs/mo": f"{p.idle_usd_month:+,.2f}",
-            "$ storage/mo": f"{p.storage_usd_month:+,.2f}",
+            "write s": _gbps(p.write_seconds),
+            "restore s": _gbps(p.restore_seconds),
+            "saved s": _gbps(p.stall_saved_seconds, "+"),
+            "GPU-h/mo": _fixed(p.idle_gpu_hours_month, 3, "+"),
+            "$ GPUs/mo": _usd(p.idle_usd_month),
+            "$ storage/mo": _usd(p.storage_usd_month),
         }
         table.add_row(*[cells[n] for n in names])
     if part != "time":

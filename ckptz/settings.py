@@ -3,7 +3,9 @@
 Each :class:`Setting` is overridden by the variable its name gives (``CKPTZ_`` and the name
 in capitals: ``device`` by ``CKPTZ_DEVICE``) and read through :func:`value` alone, so the
 table is the whole list of what the environment can change. Command-line flags and API
-arguments win over these; an unset or empty variable leaves the default.
+arguments win over these; an unset or empty variable leaves the default. (A variable whose
+name begins with an underscore, such as ``_CKPTZ_STARTED_AT``, is how one ckptz process tells
+the processes it starts something; it is not a setting.)
 """
 
 from __future__ import annotations

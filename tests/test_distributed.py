@@ -225,7 +225,7 @@ def test_torchrun_compress_verify_and_nproc_decompress_byte_exact(tree: Path, tm
     # --nproc: the same ranks, started by ckptz itself.
     done = ckptz("decompress", str(out), "-o", str(back), "--nproc", "2", timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("decompress: ") == 1 and "5 files on cpu (2 ranks" in done.stdout
+    assert done.stdout.count("decompress:") == 1 and "5 files on cpu (2 ranks" in done.stdout
     assert tree_digests(back) == tree_digests(tree)
     (back / "a" / "config.json").write_text("{}")  # not what this run writes
     done = ckptz("decompress", str(out), "-o", str(back), "--nproc", "2", timeout=TIMEOUT)

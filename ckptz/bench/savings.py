@@ -175,9 +175,9 @@ def recommend(plans: Sequence[CodecPlan], checkpoint_bytes: int, storage: Storag
             False,
             base_write,
             base_read,
-            f"compression does not pay on {storage.write_gbps:.3g} GB/s storage: writing uncompressed "
-            f"takes {base_write:.3g} s, the fastest ckptz codec ({t.codec} on {t.device}, "
-            f"{t.bytes / t.compress_seconds / 1e9:.3g} GB/s) {best.write_seconds:.3g} s; "
+            f"compression does not pay on {_short(storage.write_gbps)} GB/s storage: writing uncompressed "
+            f"takes {_short(base_write)} s, the fastest ckptz codec ({t.codec} on {t.device}, "
+            f"{_short(t.bytes / t.compress_seconds / 1e9)} GB/s) {_short(best.write_seconds)} s; "
             f"it would still save {100 * (1 - 1 / t.ratio):.0f}% of the storage",
         )
     bound = (
@@ -189,7 +189,14 @@ def recommend(plans: Sequence[CodecPlan], checkpoint_bytes: int, storage: Storag
         True,
         base_write,
         base_read,
-        f"{t.codec} on {t.device}: a checkpoint write takes {best.write_seconds:.3g} s instead of "
-        f"{base_write:.3g} s ({best.stall_saved_seconds:.3g} s less stall, bound by {bound}); "
-        f"restore {best.restore_seconds:.3g} s instead of {base_read:.3g} s",
+        f"{t.codec} on {t.device}: a checkpoint write takes {_short(best.write_seconds)} s instead of "
+        f"{_short(base_write)} s ({_short(best.stall_saved_seconds)} s less stall, bound by {bound}); "
+        f"restore {_short(best.restore_seconds)} s instead of {_short(base_read)} s",
     )
+
+
+def _short(x: float) -> str:
+    """Seconds or GB/s for a sentence: up to four significant figures, never in exponent form."""
+    if 0 < abs(x) < 0.001:
+        return "<0.001"
+    return f"{x:,.4g}" if abs(x) < 1e4 else f"{x:,.0f}"

@@ -235,7 +235,7 @@ class FrameDecoder:
         found = self._chunks(i)
         if found is None:
             raise CorruptionError("a stream has fewer frames than its segments need", path=self.path)
-        row, first, chunks = found
+        _, first, chunks = found
         tensor = self.tensor_at(frame.start)
         with trace.span("read"):
             payloads = self._payloads(chunks, first, tensor)
@@ -247,7 +247,7 @@ class FrameDecoder:
             for c, got in zip(stored, xxh3_64_each([c.payload for c in stored]), strict=True):
                 if got != c.checksum:
                     raise CorruptionError(
-                        f"stored bytes of frame {row} of stream {frame.stream} fail their checksum",
+                        self._damage(frame.start, frame.stream),
                         path=self.path,
                         chunk=c.index,
                         tensor=tensor,
@@ -276,7 +276,7 @@ class FrameDecoder:
                 k = int(np.searchsorted(bounds, bad[0], side="right")) - 1
                 frame = self.frames[frames[k]]
                 raise CorruptionError(
-                    f"stored bytes of frame {int(rows[k])} of stream {frame.stream} fail their checksum",
+                    self._damage(frame.start, frame.stream),
                     path=self.path,
                     chunk=int(index[bad[0]]),
                     tensor=self.tensor_at(frame.start),
@@ -385,9 +385,15 @@ class FrameDecoder:
         keys = self._keys[seg] if 0 <= seg < len(self._keys) else None
         return str(keys[0]) if isinstance(keys, list) and keys else None
 
+    def _damage(self, offset: int, stream: int) -> str:
+        """What a failed payload checksum spoils, in the original file's terms."""
+        component = self.index.streams[stream].component
+        return f"the stored {component} bytes from offset {offset:,} of the original fail their checksum"
+
     def _where(self, i: int) -> str:
         frame = self.frames[i]
-        return f"frame {frame.number} of stream {frame.stream} ({self.index.streams[frame.stream].component})"
+        component = self.index.streams[frame.stream].component
+        return f"{component} data at offset {frame.start:,} of the original"
 
     def _payloads(self, chunks: np.ndarray, first: int, tensor: str | None) -> list[memoryview]:
         """Each chunk's payload. The pad after each is read with it and must be zero, as a full

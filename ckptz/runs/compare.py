@@ -3,7 +3,7 @@
 With an original to compare against, the two trees are matched by name (``X.ckptz`` stands
 for ``X``; other files, symlinks and folders for themselves) and every name gets a verdict:
 present on both sides with equal bytes and permission bits (``ok``), or ``missing``,
-``extra``, ``changed``, ``damaged``, ``undecodable`` or ``unreferenced`` (a series container
+``extra``, ``changed``, ``damaged``, ``undecodable`` or ``missing reference`` (a series container
 whose reference, a newer checkpoint, is missing or changed). Containers are decoded and compared
 with the original in a stream, without writing anything; plain files are compared block by
 block. Without an original, every container is decoded and its checksums checked, and every
@@ -52,12 +52,12 @@ CheckStatus = Literal[
     "extra",
     "damaged",
     "undecodable",
-    "unreferenced",
+    "missing reference",
     "unreadable",
 ]
 #: Verdicts that make ``verify`` fail.
 FAILING: frozenset[str] = frozenset(
-    {"changed", "missing", "extra", "damaged", "undecodable", "unreferenced", "unreadable"}
+    {"changed", "missing", "extra", "damaged", "undecodable", "missing reference", "unreadable"}
 )
 _BLOCK = 8 << 20
 
@@ -264,11 +264,16 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
     except MismatchError as exc:
         return FileCheck(p.label, "changed", 0, str(exc))
     except ReferenceMissingError as exc:
-        return FileCheck(p.label, "unreferenced", 0, str(exc))
+        return FileCheck(p.label, "missing reference", 0, str(exc))
     except CkptzError as exc:
-        return FileCheck(p.label, "damaged", 0, str(exc))
+        return FileCheck(p.label, "damaged", 0, _detail(exc))
     except OSError as exc:
         return FileCheck(p.label, "damaged", 0, f"cannot read ({exc.strerror or exc})")
+
+
+def _detail(exc: CkptzError) -> str:
+    """``exc`` without the file's name, which the verdict's row already shows."""
+    return f"{exc.message} ({exc.hint})" if exc.hint else exc.message
 
 
 def _scaled(reporter: Reporter, stop: Stop, stored: int, original: int) -> Callable[[int], None]:

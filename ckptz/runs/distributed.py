@@ -23,6 +23,7 @@ never the time a rank spends on its files.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -301,6 +302,20 @@ def _patience() -> float:
         ) from None
 
 
+#: Set by ``python -m ckptz`` (inherited by the ranks ``--nproc`` starts): when the command
+#: started (``time.time()``), so the time reported is the whole run's, ranks' start-up included.
+STARTED_AT = "_CKPTZ_STARTED_AT"
+
+
+def _wall_seconds(start: float) -> float:
+    """Seconds since the command started: the launcher's start where it set
+    :data:`STARTED_AT`, else this rank's ``start`` (a ``perf_counter`` reading)."""
+    try:
+        return max(time.time() - float(os.environ[STARTED_AT]), 0.0)
+    except (KeyError, ValueError):
+        return time.perf_counter() - start
+
+
 def across(world: World, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
     """``fn(*args, **kwargs)`` as this rank's part of a run on every rank; the merged result.
 
@@ -338,7 +353,7 @@ def across(world: World, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         raise bug
     failed = _first_failure(statuses)
     if failed is None:
-        return merge([s.payload for s in statuses], time.perf_counter() - start, team)
+        return merge([s.payload for s in statuses], _wall_seconds(start), team)
     r, s = failed
     quiet = not world.leader
     if s.cause == "stop":

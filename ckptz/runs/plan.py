@@ -208,6 +208,14 @@ def plan(
             # A rerun after everything was restored (a kill just before the exit) is done.
             p.skipped.append(Action("skip", where, note="no .ckptz containers: nothing to decompress"))
             return p
+        links = [t.root for t in trees if not t.is_dir and t.entries and t.entries[0].kind == "symlink"]
+        if links:
+            raise NothingToDoError(
+                "is a symlink, and ckptz does not follow symlinks",
+                path=str(links[0]),
+                hint=f"name the file it points to: ckptz {'compress' if compress else 'decompress'} "
+                f'"$(readlink -f {links[0]})"',
+            )
         if compress:
             raise NothingToDoError(
                 "no checkpoint files here (recognised by content: torch zip, pickle, safetensors)",
@@ -274,7 +282,13 @@ def _place(
         return 0
     if e.kind == "symlink":
         if explicit:
-            p.skipped.append(Action("skip", str(e.path), note="a symlink; name its target to convert it"))
+            p.skipped.append(
+                Action(
+                    "skip",
+                    str(e.path),
+                    note="a symlink, which ckptz does not follow; name the file it points to (readlink -f)",
+                )
+            )
         elif not out.in_place:
             p.carries.append(Job("symlink", e, _target(t, e, root, out, e.path.name), label))
         return 0

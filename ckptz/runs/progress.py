@@ -24,11 +24,17 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.progress import Progress as RichProgress
+from rich.table import Column
 
 from ckptz import settings
 
 #: How many in-flight names the bar shows before "+N".
 SHOWN_FILES = 2
+
+
+def _kept() -> Column:
+    """A progress column whose text stays on one line, whole."""
+    return Column(no_wrap=True)
 
 
 def _interval() -> float:
@@ -70,13 +76,22 @@ class Progress:
                 return
             if self.console.is_terminal:
                 if self._bar is None:
+                    # A narrow terminal shortens the bar and the names in flight, never a figure.
+                    bar = 24 if self.console.width >= 100 else 12
+                    names = max(12, self.console.width - bar - 46)
                     self._bar = RichProgress(
-                        TextColumn("{task.description}", style="bold", markup=False),
-                        BarColumn(bar_width=24),
-                        DownloadColumn(binary_units=False),
-                        TransferSpeedColumn(),
-                        TimeRemainingColumn(),
-                        TextColumn("{task.fields[files]}", style="dim", markup=False),
+                        # Figures never wrap (a narrow terminal split "12.3/45.6 MB" over two lines).
+                        TextColumn("{task.description}", style="bold", markup=False, table_column=_kept()),
+                        BarColumn(bar_width=bar),
+                        DownloadColumn(binary_units=False, table_column=_kept()),
+                        TransferSpeedColumn(table_column=_kept()),
+                        TimeRemainingColumn(table_column=_kept()),
+                        TextColumn(
+                            "{task.fields[files]}",
+                            style="dim",
+                            markup=False,
+                            table_column=Column(no_wrap=True, overflow="ellipsis", max_width=names),
+                        ),
                         console=self.console,
                         transient=True,
                     )
