@@ -772,7 +772,9 @@ def bench(
     _emit(bench_json(result) if as_json else None, bench_view(result), as_json, quiet)
 
 
-@app.command()
+@app.command(
+    short_help="Show the versions, GPUs, native build and settings ckptz runs with, for a bug report."
+)
 @_errors
 def env(as_json: Json = False) -> None:
     """Show the versions, GPUs, native build and settings ckptz runs with (for a bug report)."""
