@@ -21,6 +21,7 @@ setup(
             ["ckptz/native_src/module.c"],
             depends=NATIVE_SOURCES,
             extra_compile_args=["-O3", "-std=c11"],
+            libraries=["dl", "pthread"],
             optional=True,
         )
     ]
