@@ -21,6 +21,7 @@ from conftest import ckptz
 from test_jobs import _start, _temps, _wait_for_temp
 
 from ckptz import api
+from ckptz import load as ckptz_load
 from ckptz.codecs.native import native
 from ckptz.codecs.table import HUFF1
 from ckptz.container import read_index
@@ -301,7 +302,7 @@ def _call(
     leaf = index.source_digest.kind.leaf
     hashes = np.zeros(-(-index.source_size // leaf), "<u8")
     kind = native.restore_plan(
-        f.fileno(), -1, -1, tables.frames, tables.chunks, tables.pieces, index.source_size, leaf,
+        f.fileno(), -1, -1, np.empty(0, np.uint8), tables.frames, tables.chunks, tables.pieces, index.source_size, leaf,
         hashes, 2, counter, np.full(1, stop, np.uint8), error,
     )  # fmt: skip
     return kind, counter, error
@@ -373,3 +374,28 @@ def test_chunk_past_the_container_is_truncation(files: Path) -> None:
     with f:
         kind = _call(f, index, tables)[0]
     assert kind == 1  # truncated: the Python loop words it
+
+
+def test_whole_file_into_memory_natively(files: Path, native_calls: list[bool]) -> None:
+    from ckptz.pipeline.whole import restore_to_memory
+
+    with open(files / "model.pt.ckptz", "rb") as c:
+        data = restore_to_memory(c, "model.pt")
+    assert data.tobytes() == (files / "model.pt").read_bytes()
+    assert native_calls == [True]
+    loaded = ckptz_load(files / "model.pt.ckptz", weights_only=True)
+    assert all(
+        torch.equal(loaded[k], v) for k, v in torch.load(files / "model.pt", weights_only=True).items()
+    )
+
+
+def test_memory_of_another_size_is_rejected(files: Path) -> None:
+    f, index, tables = _tables(files)
+    assert native is not None
+    with f, pytest.raises(ValueError, match="memory must hold the whole file"):
+        native.restore_plan(
+            f.fileno(), -1, -1, np.empty(index.source_size - 1, np.uint8), tables.frames, tables.chunks,
+            tables.pieces, index.source_size, index.source_digest.kind.leaf,
+            np.zeros(-(-index.source_size // index.source_digest.kind.leaf), "<u8"), 1, np.zeros(1, np.int64),
+            np.zeros(1, np.uint8), np.zeros(3, np.int64),
+        )  # fmt: skip

@@ -1033,15 +1033,15 @@ static Py_ssize_t plan_rows(const Py_buffer *b, Py_ssize_t cols, const char *wha
     return b->len / (8 * cols);
 }
 
-/* restore_plan(container, output, checked, frames, chunks, pieces, source_size, leaf,
+/* restore_plan(container, output, checked, memory, frames, chunks, pieces, source_size, leaf,
  * leaf_hashes, threads, progress, stop, error) -> int: plane.c's restore of one file. */
 static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
-    Py_buffer frames, chunks, pieces, hashes, progress, stop, error;
+    Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error;
     restore_plan_t plan;
     int threads;
     memset(&plan, 0, sizeof plan);
-    if (!PyArg_ParseTuple(args, "iiiy*y*y*LLw*iw*w*w*", &plan.container, &plan.output, &plan.checked, &frames,
-                          &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads, &progress, &stop,
+    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*", &plan.container, &plan.output, &plan.checked, &memory,
+                          &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads, &progress, &stop,
                           &error))
         return NULL;
     PyObject *result = NULL;
@@ -1054,6 +1054,11 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "restore_plan: malformed leaf, progress, stop or error buffer");
         goto done;
     }
+    if (memory.len && memory.len != plan.source_size) {
+        PyErr_SetString(PyExc_ValueError, "restore_plan: memory must hold the whole file (or nothing)");
+        goto done;
+    }
+    plan.memory = memory.len ? memory.buf : NULL;
     plan.frames = frames.buf;
     plan.chunks = chunks.buf;
     plan.pieces = pieces.buf;
@@ -1077,6 +1082,7 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
     ((int64_t *)error.buf)[0] = kind;
     result = PyLong_FromLong(kind);
 done:
+    PyBuffer_Release(&memory);
     PyBuffer_Release(&frames);
     PyBuffer_Release(&chunks);
     PyBuffer_Release(&pieces);
@@ -1145,10 +1151,10 @@ static PyMethodDef methods[] = {
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
-     "restore_plan(container_fd, output_fd, checked_fd, frames, chunks, pieces, source_size, leaf,\n"
+     "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, threads, progress, stop, error) -> int: restore a whole file on native threads without\n"
-     "the GIL (int64 plan tables; output or checked fd -1: none); 0, or the failure's kind (error: kind,\n"
-     "frame, detail)."},
+     "the GIL (int64 plan tables; output or checked fd -1, memory empty: none); 0, or the failure's kind\n"
+     "(error: kind, frame, detail)."},
     {"decode_frame", native_decode_frame, METH_VARARGS,
      "decode_frame(chunks, out, room, word, rotate): decode and merge a frame's planes into out; False\n"
      "if a plane needs the Python codecs."},

@@ -7,8 +7,8 @@
  * their padding, checks the padding and every payload's checksum, decodes the planes
  * (frame.c's bitstreams; a zstd frame with LZ sequences through the system's libzstd,
  * loaded at first use), merges the words, checks the frame's checksum, and then for each
- * piece writes it at its file offset (or compares it with a file's bytes there, or keeps
- * nothing) and hashes the digest's leaves that it completes. Progress is a counter Python
+ * piece writes it at its file offset (or into memory holding the whole file, or compares it
+ * with a file's bytes there, or keeps nothing) and hashes the digest's leaves that it completes. Progress is a counter Python
  * polls; a stop flag Python sets ends the threads between frames. The first failure stops
  * every thread and is reported as (kind, frame, detail) for Python to word.
  */
@@ -79,6 +79,7 @@ static int zstd_available(void) {
 
 typedef struct {
     int container, output, checked; /* descriptors; output and checked -1 where unused */
+    uint8_t *memory;                /* the whole file's bytes go here too, where not NULL */
     const int64_t *frames, *chunks, *pieces;
     int64_t frame_count, chunk_count, piece_count, source_size, leaf;
     uint64_t *leaf_hashes; /* leaf_count(source_size, leaf) of them; none where leaf is 0 */
@@ -250,6 +251,7 @@ static int plane_frame(worker_t *w, int64_t i) {
     for (int64_t j = 0; j < f[FR_PIECES]; j++, pc += PC_COLS) {
         const uint8_t *bytes = w->out + pc[PC_WITHIN];
         int64_t at = pc[PC_AT], size = pc[PC_SIZE];
+        if (p->memory) memcpy(p->memory + at, bytes, (size_t)size);
         if (p->output >= 0) {
             int error = plane_pwrite(p->output, bytes, size, at);
             if (error) return plane_fail(p, PLANE_WRITE, i, error), 0;

@@ -34,6 +34,8 @@ NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, BITPACK.id, HUFF1.id})
 #: Seconds between polls of the progress counter (and chances to take a signal).
 POLL = 0.05
 
+_NO_MEMORY = np.empty(0, np.uint8)
+
 # Failure kinds, as plane.c numbers them.
 _TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME = 1, 2, 3, 4, 5
 _READ, _WRITE, _DIFFERS, _STOPPED, _NOMEM, _CHECK_READ = 6, 7, 8, 9, 10, 11
@@ -105,11 +107,13 @@ def plan(decoder: FrameDecoder) -> Plan | None:
 @dataclass(frozen=True, slots=True)
 class Target:
     """Where the restored bytes go: ``output`` (a descriptor written at file offsets, -1 for
-    none), and ``checked`` (a descriptor whose bytes each piece must equal, -1 for none:
-    the original for a comparison, the output itself to read back a restore in place)."""
+    none), ``memory`` (a uint8 array that receives the whole file), and ``checked`` (a
+    descriptor whose bytes each piece must equal, -1 for none: the original for a
+    comparison, the output itself to read back a restore in place)."""
 
     output: int = -1
     checked: int = -1
+    memory: np.ndarray | None = None
     #: Raises the error for the first differing byte ``checked`` holds.
     differs: Callable[[int], BaseException] | None = None
 
@@ -151,6 +155,7 @@ def run(
                     fd,
                     target.output,
                     target.checked,
+                    _NO_MEMORY if target.memory is None else target.memory,
                     tables.frames,
                     tables.chunks,
                     tables.pieces,

@@ -230,11 +230,15 @@ def restore(
 _PWRITE_ALL, _FILE_PUT = safeio.pwrite_all, FileSink.put
 
 
-def _native_target(sink: Sink) -> native_restore.Target | None:
+def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
     """Where the native plane puts the bytes for ``sink``; None for a sink it cannot serve
-    (memory, stdout, a GPU), which the Python loop serves."""
+    (parts of a file in memory, stdout, a GPU), which the Python loop serves."""
     if type(sink) is DiscardSink:
         return native_restore.Target()
+    whole = getattr(sink, "host_file", None)
+    if whole is not None:
+        memory = whole(size)
+        return None if memory is None else native_restore.Target(memory=memory)
     if type(sink) is Comparer:
         where = sink._path
         return native_restore.Target(
@@ -258,7 +262,7 @@ def _restore_natively(
 ) -> Digest | None:
     """Restore the whole file in one native call where the container and sink allow it;
     the digest of what was restored, or None where the Python loop must restore it."""
-    target = _native_target(sink)
+    target = _native_target(sink, index.source_size)
     if target is None:
         return None
     fd = container.fileno()
