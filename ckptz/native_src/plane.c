@@ -158,7 +158,11 @@ static int plane_decode_one(worker_t *w, const uint8_t *in, size_t len, int code
     }
     if (codec != CODEC_RAW && codec != CODEC_CONST && codec != CODEC_BITPACK && codec != CODEC_HUFF1) return 0;
     if (!frame_chunk_usable(&chunk, n, n, into, plane)) return 0;
-    if (codec == CODEC_HUFF1) return order1_usable(in, len, n, w->dt) && order1_decode(in, len, into, n, w->groups, w->dt);
+    if (codec == CODEC_HUFF1) {
+        /* Scratch for its groups, the first time a huff1 plane comes (a room of a frame). */
+        if (!w->groups && !(w->groups = malloc(w->plan->frame_room ? w->plan->frame_room : 1))) return 0;
+        return order1_usable(in, len, n, w->dt) && order1_decode(in, len, into, n, w->groups, w->dt);
+    }
     if (codec == CODEC_BITPACK) {
         int bits[8], count = varying_list(in[0], bits);
         unpack_rows(in + 2, (n + 7) / 8, bits, count, in[1], into, n);
@@ -290,10 +294,9 @@ static int worker_init(worker_t *w, restore_plan_t *p) {
     w->payloads = malloc(p->payload_room ? p->payload_room : 1);
     w->room = malloc(frame);
     w->out = malloc(frame);
-    w->groups = malloc(frame);
     w->check = p->checked >= 0 ? malloc(frame) : NULL;
     w->dt = malloc(sizeof(dtable_t));
-    return w->payloads && w->room && w->out && w->groups && w->dt && (p->checked < 0 || w->check);
+    return w->payloads && w->room && w->out && w->dt && (p->checked < 0 || w->check);
 }
 
 static void worker_free(worker_t *w) {

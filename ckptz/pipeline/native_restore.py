@@ -36,6 +36,32 @@ POLL = 0.05
 
 _NO_MEMORY = np.empty(0, np.uint8)
 
+
+class _Threads:
+    """Native threads lent to the restores running at once (files restored in parallel):
+    together they stay within the engine's thread count, so several files in flight do
+    not multiply the threads and their per-thread buffers."""
+
+    def __init__(self) -> None:
+        self._lent = 0
+        self._changed = threading.Condition()
+
+    def borrow(self, limit: int) -> int:
+        """At least one thread and at most what ``limit`` leaves free (waits for one)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._lent < limit)
+            granted = limit - self._lent
+            self._lent += granted
+            return granted
+
+    def give_back(self, n: int) -> None:
+        with self._changed:
+            self._lent -= n
+            self._changed.notify_all()
+
+
+_THREADS = _Threads()
+
 # Failure kinds, as plane.c numbers them.
 _TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME = 1, 2, 3, 4, 5
 _READ, _WRITE, _DIFFERS, _STOPPED, _NOMEM, _CHECK_READ = 6, 7, 8, 9, 10, 11
@@ -162,7 +188,7 @@ def run(
                     index.source_size,
                     kind.leaf,
                     hashes,
-                    max(1, threads),
+                    lent,
                     counter,
                     stop,
                     error,
@@ -173,8 +199,9 @@ def run(
 
     worker = threading.Thread(target=call, name="ckptz-native-restore", daemon=True)
     reported = 0
-    worker.start()
+    lent = _THREADS.borrow(max(1, threads))
     try:
+        worker.start()
         while worker.is_alive():
             worker.join(POLL)
             done = int(counter[0])
@@ -184,6 +211,8 @@ def run(
         stop[0] = 1  # the native threads end between frames; nothing more is written
         worker.join()
         raise
+    finally:
+        _THREADS.give_back(lent)
     done = int(counter[0])
     if done > reported:
         progress(done - reported)
