@@ -214,7 +214,8 @@ def restore(
     index = index or read_index(container, path)
     target = cast(Sink, sink) if hasattr(sink, "put") else _Ordered(sink)
     prepare(target, index)
-    if isinstance(engine, CpuEngine):
+    # The CPU engine itself (an engine derived from it codes or hashes its own way: the loop).
+    if type(engine) is CpuEngine:
         digest = _restore_natively(container, path, index, engine, target, progress)
         if digest is not None:
             conclude(digest, index, path, target)
