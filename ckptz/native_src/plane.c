@@ -16,6 +16,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -128,6 +129,10 @@ static int64_t plane_pread(int fd, uint8_t *dst, int64_t want, int64_t at, int *
     return got;
 }
 
+/* Writes at least this large ask the kernel to start their writeback at once (safeio.py's
+ * WRITEBACK_MIN): else the whole file is written back inside the fsync before its rename. */
+#define PLANE_WRITEBACK_MIN (256 << 10)
+
 static int plane_pwrite(int fd, const uint8_t *src, int64_t n, int64_t at) {
     int64_t put = 0;
     while (put < n) {
@@ -137,6 +142,9 @@ static int plane_pwrite(int fd, const uint8_t *src, int64_t n, int64_t at) {
         if (k == 0) return EIO;
         put += k;
     }
+#ifdef POSIX_FADV_DONTNEED
+    if (n >= PLANE_WRITEBACK_MIN) posix_fadvise(fd, (off_t)at, (off_t)n, POSIX_FADV_DONTNEED);
+#endif
     return 0;
 }
 
