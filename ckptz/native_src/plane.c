@@ -181,14 +181,14 @@ static int plane_decode_one(worker_t *w, const uint8_t *in, size_t len, int code
 /* Hashes the digest's leaves that piece [at, at + n) of the file (its bytes at `bytes`)
  * holds whole, and gives its part of those it straddles; a straddling leaf is hashed by the
  * thread that gives its last part. */
-static int plane_leaves(restore_plan_t *p, const uint8_t *bytes, int64_t at, int64_t n) {
+static int plane_leaves(restore_plan_t *p, const uint8_t *bytes, int64_t at, int64_t n, int whole_hashed) {
     if (!p->leaf || n <= 0) return 1;
     int64_t L = p->leaf, end = at + n;
     for (int64_t k = at / L; k <= (end - 1) / L && k < p->leaf_count; k++) {
         int64_t lo = k * L, hi = lo + L < p->source_size ? lo + L : p->source_size;
         int64_t a = at > lo ? at : lo, b = end < hi ? end : hi;
         if (a == lo && b == hi) {
-            p->leaf_hashes[k] = CKPTZ_XXH3_64(bytes + (a - at), (size_t)(hi - lo));
+            if (!whole_hashed) p->leaf_hashes[k] = CKPTZ_XXH3_64(bytes + (a - at), (size_t)(hi - lo));
             continue;
         }
         pthread_mutex_lock(&p->leaf_lock);
@@ -206,6 +206,37 @@ static int plane_leaves(restore_plan_t *p, const uint8_t *bytes, int64_t at, int
         }
     }
     return 1;
+}
+
+/* The xxh3_64 of a decoded frame (`length` bytes at `out`), and of the digest's leaves lying
+ * whole inside its pieces into the plan's leaf hashes, in one pass over memory: each leaf is
+ * hashed and then streamed into the frame's state while its bytes are in this core's cache
+ * (hash.c's hash_nested). Sets *fused to 0, hashing only the frame, where its pieces do not
+ * come in frame order (then plane_leaves hashes the leaves). */
+static uint64_t plane_frame_hash(restore_plan_t *p, const int64_t *f, const uint8_t *out, int *fused) {
+    XXH3_state_t state;
+    int64_t length = f[FR_LENGTH], pos = 0, L = p->leaf;
+    const int64_t *pc = p->pieces + f[FR_PIECE] * PC_COLS;
+    *fused = L > 0;
+    for (int64_t j = 0; *fused && j < f[FR_PIECES]; j++)
+        if (j && pc[j * PC_COLS + PC_WITHIN] < pc[(j - 1) * PC_COLS + PC_WITHIN] + pc[(j - 1) * PC_COLS + PC_SIZE])
+            *fused = 0;
+    if (!*fused) return CKPTZ_XXH3_64(out, (size_t)length);
+    XXH3_64bits_reset(&state);
+    for (int64_t j = 0; j < f[FR_PIECES]; j++, pc += PC_COLS) {
+        int64_t at = pc[PC_AT], within = pc[PC_WITHIN], end = at + pc[PC_SIZE];
+        for (int64_t k = (at + L - 1) / L; k < p->leaf_count; k++) {
+            int64_t lo = k * L, hi = lo + L < p->source_size ? lo + L : p->source_size;
+            if (hi > end) break;
+            int64_t s = within + (lo - at);
+            if (s > pos) CKPTZ_XXH3_64_UPDATE(&state, out + pos, (size_t)(s - pos));
+            p->leaf_hashes[k] = CKPTZ_XXH3_64(out + s, (size_t)(hi - lo));
+            CKPTZ_XXH3_64_UPDATE(&state, out + s, (size_t)(hi - lo));
+            pos = s + (hi - lo);
+        }
+    }
+    if (length > pos) CKPTZ_XXH3_64_UPDATE(&state, out + pos, (size_t)(length - pos));
+    return XXH3_64bits_digest(&state);
 }
 
 /* The offset of the first byte where the checked file differs from piece [at, at + n)
@@ -258,7 +289,8 @@ static int plane_frame(worker_t *w, int64_t i) {
     } else {
         merge_words(planes, w->out, n, word, rotate);
     }
-    if (CKPTZ_XXH3_64(w->out, (size_t)length) != (uint64_t)f[FR_CHECKSUM]) return plane_fail(p, PLANE_FRAME, i, 0), 0;
+    int fused;
+    if (plane_frame_hash(p, f, w->out, &fused) != (uint64_t)f[FR_CHECKSUM]) return plane_fail(p, PLANE_FRAME, i, 0), 0;
     const int64_t *pc = p->pieces + f[FR_PIECE] * PC_COLS;
     for (int64_t j = 0; j < f[FR_PIECES]; j++, pc += PC_COLS) {
         const uint8_t *bytes = w->out + pc[PC_WITHIN];
@@ -274,7 +306,7 @@ static int plane_frame(worker_t *w, int64_t i) {
             if (error) return plane_fail(p, PLANE_CHECK_READ, i, error), 0;
             if (differs >= 0) return plane_fail(p, PLANE_DIFFERS, i, differs), 0;
         }
-        if (!plane_leaves(p, bytes, at, size)) return plane_fail(p, PLANE_NOMEM, i, 0), 0;
+        if (!plane_leaves(p, bytes, at, size, fused)) return plane_fail(p, PLANE_NOMEM, i, 0), 0;
     }
     __atomic_add_fetch(p->progress, length, __ATOMIC_RELAXED);
     return 1;
