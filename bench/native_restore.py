@@ -2,7 +2,7 @@
 
 Makes a checkpoint of fp32 and bf16 tensors (``--gib`` of them, half each), compresses it
 once on the CPU, then restores it with each path, writes discarded (verify) and to a file
-beside it: the median of ``--repeat`` runs, GB/s of original bytes. The Python loop is the
+beside it: the median of ``--repeat`` runs, GB/s of original bytes and CPU seconds per GB. The Python loop is the
 one that still serves GPU, memory and stdout sinks; here it is reached by declining the
 native plan.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -59,10 +60,16 @@ def python_loop(on: bool) -> Iterator[None]:
         native_restore.plan = real  # type: ignore[assignment]
 
 
-def once(container: Path, out: Path | None, threads: int) -> float:
-    """Seconds for one restore (to ``out``, or discarded)."""
+def _cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def once(container: Path, out: Path | None, threads: int) -> tuple[float, float]:
+    """Seconds of wall clock and of CPU (every thread's) for one restore (to ``out``, or
+    discarded): on a shared machine the CPU seconds are the steadier measure."""
     engine = CpuEngine(threads)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu()
     with open(container, "rb") as c:
         if out is None:
             restore(c, "m", engine, DiscardSink())
@@ -73,7 +80,7 @@ def once(container: Path, out: Path | None, threads: int) -> float:
                 index = read_index(c, "m")
                 f.truncate(index.source_size)
                 restore(c, "m", engine, FileSink(f, index.source_size), index=index)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _cpu() - cpu
 
 
 def main() -> None:
@@ -95,10 +102,12 @@ def main() -> None:
             for name, python in (("python loop", True), ("native plane", False)):
                 with python_loop(python):
                     once(container, out, args.threads)  # warm the page cache
-                    times = [once(container, out, args.threads) for _ in range(args.repeat)]
-                t = statistics.median(times)
+                    runs = [once(container, out, args.threads) for _ in range(args.repeat)]
+                t = statistics.median(r[0] for r in runs)
+                cpu = statistics.median(r[1] for r in runs)
                 print(
-                    f"{sink:8s} {name:13s} {size / t / 1e9:6.2f} GB/s  (median of {args.repeat}: {t:.2f} s)"
+                    f"{sink:8s} {name:13s} {size / t / 1e9:6.2f} GB/s  {cpu / (size / 1e9):5.2f} CPU s/GB"
+                    f"  (median of {args.repeat}: {t:.2f} s)"
                 )
             if out is not None:
                 assert filecmp.cmp(out, src, shallow=False), "the restore is not byte-exact"
