@@ -24,9 +24,11 @@ import numpy as np
 
 from ckptz.codecs.native import native
 from ckptz.codecs.table import BITPACK, CONST, HUFF1, RAW, ZSTD
+from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.errors import CorruptionError
 from ckptz.pipeline.decoder import FrameDecoder
+from ckptz.pipeline.transform import transformed
 
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
 #: libzstd where it is found; else the file goes back to the Python loop).
@@ -83,16 +85,23 @@ class Plan:
     pieces: np.ndarray
 
 
+def suits(index: Index) -> bool:
+    """Whether the native plane may restore a container, from its index alone: not a series
+    delta, a tree digest, only bitstreams it decodes."""
+    if native is None or transformed(index.header) or not index.source_digest.kind.tree:
+        return False
+    codecs = index.chunks["codec"]
+    return not len(codecs) or set(np.unique(codecs).tolist()) <= NATIVE_CODECS
+
+
 def plan(decoder: FrameDecoder) -> Plan | None:
     """The tables for every frame of ``decoder``'s container; None where the native plane
-    cannot restore it (a series delta, a sequential digest, a bitstream it lacks, or an index
-    whose frames do not add up, which the Python loop reports)."""
+    cannot restore it (as :func:`suits` says, or an index whose frames do not add up, which
+    the Python loop reports)."""
     index = decoder.index
-    if native is None or decoder.transform is not None or not index.source_digest.kind.tree:
+    if decoder.transform is not None or not suits(index):
         return None
     chunks = index.chunks
-    if len(chunks) and not set(np.unique(chunks["codec"]).tolist()) <= NATIVE_CODECS:
-        return None
     frames = decoder.frames
     rows, first, counts, lengths = decoder.layout()
     if (rows < 0).any():
@@ -244,4 +253,4 @@ def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Ta
     raise RuntimeError(f"native restore stopped (failure {kind})")  # _STOPPED is only ours to set
 
 
-__all__ = ["NATIVE_CODECS", "Plan", "Target", "plan", "run"]
+__all__ = ["NATIVE_CODECS", "Plan", "Target", "plan", "run", "suits"]

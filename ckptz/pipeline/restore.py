@@ -264,7 +264,7 @@ def _restore_natively(
     """Restore the whole file in one native call where the container and sink allow it;
     the digest of what was restored, or None where the Python loop must restore it."""
     target = _native_target(sink, index.source_size)
-    if target is None:
+    if target is None or not native_restore.suits(index):
         return None
     fd = container.fileno()
     with trace.span("plan"):
