@@ -37,6 +37,7 @@ setup(
             ["ckptz/native_src/module.c"],
             depends=NATIVE_SOURCES,
             extra_compile_args=["-O3", "-std=c11"],
+            libraries=["dl", "pthread"],
             optional=False,
         )
     ],

@@ -80,9 +80,11 @@ def _nvrtc_version() -> str | None:
 
 def _native() -> dict[str, Any]:
     """Whether the C extension is built and loaded, and the instruction sets it uses."""
-    from ckptz.codecs.native import native
-
     built = importlib.util.find_spec("ckptz._native") is not None
+    try:
+        from ckptz.codecs.native import native
+    except ImportError:
+        native = None
     x86_linux = platform.machine() in ("x86_64", "AMD64") and sys.platform.startswith("linux")
     return {
         "built": built,

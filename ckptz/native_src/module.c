@@ -77,6 +77,7 @@
  *   order1.c            order-1 exponent coding: bytes grouped by context, literal frames
  *   frame.c             a whole frame's planes decoded and merged
  *   hash.c              xxh3_64 without the GIL (vendored xxHash: xxhash.h, xxh_x86dispatch.c)
+ *   plane.c             the restore data plane: a whole file restored on native threads
  *   module.c            the Python functions above (argument checks, the GIL) and the module
  */
 #define PY_SSIZE_T_CLEAN
@@ -96,6 +97,7 @@
 #include "frame.c"
 #include "hash.c"
 #include "pickle_ops.c"
+#include "plane.c"
 
 /* ---------------------------------------------------------------- split and merge */
 
@@ -1034,6 +1036,77 @@ static PyObject *native_use_avx2(PyObject *self, PyObject *arg) {
 #endif
 }
 
+/* ---------------------------------------------------------------- the restore data plane */
+
+/* A plan table: a C-contiguous int64 buffer of `cols` columns; its rows, or -1 (error set). */
+static Py_ssize_t plan_rows(const Py_buffer *b, Py_ssize_t cols, const char *what) {
+    if (b->itemsize != 8 || b->len % (8 * cols)) {
+        PyErr_Format(PyExc_ValueError, "%s: an int64 table of %zd columns expected", what, cols);
+        return -1;
+    }
+    return b->len / (8 * cols);
+}
+
+/* restore_plan(container, output, checked, memory, frames, chunks, pieces, source_size, leaf,
+ * leaf_hashes, threads, progress, stop, error) -> int: plane.c's restore of one file. */
+static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
+    Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error;
+    restore_plan_t plan;
+    int threads;
+    memset(&plan, 0, sizeof plan);
+    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*", &plan.container, &plan.output, &plan.checked, &memory,
+                          &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads, &progress, &stop,
+                          &error))
+        return NULL;
+    PyObject *result = NULL;
+    const char *wrong = NULL;
+    plan.frame_count = plan_rows(&frames, FR_COLS, "frames");
+    plan.chunk_count = plan.frame_count < 0 ? -1 : plan_rows(&chunks, CH_COLS, "chunks");
+    plan.piece_count = plan.chunk_count < 0 ? -1 : plan_rows(&pieces, PC_COLS, "pieces");
+    if (plan.piece_count < 0) goto done;
+    if (hashes.len % 8 || progress.len < 8 || stop.len < 1 || error.len < 24 || threads < 1 || plan.container < 0) {
+        PyErr_SetString(PyExc_ValueError, "restore_plan: malformed leaf, progress, stop or error buffer");
+        goto done;
+    }
+    if (memory.len && memory.len != plan.source_size) {
+        PyErr_SetString(PyExc_ValueError, "restore_plan: memory must hold the whole file (or nothing)");
+        goto done;
+    }
+    plan.memory = memory.len ? memory.buf : NULL;
+    plan.frames = frames.buf;
+    plan.chunks = chunks.buf;
+    plan.pieces = pieces.buf;
+    plan.leaf_hashes = hashes.buf;
+    plan.leaf_count = plan.leaf ? hashes.len / 8 : 0;
+    plan.progress = progress.buf;
+    plan.stop = stop.buf;
+    if ((wrong = plane_check(&plan)) != NULL) {
+        PyErr_Format(PyExc_ValueError, "restore plan rejected: %s", wrong);
+        goto done;
+    }
+    pthread_mutex_init(&plan.leaf_lock, NULL);
+    pthread_mutex_init(&plan.error_lock, NULL);
+    int kind;
+    Py_BEGIN_ALLOW_THREADS;
+    kind = plane_run(&plan, threads);
+    Py_END_ALLOW_THREADS;
+    pthread_mutex_destroy(&plan.leaf_lock);
+    pthread_mutex_destroy(&plan.error_lock);
+    memcpy(error.buf, plan.error, sizeof plan.error);
+    ((int64_t *)error.buf)[0] = kind;
+    result = PyLong_FromLong(kind);
+done:
+    PyBuffer_Release(&memory);
+    PyBuffer_Release(&frames);
+    PyBuffer_Release(&chunks);
+    PyBuffer_Release(&pieces);
+    PyBuffer_Release(&hashes);
+    PyBuffer_Release(&progress);
+    PyBuffer_Release(&stop);
+    PyBuffer_Release(&error);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"use_avx2", native_use_avx2, METH_O,
      "use_avx2(on) -> bool: run the AVX2 loops where the CPU has them (on) or the SSE2 ones; returns\n"
@@ -1094,6 +1167,11 @@ static PyMethodDef methods[] = {
      "order1_encode(src, segments): a ckptz.codecs.order1 payload of src, or None."},
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
+    {"restore_plan", native_restore_plan, METH_VARARGS,
+     "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
+     "leaf_hashes, threads, progress, stop, error) -> int: restore a whole file on native threads without\n"
+     "the GIL (int64 plan tables; output or checked fd -1, memory empty: none); 0, or the failure's kind\n"
+     "(error: kind, frame, detail)."},
     {"decode_frame", native_decode_frame, METH_VARARGS,
      "decode_frame(chunks, out, room, word, rotate): decode and merge a frame's planes into out; False\n"
      "if a plane needs the Python codecs."},

@@ -132,6 +132,11 @@ class FrameDecoder:
         lo[has], hi[has] = offsets[a], ends[b]
         self._back_to_back, self._lo, self._hi = lying.tolist(), lo.tolist(), hi.tolist()
 
+    def layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per frame (int64 arrays): its row in the frame table (-1: its stream has fewer
+        frames than its segments need), its first chunk, its chunk count and its length."""
+        return self._row, self._first, self._count, self._lengths
+
     def spans(self, limit: int) -> list[range]:
         """Every frame, in runs of consecutive frames whose payloads lie back to back in the
         container, of at most ``limit`` original bytes each (a lone frame may exceed it);

@@ -46,7 +46,9 @@ from ckptz import safeio, trace
 from ckptz.container import Index, checksum, read_index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Place, Ranges
+from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError, MismatchError
+from ckptz.pipeline import native_restore
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.plan import Frame
 from ckptz.pipeline.workers import Failures, FileDigest, Workers, slots_needed
@@ -211,10 +213,66 @@ def restore(
     index = index or read_index(container, path)
     target = cast(Sink, sink) if hasattr(sink, "put") else _Ordered(sink)
     prepare(target, index)
+    # The CPU engine itself (an engine derived from it codes or hashes its own way: the loop).
+    if type(engine) is CpuEngine:
+        digest = _restore_natively(container, path, index, engine, target, progress)
+        if digest is not None:
+            conclude(digest, index, path, target)
+            return index
     run = _plan(container, path, index, engine, target, workers, progress)
     # A sink checked on the device was finished before its bytes were hashed.
     conclude(run.run(), index, path, None if run.on_device else target)
     return index
+
+
+#: The writers the native plane stands in for: where a test replaced one (to inject a
+#: fault), the file is restored by the Python loop, which calls it.
+_PWRITE_ALL, _FILE_PUT = safeio.pwrite_all, FileSink.put
+
+
+def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
+    """Where the native plane puts the bytes for ``sink``; None for a sink it cannot serve
+    (parts of a file in memory, stdout, a GPU), which the Python loop serves."""
+    if type(sink) is DiscardSink:
+        return native_restore.Target()
+    whole = getattr(sink, "host_file", None)
+    if whole is not None:
+        memory = whole(size)
+        return None if memory is None else native_restore.Target(memory=memory)
+    if type(sink) is Comparer:
+        where = sink._path
+        return native_restore.Target(
+            checked=sink.fd,
+            differs=lambda at: MismatchError(f"differs from the original at byte {at}", path=where),
+        )
+    if type(sink) is FileSink and safeio.pwrite_all is _PWRITE_ALL and FileSink.put is _FILE_PUT:
+        name = sink.path or None
+        return native_restore.Target(
+            output=sink.fd,
+            checked=sink.fd if sink.read_back else -1,
+            differs=lambda at: CorruptionError(
+                f"restored file read back differs from what was written, at byte {at}", path=name
+            ),
+        )
+    return None
+
+
+def _restore_natively(
+    container: BinaryIO, path: str, index: Index, engine: CpuEngine, sink: Sink, progress: Progress
+) -> Digest | None:
+    """Restore the whole file in one native call where the container and sink allow it;
+    the digest of what was restored, or None where the Python loop must restore it."""
+    target = _native_target(sink, index.source_size)
+    if target is None or not native_restore.suits(index):
+        return None
+    fd = container.fileno()
+    with trace.span("plan"):
+        decoder = FrameDecoder(fd, path, index, engine)
+        tables = native_restore.plan(decoder)
+    if tables is None:
+        return None
+    with trace.span("native restore"):
+        return native_restore.run(fd, path, decoder, tables, target, engine.threads, progress)
 
 
 def prepare(sink: Sink, index: Index) -> None:

@@ -54,6 +54,15 @@ class RangeSink:
             # numpy copies without the GIL, so frames land in parallel.
             buf[dst] = data[src]
 
+    def host_file(self, size: int) -> np.ndarray | None:
+        """The one host array that receives a whole ``size``-byte file, where that is what
+        this sink is (the native restore plane then writes into it); else None."""
+        if type(self) is not RangeSink or len(self._targets) != 1:
+            return None
+        at, buf = self._targets[0]
+        whole = isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.size == size
+        return buf if at == 0 and whole and buf.flags.c_contiguous and buf.flags.writeable else None
+
     def overlaps(self, frame: Frame) -> Iterator[tuple[Any, slice, slice]]:
         """Each target ``frame`` reaches, with the slice of it and of the frame's bytes that meet."""
         for at, within, n in frame.pieces:

@@ -35,7 +35,7 @@ from ckptz.errors import (
     UsageError,
 )
 from ckptz.meta import FileMeta
-from ckptz.pipeline import Comparer, restore
+from ckptz.pipeline import Comparer, DiscardSink, restore
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.share import SOLO, Team
 from ckptz.runs.tree import Entry, Tree
@@ -286,7 +286,7 @@ def _decode(label: str, mine: Entry, engine: Engine, reporter: Reporter, stop: S
     with open(mine.path, "rb") as c:
         index = read_index(c, label)
         tick = _scaled(reporter, stop, mine.size, index.source_size)
-        restore(c, label, engine, lambda _v: None, index=index, progress=tick)
+        restore(c, label, engine, DiscardSink(), index=index, progress=tick)
     return FileCheck(label, "ok", index.source_size)
 
 

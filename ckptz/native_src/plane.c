@@ -1,0 +1,426 @@
+/*
+ * The restore data plane: one call restores a whole file from its container on a pool of
+ * native threads, with every check docs/FORMAT.md promises, and no Python per frame.
+ *
+ * Python plans (ckptz/pipeline/native_restore.py): a table of frames, of their chunks and
+ * of their pieces in the file. Each thread takes the next frame, preads its payloads with
+ * their padding, checks the padding and every payload's checksum, decodes the planes
+ * (frame.c's bitstreams; a zstd frame with LZ sequences through the system's libzstd,
+ * loaded at first use), merges the words, checks the frame's checksum, and then for each
+ * piece writes it at its file offset (or into memory holding the whole file, or compares it
+ * with a file's bytes there, or keeps nothing) and hashes the digest's leaves that it completes. Progress is a counter Python
+ * polls; a stop flag Python sets ends the threads between frames. The first failure stops
+ * every thread and is reported as (kind, frame, detail) for Python to word.
+ */
+#include "native.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+/* What stopped a restore (ckptz/pipeline/native_restore.py names each). */
+enum {
+    PLANE_OK = 0,
+    PLANE_TRUNCATED = 1,   /* the container ends inside a chunk (detail: chunk) */
+    PLANE_PADDING = 2,     /* nonzero padding after a chunk (detail: chunk) */
+    PLANE_PAYLOAD = 3,     /* a payload fails its checksum (detail: chunk) */
+    PLANE_DECODE = 4,      /* a frame does not decode here */
+    PLANE_FRAME = 5,       /* decoded bytes fail the frame's checksum */
+    PLANE_READ = 6,        /* reading the container failed (detail: errno) */
+    PLANE_WRITE = 7,       /* writing the output failed (detail: errno) */
+    PLANE_DIFFERS = 8,     /* the checked file differs (detail: its offset) */
+    PLANE_STOPPED = 9,     /* the stop flag was set */
+    PLANE_NOMEM = 10,      /* a buffer could not be allocated */
+    PLANE_CHECK_READ = 11, /* reading the checked file failed (detail: errno) */
+};
+
+/* Columns of the plan's tables (int64 rows). */
+enum { FR_CHUNK, FR_WORD, FR_ROTATE, FR_LENGTH, FR_CHECKSUM, FR_PIECE, FR_PIECES, FR_COLS };
+enum { CH_OFFSET, CH_SIZE, CH_CODEC, CH_RAW, CH_CHECKSUM, CH_COLS };
+enum { PC_AT, PC_WITHIN, PC_SIZE, PC_COLS };
+
+#define PLANE_ALIGN 16 /* container.py's ALIGN: payloads are padded to it with zeros */
+
+/* ---------------------------------------------------------------- libzstd, at run time */
+
+/* The few functions of libzstd's stable ABI that a zstd frame with sequences needs; loaded
+ * once, so that the extension builds without zstd's headers and imports without the library. */
+typedef struct {
+    void *(*create)(void);
+    size_t (*free_ctx)(void *);
+    size_t (*decompress)(void *, void *, size_t, const void *, size_t);
+    unsigned (*is_error)(size_t);
+    unsigned long long (*content_size)(const void *, size_t);
+    int loaded;
+} zstd_api_t;
+
+static zstd_api_t zstd_api;
+static pthread_once_t zstd_once = PTHREAD_ONCE_INIT;
+
+static void zstd_load(void) {
+    void *lib = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    zstd_api.create = (void *(*)(void))dlsym(lib, "ZSTD_createDCtx");
+    zstd_api.free_ctx = (size_t(*)(void *))dlsym(lib, "ZSTD_freeDCtx");
+    zstd_api.decompress = (size_t(*)(void *, void *, size_t, const void *, size_t))dlsym(lib, "ZSTD_decompressDCtx");
+    zstd_api.is_error = (unsigned (*)(size_t))dlsym(lib, "ZSTD_isError");
+    zstd_api.content_size = (unsigned long long (*)(const void *, size_t))dlsym(lib, "ZSTD_getFrameContentSize");
+    zstd_api.loaded = zstd_api.create && zstd_api.free_ctx && zstd_api.decompress && zstd_api.is_error &&
+                      zstd_api.content_size;
+}
+
+static int zstd_available(void) {
+    pthread_once(&zstd_once, zstd_load);
+    return zstd_api.loaded;
+}
+
+/* ---------------------------------------------------------------- the plan and its state */
+
+typedef struct {
+    int container, output, checked; /* descriptors; output and checked -1 where unused */
+    uint8_t *memory;                /* the whole file's bytes go here too, where not NULL */
+    const int64_t *frames, *chunks, *pieces;
+    int64_t frame_count, chunk_count, piece_count, source_size, leaf;
+    uint64_t *leaf_hashes; /* leaf_count(source_size, leaf) of them; none where leaf is 0 */
+    int64_t leaf_count;
+    int64_t *leaf_left;    /* bytes of each leaf not yet given (leaves that straddle pieces) */
+    uint8_t **leaf_parts;  /* a straddling leaf's bytes as its pieces come */
+    pthread_mutex_t leaf_lock;
+    volatile int64_t *progress;
+    volatile uint8_t *stop;
+    size_t payload_room, frame_room; /* per-thread buffer sizes: the largest frame's */
+    int64_t next;                    /* the next frame to take */
+    int failed;
+    pthread_mutex_t error_lock;
+    int64_t error[3]; /* kind, frame, detail */
+} restore_plan_t;
+
+typedef struct {
+    restore_plan_t *plan;
+    uint8_t *payloads, *room, *out, *check, *groups;
+    dtable_t *dt;
+    void *zstd;
+} worker_t;
+
+static void plane_fail(restore_plan_t *p, int kind, int64_t frame, int64_t detail) {
+    pthread_mutex_lock(&p->error_lock);
+    if (!p->failed) {
+        p->error[0] = kind;
+        p->error[1] = frame;
+        p->error[2] = detail;
+        __atomic_store_n(&p->failed, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&p->error_lock);
+}
+
+/* Reads exactly `want` bytes at `at`; returns the bytes read (fewer at the end of the file)
+ * and sets *error on a failed read. */
+static int64_t plane_pread(int fd, uint8_t *dst, int64_t want, int64_t at, int *error) {
+    int64_t got = 0;
+    while (got < want) {
+        ssize_t n = pread(fd, dst + got, (size_t)(want - got), (off_t)(at + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) *error = errno;
+        if (n <= 0) break;
+        got += n;
+    }
+    return got;
+}
+
+/* Writes at least this large ask the kernel to start their writeback at once (safeio.py's
+ * WRITEBACK_MIN): else the whole file is written back inside the fsync before its rename. */
+#define PLANE_WRITEBACK_MIN (256 << 10)
+
+static int plane_pwrite(int fd, const uint8_t *src, int64_t n, int64_t at) {
+    int64_t put = 0;
+    while (put < n) {
+        ssize_t k = pwrite(fd, src + put, (size_t)(n - put), (off_t)(at + put));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return errno;
+        if (k == 0) return EIO;
+        put += k;
+    }
+#ifdef POSIX_FADV_DONTNEED
+    if (n >= PLANE_WRITEBACK_MIN) posix_fadvise(fd, (off_t)at, (off_t)n, POSIX_FADV_DONTNEED);
+#endif
+    return 0;
+}
+
+/* Decodes one plane of n bytes into `into` (or points *plane at its bytes); 0 if it does not
+ * decode here. */
+static int plane_decode_one(worker_t *w, const uint8_t *in, size_t len, int codec, size_t n, uint8_t *into,
+                            plane_t *plane) {
+    chunk_t chunk = {codec, in, len};
+    if (codec == CODEC_ZSTD) {
+        plane->bytes = into;
+        plane->value = 0;
+        if (literals_frame(in, len, NULL, n, w->dt, 0)) return literals_frame(in, len, into, n, w->dt, 1);
+        if (!zstd_available()) return 0;
+        if (!w->zstd && !(w->zstd = zstd_api.create())) return 0;
+        unsigned long long declared = zstd_api.content_size(in, len);
+        if (declared == 0ULL - 2 || (declared != 0ULL - 1 && declared != n)) return 0;
+        size_t got = zstd_api.decompress(w->zstd, into, n, in, len);
+        return !zstd_api.is_error(got) && got == n;
+    }
+    if (codec != CODEC_RAW && codec != CODEC_CONST && codec != CODEC_BITPACK && codec != CODEC_HUFF1) return 0;
+    if (!frame_chunk_usable(&chunk, n, n, into, plane)) return 0;
+    if (codec == CODEC_HUFF1) {
+        /* Scratch for its groups, the first time a huff1 plane comes (a room of a frame). */
+        if (!w->groups && !(w->groups = malloc(w->plan->frame_room ? w->plan->frame_room : 1))) return 0;
+        return order1_usable(in, len, n, w->dt) && order1_decode(in, len, into, n, w->groups, w->dt);
+    }
+    if (codec == CODEC_BITPACK) {
+        int bits[8], count = varying_list(in[0], bits);
+        unpack_rows(in + 2, (n + 7) / 8, bits, count, in[1], into, n);
+    }
+    return 1;
+}
+
+/* Hashes the digest's leaves that piece [at, at + n) of the file (its bytes at `bytes`)
+ * holds whole, and gives its part of those it straddles; a straddling leaf is hashed by the
+ * thread that gives its last part. */
+static int plane_leaves(restore_plan_t *p, const uint8_t *bytes, int64_t at, int64_t n, int whole_hashed) {
+    if (!p->leaf || n <= 0) return 1;
+    int64_t L = p->leaf, end = at + n;
+    for (int64_t k = at / L; k <= (end - 1) / L && k < p->leaf_count; k++) {
+        int64_t lo = k * L, hi = lo + L < p->source_size ? lo + L : p->source_size;
+        int64_t a = at > lo ? at : lo, b = end < hi ? end : hi;
+        if (a == lo && b == hi) {
+            if (!whole_hashed) p->leaf_hashes[k] = CKPTZ_XXH3_64(bytes + (a - at), (size_t)(hi - lo));
+            continue;
+        }
+        pthread_mutex_lock(&p->leaf_lock);
+        if (!p->leaf_parts[k]) p->leaf_parts[k] = malloc((size_t)(hi - lo));
+        uint8_t *part = p->leaf_parts[k];
+        pthread_mutex_unlock(&p->leaf_lock);
+        if (!part) return 0;
+        memcpy(part + (a - lo), bytes + (a - at), (size_t)(b - a));
+        if (__atomic_sub_fetch(&p->leaf_left[k], b - a, __ATOMIC_ACQ_REL) == 0) {
+            p->leaf_hashes[k] = CKPTZ_XXH3_64(part, (size_t)(hi - lo));
+            pthread_mutex_lock(&p->leaf_lock);
+            p->leaf_parts[k] = NULL;
+            pthread_mutex_unlock(&p->leaf_lock);
+            free(part);
+        }
+    }
+    return 1;
+}
+
+/* The xxh3_64 of a decoded frame (`length` bytes at `out`), and of the digest's leaves lying
+ * whole inside its pieces into the plan's leaf hashes, in one pass over memory: each leaf is
+ * hashed and then streamed into the frame's state while its bytes are in this core's cache
+ * (hash.c's hash_nested). Sets *fused to 0, hashing only the frame, where its pieces do not
+ * come in frame order (then plane_leaves hashes the leaves). */
+static uint64_t plane_frame_hash(restore_plan_t *p, const int64_t *f, const uint8_t *out, int *fused) {
+    XXH3_state_t state;
+    int64_t length = f[FR_LENGTH], pos = 0, L = p->leaf;
+    const int64_t *pc = p->pieces + f[FR_PIECE] * PC_COLS;
+    *fused = L > 0;
+    for (int64_t j = 0; *fused && j < f[FR_PIECES]; j++)
+        if (j && pc[j * PC_COLS + PC_WITHIN] < pc[(j - 1) * PC_COLS + PC_WITHIN] + pc[(j - 1) * PC_COLS + PC_SIZE])
+            *fused = 0;
+    if (!*fused) return CKPTZ_XXH3_64(out, (size_t)length);
+    XXH3_64bits_reset(&state);
+    for (int64_t j = 0; j < f[FR_PIECES]; j++, pc += PC_COLS) {
+        int64_t at = pc[PC_AT], within = pc[PC_WITHIN], end = at + pc[PC_SIZE];
+        for (int64_t k = (at + L - 1) / L; k < p->leaf_count; k++) {
+            int64_t lo = k * L, hi = lo + L < p->source_size ? lo + L : p->source_size;
+            if (hi > end) break;
+            int64_t s = within + (lo - at);
+            if (s > pos) CKPTZ_XXH3_64_UPDATE(&state, out + pos, (size_t)(s - pos));
+            p->leaf_hashes[k] = CKPTZ_XXH3_64(out + s, (size_t)(hi - lo));
+            CKPTZ_XXH3_64_UPDATE(&state, out + s, (size_t)(hi - lo));
+            pos = s + (hi - lo);
+        }
+    }
+    if (length > pos) CKPTZ_XXH3_64_UPDATE(&state, out + pos, (size_t)(length - pos));
+    return XXH3_64bits_digest(&state);
+}
+
+/* The offset of the first byte where the checked file differs from piece [at, at + n)
+ * (its bytes at `bytes`), or -1; a read that stops early differs where it stops. */
+static int64_t plane_compare(worker_t *w, const uint8_t *bytes, int64_t at, int64_t n, int *error) {
+    int64_t got = plane_pread(w->plan->checked, w->check, n, at, error);
+    if (*error) return -1;
+    for (int64_t i = 0; i < got; i++)
+        if (w->check[i] != bytes[i]) return at + i;
+    return got < n ? at + got : -1;
+}
+
+/* Restores frame i: 1 if it went through, else 0 with the failure recorded. */
+static int plane_frame(worker_t *w, int64_t i) {
+    restore_plan_t *p = w->plan;
+    const int64_t *f = p->frames + i * FR_COLS;
+    int word = (int)f[FR_WORD], rotate = (int)f[FR_ROTATE];
+    int64_t length = f[FR_LENGTH];
+    const int64_t *c = p->chunks + f[FR_CHUNK] * CH_COLS;
+    const uint8_t *payload[8];
+    int64_t cursor = 0;
+    for (int k = 0; k < word; k++) {
+        const int64_t *ck = c + k * CH_COLS;
+        int64_t size = ck[CH_SIZE], padded = size + (-size & (PLANE_ALIGN - 1));
+        int error = 0;
+        uint8_t *dst = w->payloads + cursor;
+        int64_t got = plane_pread(p->container, dst, padded, ck[CH_OFFSET], &error);
+        if (error) return plane_fail(p, PLANE_READ, i, error), 0;
+        if (got != padded) return plane_fail(p, PLANE_TRUNCATED, i, f[FR_CHUNK] + k), 0;
+        for (int64_t j = size; j < padded; j++)
+            if (dst[j]) return plane_fail(p, PLANE_PADDING, i, f[FR_CHUNK] + k), 0;
+        if (CKPTZ_XXH3_64(dst, (size_t)size) != (uint64_t)ck[CH_CHECKSUM])
+            return plane_fail(p, PLANE_PAYLOAD, i, f[FR_CHUNK] + k), 0;
+        payload[k] = dst;
+        cursor += padded;
+    }
+    size_t n = (size_t)c[CH_RAW];
+    int ok = (int64_t)n * word == length;
+    plane_t planes[8];
+    for (int k = 0; ok && k < word; k++) {
+        const int64_t *ck = c + k * CH_COLS;
+        uint8_t *into = word == 1 ? w->out : w->room + (size_t)k * n;
+        ok = ck[CH_RAW] == (int64_t)n &&
+             plane_decode_one(w, payload[k], (size_t)ck[CH_SIZE], (int)ck[CH_CODEC], n, into, &planes[k]);
+    }
+    if (!ok) return plane_fail(p, PLANE_DECODE, i, 0), 0;
+    if (word == 1) {
+        if (!planes[0].bytes) memset(w->out, planes[0].value, n);
+        else if (planes[0].bytes != w->out) memcpy(w->out, planes[0].bytes, n);
+    } else {
+        merge_words(planes, w->out, n, word, rotate);
+    }
+    int fused;
+    if (plane_frame_hash(p, f, w->out, &fused) != (uint64_t)f[FR_CHECKSUM]) return plane_fail(p, PLANE_FRAME, i, 0), 0;
+    const int64_t *pc = p->pieces + f[FR_PIECE] * PC_COLS;
+    for (int64_t j = 0; j < f[FR_PIECES]; j++, pc += PC_COLS) {
+        const uint8_t *bytes = w->out + pc[PC_WITHIN];
+        int64_t at = pc[PC_AT], size = pc[PC_SIZE];
+        if (p->memory) memcpy(p->memory + at, bytes, (size_t)size);
+        if (p->output >= 0) {
+            int error = plane_pwrite(p->output, bytes, size, at);
+            if (error) return plane_fail(p, PLANE_WRITE, i, error), 0;
+        }
+        if (p->checked >= 0) {
+            int error = 0;
+            int64_t differs = plane_compare(w, bytes, at, size, &error);
+            if (error) return plane_fail(p, PLANE_CHECK_READ, i, error), 0;
+            if (differs >= 0) return plane_fail(p, PLANE_DIFFERS, i, differs), 0;
+        }
+        if (!plane_leaves(p, bytes, at, size, fused)) return plane_fail(p, PLANE_NOMEM, i, 0), 0;
+    }
+    __atomic_add_fetch(p->progress, length, __ATOMIC_RELAXED);
+    return 1;
+}
+
+static void *plane_work(void *arg) {
+    worker_t *w = arg;
+    restore_plan_t *p = w->plan;
+    for (;;) {
+        if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
+        if (*p->stop) {
+            plane_fail(p, PLANE_STOPPED, -1, 0);
+            break;
+        }
+        int64_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+        if (i >= p->frame_count || !plane_frame(w, i)) break;
+    }
+    return NULL;
+}
+
+static int worker_init(worker_t *w, restore_plan_t *p) {
+    memset(w, 0, sizeof *w);
+    w->plan = p;
+    size_t frame = p->frame_room ? p->frame_room : 1;
+    w->payloads = malloc(p->payload_room ? p->payload_room : 1);
+    w->room = malloc(frame);
+    w->out = malloc(frame);
+    w->check = p->checked >= 0 ? malloc(frame) : NULL;
+    w->dt = malloc(sizeof(dtable_t));
+    return w->payloads && w->room && w->out && w->dt && (p->checked < 0 || w->check);
+}
+
+static void worker_free(worker_t *w) {
+    free(w->payloads);
+    free(w->room);
+    free(w->out);
+    free(w->groups);
+    free(w->check);
+    free(w->dt);
+    if (w->zstd) zstd_api.free_ctx(w->zstd);
+}
+
+/* Checks the plan against its own tables and the file's size before any thread starts: a
+ * hostile index must not move a read, write or hash outside the buffers. Returns NULL if
+ * it holds, else what is wrong; sets the per-thread buffer sizes. */
+static const char *plane_check(restore_plan_t *p) {
+    const int64_t limit = (int64_t)1 << 40; /* no frame or payload is near this */
+    if (p->source_size < 0 || p->leaf < 0 || (p->leaf && p->leaf_count != (p->source_size + p->leaf - 1) / p->leaf))
+        return "leaf table does not match the file's size";
+    for (int64_t r = 0; r < p->chunk_count; r++) {
+        const int64_t *c = p->chunks + r * CH_COLS;
+        if (c[CH_OFFSET] < 0 || c[CH_SIZE] < 0 || c[CH_SIZE] > limit || c[CH_RAW] < 0 || c[CH_RAW] > limit ||
+            c[CH_OFFSET] > limit * 1024)
+            return "chunk outside the container";
+    }
+    for (int64_t i = 0; i < p->frame_count; i++) {
+        const int64_t *f = p->frames + i * FR_COLS;
+        int64_t word = f[FR_WORD], length = f[FR_LENGTH];
+        if ((word != 1 && word != 2 && word != 4 && word != 8) || (f[FR_ROTATE] != 0 && f[FR_ROTATE] != 1))
+            return "frame of an unknown word size";
+        if (f[FR_CHUNK] < 0 || f[FR_CHUNK] > p->chunk_count - word) return "frame's chunks outside the chunk table";
+        if (length < 0 || length > limit) return "frame length out of range";
+        if (f[FR_PIECE] < 0 || f[FR_PIECES] < 0 || f[FR_PIECE] > p->piece_count - f[FR_PIECES])
+            return "frame's pieces outside the piece table";
+        int64_t payload = 0;
+        for (int64_t k = 0; k < word; k++) {
+            int64_t size = p->chunks[(f[FR_CHUNK] + k) * CH_COLS + CH_SIZE];
+            payload += size + (-size & (PLANE_ALIGN - 1));
+        }
+        for (int64_t j = 0; j < f[FR_PIECES]; j++) {
+            const int64_t *pc = p->pieces + (f[FR_PIECE] + j) * PC_COLS;
+            if (pc[PC_AT] < 0 || pc[PC_SIZE] < 0 || pc[PC_WITHIN] < 0 || pc[PC_SIZE] > length ||
+                pc[PC_WITHIN] > length - pc[PC_SIZE] || pc[PC_AT] > p->source_size - pc[PC_SIZE])
+                return "piece outside its frame or the file";
+        }
+        if ((size_t)payload > p->payload_room) p->payload_room = (size_t)payload;
+        if ((size_t)length > p->frame_room) p->frame_room = (size_t)length;
+    }
+    return NULL;
+}
+
+/* Runs the plan on `threads` threads (this one among them); the failure kind, or PLANE_OK. */
+static int plane_run(restore_plan_t *p, int threads) {
+    int result = PLANE_NOMEM;
+    worker_t *workers = calloc((size_t)threads, sizeof(worker_t));
+    pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
+    int started = 0, ready = 0;
+    if (p->leaf_count) {
+        p->leaf_left = malloc((size_t)p->leaf_count * sizeof(int64_t));
+        p->leaf_parts = calloc((size_t)p->leaf_count, sizeof(uint8_t *));
+        if (!p->leaf_left || !p->leaf_parts) goto done;
+        for (int64_t k = 0; k < p->leaf_count; k++) {
+            int64_t lo = k * p->leaf, hi = lo + p->leaf < p->source_size ? lo + p->leaf : p->source_size;
+            p->leaf_left[k] = hi - lo;
+        }
+    }
+    if (!workers || !ids) goto done;
+    for (; ready < threads; ready++)
+        if (!worker_init(&workers[ready], p)) {
+            ready++;
+            goto done;
+        }
+    for (int t = 1; t < threads; t++, started++)
+        if (pthread_create(&ids[t], NULL, plane_work, &workers[t])) break;
+    plane_work(&workers[0]);
+    for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+    result = p->failed ? (int)p->error[0] : PLANE_OK;
+done:
+    for (int t = 0; t < ready; t++) worker_free(&workers[t]);
+    if (p->leaf_parts)
+        for (int64_t k = 0; k < p->leaf_count; k++) free(p->leaf_parts[k]);
+    free(p->leaf_parts);
+    free(p->leaf_left);
+    free(workers);
+    free(ids);
+    return result;
+}

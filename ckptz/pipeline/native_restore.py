@@ -1,0 +1,255 @@
+"""Restoring one file on the CPU in one native call: Python plans, C moves the bytes.
+
+:func:`plan` turns a container's index into three int64 tables (frames, their chunks, and
+their pieces in the original file); :func:`run` hands them to the C extension's
+``restore_plan``, which reads, checks, decodes, checks again, writes (or compares) and
+hashes the digest's leaves on its own threads without the GIL (``ckptz/native_src/plane.c``).
+Progress crosses back as a counter polled here; Ctrl-C and SIGTERM (which raise in this,
+the main, thread) cross as a stop flag its threads check between frames. The whole-file
+digest is combined here from the leaf hashes and compared by the caller, as on every path.
+
+A failing frame is decoded once more by :class:`~ckptz.pipeline.decoder.FrameDecoder`, so
+that its error reads exactly as the Python loop words it; a frame the native plane cannot
+decode but Python can (a bitstream it lacks) sends the file back to that loop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ckptz.codecs.native import native
+from ckptz.codecs.table import BITPACK, CONST, HUFF1, RAW, ZSTD
+from ckptz.container import Index
+from ckptz.digest import Digest, Piecewise, leaf_count
+from ckptz.errors import CorruptionError
+from ckptz.pipeline.decoder import FrameDecoder
+from ckptz.pipeline.transform import transformed
+
+#: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
+#: libzstd where it is found; else the file goes back to the Python loop).
+NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, BITPACK.id, HUFF1.id})
+#: Seconds between polls of the progress counter (and chances to take a signal).
+POLL = 0.05
+
+_NO_MEMORY = np.empty(0, np.uint8)
+
+
+class _Threads:
+    """Native threads lent to the restores running at once (files restored in parallel):
+    together they stay within the engine's thread count, so several files in flight do
+    not multiply the threads and their per-thread buffers."""
+
+    def __init__(self) -> None:
+        self._lent = 0
+        self._changed = threading.Condition()
+
+    def borrow(self, limit: int) -> int:
+        """At least one thread and at most what ``limit`` leaves free (waits for one)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._lent < limit)
+            granted = limit - self._lent
+            self._lent += granted
+            return granted
+
+    def give_back(self, n: int) -> None:
+        with self._changed:
+            self._lent -= n
+            self._changed.notify_all()
+
+
+_THREADS = _Threads()
+
+# Failure kinds, as plane.c numbers them.
+_TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME = 1, 2, 3, 4, 5
+_READ, _WRITE, _DIFFERS, _STOPPED, _NOMEM, _CHECK_READ = 6, 7, 8, 9, 10, 11
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One file's restore as the native plane takes it: C-contiguous int64 tables.
+
+    Attributes:
+        frames: per frame: first chunk, chunk count (its word), rotate, length, checksum
+            (the u64's bits), first piece, piece count.
+        chunks: per chunk: container offset, payload size, codec, plane size, checksum.
+        pieces: per piece: file offset, offset in its frame, bytes.
+    """
+
+    frames: np.ndarray
+    chunks: np.ndarray
+    pieces: np.ndarray
+
+
+def suits(index: Index) -> bool:
+    """Whether the native plane may restore a container, from its index alone: not a series
+    delta, a tree digest, only bitstreams it decodes."""
+    if transformed(index.header) or not index.source_digest.kind.tree:
+        return False
+    codecs = index.chunks["codec"]
+    return not len(codecs) or set(np.unique(codecs).tolist()) <= NATIVE_CODECS
+
+
+def plan(decoder: FrameDecoder) -> Plan | None:
+    """The tables for every frame of ``decoder``'s container; None where the native plane
+    cannot restore it (as :func:`suits` says, or an index whose frames do not add up, which
+    the Python loop reports)."""
+    index = decoder.index
+    if decoder.transform is not None or not suits(index):
+        return None
+    chunks = index.chunks
+    frames = decoder.frames
+    rows, first, counts, lengths = decoder.layout()
+    if (rows < 0).any():
+        return None
+    streams = index.streams
+    words = np.array([max(streams[f.stream].word, 1) for f in frames], np.int64)
+    if not np.array_equal(counts, words):
+        return None  # a frame whose chunks do not match its word: the Python loop words it
+    rotate = np.array([streams[f.stream].rotate for f in frames], np.int64)
+    piece_counts = np.array([len(f.pieces) for f in frames], np.int64)
+    first_piece = np.concatenate([[0], np.cumsum(piece_counts)[:-1]]) if frames else piece_counts
+    pieces = np.array([p for f in frames for p in f.pieces], np.int64).reshape(-1, 3)
+    frame_table = np.stack(
+        [
+            first,
+            words,
+            rotate,
+            lengths,
+            index.frames["checksum"][rows].astype(np.uint64).view(np.int64) if frames else words,
+            first_piece,
+            piece_counts,
+        ],
+        axis=1,
+    ).astype(np.int64)
+    chunk_table = np.stack(
+        [
+            chunks["offset"].astype(np.int64),
+            chunks["size"].astype(np.int64),
+            chunks["codec"].astype(np.int64),
+            chunks["raw_size"].astype(np.int64),
+            chunks["checksum"].astype(np.uint64).view(np.int64),
+        ],
+        axis=1,
+    )
+    return Plan(*(np.ascontiguousarray(t, np.int64) for t in (frame_table, chunk_table, pieces)))
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the restored bytes go: ``output`` (a descriptor written at file offsets, -1 for
+    none), ``memory`` (a uint8 array that receives the whole file), and ``checked`` (a
+    descriptor whose bytes each piece must equal, -1 for none: the original for a
+    comparison, the output itself to read back a restore in place)."""
+
+    output: int = -1
+    checked: int = -1
+    memory: np.ndarray | None = None
+    #: Raises the error for the first differing byte ``checked`` holds.
+    differs: Callable[[int], BaseException] | None = None
+
+
+def run(
+    fd: int,
+    path: str,
+    decoder: FrameDecoder,
+    tables: Plan,
+    target: Target,
+    threads: int,
+    progress: Callable[[int], None],
+) -> Digest | None:
+    """Restore every frame of ``tables`` (from the container open as ``fd``) into
+    ``target``; return the digest of what was restored, or None where a frame needs the
+    Python loop after all (nothing the caller can use was finished: it restores again).
+
+    Raises:
+        CorruptionError: bytes fail their checksum or do not decode (worded as the Python
+            loop words it), or a read-back differs.
+        MismatchError: a compared original differs (``target.differs``).
+        OSError: reading the container or writing the output failed.
+        KeyboardInterrupt: (or any error a signal handler raises) the restore was stopped.
+    """
+    index = decoder.index
+    kind = index.source_digest.kind
+    hashes = np.zeros(leaf_count(index.source_size, kind.leaf), "<u8")
+    counter = np.zeros(1, np.int64)
+    stop = np.zeros(1, np.uint8)
+    error = np.zeros(3, np.int64)
+    result: list[int] = []
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            result.append(
+                native.restore_plan(
+                    fd,
+                    target.output,
+                    target.checked,
+                    _NO_MEMORY if target.memory is None else target.memory,
+                    tables.frames,
+                    tables.chunks,
+                    tables.pieces,
+                    index.source_size,
+                    kind.leaf,
+                    hashes,
+                    lent,
+                    counter,
+                    stop,
+                    error,
+                )
+            )
+        except BaseException as exc:  # a rejected plan: raised in the caller's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=call, name="ckptz-native-restore", daemon=True)
+    reported = 0
+    lent = _THREADS.borrow(max(1, threads))
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(POLL)
+            done = int(counter[0])
+            progress(done - reported)  # also where a stop set by a signal is noticed
+            reported = done
+    except BaseException:
+        stop[0] = 1  # the native threads end between frames; nothing more is written
+        worker.join()
+        raise
+    finally:
+        _THREADS.give_back(lent)
+    done = int(counter[0])
+    if done > reported:
+        progress(done - reported)
+    if failure:
+        raise failure[0]
+    if result[0]:
+        _raise(int(error[0]), int(error[1]), int(error[2]), decoder, target, path)
+        return None
+    digest = Piecewise(kind, index.source_size)
+    digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
+    return digest.digest()
+
+
+def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Target, path: str) -> None:
+    """Raise the error for a failure of the native plane; return where the Python loop must
+    restore the file instead."""
+    if kind in (_TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME):
+        decoder.decode(frame)  # raises, worded as the Python loop words it
+        if kind != _DECODE:  # a check that failed in C but not in Python: never quietly
+            raise CorruptionError(f"frame {frame} failed a check restoring it (failure {kind})", path=path)
+        return  # a frame only Python decodes
+    if kind in (_READ, _WRITE, _CHECK_READ):
+        raise OSError(detail, os.strerror(detail))
+    if kind == _DIFFERS:
+        assert target.differs is not None
+        raise target.differs(detail)
+    if kind == _NOMEM:
+        raise MemoryError("no memory for the restore's buffers")
+    raise RuntimeError(f"native restore stopped (failure {kind})")  # _STOPPED is only ours to set
+
+
+__all__ = ["NATIVE_CODECS", "Plan", "Target", "plan", "run", "suits"]

@@ -1,0 +1,401 @@
+"""The native restore plane (ckptz/native_src/plane.c): byte-exact restores of every CPU
+container, every check FORMAT.md promises with the Python loop's own messages, progress,
+the stop flag, and hostile plans refused by its bounds checks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import ckptz
+from test_jobs import _start, _temps, _wait_for_temp
+
+from ckptz import api
+from ckptz import load as ckptz_load
+from ckptz.codecs.native import native
+from ckptz.codecs.table import HUFF1
+from ckptz.container import read_index
+from ckptz.digest import Digest
+from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import CorruptionError, MismatchError
+from ckptz.pipeline import native_restore
+from ckptz.pipeline.decoder import FrameDecoder
+from ckptz.pipeline.restore import Comparer, DiscardSink, restore
+
+pytestmark = pytest.mark.skipif(native is None, reason="the C extension is not built")
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+@pytest.fixture
+def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each native restore's outcome (True: the file was restored by the native plane)."""
+    calls: list[bool] = []
+    real = native_restore.run
+
+    def run(*args: Any, **kwargs: Any) -> Digest | None:
+        digest = real(*args, **kwargs)
+        calls.append(digest is not None)
+        return digest
+
+    monkeypatch.setattr(native_restore, "run", run)
+    return calls
+
+
+def _python_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restore through the Python loop from here on (to hold the native plane against it)."""
+    monkeypatch.setattr(native_restore, "plan", lambda decoder: None)
+
+
+def _checkpoint(root: Path) -> dict[str, torch.Tensor]:
+    """Tensors of every kind the CPU coder handles: floats (noise, bf16-exact, zeros), ints,
+    bools, a tiled pattern (zstd with matches), a size that leaves short frames."""
+    g = torch.Generator().manual_seed(5)
+    pattern = torch.arange(251, dtype=torch.int32).repeat(800)
+    return {
+        "w32": torch.randn(300_001, generator=g) * 0.02,
+        "w16": (torch.randn(200_003, generator=g) * 0.02).to(torch.bfloat16),
+        "h16": torch.randn(70_001, generator=g).to(torch.float16),
+        "exact": (torch.randn(100_000, generator=g)).to(torch.bfloat16).float(),
+        "zeros": torch.zeros(50_000),
+        "ids": torch.randint(0, 7, (90_001,), generator=g, dtype=torch.int64),
+        "mask": torch.rand(33_333, generator=g) > 0.5,
+        "bytes": torch.randint(0, 3, (77_777,), generator=g, dtype=torch.uint8),
+        "tiled": pattern,
+        "empty": torch.zeros(0),
+    }
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("plane")
+    tensors = _checkpoint(root)
+    save_file(tensors, str(root / "model.safetensors"))
+    torch.save(tensors, root / "model.pt")
+    for name in ("model.safetensors", "model.pt"):
+        assert ckptz("compress", str(root / name), "-q").returncode == 0
+    return root
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "model.pt"])
+def test_cli_restores_byte_exact(files: Path, tmp_path: Path, name: str) -> None:
+    out = tmp_path / name
+    done = ckptz("decompress", str(files / f"{name}.ckptz"), "-o", str(out), "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert _sha(out) == _sha(files / name)
+    checked = ckptz("verify", str(files / f"{name}.ckptz"), "--device", "cpu")
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "model.pt"])
+def test_api_restores_natively(files: Path, tmp_path: Path, name: str, native_calls: list[bool]) -> None:
+    out = tmp_path / name
+    api.decompress(files / f"{name}.ckptz", out, device="cpu")
+    assert _sha(out) == _sha(files / name)
+    assert api.verify(files / f"{name}.ckptz", device="cpu").ok
+    assert native_calls == [True, True]
+
+
+def test_in_place_restore_reads_back_natively(files: Path, tmp_path: Path, native_calls: list[bool]) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model.safetensors.ckptz").write_bytes((files / "model.safetensors.ckptz").read_bytes())
+    api.decompress(work, in_place=True, device="cpu")
+    assert _sha(work / "model.safetensors") == _sha(files / "model.safetensors")
+    assert not (work / "model.safetensors.ckptz").exists() and _temps(work) == []
+    assert native_calls == [True]
+
+
+def test_compare_against_original_natively(files: Path, tmp_path: Path, native_calls: list[bool]) -> None:
+    name = "model.safetensors"
+    container = files / f"{name}.ckptz"
+    with open(container, "rb") as c, open(files / name, "rb") as o:
+        comparer = Comparer(o, name)
+        restore(c, name, CpuEngine(2), comparer)
+    changed = tmp_path / name
+    data = bytearray((files / name).read_bytes())
+    data[len(data) // 2] ^= 1
+    changed.write_bytes(bytes(data))
+    where = f"differs from the original at byte {len(data) // 2}"
+    with open(container, "rb") as c, open(changed, "rb") as o, pytest.raises(MismatchError, match=where):
+        restore(c, name, CpuEngine(2), Comparer(o, name))
+    assert native_calls == [True]  # the second raised from inside the native restore
+
+
+FIXTURE_CASES = [
+    (version, name, expected)
+    for version in sorted(p for p in FIXTURES.iterdir() if p.is_dir())
+    for name, expected in json.loads((version / "manifest.json").read_text()).items()
+]
+
+
+@pytest.mark.parametrize(
+    ("version", "name", "expected"), FIXTURE_CASES, ids=[f"{v.name}/{n}" for v, n, _ in FIXTURE_CASES]
+)
+def test_every_fixture_restores(
+    version: Path, name: str, expected: dict[str, object], tmp_path: Path, native_calls: list[bool]
+) -> None:
+    out = tmp_path / name.removesuffix(".ckptz")
+    api.decompress(version / name, out, device="cpu")
+    assert _sha(out) == expected["sha256"]
+    with open(version / name, "rb") as f:
+        index = read_index(f, name)
+        tables = native_restore.plan(FrameDecoder(f.fileno(), name, index, CpuEngine(1)))
+    # The native plane restores every container it can plan (tree digest, its bitstreams).
+    assert native_calls == ([True] if tables is not None else [])
+    if version.name == "v1.4":
+        assert tables is not None
+
+
+def test_order1_and_level_10_restore_natively(tmp_path: Path, native_calls: list[bool]) -> None:
+    # Adam's second moments with a scale per row: where huff1 is chosen (from --level 10).
+    rng = np.random.default_rng(3)
+    scales = np.exp(rng.uniform(-14, -4, 4096)).astype(np.float32)
+    moments = np.abs(rng.standard_normal(4096 * 128)).astype(np.float32) * np.repeat(scales, 128)
+    state = {
+        "state": {0: {"exp_avg_sq": torch.from_numpy(moments), "step": torch.tensor(3.0)}},
+        "param_groups": [{"lr": 1e-3, "params": [0]}],
+    }
+    src = tmp_path / "optimizer.pt"
+    torch.save(state, src)
+    api.compress(src, device="cpu", level=10)
+    with open(tmp_path / "optimizer.pt.ckptz", "rb") as f:
+        assert HUFF1.id in read_index(f, "o").chunks["codec"].tolist()
+    out = tmp_path / "back.pt"
+    api.decompress(tmp_path / "optimizer.pt.ckptz", out, device="cpu")
+    assert out.read_bytes() == src.read_bytes()
+    assert native_calls == [True]
+
+
+# ---------------------------------------------------------------- corruption, same messages
+
+
+def _restore_error(
+    container: Path, name: str, monkeypatch: pytest.MonkeyPatch, edit: Callable[[Any], Any]
+) -> str:
+    """The error restoring ``container`` with its index edited by ``edit``, by the native
+    plane and then by the Python loop: both must raise the same error."""
+    messages = []
+    for python in (False, True):
+        if python:
+            _python_loop(monkeypatch)
+        with open(container, "rb") as c:
+            index = edit(read_index(c, name))
+            with pytest.raises(CorruptionError) as caught:
+                restore(c, name, CpuEngine(2), DiscardSink(), index=index)
+        messages.append(str(caught.value))
+    monkeypatch.undo()
+    assert messages[0] == messages[1]
+    return messages[0]
+
+
+def _flipped(files: Path, tmp_path: Path, at: Callable[[Any], int]) -> Path:
+    src = files / "model.safetensors.ckptz"
+    dst = tmp_path / "model.safetensors.ckptz"
+    data = bytearray(src.read_bytes())
+    with open(src, "rb") as f:
+        where = at(read_index(f, "m"))
+    data[where] ^= 0x10
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def test_flipped_payload_byte(files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def middle_of_largest(index: Any) -> int:
+        c = index.chunks[int(np.argmax(index.chunks["size"]))]
+        return int(c["offset"]) + int(c["size"]) // 2
+
+    bad = _flipped(files, tmp_path, middle_of_largest)
+    message = _restore_error(bad, "model.safetensors", monkeypatch, lambda i: i)
+    assert "stored bytes of frame" in message and "fail their checksum" in message
+    done = ckptz("decompress", str(bad), "-o", str(tmp_path / "out.safetensors"), "--device", "cpu")
+    assert done.returncode != 0 and "fail their checksum" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out.safetensors").exists() and _temps(tmp_path) == []
+
+
+def test_nonzero_padding(files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def padding(index: Any) -> int:
+        padded = [c for c in index.chunks if int(c["size"]) % 16]
+        return int(padded[0]["offset"]) + int(padded[0]["size"])
+
+    bad = _flipped(files, tmp_path, padding)
+    assert "padding after a chunk is not zero" in _restore_error(bad, "m", monkeypatch, lambda i: i)
+
+
+def test_flipped_frame_checksum(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def flip(index: Any) -> Any:
+        frames = index.frames.copy()
+        frames["checksum"][len(frames) // 2] ^= 1
+        return replace(index, frames=frames)
+
+    message = _restore_error(files / "model.safetensors.ckptz", "m", monkeypatch, flip)
+    assert "decoded bytes of frame" in message and "fail their checksum" in message
+
+
+def test_digest_mismatch(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def wrong(index: Any) -> Any:
+        d = index.source_digest
+        other = Digest(d.kind, ("0" if d.hex[0] != "0" else "1") + d.hex[1:])
+        return replace(
+            index, header={**index.header, "source": {**index.header["source"], **other.to_json()}}
+        )
+
+    message = _restore_error(files / "model.safetensors.ckptz", "m", monkeypatch, wrong)
+    assert "does not match the original's digest" in message
+
+
+def test_truncated_container(files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = files / "model.safetensors.ckptz"
+    with open(src, "rb") as f:
+        index = read_index(f, "m")
+    cut = tmp_path / "cut.ckptz"
+    cut.write_bytes(src.read_bytes()[: int(index.chunks["offset"].max()) + 1])
+    messages = []
+    for python in (False, True):
+        if python:
+            _python_loop(monkeypatch)
+        with open(cut, "rb") as c, pytest.raises(CorruptionError) as caught:
+            restore(c, "m", CpuEngine(2), DiscardSink(), index=index)
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] and "truncated" in messages[0]
+
+
+# ---------------------------------------------------------------- progress and stopping
+
+
+def test_progress_reaches_the_total(files: Path) -> None:
+    seen: list[int] = []
+    with open(files / "model.pt.ckptz", "rb") as c:
+        index = restore(c, "m", CpuEngine(2), DiscardSink(), progress=seen.append)
+    assert sum(seen) == index.source_size and all(n >= 0 for n in seen)
+
+
+def _tables(files: Path) -> tuple[Any, Any, native_restore.Plan]:
+    f = open(files / "model.safetensors.ckptz", "rb")  # noqa: SIM115 - closed by the caller
+    index = read_index(f, "m")
+    tables = native_restore.plan(FrameDecoder(f.fileno(), "m", index, CpuEngine(1)))
+    assert tables is not None
+    return f, index, tables
+
+
+def _call(
+    f: Any, index: Any, tables: native_restore.Plan, stop: int = 0
+) -> tuple[int, np.ndarray, np.ndarray]:
+    assert native is not None
+    counter, error = np.zeros(1, np.int64), np.zeros(3, np.int64)
+    leaf = index.source_digest.kind.leaf
+    hashes = np.zeros(-(-index.source_size // leaf), "<u8")
+    kind = native.restore_plan(
+        f.fileno(), -1, -1, np.empty(0, np.uint8), tables.frames, tables.chunks, tables.pieces, index.source_size, leaf,
+        hashes, 2, counter, np.full(1, stop, np.uint8), error,
+    )  # fmt: skip
+    return kind, counter, error
+
+
+def test_stop_flag_ends_the_call_before_any_frame(files: Path) -> None:
+    f, index, tables = _tables(files)
+    with f:
+        assert _call(f, index, tables)[:2][0] == 0
+        kind, counter, _ = _call(f, index, tables, stop=1)
+    assert kind == 9 and counter[0] == 0
+
+
+def test_sigint_stops_a_native_restore(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    work = tmp_path / "run"
+    work.mkdir()
+    rng = np.random.default_rng(1)
+    save_file(
+        {"w": (rng.standard_normal(24_000_000) * 0.02).astype(np.float32)}, str(work / "big.safetensors")
+    )
+    assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
+    before = {p.name: _sha(p) for p in work.iterdir()}
+    proc = _start("decompress", str(work / "big.safetensors.ckptz"), "-o", str(work / "out.safetensors"))
+    assert _wait_for_temp(work, proc), "the restore ended before it was in flight"
+    time.sleep(0.05)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert _temps(work) == [] and not (work / "out.safetensors").exists()
+    assert {p.name: _sha(p) for p in work.iterdir()} == before
+
+
+# ---------------------------------------------------------------- hostile plans
+
+
+def _hostile(files: Path, edit: Callable[[native_restore.Plan], None]) -> None:
+    f, index, tables = _tables(files)
+    copy = native_restore.Plan(tables.frames.copy(), tables.chunks.copy(), tables.pieces.copy())
+    edit(copy)
+    with f, pytest.raises(ValueError, match="restore plan rejected"):
+        _call(f, index, copy)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda p: p.pieces.__setitem__((0, 0), 1 << 50),  # a write past the file's end
+        lambda p: p.pieces.__setitem__((0, 1), p.frames[0, 3]),  # a piece past its frame
+        lambda p: p.pieces.__setitem__((0, 0), -1),
+        lambda p: p.frames.__setitem__((0, 0), len(p.chunks)),  # chunks past the table
+        lambda p: p.frames.__setitem__((0, 5), len(p.pieces)),  # pieces past the table
+        lambda p: p.frames.__setitem__((0, 1), 3),  # no such word size
+        lambda p: p.chunks.__setitem__((0, 1), -5),
+    ],
+    ids=["past-file", "past-frame", "negative-at", "chunks", "pieces", "word", "size"],
+)
+def test_hostile_plan_is_rejected(files: Path, edit: Callable[[native_restore.Plan], None]) -> None:
+    _hostile(files, edit)
+
+
+def test_chunk_past_the_container_is_truncation(files: Path) -> None:
+    f, index, tables = _tables(files)
+    tables.chunks[:, 0] += os.fstat(f.fileno()).st_size
+    with f:
+        kind = _call(f, index, tables)[0]
+    assert kind == 1  # truncated: the Python loop words it
+
+
+def test_whole_file_into_memory_natively(files: Path, native_calls: list[bool]) -> None:
+    from ckptz.pipeline.whole import restore_to_memory
+
+    with open(files / "model.pt.ckptz", "rb") as c:
+        data = restore_to_memory(c, "model.pt")
+    assert data.tobytes() == (files / "model.pt").read_bytes()
+    assert native_calls == [True]
+    loaded = ckptz_load(files / "model.pt.ckptz", weights_only=True)
+    assert all(
+        torch.equal(loaded[k], v) for k, v in torch.load(files / "model.pt", weights_only=True).items()
+    )
+
+
+def test_memory_of_another_size_is_rejected(files: Path) -> None:
+    f, index, tables = _tables(files)
+    assert native is not None
+    with f, pytest.raises(ValueError, match="memory must hold the whole file"):
+        native.restore_plan(
+            f.fileno(), -1, -1, np.empty(index.source_size - 1, np.uint8), tables.frames, tables.chunks,
+            tables.pieces, index.source_size, index.source_digest.kind.leaf,
+            np.zeros(-(-index.source_size // index.source_digest.kind.leaf), "<u8"), 1, np.zeros(1, np.int64),
+            np.zeros(1, np.uint8), np.zeros(3, np.int64),
+        )  # fmt: skip
