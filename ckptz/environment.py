@@ -82,15 +82,15 @@ def _native() -> dict[str, Any]:
     """Whether the C extension is built and loaded, and the instruction sets it uses."""
     built = importlib.util.find_spec("ckptz._native") is not None
     try:
-        from ckptz.codecs.native import native
+        from ckptz.codecs.native import native as loaded
     except ImportError:
-        native = None
+        loaded = None  # type: ignore[assignment]
     x86_linux = platform.machine() in ("x86_64", "AMD64") and sys.platform.startswith("linux")
     return {
         "built": built,
-        "loaded": native is not None,
+        "loaded": loaded is not None,
         "baseline": "SSE2" if x86_linux else platform.machine(),
-        "avx2": bool(getattr(native, "avx2", 0)),
+        "avx2": bool(getattr(loaded, "avx2", 0)),
         "runtime_dispatch": ["AVX2", "BMI2"] if x86_linux else [],
     }
 
