@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import zstandard
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,7 +203,7 @@ def run_zipnn(blob: bytes, threads: int, best: bool) -> tuple[int, float, float,
     overwrote = False
     t0 = time.perf_counter()
     for dt, raw in parts:
-        if dt not in coders:
+        if dt not in coders and dt in ZIPNN_DTYPES:
             kw: dict[str, Any] = {
                 "input_format": "byte",
                 "bytearray_dtype": ZIPNN_DTYPES[dt],
@@ -211,12 +212,18 @@ def run_zipnn(blob: bytes, threads: int, best: bool) -> tuple[int, float, float,
             if best:
                 kw |= {"method": "zstd", "zstd_level": 19}
             coders[dt] = zipnn.ZipNN(**kw)
+        if dt not in ZIPNN_DTYPES:  # ZipNN codes floats only: other tensors count at zstd -3
+            comp.append(zstandard.ZstdCompressor(level=3).compress(raw))
+            continue
         buf = bytearray(raw)
         comp.append(bytes(coders[dt].compress(buf)))
         overwrote |= bytes(buf) != raw
     c_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    back = [bytes(coders[dt].decompress(c)) for (dt, _), c in zip(parts, comp, strict=True)]
+    back = [
+        bytes(coders[dt].decompress(c)) if dt in coders else zstandard.ZstdDecompressor().decompress(c)
+        for (dt, _), c in zip(parts, comp, strict=True)
+    ]
     d_s = time.perf_counter() - t0
     return (
         len(head) + sum(map(len, comp)),
@@ -252,14 +259,16 @@ def run_z4ai_max(blob: bytes, threads: int, subset: int) -> tuple[int, float, fl
         chosen.append((dt, raw))
         total += len(raw)
     t0 = time.perf_counter()
-    frames = [z4ai.compress(raw, dtype=Z4AI_DTYPES[dt], threads=threads, effort="max") for dt, raw in chosen]
+    frames = [
+        z4ai.compress(raw, dtype=Z4AI_DTYPES.get(dt), threads=threads, effort="max") for dt, raw in chosen
+    ]
     c_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     back = b"".join(bytes(z4ai.decompress(f)) for f in frames)
     d_s = time.perf_counter() - t0
     original = b"".join(raw for _, raw in chosen)
     # The default effort on the same subset, so that the two z4ai rows compare like for like.
-    default = sum(len(z4ai.compress(raw, dtype=Z4AI_DTYPES[dt], threads=threads)) for dt, raw in chosen)
+    default = sum(len(z4ai.compress(raw, dtype=Z4AI_DTYPES.get(dt), threads=threads)) for dt, raw in chosen)
     # The ratio is over the subset's tensor bytes; exactness is of those bytes.
     extra = {
         "subset_bytes": total,
@@ -351,6 +360,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-subset", type=int, default=1 << 20, help="bytes per file for z4ai effort=max")
     ap.add_argument("--only", help="comma-separated tool names")
+    ap.add_argument("--files", default="run,minilm", help="run (the training run's components), minilm")
     ap.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="results (default bench/results/ratios-<date>.json)")
     args = ap.parse_args()
@@ -358,12 +368,13 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="ckptz-peers-"))
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     json_path = args.json or ROOT / "bench" / "results" / f"ratios-{date}.json"
-    t0 = time.perf_counter()
-    files = train_run(work / "run", args.steps, args.seed)
-    print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    files["minilm"] = minilm_file(work)
-    print(f"  {'file':14s} {'tool':22s} {'ratio':>7s}  {'c MB/s':>8s} {'d MB/s':>8s}  restore", flush=True)
-    results = {name: measure(name, path, args) for name, path in files.items()}
+    files: dict[str, Path] = {}
+    if "run" in args.files.split(","):
+        t0 = time.perf_counter()
+        files = train_run(work / "run", args.steps, args.seed)
+        print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if "minilm" in args.files.split(","):
+        files["minilm"] = minilm_file(work)
     meta = {
         "benchmark": "bench/peers.py (issue 60)",
         "date": date,
@@ -373,9 +384,14 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
     }
-    print(summary(results))
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({"config": meta, "files": results}, indent=2) + "\n")
+    print(f"  {'file':14s} {'tool':22s} {'ratio':>7s}  {'c MB/s':>8s} {'d MB/s':>8s}  restore", flush=True)
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, path in files.items():
+        results[name] = measure(name, path, args)
+        # Written after each file, so that a cut-short run keeps what it measured.
+        json_path.write_text(json.dumps({"config": meta, "files": results}, indent=2) + "\n")
+    print(summary(results))
     print(f"results: {json_path}", file=sys.stderr)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
