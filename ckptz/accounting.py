@@ -161,7 +161,7 @@ def index_stats(path: str, index: Index, container_size: int) -> FileStats:
 
 
 def _delta_bytes(index: Index) -> tuple[str | None, Counter[str]]:
-    """A series delta's reference path and its XOR-coded bytes per component (FORMAT.md 1.2).
+    """A series delta's reference path and its delta-coded bytes per component (FORMAT.md 1.2).
 
     Read leniently: a malformed ``reference`` counts nothing here; restoring the container
     is what checks it.
@@ -174,8 +174,8 @@ def _delta_bytes(index: Index) -> tuple[str | None, Counter[str]]:
     streams = index.segments["stream"]
     components = {s.id: s.component for s in index.streams}
     try:
-        for seg, _ in raw.get("pairs", []):
-            i = int(seg)
+        for pair in raw.get("pairs", []):
+            i = int(pair[0])
             if 0 <= i < len(lengths):
                 out[components.get(int(streams[i]), "?")] += int(lengths[i])
     except (TypeError, ValueError):

@@ -1,4 +1,5 @@
-"""Every frozen container under fixtures/ still decodes to the bytes it was made from."""
+"""Every frozen container under fixtures/ still decodes to the bytes it was made from (series
+containers through their frozen references)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_fixture_decodes(version: Path, name: str, expected: dict[str, object], 
     with open(container, "rb") as f:
         assert read_index(f, name).source_size == expected["size"]
     restored = tmp_path / name.removesuffix(".ckptz")
+    restored.parent.mkdir(parents=True, exist_ok=True)  # series fixtures keep their run's folders
     api.decompress(container, restored, device="cpu")
     assert hashlib.sha256(restored.read_bytes()).hexdigest() == expected["sha256"]
     assert api.verify(container, device="cpu").ok

@@ -43,6 +43,42 @@ _MARGIN = 0.98
 #: Tensors smaller than this are not paired (the pair costs more header than it saves).
 MIN_PAIR_BYTES = 256
 
+#: Delta kinds (FORMAT.md "Series deltas"): the bytes XORed with the reference's, or each word
+#: stored as the zigzagged difference of its ordered integer and the reference word's.
+XOR, ORDERED_DIFFERENCE = 0, 1
+#: Word sizes the ordered difference is defined for (bf16/fp16 and fp32 words).
+_DIFF_WORDS = {2: np.uint16, 4: np.uint32}
+
+
+def _ordered(words: np.ndarray) -> np.ndarray:
+    """Float bit patterns as integers that order like the floats (negative magnitudes flipped).
+
+    Its own inverse: the sign bit, which decides the flip, is left as it is.
+    """
+    bits = words.dtype.itemsize * 8
+    mask = (words >> (bits - 1)) * words.dtype.type((1 << (bits - 1)) - 1)
+    return words ^ mask
+
+
+def diff_forward(ours: np.ndarray, theirs: np.ndarray, word: int) -> np.ndarray:
+    """``ours``' words as zigzag(ordered(ours) - ordered(theirs)) mod 2^bits, as bytes.
+
+    Nearby floats give small residuals whatever their sign, so the high byte planes are mostly zero.
+    """
+    kind = _DIFF_WORDS[word]
+    a = _ordered(ours.view(kind))
+    d = a - _ordered(theirs.view(kind))
+    bits = word * 8
+    return ((d << kind(1)) ^ (kind(0) - (d >> kind(bits - 1)))).view(np.uint8)
+
+
+def diff_backward(coded: np.ndarray, theirs: np.ndarray, word: int) -> np.ndarray:
+    """Inverse of :func:`diff_forward`: the original words, as bytes."""
+    kind = _DIFF_WORDS[word]
+    z = coded.view(kind)
+    d = (z >> kind(1)) ^ (kind(0) - (z & kind(1)))
+    return _ordered(d + _ordered(theirs.view(kind))).view(np.uint8)
+
 
 @dataclass(frozen=True, slots=True)
 class Tensor:
@@ -108,16 +144,27 @@ def xor_gain(ours: bytes, theirs: bytes, word: int) -> tuple[float, float]:
     return plane_cost(a, word), plane_cost(a ^ b, word)
 
 
+def delta_costs(ours: bytes, theirs: bytes, word: int, is_float: bool) -> dict[int, float]:
+    """Order-0 cost in bytes of a sample as plain (key -1) and as each delta kind that applies."""
+    a = np.frombuffer(ours, np.uint8)
+    b = np.frombuffer(theirs, np.uint8)[: a.size]
+    costs = {-1: plane_cost(a, word), XOR: plane_cost(a ^ b, word)}
+    if is_float and word in _DIFF_WORDS and a.size % word == 0:
+        costs[ORDERED_DIFFERENCE] = plane_cost(diff_forward(a, b, word), word)
+    return costs
+
+
 def choose_pairs(
     ours: Sequence[Tensor],
     theirs: Iterable[Tensor],
     read_ours: Callable[[int, int], bytes],
     read_theirs: Callable[[int, int], bytes],
-) -> list[tuple[int, int]]:
-    """``(segment, counterpart offset)`` for each tensor worth coding as an XOR.
+) -> list[tuple[int, int, int]]:
+    """``(segment, counterpart offset, delta kind)`` for each tensor worth coding as a delta.
 
     A counterpart has the same key paths, dtype and length. Each pair is judged on a sample
-    (:data:`_PIECES` pieces): kept only where the XOR's order-0 cost is below plain's.
+    (:data:`_PIECES` pieces): the kind of least order-0 cost (XOR, or the ordered difference
+    for float words), kept only where it is below plain's.
     """
     by_key: dict[tuple[tuple[str, ...], str, int], Tensor] = {}
     for t in theirs:
@@ -127,52 +174,71 @@ def choose_pairs(
         other = by_key.get(t.key)
         if other is None or t.length < MIN_PAIR_BYTES:
             continue
-        word = lookup(t.dtype).word if t.length % lookup(t.dtype).word == 0 else 1
-        plain = xor = 0.0
+        dt = lookup(t.dtype)
+        word = dt.word if t.length % dt.word == 0 else 1
+        totals: dict[int, float] = {}
         for at, n in _spans(t.length, word):
             a, b = read_ours(t.offset + at, n), read_theirs(other.offset + at, n)
             if len(a) != n or len(b) != n:
                 break
-            p, x = xor_gain(a, b, word)
-            plain, xor = plain + p, xor + x
+            for kind, cost in delta_costs(a, b, word, dt.is_float and word > 1).items():
+                totals[kind] = totals.get(kind, 0.0) + cost
         else:
-            if xor < plain * _MARGIN:
-                pairs.append((t.index, other.offset))
+            plain = totals.pop(-1)
+            # Ties go to XOR, the kind every 1.2 reader knows.
+            kind = min(totals, key=lambda k: (totals[k], k))
+            if totals[kind] < plain * _MARGIN:
+                pairs.append((t.index, other.offset, kind))
     return pairs
 
 
 class XorDelta:
-    """The XOR of paired segments with their counterparts (a :class:`FrameTransform`).
+    """Paired segments coded against their counterparts (a :class:`FrameTransform`): XORed
+    with them, or as ordered differences of their words.
 
     Args:
         starts: the file offset of every segment of the original file, and its end.
-        pairs: ``(segment, counterpart offset)``.
+        pairs: ``(segment, counterpart offset, delta kind)``.
         spec: the reference, as the header names it.
         source: its original bytes.
+        words: the word size of each segment with an ordered-difference pair.
     """
 
     def __init__(
-        self, starts: Sequence[int], pairs: Sequence[tuple[int, int]], spec: RefSpec, source: ReferenceBytes
+        self,
+        starts: Sequence[int],
+        pairs: Sequence[tuple[int, int, int]],
+        spec: RefSpec,
+        source: ReferenceBytes,
+        words: dict[int, int] | None = None,
     ) -> None:
         self.spec, self.source = spec, source
         self.pairs = sorted(pairs)
-        self.apart = frozenset(seg for seg, _ in self.pairs)
-        # (start, end, counterpart start) of every paired range, in file order.
-        self._ranges = [(starts[s], starts[s + 1], r) for s, r in self.pairs]
+        self.apart = frozenset(seg for seg, _, _ in self.pairs)
+        words = words or {}
+        # (start, end, counterpart start, kind, word) of every paired range, in file order.
+        self._ranges = [(starts[s], starts[s + 1], r, k, words.get(s, 1)) for s, r, k in self.pairs]
         self._lo = [r[0] for r in self._ranges]
 
-    def _apply(self, frame: Frame, data: np.ndarray) -> None:
+    def _apply(self, frame: Frame, data: np.ndarray, forward: bool) -> None:
         for at, within, n in frame.pieces:
             j = max(0, bisect.bisect_right(self._lo, at) - 1)
             while j < len(self._ranges) and self._ranges[j][0] < at + n:
-                lo_seg, hi_seg, ref = self._ranges[j]
+                lo_seg, hi_seg, ref, kind, word = self._ranges[j]
                 lo, hi = max(at, lo_seg), min(at + n, hi_seg)
                 if lo < hi:
                     theirs = self.source.read(ref + lo - lo_seg, hi - lo)
                     if len(theirs) != hi - lo:
                         raise ContainerError(f"reference {self.spec.path} ended early (truncated?)")
                     part = data[within + lo - at : within + hi - at]
-                    np.bitwise_xor(part, np.frombuffer(theirs, np.uint8), out=part)
+                    ref_bytes = np.frombuffer(theirs, np.uint8)
+                    if kind == XOR:
+                        np.bitwise_xor(part, ref_bytes, out=part)
+                    elif (lo - lo_seg) % word or (hi - lo) % word:
+                        # Frames hold whole words of a tensor; a cut word means a damaged index.
+                        raise ContainerError("a frame cuts a word of an ordered-difference tensor (damaged)")
+                    else:
+                        part[:] = (diff_forward if forward else diff_backward)(part, ref_bytes, word)
                 j += 1
 
     def _touches(self, frame: Frame) -> bool:
@@ -189,7 +255,7 @@ class XorDelta:
         if not self._touches(frame):
             return data
         out = data.copy()
-        self._apply(frame, out)
+        self._apply(frame, out, forward=True)
         return out
 
     def backward(self, frame: Frame, data: np.ndarray) -> np.ndarray:
@@ -197,11 +263,13 @@ class XorDelta:
             return data
         if not data.flags.writeable:
             data = data.copy()
-        self._apply(frame, data)
+        self._apply(frame, data, forward=False)
         return data
 
     def header(self) -> dict[str, object]:
-        return {"reference": {**self.spec.to_json(), "pairs": [list(p) for p in self.pairs]}}
+        # An XOR pair stays [segment, offset], so a series that uses XOR only reads as before.
+        pairs = [[s, r] if k == XOR else [s, r, k] for s, r, k in self.pairs]
+        return {"reference": {**self.spec.to_json(), "pairs": pairs}}
 
     def close(self) -> None:
         self.source.close()
@@ -219,18 +287,32 @@ def open_delta(index: Index, fd: int, path: str) -> XorDelta:
     lengths = index.segments["length"].tolist()
     starts = [0, *accumulate(lengths)]
     pairs = _parse_pairs(raw, lengths, spec.size, path)
+    stream_of = index.segments["stream"].tolist()
+    words = {}
+    for s, _, kind in pairs:
+        if kind == ORDERED_DIFFERENCE:
+            word = lookup(index.streams[stream_of[s]].dtype).word
+            if word not in _DIFF_WORDS or lengths[s] % word:
+                raise ContainerError(
+                    "an ordered-difference pair names a segment of no float words", path=path
+                )
+            words[s] = word
     source = open_reference(locate(fd, path), spec, path)
-    return XorDelta(starts, pairs, spec, source)
+    return XorDelta(starts, pairs, spec, source, words)
 
 
-def _parse_pairs(raw: Any, lengths: list[int], ref_size: int, path: str) -> list[tuple[int, int]]:
+def _parse_pairs(raw: Any, lengths: list[int], ref_size: int, path: str) -> list[tuple[int, int, int]]:
     try:
         items = raw["pairs"]
-        pairs = [(int(s), int(r)) for s, r in items]
-    except (KeyError, TypeError, ValueError) as exc:
+        pairs = [(int(p[0]), int(p[1]), int(p[2]) if len(p) == 3 else XOR) for p in items if 2 <= len(p) <= 3]
+        if len(pairs) != len(items):
+            raise ValueError
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ContainerError(f"reference pairs unreadable ({type(exc).__name__})", path=path) from None
     seen = set()
-    for s, r in pairs:
+    for s, r, kind in pairs:
+        if kind not in (XOR, ORDERED_DIFFERENCE):
+            raise ContainerError(f"unknown series delta kind {kind} (a newer ckptz wrote it)", path=path)
         if not 0 <= s < len(lengths) or s in seen or not 0 <= r <= ref_size - lengths[s]:
             raise ContainerError("reference pairs name impossible segments or offsets", path=path)
         seen.add(s)
@@ -265,16 +347,22 @@ def delta_for(
         source.close()
         return None
     starts = [s.offset for s in layout.segments] + [layout.size]
-    return XorDelta(starts, pairs, spec, source)
+    words = {s: lookup(layout.segments[s].dtype).word for s, _, k in pairs if k == ORDERED_DIFFERENCE}
+    return XorDelta(starts, pairs, spec, source, words)
 
 
 __all__ = [
     "MIN_PAIR_BYTES",
+    "ORDERED_DIFFERENCE",
+    "XOR",
     "Keyframe",
     "Tensor",
     "XorDelta",
     "choose_pairs",
+    "delta_costs",
     "delta_for",
+    "diff_backward",
+    "diff_forward",
     "index_tensors",
     "layout_tensors",
     "open_delta",
