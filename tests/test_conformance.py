@@ -16,10 +16,22 @@ from ckptz import api
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 VECTORS = FIXTURES / "conformance"
 MANIFEST = json.loads((VECTORS / "manifest.json").read_text())
+
+
+def _self_contained(path: Path) -> bool:
+    """Whether a frozen container restores alone: a series delta needs its reference, which
+    the spec reader (one container in, its bytes out) is not given."""
+    from ckptz.container import read_index
+
+    with path.open("rb") as f:
+        return "reference" not in read_index(f, str(path)).header
+
+
 FROZEN = [
     (version / name, expected)
     for version in sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p != VECTORS)
     for name, expected in json.loads((version / "manifest.json").read_text()).items()
+    if _self_contained(version / name)
 ]
 
 

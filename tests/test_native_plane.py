@@ -223,7 +223,7 @@ def test_flipped_payload_byte(files: Path, tmp_path: Path, monkeypatch: pytest.M
 
     bad = _flipped(files, tmp_path, middle_of_largest)
     message = _restore_error(bad, "model.safetensors", monkeypatch, lambda i: i)
-    assert "stored bytes of frame" in message and "fail their checksum" in message
+    assert "stored" in message and "from offset" in message and "fail their checksum" in message
     done = ckptz("decompress", str(bad), "-o", str(tmp_path / "out.safetensors"), "--device", "cpu")
     assert done.returncode != 0 and "fail their checksum" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out.safetensors").exists() and _temps(tmp_path) == []
@@ -245,7 +245,7 @@ def test_flipped_frame_checksum(files: Path, monkeypatch: pytest.MonkeyPatch) ->
         return replace(index, frames=frames)
 
     message = _restore_error(files / "model.safetensors.ckptz", "m", monkeypatch, flip)
-    assert "decoded bytes of frame" in message and "fail their checksum" in message
+    assert "decoded bytes" in message and "offset" in message and "fail their checksum" in message
 
 
 def test_digest_mismatch(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -325,6 +325,7 @@ def test_sigint_stops_a_native_restore(tmp_path: Path) -> None:
     save_file(
         {"w": (rng.standard_normal(24_000_000) * 0.02).astype(np.float32)}, str(work / "big.safetensors")
     )
+    original = _sha(work / "big.safetensors")
     assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
     before = {p.name: _sha(p) for p in work.iterdir()}
     proc = _start("decompress", str(work / "big.safetensors.ckptz"), "-o", str(work / "out.safetensors"))
@@ -336,8 +337,11 @@ def test_sigint_stops_a_native_restore(tmp_path: Path) -> None:
     assert time.monotonic() - sent < 2.0
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    assert _temps(work) == [] and not (work / "out.safetensors").exists()
-    assert {p.name: _sha(p) for p in work.iterdir()} == before
+    assert _temps(work) == []
+    # The signal may land after the file was complete and renamed: then it is whole.
+    out = work / "out.safetensors"
+    assert not out.exists() or _sha(out) == original
+    assert {p.name: _sha(p) for p in work.iterdir() if p != out} == before
 
 
 # ---------------------------------------------------------------- hostile plans

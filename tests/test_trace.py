@@ -36,13 +36,16 @@ def test_a_traced_round_trip_records_every_stage(tmp_path: Path) -> None:
     timeline = _timeline()
     for op, stages in [
         ("compress", {"read", "encode", "checksums", "write", "digest joins"}),
-        ("decompress", {"read", "check payloads", "decode", "put", "digest joins"}),
+        # A CPU restore is one native call per file: its stages run in C, untraced.
+        ("decompress", {"plan", "native restore"}),
     ]:
         doc = json.loads(traces[op].read_text())
         spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
         assert stages <= {e["name"] for e in spans}, op
         assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
         summary = timeline.summarize(doc)
+        if op == "decompress":
+            continue
         readers = summary["groups"]["ckptz-read"]
         assert readers["stages"]["read"]["count"] >= 1
         shares = [r["share"] for r in readers["stages"].values()]
