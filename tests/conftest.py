@@ -39,6 +39,34 @@ def ckptz(
     )
 
 
+def stderr_on_a_terminal(*args: str, columns: int, timeout: float = 120) -> str:
+    """Run ``python -m ckptz ARGS`` with stderr on a pty ``columns`` wide, as a user at a
+    terminal sees it; the text it drew there (escape sequences removed). It must exit 0."""
+    import pty
+    import re
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptz", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+        env={**CLI_ENV, "COLUMNS": str(columns)},
+    )
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=timeout) == 0
+    os.close(leader)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+
+
 def bench(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run ``bench/SCRIPT ARGS`` on the tree under test, in a subprocess; text output."""
     return subprocess.run(

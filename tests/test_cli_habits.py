@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import shlex
 import shutil
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLI_ENV, REPO, ckptz, tree_digests
+from conftest import CLI_ENV, REPO, ckptz, stderr_on_a_terminal, tree_digests
 
 
 @pytest.fixture
@@ -118,26 +117,9 @@ def test_progress_lines_when_stderr_is_not_a_terminal(medium: Path, tmp_path: Pa
 
 def test_progress_bar_names_the_files_in_flight(medium: Path, tmp_path: Path) -> None:
     """On a terminal (a pty here), the bar shows the files being worked on, not the last started."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ckptz", "compress", str(medium), "-o", str(tmp_path / "o"), "-T", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=follower,
-        env={**CLI_ENV, "COLUMNS": "120"},
+    text = stderr_on_a_terminal(
+        "compress", str(medium), "-o", str(tmp_path / "o"), "-T", "1", columns=120, timeout=60
     )
-    os.close(follower)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(leader, 1 << 16)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    assert proc.wait(timeout=60) == 0
-    os.close(leader)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
     assert re.search(r"m\d\.safetensors, m\d\.safetensors", text), text[-2000:]
 
 

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ckptz
+from conftest import ckptz, stderr_on_a_terminal
 
 COMMANDS = ("compress", "decompress", "inspect", "verify", "detach", "bench")
 
@@ -185,37 +185,14 @@ def test_nproc_reports_the_whole_runs_time(small_checkpoint: Path, tmp_path: Pat
 def test_the_progress_bar_keeps_its_figures_whole_at_80_columns(tmp_path: Path) -> None:
     """On a terminal (a pty here) 80 columns wide, long names in flight are cut short; the
     byte counts and the speed are never split or elided."""
-    import pty
-    import subprocess
-    import sys
 
     import torch
-    from conftest import CLI_ENV
 
     source = tmp_path / "run"
     source.mkdir()
     for i in range(3):
         torch.save({"w": torch.randn(512, 1024)}, source / f"a-rather-long-checkpoint-file-name-{i}.pt")
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ckptz", "compress", str(source), "-o", str(tmp_path / "o"), "-T", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=follower,
-        env={**CLI_ENV, "COLUMNS": "80"},
-    )
-    os.close(follower)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(leader, 1 << 16)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    assert proc.wait(timeout=120) == 0
-    os.close(leader)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+    text = stderr_on_a_terminal("compress", str(source), "-o", str(tmp_path / "o"), "-T", "1", columns=80)
     bars = [s for s in text.split("\r") if "━" in s]
     assert bars, text
     for line in bars:

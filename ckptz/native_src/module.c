@@ -97,6 +97,7 @@
 #include "frame.c"
 #include "hash.c"
 #include "pickle_ops.c"
+#include "fileio.c"
 #include "plane.c"
 
 /* ---------------------------------------------------------------- split and merge */
@@ -587,20 +588,6 @@ done:
 /* Many small preads in one call that releases the GIL once: the few hundred bytes a
  * stream plan samples from each of a large optimizer's thousands of tensors. Each read
  * stops early only at the end of the file (the bytes object is then shorter). */
-/* Read ``want`` bytes at ``at`` into ``dst`` (retrying short and interrupted reads); the
- * bytes read, fewer where the file ends first or a read fails (``*error``: its errno). Called
- * without the GIL. */
-static int64_t pread_fully(int fd, char *dst, int64_t want, int64_t at, int *error) {
-    int64_t got = 0;
-    while (got < want) {
-        ssize_t n = pread(fd, dst + got, (size_t)(want - got), (off_t)(at + got));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) *error = errno;
-        if (n <= 0) break;
-        got += n;
-    }
-    return got;
-}
 
 /* Whether foffs, boffs and sizes are int64 tables of one length whose ranges (file offset,
  * place in a buffer of `limit` bytes, bytes) lie inside that buffer; if not, a ValueError

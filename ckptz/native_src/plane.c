@@ -115,20 +115,6 @@ static void plane_fail(restore_plan_t *p, int kind, int64_t frame, int64_t detai
     pthread_mutex_unlock(&p->error_lock);
 }
 
-/* Reads exactly `want` bytes at `at`; returns the bytes read (fewer at the end of the file)
- * and sets *error on a failed read. */
-static int64_t plane_pread(int fd, uint8_t *dst, int64_t want, int64_t at, int *error) {
-    int64_t got = 0;
-    while (got < want) {
-        ssize_t n = pread(fd, dst + got, (size_t)(want - got), (off_t)(at + got));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) *error = errno;
-        if (n <= 0) break;
-        got += n;
-    }
-    return got;
-}
-
 /* Writes at least this large ask the kernel to start their writeback at once (safeio.py's
  * WRITEBACK_MIN): else the whole file is written back inside the fsync before its rename. */
 #define PLANE_WRITEBACK_MIN (256 << 10)
@@ -242,7 +228,7 @@ static uint64_t plane_frame_hash(restore_plan_t *p, const int64_t *f, const uint
 /* The offset of the first byte where the checked file differs from piece [at, at + n)
  * (its bytes at `bytes`), or -1; a read that stops early differs where it stops. */
 static int64_t plane_compare(worker_t *w, const uint8_t *bytes, int64_t at, int64_t n, int *error) {
-    int64_t got = plane_pread(w->plan->checked, w->check, n, at, error);
+    int64_t got = pread_fully(w->plan->checked, (char *)w->check, n, at, error);
     if (*error) return -1;
     for (int64_t i = 0; i < got; i++)
         if (w->check[i] != bytes[i]) return at + i;
@@ -263,7 +249,7 @@ static int plane_frame(worker_t *w, int64_t i) {
         int64_t size = ck[CH_SIZE], padded = size + (-size & (PLANE_ALIGN - 1));
         int error = 0;
         uint8_t *dst = w->payloads + cursor;
-        int64_t got = plane_pread(p->container, dst, padded, ck[CH_OFFSET], &error);
+        int64_t got = pread_fully(p->container, (char *)dst, padded, ck[CH_OFFSET], &error);
         if (error) return plane_fail(p, PLANE_READ, i, error), 0;
         if (got != padded) return plane_fail(p, PLANE_TRUNCATED, i, f[FR_CHUNK] + k), 0;
         for (int64_t j = size; j < padded; j++)
