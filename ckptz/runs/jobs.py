@@ -15,9 +15,35 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from typing import TypeVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
 
 from ckptz.errors import StoppedError
+from ckptz.runs.tree import Entry
+
+JobKind = Literal["convert", "finish", "link", "copy", "symlink", "temp"]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One unit of work.
+
+    Attributes:
+        kind: what to do (see :data:`JobKind`).
+        entry: the input.
+        target: the output path.
+        label: the input's name in reports (relative path; prefixed by its source's name
+            when there are several sources).
+        primary: for ``link``, the output (or, in place, the input) it links to.
+    """
+
+    kind: JobKind
+    entry: Entry
+    target: Path
+    label: str
+    primary: Path | None = None
+
 
 T = TypeVar("T")
 _batches = itertools.count()

@@ -20,13 +20,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 from ckptz.container import SUFFIX
 from ckptz.errors import ContainerError, NothingToDoError, UnreadableError, UnsafePathError, UsageError
+from ckptz.runs.jobs import Job, JobKind
+from ckptz.runs.resume import already_done, stale_outputs
 from ckptz.runs.tree import UNREADABLE, Entry, Kind, Selection, Tree
-
-JobKind = Literal["convert", "finish", "link", "copy", "symlink", "temp"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,26 +45,6 @@ class Action:
     path: str
     target: str | None = None
     note: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One unit of work.
-
-    Attributes:
-        kind: what to do (see :data:`JobKind`).
-        entry: the input.
-        target: the output path.
-        label: the input's name in reports (relative path; prefixed by its source's name
-            when there are several sources).
-        primary: for ``link``, the output (or, in place, the input) it links to.
-    """
-
-    kind: JobKind
-    entry: Entry
-    target: Path
-    label: str
-    primary: Path | None = None
 
 
 @dataclass(slots=True)
@@ -193,8 +172,6 @@ def plan(
     _pair_hard_links(p, out)
     done_already += _refuse(p, trees, out, force, compress)
     if force and not out.in_place:
-        from ckptz.runs.resume import stale_outputs
-
         targets = {j.target for j in p.converts + p.links + p.carries}
         for t in trees:
             root = _out_root(t, out, compress) if t.is_dir else None
@@ -355,8 +332,6 @@ def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool
         claimed[j.target] = j
     if out.in_place:
         return 0
-    from ckptz.runs.resume import already_done
-
     finished: set[int] = set()
     for j in jobs:
         ident = _identity(j.target)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ckptz.container import read_index
 from ckptz.errors import CkptzError
-from ckptz.runs.plan import Job
+from ckptz.runs.jobs import Job
 from ckptz.runs.tree import Kind, scan
 
 
