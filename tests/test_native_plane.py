@@ -403,3 +403,18 @@ def test_memory_of_another_size_is_rejected(files: Path) -> None:
             np.zeros(-(-index.source_size // index.source_digest.kind.leaf), "<u8"), 1, np.zeros(1, np.int64),
             np.zeros(1, np.uint8), np.zeros(3, np.int64),
         )  # fmt: skip
+
+
+def test_a_container_declaring_countless_leaves_is_left_to_the_bounded_loop(files: Path) -> None:
+    """A header may declare a huge file cut into tiny digest leaves: the native plane, which
+    holds every leaf's hash at once, leaves such a container to the loop that hashes as it goes."""
+    from ckptz.pipeline import native_restore
+
+    with open(files / "model.safetensors.ckptz", "rb") as f:
+        index = read_index(f, "m")
+    assert native_restore.suits(index)
+    source = index.header["source"]
+    tiny = {"xxh3_tree": {**source["xxh3_tree"], "leaf": 4096}}
+    huge = replace(index, header={**index.header, "source": {**source, **tiny, "size": 1 << 40}})
+    assert huge.source_size == 1 << 40
+    assert not native_restore.suits(huge)

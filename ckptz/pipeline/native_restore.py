@@ -85,10 +85,19 @@ class Plan:
     pieces: np.ndarray
 
 
+#: Most digest leaves the native plane holds the hashes of at once (128 MiB of them): a
+#: container may declare any size with tiny leaves, and the Python loop, which hashes as it
+#: goes, restores those in bounded memory.
+MAX_LEAVES = 1 << 24
+
+
 def suits(index: Index) -> bool:
     """Whether the native plane may restore a container, from its index alone: not a series
-    delta, a tree digest, only bitstreams it decodes."""
-    if transformed(index.header) or not index.source_digest.kind.tree:
+    delta, a tree digest with a bounded number of leaves, only bitstreams it decodes."""
+    kind = index.source_digest.kind
+    if transformed(index.header) or not kind.tree:
+        return False
+    if leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
         return False
     codecs = index.chunks["codec"]
     return not len(codecs) or set(np.unique(codecs).tolist()) <= NATIVE_CODECS
