@@ -132,10 +132,7 @@ def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_
     except UsageError:
         return
     codec = codec.lower()
-    if want != "cpu" and (
-        want.startswith("cuda")
-        or engine_kind(want, codec, writes=writes, job_bytes=job_bytes, nvcomp=nvcomp_installed()) == "gpu"
-    ):
+    if engine_kind(want, codec, writes=writes, job_bytes=job_bytes, nvcomp=nvcomp_installed()) == "gpu":
         # The GPU engine itself (not the hybrid, which brings the GPU up later).
         warm_context(want)
 
