@@ -552,12 +552,6 @@ def child_inproc(spec: dict[str, Any]) -> None:
         if "memory" in inspect.signature(api.decompress).parameters:
             dkw["memory"] = spec["memory"]
     warm = Path(spec["warm"])
-    # The warm-up folder is small, and a portable GPU compression of it would run on the CPU
-    # threads (below 4 GiB): it opens the GPU engine the timed steps do, as a GB-sized job
-    # would, so its start-up stays out of them too (ckptz since session 32; older trees
-    # ignore the variable).
-    before = os.environ.get("CKPTZ_GPU_WRITE_BYTES")
-    os.environ["CKPTZ_GPU_WRITE_BYTES"] = "0"
     try:  # CUDA, nvCOMP and kernel start-up stay out of the timed steps
         api.compress(spec["warm_src"], warm / ("warm" + SUFFIX), **ckw)
         api.decompress(warm / ("warm" + SUFFIX), warm / "warm", **dkw)
@@ -565,11 +559,6 @@ def child_inproc(spec: dict[str, Any]) -> None:
         for step in steps:
             emit({"op": step["op"], "error": f"warm-up failed: {e!r}"[:800]})
         return
-    finally:
-        if before is None:
-            os.environ.pop("CKPTZ_GPU_WRITE_BYTES", None)
-        else:
-            os.environ["CKPTZ_GPU_WRITE_BYTES"] = before
     gpu = GpuPoller() if device.startswith("cuda") else None
     calls: dict[str, Callable[[], Any]] = {
         "compress": lambda: api.compress(spec["src"], spec["packed"], **ckw),

@@ -134,9 +134,9 @@ Device = Annotated[
     str | None,
     typer.Option(
         "--device",
-        help="auto, cpu, cuda or cuda:N [default: $CKPTZ_DEVICE or auto]. auto uses the first GPU where"
-        " nvCOMP and a CUDA driver are installed and it pays (a GPU-only codec, a job over 32 GiB),"
-        " else the CPU; cuda fails where that GPU cannot be used.",
+        help="auto, cpu, cuda or cuda:N [default: $CKPTZ_DEVICE or auto]. cuda[:N] codes every job on"
+        " that GPU, compressing and restoring, or fails; auto codes on the CPU threads, with the first"
+        " GPU (nvCOMP installed) joining jobs of 32 GiB and more, and a GPU-only codec uses the GPU.",
         show_default=False,
         metavar="DEVICE",
         autocompletion=lambda: ["auto", "cpu", "cuda", "cuda:0"],

@@ -45,14 +45,14 @@ def warm_context(want: str) -> None:
 
 
 def warm_named_gpu(device: str | None, codec: str) -> None:
-    """Start the CUDA context at once where a compression names a GPU and a codec other than
-    the portable bitstream: such a run codes on that GPU from its first frame whatever its
-    size (:func:`ckptz.engines.open_engine`). Where that depends on the job's size or on the
-    containers read, :func:`ckptz.engines.warm_gpu` decides later, once they are known
-    (warming twice starts one context). A bad device name is left for the run to report."""
+    """Start the CUDA context at once where a command names a GPU: such a run codes on that
+    GPU from its first frame whatever its size or codec (:func:`ckptz.engines.engine_kind`).
+    With ``auto``, where that depends on the job's size or codec, :func:`ckptz.engines.warm_gpu`
+    decides later, once they are known (warming twice starts one context). A bad device name
+    is left for the run to report."""
     try:
         want = requested_device(device)
     except UsageError:
         return
-    if want.startswith("cuda") and codec.lower() not in PORTABLE_CODECS:
+    if want.startswith("cuda"):
         warm_context(want)

@@ -56,12 +56,6 @@ SETTINGS: tuple[Setting, ...] = (
         "1: take RANK and WORLD_SIZE as this run's ranks (ranks started by srun or by hand); 0: ignore"
         " them; unset: only in torchrun's own workers.",
     ),
-    Setting(
-        "gpu_join_bytes", None, int, "Bytes a job codes before the GPU joins the CPU threads (0: at once)."
-    ),
-    Setting(
-        "gpu_write_bytes", None, int, "Bytes a compression with --device cuda needs before the GPU writes it."
-    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zstandard
-from conftest import assert_runs_leave_no_cycles, sha256, tree_digests
+from conftest import assert_runs_leave_no_cycles, ckptz, sha256, tree_digests
 
 from ckptz import api
 from ckptz.codecs.frames import EncodedChunk
@@ -356,17 +356,16 @@ def test_raw_codec_round_trip(algorithm: str) -> None:
 def test_corpus_round_trips_on_gpu(tmp_path: Path, codec: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from corpus import make_corpus
 
-    monkeypatch.setenv("CKPTZ_GPU_WRITE_BYTES", "0")  # the GPU writes the portable bitstream of any job
-
     corpus = make_corpus(tmp_path / "corpus")
     root = tmp_path / "corpus"
     before = tree_digests(root)
     summary = api.compress(root, tmp_path / "all.ckptz", device="cuda", codec=codec)
-    # Both are written on the GPU (the portable codec as the GPU's literal frames); the
-    # portable one is restored on the CPU threads (ckptz.engines.hybrid).
+    # Both are written and restored on the GPU (the portable codec as the GPU's literal
+    # frames, decoded by ckptz's kernels and nvCOMP), whatever the job's size.
     assert summary.device.startswith("cuda")
     assert api.verify(tmp_path / "all.ckptz", root, device="cuda").ok
-    api.decompress(tmp_path / "all.ckptz", tmp_path / "back", device="cuda")
+    restored = api.decompress(tmp_path / "all.ckptz", tmp_path / "back", device="cuda")
+    assert restored.device.startswith("cuda") and "cpu" not in restored.device
     assert tree_digests(tmp_path / "back") == before and len(corpus) >= 20
 
 
@@ -588,15 +587,39 @@ def test_bench_runs_every_configuration_on_the_gpu(small_checkpoint: Path) -> No
 
 
 @gpu
+def test_device_cuda_codes_a_small_file_on_the_gpu_both_ways(tmp_path: Path) -> None:
+    """``--device cuda`` with the portable bitstream codes a 1 MiB file on the GPU, writing
+    and restoring: the container records the GPU as its coder, and the restore reports it."""
+    src = tmp_path / "small.pt"
+    torch.save({"w": torch.randn(1 << 18, generator=torch.Generator().manual_seed(5))}, src)
+    packed = tmp_path / "small.pt.ckptz"
+    result = ckptz("compress", str(src), "-o", str(packed), "--device", "cuda")
+    assert result.returncode == 0, result.stderr
+    assert "CPU threads" not in result.stderr
+    with open(packed, "rb") as f:
+        device = read_index(f, str(packed)).header["device"]
+    assert device.startswith("cuda:") and "cpu" not in device
+    summary = api.decompress(packed, tmp_path / "back.pt", device="cuda")
+    assert summary.device.startswith("cuda:") and "cpu" not in summary.device
+    assert sha256(tmp_path / "back.pt") == sha256(src)
+
+
+@gpu
 def test_hybrid_engine_codes_the_portable_bitstream_on_cpu_and_gpu(
     small_checkpoint: Path, tmp_path: Path
 ) -> None:
-    from ckptz.engines import open_engine
+    from ckptz.engines import open_gpu
+    from ckptz.engines.cpu import CpuEngine
     from ckptz.engines.hybrid import HybridEngine
 
     src = small_checkpoint / "optimizer.pt"
-    engine, _ = open_engine("cuda", codec="auto")
-    assert isinstance(engine, HybridEngine) and engine.wait_for_gpu()
+    # What ``--device auto`` opens for a long job, its GPU brought up at once.
+    engine = HybridEngine(
+        CpuEngine(None),
+        lambda: open_gpu("cuda", threads=None, level=3, codec="zstd", memory=None),
+        required=True,
+    )
+    assert engine.wait_for_gpu()
     with open(tmp_path / "h.ckptz", "wb") as out:
         written = compress_file(src, "optimizer.pt", out, engine)
     engine.close()

@@ -137,41 +137,26 @@ def test_a_second_coder_slower_than_the_cpu_threads_is_dropped(
     assert sha256(tmp_path / "back.pt") == sha256(src)
 
 
-def test_the_join_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from ckptz.engines.hybrid import GPU_JOIN_BYTES
-    from ckptz.errors import UsageError
-
-    assert HybridEngine(CpuEngine(1), _no_gpu, required=False).join_after == GPU_JOIN_BYTES
-    monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", "0")
-    assert HybridEngine(CpuEngine(1), _no_gpu, required=False).join_after == 0
-    monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", "lots")
-    with pytest.raises(UsageError, match="CKPTZ_GPU_JOIN_BYTES"):
-        HybridEngine(CpuEngine(1), _no_gpu, required=False)
-
-
 @pytest.mark.parametrize(
-    ("device", "codec", "join", "writes", "job_gib", "warmed"),
+    ("device", "codec", "writes", "job_gib", "warmed"),
     [
-        ("cuda", "auto", None, False, 1, False),  # a restore of the portable bitstream: CPU threads
-        ("cuda", "zstd", None, False, 64, False),
-        ("cuda", "auto", None, True, 4, True),  # a compression with a GPU named writes it there
-        ("cuda:1", "zstd", None, True, 64, True),
-        ("cuda", "auto", None, True, 1, False),  # ... unless the CPU threads finish before it starts
-        ("auto", "auto", None, True, 31, False),  # no GPU named: CPU threads below the join size
-        ("auto", "auto", None, True, 32, True),  # ... the GPU writes a job that large
-        ("auto", "auto", "0", True, 0, True),
-        ("cuda:1", "auto", "0", False, 0, True),  # ... or joins at once
-        ("cuda", "ans", None, False, 0, True),  # only a GPU codes it: up from the start
-        ("auto", "ans", None, True, 0, True),
-        ("auto", "auto", "0", False, 0, False),  # no GPU named: the engine decides when it opens
-        ("cpu", "ans", None, True, 64, False),
+        ("cuda", "auto", False, 1, True),  # a GPU named codes every job there, restores too
+        ("cuda", "zstd", False, 64, True),
+        ("cuda", "auto", True, 4, True),
+        ("cuda:1", "zstd", True, 64, True),
+        ("cuda", "auto", True, 0, True),  # ... whatever its size
+        ("auto", "auto", True, 31, False),  # no GPU named: CPU threads below the join size
+        ("auto", "auto", True, 32, True),  # ... the GPU writes a job that large
+        ("cuda", "ans", False, 0, True),  # only a GPU codes it: up from the start
+        ("auto", "ans", True, 0, True),
+        ("auto", "auto", False, 64, False),  # no GPU named: the hybrid brings it up when it pays
+        ("cpu", "ans", True, 64, False),
     ],
 )
 def test_the_gpu_is_warmed_only_where_it_codes_from_the_first_frame(
     monkeypatch: pytest.MonkeyPatch,
     device: str,
     codec: str,
-    join: str | None,
     writes: bool,
     job_gib: int,
     warmed: bool,
@@ -181,8 +166,6 @@ def test_the_gpu_is_warmed_only_where_it_codes_from_the_first_frame(
     calls: list[str] = []
     monkeypatch.setattr(engines, "warm_context", calls.append)
     monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
-    if join is not None:
-        monkeypatch.setenv("CKPTZ_GPU_JOIN_BYTES", join)
     engines.warm_gpu(device, codec, writes=writes, job_bytes=job_gib << 30)
     assert calls == ([device] if warmed else [])
 
@@ -210,7 +193,7 @@ def test_the_cli_s_early_warm_starts_only_contexts_the_run_would_start(
                 late.clear()
                 engines.warm_gpu(device, codec, writes=True, job_bytes=job_bytes)
                 assert set(early) <= set(late), (device, codec, job_bytes)
-            on_gpu_from_the_start = device.startswith("cuda") and codec.lower() not in engines.PORTABLE_CODECS
+            on_gpu_from_the_start = device.startswith("cuda")
             assert early == ([device] if on_gpu_from_the_start else []), (device, codec)
 
 
@@ -258,13 +241,12 @@ def test_auto_writes_a_large_job_on_the_gpu_where_there_is_one(
     assert isinstance(restore, HybridEngine) and len(opened) == int(gpu)
 
 
-def test_a_gpu_named_writes_the_portable_bitstream_there_and_restores_it_on_the_cpu(
+def test_a_gpu_named_writes_and_restores_the_portable_bitstream_of_a_small_job_there(
     monkeypatch: pytest.MonkeyPatch, small_checkpoint: Path, tmp_path: Path
 ) -> None:
-    """``--device cuda`` with the portable bitstream: a compression of CKPTZ_GPU_WRITE_BYTES
-    or more opens the GPU engine (here a CPU engine standing in for it, on a machine without
-    a GPU), a smaller one and the restore code every frame on the CPU threads and ask for no
-    CUDA context."""
+    """``--device cuda`` with the portable bitstream: a compression of a small job and its
+    restore both open the GPU engine (here a CPU engine standing in for it, on a machine
+    without a GPU) and warm its context; neither settles on the CPU threads."""
     import ckptz.engines as engines
 
     warmed: list[str] = []
@@ -280,12 +262,9 @@ def test_a_gpu_named_writes_the_portable_bitstream_there_and_restores_it_on_the_
     monkeypatch.setattr(engines, "gpu_setup_reason", lambda: None)
     monkeypatch.setattr(engines, "gpu_unavailable_reason", lambda: None)
     out = tmp_path / "packed"
-    api.compress(small_checkpoint, out, device="cuda")  # a small job: the CPU threads
-    assert (warmed, opened) == ([], [])
-    monkeypatch.setenv("CKPTZ_GPU_WRITE_BYTES", "0")  # every job
-    api.compress(small_checkpoint, out, device="cuda", force=True)
+    api.compress(small_checkpoint, out, device="cuda")  # a small job: still the GPU
     assert (set(warmed), opened) == ({"cuda"}, ["cuda zstd"])  # (warming twice is once)
     warmed.clear()
     api.decompress(out, tmp_path / "back", device="cuda")
-    assert (warmed, opened) == ([], ["cuda zstd"])
+    assert (set(warmed), opened) == ({"cuda"}, ["cuda zstd", "cuda zstd"])
     assert tree_digests(tmp_path / "back") == tree_digests(small_checkpoint)

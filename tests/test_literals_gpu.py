@@ -384,11 +384,8 @@ def test_gpu_engine_restores_portable_containers_on_the_gpu(
     # Containers the CPU and the GPU wrote, restored by the GPU engine itself (its kernels
     # decoding the literal frames and bit packs): byte-exact, no frame left to the CPU threads.
     from ckptz import api
-    from ckptz import engines as engines_mod
     from ckptz.engines.gpu import engine as gpu_engine
 
-    monkeypatch.setenv("CKPTZ_GPU_WRITE_BYTES", "0")
-    monkeypatch.setattr(engines_mod, "PORTABLE_CODECS", ())  # restores open the GPU engine
     on_cpu = []
     real = gpu_engine.decode_chunks
     monkeypatch.setattr(gpu_engine, "decode_chunks", lambda *a: on_cpu.append(1) or real(*a))
@@ -409,8 +406,6 @@ def test_gpu_runs_leave_metadata_to_the_cpu_coder(
     # Pickles, headers and generator states are coded by the CPU coder (zstd's matches find
     # their repeats): the same bytes as a CPU run's, whatever the GPU codes.
     from ckptz import api
-
-    monkeypatch.setenv("CKPTZ_GPU_WRITE_BYTES", "0")  # the GPU writes the portable bitstream of any job
 
     sizes = {}
     for device in ("cuda", "cpu"):

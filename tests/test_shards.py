@@ -256,7 +256,7 @@ def test_processes_by_default(monkeypatch: pytest.MonkeyPatch, packed: tuple[Pat
     assert split_processes([big], "auto", None, "cuda", True) == 1  # the CPU threads code it
     monkeypatch.setattr(run_module, "writes_portable_on_gpu", lambda want, codec, writes, n: writes)
     assert split_processes([big], "auto", None, "cuda", True) == run_module.SPLIT_PROCESSES
-    assert split_processes([big], "auto", None, "cuda") == 1  # its restores: the CPU threads
+    assert split_processes([big], "auto", None, "cuda") == 1  # its restores: one process
     assert split_processes([big], "auto", 3) == 3
     monkeypatch.setattr(run_module.os, "cpu_count", lambda: 2)
     assert split_processes([big], "ans", None) == 1

@@ -116,5 +116,8 @@ def test_a_gpu_only_codec_on_a_cpu_creates_no_output_folder(
 
 def test_device_auto_states_its_rule_in_help() -> None:
     text = " ".join(ckptz("compress", "--help").stdout.split())
-    assert "cuda fails where that GPU cannot be used" in text
-    assert "auto" in text and "else the CPU" in text
+    assert "cuda[:N] codes every job on that GPU, compressing and restoring, or fails" in text
+    assert (
+        "auto codes on the CPU threads, with the first GPU (nvCOMP installed) joining jobs of 32 GiB"
+        " and more, and a GPU-only codec uses the GPU"
+    ) in text

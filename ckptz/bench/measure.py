@@ -19,7 +19,6 @@ import xxhash
 from ckptz.codecs import PORTABLE
 from ckptz.engines import PORTABLE_CODECS, open_engine
 from ckptz.engines.base import Engine, StoredChunk, run_all
-from ckptz.engines.hybrid import write_bytes
 from ckptz.errors import MismatchError
 from ckptz.pipeline.sampling import ComponentSample
 
@@ -52,11 +51,9 @@ class Runner:
         if name.startswith("ckptz-"):
             codec = name.removeprefix("ckptz-").removesuffix("-gpu")
             device = (gpu or "cuda") if name.endswith("-gpu") else "cpu"
-            # The engines a large compression and its restore open: on a GPU the portable
-            # bitstream is written there and decoded on the CPU threads.
-            self.engine, _ = open_engine(
-                device, threads=threads, codec=codec, writes=True, job_bytes=write_bytes()
-            )
+            # The engines a compression and its restore open: a GPU named writes and decodes
+            # the portable bitstream there.
+            self.engine, _ = open_engine(device, threads=threads, codec=codec, writes=True)
             self.device = self.engine.device
             if device != "cpu" and codec in PORTABLE_CODECS:
                 self.decoder, _ = open_engine(device, threads=threads, codec="auto")

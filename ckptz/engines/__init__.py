@@ -1,5 +1,10 @@
 """Choosing where the codec runs: ``auto``, ``cpu`` or ``cuda[:N]`` (also ``$CKPTZ_DEVICE``).
 
+The rule (:func:`engine_kind`): ``cuda[:N]`` codes on that GPU from the first frame, in both
+directions and for every job size, or the run fails; ``cpu`` codes on the CPU threads;
+``auto`` codes on the CPU threads, with the first GPU (nvCOMP installed) joining jobs of
+:data:`~ckptz.engines.hybrid.GPU_JOIN_BYTES` and more, and a GPU-only codec uses the GPU.
+
 Probing a GPU asks the CUDA driver how many devices it sees (no torch), so it happens only
 when a GPU could be used; on a machine without nvCOMP ``auto`` settles on the CPU at once.
 """
@@ -7,12 +12,13 @@ when a GPU could be used; on a machine without nvCOMP ``auto`` settles on the CP
 from __future__ import annotations
 
 import importlib.util
+from typing import Literal
 
 from ckptz.codecs.table import CHOOSABLE
 from ckptz.devices import PORTABLE_CODECS, nvcomp_installed, requested_device, warm_context
 from ckptz.engines.base import Engine
 from ckptz.engines.cpu import CpuEngine
-from ckptz.engines.hybrid import GPU_JOIN_BYTES, HybridEngine, join_bytes, write_bytes
+from ckptz.engines.hybrid import GPU_JOIN_BYTES, HybridEngine
 from ckptz.errors import DeviceError, UsageError
 
 #: ``--codec`` values the CPU engine accepts: its coder writes these bitstreams itself.
@@ -75,44 +81,58 @@ def check_device(device: str | None, codec: str = "auto", writes: bool = False) 
     raise DeviceError(f"codec {codec.lower()!r} runs only on a GPU: {reason}", hint="use --codec zstd")
 
 
-def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int = 0) -> bool:
-    """Whether an engine that ``writes`` (compresses) on device ``want`` with ``codec`` codes
-    the portable bitstream on the GPU from the first frame, where the GPU writes its literal
-    frames (:mod:`ckptz.engines.gpu.literals`, nvCOMP installed): where a GPU was asked for by name, for a job of
-    :func:`~ckptz.engines.hybrid.write_bytes` or more (smaller ones finish sooner on the CPU
-    threads than the GPU starts), or with ``auto`` for a job of
-    :func:`~ckptz.engines.hybrid.join_bytes` or more (the size at which the GPU would join
-    the CPU threads anyway; a GPU shared with training is left alone below it); there the GPU
-    codes faster than the CPU threads. Restores of the bitstream stay on the CPU threads
-    (:class:`HybridEngine`)."""
-    if not writes or codec not in PORTABLE_CODECS or not nvcomp_installed():
-        return False
+#: Which engine codes a job: the GPU engine, the CPU threads with the GPU joining
+#: (:class:`HybridEngine`), or the CPU threads alone.
+EngineKind = Literal["gpu", "hybrid", "cpu"]
+
+
+def engine_kind(want: str, codec: str, *, writes: bool, job_bytes: int, nvcomp: bool) -> EngineKind:
+    """The engine a job of ``job_bytes`` that ``writes`` (compresses; else restores) with
+    ``codec`` opens on device ``want`` (as :func:`~ckptz.devices.requested_device` gives it),
+    where nvCOMP is installed or not (``nvcomp``):
+
+    - ``cuda[:N]``: the GPU engine, for every job in both directions (it writes the portable
+      bitstream with its literal coder and decodes it with ckptz's kernels and nvCOMP);
+    - ``cpu``: the CPU threads;
+    - ``auto``: the GPU engine for a GPU-only codec, and for a compression of the portable
+      bitstream of :data:`GPU_JOIN_BYTES` or more (the GPU codes it faster, and a GPU shared
+      with training is left alone for smaller jobs); else the CPU threads, with the GPU
+      joining jobs of :data:`GPU_JOIN_BYTES` and more where nvCOMP is installed."""
     if want.startswith("cuda"):
-        return job_bytes >= write_bytes()
-    return want == "auto" and job_bytes >= join_bytes()
+        return "gpu"
+    if want == "cpu":
+        return "cpu"
+    if codec in GPU_ONLY_CODECS:
+        return "gpu"
+    if codec not in PORTABLE_CODECS or not nvcomp:
+        return "cpu"
+    return "gpu" if writes and job_bytes >= GPU_JOIN_BYTES else "hybrid"
+
+
+def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int = 0) -> bool:
+    """Whether an engine that ``writes`` (compresses) ``job_bytes`` on device ``want`` with
+    ``codec`` codes the portable bitstream on the GPU from the first frame, with the GPU's
+    literal coder (:mod:`ckptz.engines.gpu.literals`): :func:`engine_kind` picks the GPU
+    engine for it."""
+    if not writes or codec not in PORTABLE_CODECS:
+        return False
+    kind = engine_kind(want, codec, writes=writes, job_bytes=job_bytes, nvcomp=nvcomp_installed())
+    return kind == "gpu"
 
 
 def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_bytes: int = 0) -> None:
     """Start bringing up the GPU a run will code on from its first frame (its CUDA context,
-    on a thread of its own) while the run scans and plans its files: where ``device`` names
-    a GPU and ``codec`` is not the portable bitstream, or ``auto`` with a bitstream only a
-    GPU codes, or where a compression of ``job_bytes`` writes the portable bitstream on the
-    GPU (:func:`writes_portable_on_gpu`).
-    Otherwise the portable bitstream is coded on the CPU threads first, and
-    :class:`HybridEngine` brings the GPU up itself once a job is long enough
-    (:func:`~ckptz.engines.hybrid.join_bytes`; at once where that is 0): a context made
-    for nothing would cost the run its creation and, at exit, its teardown. Anything wrong
-    is left for :func:`open_engine` to report."""
+    on a thread of its own) while the run scans and plans its files: where
+    :func:`engine_kind` opens the GPU engine for it. :class:`HybridEngine` brings the GPU up
+    itself once a job is long enough: a context made for nothing would cost the run its
+    creation and, at exit, its teardown. Anything wrong is left for :func:`open_engine` to
+    report."""
     try:
         want = requested_device(device)
-        codec = codec.lower()
-        portable_gpu = writes_portable_on_gpu(want, codec, writes, job_bytes)
-        gpu_first = codec not in PORTABLE_CODECS or join_bytes() == 0 or portable_gpu
     except UsageError:
         return
-    if (want.startswith("cuda") and gpu_first) or (
-        want == "auto" and (codec in GPU_ONLY_CODECS or portable_gpu)
-    ):
+    codec = codec.lower()
+    if engine_kind(want, codec, writes=writes, job_bytes=job_bytes, nvcomp=nvcomp_installed()) == "gpu":
         # The GPU engine itself (not the hybrid, which brings the GPU up later).
         warm_context(want)
 
@@ -149,9 +169,9 @@ def open_engine(
     writes: bool = False,
     job_bytes: int = 0,
 ) -> tuple[Engine, str | None]:
-    """Open the engine for ``device``; return it with a notice for the user, if any. An
-    engine that ``writes`` (compresses) ``job_bytes`` may code the portable bitstream on the
-    GPU where one that restores decodes it on the CPU threads (:func:`writes_portable_on_gpu`).
+    """Open the engine that :func:`engine_kind` picks for ``device``, for a job that
+    ``writes`` (compresses; else restores) ``job_bytes``; return it with a notice for the
+    user, if any.
 
     Raises:
         UsageError: unknown device or codec.
@@ -159,37 +179,24 @@ def open_engine(
     """
     want = requested_device(device)
     codec = codec.lower()
+    kind = engine_kind(want, codec, writes=writes, job_bytes=job_bytes, nvcomp=nvcomp_installed())
+    gpu_codec = "zstd" if codec in PORTABLE_CODECS else codec
     if want.startswith("cuda"):
         # A GPU asked for by name codes there or the run fails: it never settles on the CPU
-        # threads for want of a GPU, even where a small job would start on them.
+        # threads, whatever the job's size.
         reason = gpu_unavailable_reason()
         if reason is not None:
             raise DeviceError(f"cannot use {want}: {reason}", hint="use --device cpu or --device auto")
-    if writes_portable_on_gpu(want, codec, writes, job_bytes) and (
-        want != "auto" or gpu_unavailable_reason() is None
-    ):
-        return open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory), None
-    if want != "cpu" and codec in PORTABLE_CODECS and nvcomp_installed():
+        return open_gpu(want, threads=threads, level=level, codec=gpu_codec, memory=memory), None
+    if kind == "gpu" and codec in PORTABLE_CODECS and gpu_unavailable_reason() is None:
+        return open_gpu(want, threads=threads, level=level, codec=gpu_codec, memory=memory), None
+    if kind != "cpu" and codec in PORTABLE_CODECS:
         # The portable bitstream: CPU threads start at once, the GPU joins when it is up.
         def start_gpu() -> Engine:
-            return open_gpu(want, threads=threads, level=level, codec="zstd", memory=memory)
+            return open_gpu(want, threads=threads, level=level, codec=gpu_codec, memory=memory)
 
-        hybrid = HybridEngine(CpuEngine(threads, level), start_gpu, required=want != "auto")
-        notice = None
-        if want != "auto":
-            # Only the job's size kept it off the GPU, or the GPU cannot write the bitstream.
-            small = writes_portable_on_gpu(want, codec, writes, max(job_bytes, write_bytes()))
-            why = (
-                f"a job under {write_bytes() >> 30} GiB finishes there before the GPU starts"
-                if small
-                else "faster than nvCOMP Zstd"
-            )
-            notice = (
-                f"{want}: the portable bitstream is coded on the CPU threads ({why}); the GPU joins"
-                f" jobs over {GPU_JOIN_BYTES >> 30} GiB where it codes faster (--codec ans codes on the GPU)"
-            )
-        return hybrid, notice
-    if want == "cpu" or (want == "auto" and codec not in GPU_ONLY_CODECS):
+        return HybridEngine(CpuEngine(threads, level), start_gpu, required=False), None
+    if kind == "cpu":
         reason = None if want == "cpu" else gpu_unavailable_reason()
         if want == "cpu" or reason is not None:
             if codec not in CODECS_CPU:

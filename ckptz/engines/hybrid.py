@@ -5,10 +5,9 @@ nvCOMP Zstd codes the same planes end to end, and bringing a GPU up (the CUDA co
 nvCOMP's library and the cached kernels) takes a fraction of a second that a small job
 never repays.
 
-The GPU writes the portable bitstream's literal frames itself
-(:mod:`ckptz.engines.gpu.literals`), faster than the CPU threads, so a compression with a GPU
-named opens the GPU engine (:func:`ckptz.engines.writes_portable_on_gpu`). Restores, and runs
-with ``--device auto``, still open :class:`HybridEngine`: it codes on the CPU threads
+A GPU named (``--device cuda``) opens the GPU engine, which writes and decodes the portable
+bitstream itself (:func:`ckptz.engines.engine_kind`). Runs with ``--device auto``, where
+nvCOMP is installed, open :class:`HybridEngine`: it codes on the CPU threads
 from the first frame, and starts bringing the GPU up in the background only once a job has
 coded :data:`GPU_JOIN_BYTES` (a job long enough to repay the bring-up). Once up, each
 direction (:class:`Lane`) gives the GPU a first window of frames, and keeps giving it
@@ -34,7 +33,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ckptz import settings
 from ckptz.codecs import codec_name
 from ckptz.codecs.table import by_id
 from ckptz.container import StreamInfo
@@ -57,29 +55,6 @@ from ckptz.errors import CkptzError, CodecUnavailableError, DeviceError
 #: Bytes a job codes on the CPU before the GPU is brought up: seconds of the CPU coder on
 #: many cores, so the bring-up is a small fraction of the job it may speed up.
 GPU_JOIN_BYTES = 32 << 30
-
-
-#: Bytes a compression with a GPU named (``--device cuda``) converts before the GPU writes
-#: the portable bitstream (:func:`ckptz.engines.writes_portable_on_gpu`): its start-up costs
-#: more than the CPU path's and it saves only a little time per GB, so smaller jobs finish
-#: sooner on the CPU threads.
-GPU_WRITE_BYTES = 4 << 30
-
-
-def join_bytes() -> int:
-    """:data:`GPU_JOIN_BYTES`, or ``$CKPTZ_GPU_JOIN_BYTES`` (0: bring the GPU up at once, e.g.
-    on a machine with few cores per GPU, where it may code faster than they do)."""
-    return _bytes_from("gpu_join_bytes", GPU_JOIN_BYTES)
-
-
-def write_bytes() -> int:
-    """:data:`GPU_WRITE_BYTES`, or ``$CKPTZ_GPU_WRITE_BYTES`` (0: every job)."""
-    return _bytes_from("gpu_write_bytes", GPU_WRITE_BYTES)
-
-
-def _bytes_from(name: str, default: int) -> int:
-    given = settings.value(name)
-    return default if given is None else max(0, int(given))
 
 
 _pending: list[threading.Thread] = []
@@ -158,7 +133,7 @@ class HybridEngine:
         self._up = threading.Event()
         self._start_gpu: Callable[[], Engine] | None = start_gpu
         self._seen = 0  # bytes coded so far, until the bring-up starts
-        self.join_after = join_bytes()
+        self.join_after = GPU_JOIN_BYTES
 
     @property
     def restore_ahead(self) -> int:
@@ -367,4 +342,4 @@ def _device_error(exc: BaseException) -> CkptzError:
     return DeviceError(f"cannot use the GPU: {exc}", hint="use --device cpu")
 
 
-__all__ = ["GPU_JOIN_BYTES", "HybridEngine", "Lane", "bring_up_pending", "join_bytes"]
+__all__ = ["GPU_JOIN_BYTES", "HybridEngine", "Lane", "bring_up_pending"]

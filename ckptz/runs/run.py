@@ -140,8 +140,7 @@ def split_processes(
     ``device``'s GPU: :func:`~ckptz.engines.writes_portable_on_gpu`), the machine has
     :data:`SPLIT_CORES` cores, a file is large enough to split, and the run converts
     :data:`SPLIT_BYTES` or this process has helpers running already (a library that
-    converted before); else 1. (Restores of the portable bitstream run on the CPU threads,
-    which more processes would only share.)"""
+    converted before); else 1. (Restores of the portable bitstream run in one process.)"""
     from ckptz.pipeline.shards import MIN_RANGE, helpers_running
 
     if processes is not None:
