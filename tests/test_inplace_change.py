@@ -12,14 +12,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLI_ENV, ckptz, sha256
+from conftest import ckptz, sha256
+from test_jobs import _start
 
 from ckptz.safeio import is_temp
 
@@ -32,16 +32,6 @@ def _save(path: Path, seed: int) -> None:
 
     rng = np.random.default_rng(seed)
     save_file({"w": (rng.standard_normal(VALUES) * 0.02).astype(np.float32)}, str(path))
-
-
-def _start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "ckptz", *args],
-        env=CLI_ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _temps(folder: Path) -> list[Path]:
