@@ -190,21 +190,47 @@ def _against(f: FileStats) -> str:
     return f"{folder}/" if folder and name == posixpath.basename(f.path) else ref
 
 
+#: Characters of a file's path the narrow per-file table shows.
+NARROW_PATH = 32
+
+
+def short_path(path: str, width: int) -> str:
+    """``path`` within ``width`` characters where it can be: as many of its last parts as fit,
+    after its first folder where that fits too and ``…`` where parts are left out; the file's
+    own name is always whole."""
+    parts = path.split("/")
+    if len(path) <= width or len(parts) < 2:
+        return path
+    tail = parts[-1]
+    for part in reversed(parts[1:-1]):
+        if len(part) + len(tail) + 3 > width:
+            break
+        tail = f"{part}/{tail}"
+    head = f"{parts[0]}/…/" if len(parts[0]) + len(tail) + 3 <= width else "…/"
+    return head + tail
+
+
 def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
     """Per-file table; a raw checkpoint's files show no compressed columns.
 
     The narrow form leaves out where each container was written and whether it decodes
-    without a GPU unless some file does not (then ``decodes`` stays), and for series
-    containers the format (their references take its room).
+    without a GPU unless some file does not (then ``decodes`` stays), and the format (the
+    name's suffix tells it); long paths lose middle folders, never part of a name.
     """
     packed = any(f.compressed_bytes is not None for f in files)
     table = Table(box=box.SIMPLE, title="files", title_justify="left")
     # The path is the row's key: it takes the room it needs, up to half a wide terminal.
-    longest = max((len(f.path) for f in files), default=4)
-    table.add_column("file", overflow="fold", min_width=min(longest, 24 if narrow else 40))
+    if narrow:
+        # Never split a name mid-word: long paths lose middle folders instead (--json has them whole).
+        shown = [short_path(f.path, NARROW_PATH) for f in files]
+        table.add_column("file", no_wrap=True, min_width=min(max(map(len, shown), default=4), NARROW_PATH))
+    else:
+        shown = [f.path for f in files]
+        longest = max((len(p) for p in shown), default=4)
+        table.add_column("file", overflow="fold", min_width=min(longest, 40))
     series = any(f.reference or f.keyframe for f in files)
-    # Narrow, a series' references take the format's room.
-    formats = not (narrow and series)
+    # Narrow, the file's name (its suffix) stands for its format, and gives the room to the name.
+    formats = not narrow
     if formats:
         table.add_column("format", no_wrap=True)
     table.add_column("original", justify="right", no_wrap=True)
@@ -218,8 +244,8 @@ def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
             table.add_column("decodes", no_wrap=True)
         if series:
             table.add_column("against" if narrow else "coded against", overflow="fold")
-    for f in files:
-        row = [f.path, *[f.format] * formats, decimal(f.bytes)]
+    for f, path in zip(files, shown, strict=True):
+        row = [path, *[f.format] * formats, decimal(f.bytes)]
         if packed:
             known = f.compressed_bytes is not None
             row += [decimal(f.compressed_bytes or 0) if known else "-", _ratio(f.ratio)]

@@ -170,7 +170,7 @@ def test_tables_fit_80_columns(work: Path, tmp_path: Path) -> None:
     done = ckptz("compress", str(work), "-o", str(tmp_path / "c"), env=env)
     assert done.returncode == 0
     _widths_ok(done.stdout)
-    for header in ("component", "original", "compressed", "ratio", "saved", "format"):
+    for header in ("component", "original", "compressed", "ratio", "saved", "file"):
         assert header in done.stdout
     for args in (
         ("inspect", str(work)),

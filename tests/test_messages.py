@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ckptz, stderr_on_a_terminal
 
 COMMANDS = ("compress", "decompress", "inspect", "verify", "detach", "bench")
@@ -198,3 +199,21 @@ def test_the_progress_bar_keeps_its_figures_whole_at_80_columns(tmp_path: Path) 
     for line in bars:
         assert "\n" not in line and len(line) <= 80, repr(line)
         assert re.search(r" [\d.]+/[\d.]+ [kMG]?B ", line), repr(line)
+
+
+def test_file_names_stay_whole_at_80_columns(tmp_path: Path) -> None:
+    """At 80 columns the per-file table shortens long paths by their middle folders and never
+    splits a file's name across lines."""
+    deep = tmp_path / "run" / "a-long-experiment-name" / "checkpoint-12000"
+    deep.mkdir(parents=True)
+    from safetensors.torch import save_file
+
+    names = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    for name in names:
+        save_file({"w": torch.randn(64, 64)}, str(deep / name))
+    done = ckptz("compress", str(tmp_path / "run"), "-o", str(tmp_path / "out") + "/", env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), done.stdout
+    for name in names:
+        assert any(name in line for line in lines), done.stdout
