@@ -116,9 +116,9 @@ print("WARMED", [want for want, late in seen if not late])
 
 
 def test_a_named_gpu_is_warmed_before_the_run_s_modules_load(small_checkpoint: Path, tmp_path: Path) -> None:
-    """``compress --device cuda --codec ans`` starts the CUDA context before it imports the
-    pipeline (whose modules take longer to load than the context to come up), so the two
-    overlap; the portable bitstream's runs are left to decide by their size."""
+    """``compress --device cuda`` starts the CUDA context before it imports the pipeline
+    (whose modules take longer to load than the context to come up), so the two overlap: a
+    GPU named codes every job there, whatever its codec and size."""
 
     def warmed(*args: str) -> str:
         argv = ["compress", str(small_checkpoint), "-o", str(tmp_path / "out"), "-q", *args]
@@ -128,7 +128,7 @@ def test_a_named_gpu_is_warmed_before_the_run_s_modules_load(small_checkpoint: P
     assert warmed("--device", "cuda:1", "--codec", "ans") == "WARMED ['cuda:1']"
     assert warmed("--device", "cuda", "--fast") == "WARMED ['cuda']"
     assert warmed("--device", "cuda", "--codec", "ans", "--dry-run") == "WARMED ['cuda']"  # it samples there
-    assert warmed("--device", "cuda") == "WARMED []"  # decided by the job's size, later
+    assert warmed("--device", "cuda") == "WARMED ['cuda']"  # the portable bitstream too
     assert warmed("--codec", "ans") == "WARMED []"  # auto: decided by the engines, later
     assert warmed("--device", "cpu", "--codec", "ans") == "WARMED []"
 
