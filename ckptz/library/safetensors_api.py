@@ -17,16 +17,18 @@ the same way whichever is named.
 from __future__ import annotations
 
 import builtins
+import functools
 import io
 import math
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 from ckptz.container import MAGIC
-from ckptz.errors import FormatError, UsageError
+from ckptz.errors import CkptzError, FormatError, UsageError
 from ckptz.library import reader
 from ckptz.library.safetensors_header import Header, TensorInfo, read_header
 from ckptz.library.writing import Options, compress_to_path, compress_to_stream
@@ -37,6 +39,44 @@ if TYPE_CHECKING:
 
 #: The storage backends ``safetensors.safe_open`` takes.
 BACKENDS = ("mmap", "pread")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: ckptz's error types mixed with ``safetensors.SafetensorError``, made once each.
+_MIXED: dict[type[BaseException], type[BaseException]] = {}
+
+
+def _as_safetensors_error(exc: CkptzError | KeyError) -> BaseException:
+    """``exc`` as an instance of its own type and of ``safetensors.SafetensorError`` too
+    (where safetensors is installed), so code written for safetensors catches what ckptz
+    raises where safetensors would raise its one error type."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return exc
+    kind = type(exc)
+    mixed = _MIXED.get(kind)
+    if mixed is None:
+        mixed = _MIXED[kind] = type(kind.__name__, (kind, SafetensorError), {"__module__": kind.__module__})
+    out = mixed.__new__(mixed, *exc.args)
+    out.__dict__.update(getattr(exc, "__dict__", {}))
+    out.args = exc.args
+    return out
+
+
+def _safetensors_errors(fn: F) -> F:
+    """Raise what ``fn`` raises for a bad file, a bad argument or a missing name as
+    ``safetensors.SafetensorError`` too (:func:`_as_safetensors_error`)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (CkptzError, KeyError) as exc:
+            raise _as_safetensors_error(exc) from None
+
+    return cast(F, call)
 
 
 def _safetensors_torch() -> Any:
@@ -108,6 +148,7 @@ def save(
     return out.getvalue()
 
 
+@_safetensors_errors
 def load(data: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file or container given as bytes, on the CPU, as
     ``safetensors.torch.load`` gives them.
@@ -137,6 +178,7 @@ class _Bytes:
         self.view = view
 
 
+@_safetensors_errors
 def load_file(
     filename: str | os.PathLike[str], device: str | int | torch.device = "cpu", *, backend: str = "mmap"
 ) -> dict[str, torch.Tensor]:
@@ -161,6 +203,7 @@ def load_file(
         return load_container(cast(BinaryIO, c), os.fspath(filename), device)
 
 
+@_safetensors_errors
 def load_container(
     container: BinaryIO, name: str, device: str | int | torch.device = "cpu"
 ) -> dict[str, torch.Tensor]:
@@ -269,6 +312,7 @@ class safe_open:
         ContainerError: the container's index is damaged.
     """
 
+    @_safetensors_errors
     def __init__(
         self,
         filename: str | os.PathLike[str],
@@ -317,19 +361,23 @@ class safe_open:
         ``stats`` count frames decoded and bytes read, for a container)."""
         return self._file
 
+    @_safetensors_errors
     def keys(self) -> list[str]:
         """The tensors' names, sorted."""
         return sorted(self._open_header().tensors)
 
+    @_safetensors_errors
     def offset_keys(self) -> list[str]:
         """The tensors' names in the order of their bytes in the file."""
         return list(_by_offset(self._open_header()))
 
+    @_safetensors_errors
     def metadata(self) -> dict[str, str] | None:
         """The header's ``__metadata__``, if it has one."""
         metadata = self._open_header().metadata
         return None if metadata is None else dict(metadata)
 
+    @_safetensors_errors
     def get_tensor(self, name: str) -> torch.Tensor:
         """The tensor ``name``, reading only its bytes.
 
@@ -342,6 +390,7 @@ class safe_open:
         _torch_type(info, name)
         return _typed(self._read(info.begin, info.end), info, name).to(self._device)
 
+    @_safetensors_errors
     def get_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor, by name, in the order of their bytes in the file.
 
@@ -354,6 +403,7 @@ class safe_open:
             _torch_type(info, k)
         return {k: self.get_tensor(k) for k in infos}
 
+    @_safetensors_errors
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy view of tensor ``name``; indexing it reads only the rows it needs."""
         return SafeSlice(self, self._info(name), name)
