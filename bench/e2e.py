@@ -38,9 +38,7 @@ command), peers.
 
 Notes: "discarded" rows read their input from tmpfs and write nothing (ckptz through the
 api's ``discard=True``, recorded as skipped while the api lacks it, timed ``DISCARD_RUNS``
-times in the process and reported by their median; the ``cuda`` configs also
-run them in two processes per large file, ``processes=2``, the helper started by an untimed
-call first, as a library that converted before has it); ZipNN's rows time reading
+times in the process and reported by their median); ZipNN's rows time reading
 and coding whole files. GPU kernels are warmed up (untimed) before the first timed GPU run;
 start-up records the first GPU run apart as "cold". In-place runs on tmpfs only. The file to
 file target compares compression with 0.9 × write ceiling × ratio and restores, which write
@@ -565,21 +563,9 @@ def child_inproc(spec: dict[str, Any]) -> None:
         "decompress": lambda: api.decompress(spec["packed"], spec["restored"], **dkw),
         "discard-compress": lambda: api.compress(spec["src"], None, discard=True, **ckw),
         "discard-decompress": lambda: api.decompress(spec["packed"], None, discard=True, **dkw),
-        # Two processes per large file, the helper already running (a library that
-        # converted before; a fresh command starts it only for runs large enough).
-        "discard2-compress": lambda: api.compress(spec["src"], None, discard=True, processes=2, **ckw),
-        "discard2-decompress": lambda: api.decompress(spec["packed"], None, discard=True, processes=2, **dkw),
     }
-    helpers_warm = False
     for step in steps:
         op = step["op"]
-        if op.startswith("discard2") and not helpers_warm:
-            helpers_warm = True
-            try:  # the helper's start-up stays out of the timed steps, as the engine's does
-                calls["discard2-compress"]()
-                calls["discard2-decompress"]()
-            except Exception as e:
-                emit({"op": op, "error": f"helper warm-up failed: {e!r}"[:800]})
         if time.time() > spec["deadline"]:
             emit({"op": op, "skipped": "budget exhausted"})
             continue
@@ -1216,9 +1202,6 @@ class Bench:
             rows["discard-decompress"] = self.row("discard", "ckptz", "discard", "decompress", **common)
         if "inproc" in self.groups:
             rows["decompress"] = self.row("inproc", "ckptz", "inproc", "decompress", root="tmpfs", **common)
-        if "discard" in self.groups and dev == "cuda":
-            for op in ("compress", "decompress"):
-                rows[f"discard2-{op}"] = self.row("discard", "ckptz", "discard 2 processes", op, **common)
 
         def run() -> None:
             if dev == "cuda" and not self.cuda:
@@ -1583,7 +1566,6 @@ class Bench:
             seen.setdefault((r.tool, r.device, r.codec, r.mode, r.root), []).append(r)
         modes = {
             "discard": "writes discarded",
-            "discard 2 processes": "writes discarded, 2 processes (helper running)",
             "inproc": "in process",
             "file": "file",
         }
@@ -1595,7 +1577,6 @@ class Bench:
         }
         order = [
             "discard",
-            "discard 2 processes",
             "inproc",
             "cli -o",
             "cli in-place",
@@ -1698,13 +1679,6 @@ class Bench:
             out.append(
                 f"- discarded {dev} {codec}: {num(c)} / {num(dd)} GB/s vs ≥ {tc:g} / {td:g}: {verdict(c, tc)} / {verdict(dd, td)}"
                 f"; × python-zstandard {num(peers[0], 1)} / {num(peers[1], 1)}, × ZipNN {num(peers[2], 1)} / {num(peers[3], 1)} vs ≥ 5: {verdict(min(present) if present else None, 5)}"
-            )
-        for codec in ("ans", "auto") if "cuda" in self.devices else ():
-            kw = {"tool": "ckptz", "mode": "discard 2 processes", "device": "cuda", "codec": codec}
-            c, dd = gbps(op="compress", **kw), gbps(op="decompress", **kw)
-            tc, td = DISCARD_TARGETS[("cuda", codec)]
-            out.append(
-                f"- discarded cuda {codec}, 2 processes (helper running): {num(c)} / {num(dd)} GB/s vs ≥ {tc:g} / {td:g}: {verdict(c, tc)} / {verdict(dd, td)}"
             )
         for root in ("tmpfs", "disk"):
             ceiling = self.find(tool="pwrite", root=root, mode=f"{CORES} threads")
