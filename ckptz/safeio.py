@@ -571,8 +571,8 @@ def first_difference(fd: int, data: np.ndarray, pieces: Sequence[tuple[int, int,
 def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> None:
     """Write ``parts`` back to back at ``offset`` of ``fd``, retrying short writes.
 
-    Every output byte the pipeline writes goes through here (from many threads at once, at
-    offsets known in advance); tests replace it to inject write faults. An output made by
+    Every output byte the Python pipeline writes goes through here (from many threads at
+    once, at offsets known in advance). An output made by
     :func:`atomic_output` on a file system that allows it is written through mappings of it
     (:mod:`ckptz.mapped`: writes to one file then run in parallel).
     """

@@ -226,11 +226,6 @@ def restore(
     return index
 
 
-#: The writers the native plane stands in for: where a test replaced one (to inject a
-#: fault), the file is restored by the Python loop, which calls it.
-_PWRITE_ALL, _FILE_PUT = safeio.pwrite_all, FileSink.put
-
-
 def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
     """Where the native plane puts the bytes for ``sink``; None for a sink it cannot serve
     (parts of a file in memory, stdout, a GPU), which the Python loop serves."""
@@ -246,7 +241,7 @@ def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
             checked=sink.fd,
             differs=lambda at: MismatchError(f"differs from the original at byte {at}", path=where),
         )
-    if type(sink) is FileSink and safeio.pwrite_all is _PWRITE_ALL and FileSink.put is _FILE_PUT:
+    if type(sink) is FileSink:
         name = sink.path or None
         return native_restore.Target(
             output=sink.fd,
