@@ -16,10 +16,12 @@ On a CPU-only machine, at tiny scale (~50 MB of data, well under a minute)::
    ``single/optimizer.pt`` of at least ``--single-gb`` GB. Each input is copied to ``--disk``
    (default: the first of $HOME, /var/tmp, /tmp on a real disk) before its first disk row.
 2. Times, warm page cache: the storage write ceilings (``os.pwrite`` from every core and from
-   one thread, then ``fsync``); ckptz start-up; ckptz in process (``api.compress`` /
-   ``api.decompress``, file to file on tmpfs, and with writes discarded); the whole
-   ``python -m ckptz`` command (``-o`` and ``--in-place``, tmpfs, and disk with ``sync`` inside
-   the timed region); and the peers: ``cp -r``, python-zstandard -3 with every core (to file
+   one thread, then ``fsync``); the ``pread`` ceiling of each input (a thread per core reads
+   it from the page cache, each into a buffer of its own, reused; the median of
+   ``DISCARD_RUNS`` passes), which each ckptz row is also given as a fraction of; ckptz
+   start-up; ckptz in process (``api.compress`` / ``api.decompress``, file to file on tmpfs,
+   and with writes discarded); the whole ``python -m ckptz`` command (``-o`` and
+   ``--in-place``, tmpfs, and disk with ``sync`` inside the timed region); and the peers: ``cp -r``, python-zstandard -3 with every core (to file
    and discarded), the ``zstd -T0 -3`` CLI, and ZipNN 0.5.4 with every core. Each ckptz
    device/codec pair (``cuda ans``, ``cuda auto``, ``cpu auto``) runs on both inputs. GB/s are
    original bytes per second, decompression included. Each round trip is checked byte for
@@ -27,7 +29,8 @@ On a CPU-only machine, at tiny scale (~50 MB of data, well under a minute)::
 3. Records every run, the peak RSS of each process and the peak GPU memory (torch's counter
    in process, ``nvidia-smi`` device-wide), and writes the JSON after every run, so a run cut
    short still leaves its data.
-4. Prints a short markdown table and the targets of issue 13.
+4. Prints a short markdown table (each ckptz row's GB/s also ÷ its input's ``pread`` ceiling)
+   and the targets of issue 13.
 
 Rows run in priority order (everything on ``mixed`` first, disk rows after tmpfs rows); a
 row that would not finish within ``--budget-s`` is recorded as skipped with the reason, and
@@ -38,9 +41,7 @@ command), peers.
 
 Notes: "discarded" rows read their input from tmpfs and write nothing (ckptz through the
 api's ``discard=True``, recorded as skipped while the api lacks it, timed ``DISCARD_RUNS``
-times in the process and reported by their median; the ``cuda`` configs also
-run them in two processes per large file, ``processes=2``, the helper started by an untimed
-call first, as a library that converted before has it); ZipNN's rows time reading
+times in the process and reported by their median); ZipNN's rows time reading
 and coding whole files. GPU kernels are warmed up (untimed) before the first timed GPU run;
 start-up records the first GPU run apart as "cold". In-place runs on tmpfs only. The file to
 file target compares compression with 0.9 × write ceiling × ratio and restores, which write
@@ -84,8 +85,11 @@ MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs"}
 GROUPS = ("startup", "ceilings", "inproc", "discard", "ckptz", "peers")
 CONFIGS = (("cuda", "ans"), ("cuda", "auto"), ("cpu", "auto"))
 INPUTS = ("mixed", "single")
-#: Timed runs of each discarded row per in-process pass (its median is reported).
+#: Timed runs of each discarded row per in-process pass, and of each ``pread`` ceiling
+#: (the median is reported).
 DISCARD_RUNS = 3
+#: Bytes each ``pread`` of the ceiling reads (into its thread's own buffer, reused).
+PREAD_PIECE = 16 * MIB
 # Issue 13, pipeline with writes discarded: GB/s compress, decompress.
 DISCARD_TARGETS = {("cuda", "ans"): (20.0, 20.0), ("cuda", "auto"): (10.0, 20.0), ("cpu", "auto"): (3.0, 5.0)}
 CHILD_TAG = "E2E "
@@ -111,6 +115,29 @@ def tree_files(path: Path) -> list[tuple[str, Path]]:
     if path.is_file():
         return [(path.name, path)]
     return [(p.relative_to(path).as_posix(), p) for p in sorted(path.rglob("*")) if p.is_file()]
+
+
+def read_all(pool: ThreadPoolExecutor, pieces: list[tuple[int, int, int]], buffers: list[bytearray]) -> float:
+    """Seconds for one thread per buffer to ``pread`` every ``(fd, offset, bytes)`` piece, each
+    into its own buffer (the next piece to whichever thread is free); NaN where one came back short."""
+    todo = iter(pieces)
+    lock = threading.Lock()
+
+    def reader(buffer: bytearray) -> bool:
+        view = memoryview(buffer)
+        while True:
+            with lock:
+                piece = next(todo, None)
+            if piece is None:
+                return True
+            fd, at, n = piece
+            if os.preadv(fd, [view[:n]], at) != n:
+                return False
+
+    start = time.perf_counter()
+    whole = all(pool.map(reader, buffers))
+    seconds = time.perf_counter() - start
+    return seconds if whole else math.nan
 
 
 def remove(path: Path) -> None:
@@ -565,21 +592,9 @@ def child_inproc(spec: dict[str, Any]) -> None:
         "decompress": lambda: api.decompress(spec["packed"], spec["restored"], **dkw),
         "discard-compress": lambda: api.compress(spec["src"], None, discard=True, **ckw),
         "discard-decompress": lambda: api.decompress(spec["packed"], None, discard=True, **dkw),
-        # Two processes per large file, the helper already running (a library that
-        # converted before; a fresh command starts it only for runs large enough).
-        "discard2-compress": lambda: api.compress(spec["src"], None, discard=True, processes=2, **ckw),
-        "discard2-decompress": lambda: api.decompress(spec["packed"], None, discard=True, processes=2, **dkw),
     }
-    helpers_warm = False
     for step in steps:
         op = step["op"]
-        if op.startswith("discard2") and not helpers_warm:
-            helpers_warm = True
-            try:  # the helper's start-up stays out of the timed steps, as the engine's does
-                calls["discard2-compress"]()
-                calls["discard2-decompress"]()
-            except Exception as e:
-                emit({"op": op, "error": f"helper warm-up failed: {e!r}"[:800]})
         if time.time() > spec["deadline"]:
             emit({"op": op, "skipped": "budget exhausted"})
             continue
@@ -841,7 +856,8 @@ class Bench:
         return max(1.0, (self.hard_deadline if hard else self.deadline) - time.time())
 
     def save(self) -> None:
-        doc = {"meta": self.meta, "data": self.data, "rows": [r.to_json() for r in self.rows]}
+        rows = [{**r.to_json(), "of_pread_ceiling": self.pread_ratio(r)} for r in self.rows]
+        doc = {"meta": self.meta, "data": self.data, "rows": rows}
         path: Path = self.args.json
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -1049,6 +1065,7 @@ class Bench:
             tasks.append(self.startup_task())
         configs = [c for c in CONFIGS if c[0] in self.devices]
         for inp in self.inputs() if g & {"inproc", "discard", "ckptz", "peers"} else ():
+            tasks.append(self.pread_task(inp))  # what every ckptz row of the input is held against
             if g & {"inproc", "discard"}:
                 tasks += [self.inproc_task(c, inp) for c in configs]
             if "peers" in g:
@@ -1151,6 +1168,44 @@ class Bench:
         )
         self.save()
 
+    def pread_task(self, inp: str) -> Task:
+        """The input's ``pread`` ceiling from the page cache (module docstring, step 2)."""
+        size = self.size(inp)
+        row = self.row("ceilings", "pread", f"{CORES} threads", "read", input=inp, root="tmpfs", bytes=size)
+        row.extra["threads"] = CORES
+
+        def run() -> None:
+            files = [p for _, p in tree_files(self.src("tmpfs", inp))]
+            fds = [os.open(p, os.O_RDONLY) for p in files]
+            try:
+                pieces = [
+                    (fd, at, min(PREAD_PIECE, n - at))
+                    for fd, p in zip(fds, files, strict=True)
+                    for n in [p.stat().st_size]
+                    for at in range(0, n, PREAD_PIECE)
+                ]
+                buffers = [bytearray(PREAD_PIECE) for _ in range(CORES)]
+                with ThreadPoolExecutor(CORES) as pool:
+                    read_all(pool, pieces, buffers)  # untimed: the cache warm and the buffers faulted in
+                    for _ in range(DISCARD_RUNS):
+                        seconds = read_all(pool, pieces, buffers)
+                        if seconds != seconds:  # NaN: a file was cut short
+                            raise RuntimeError(f"{inp} changed while it was read")
+                        row.add({"seconds": seconds})
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            self.log(f"{row.key}: {row.gbps or 0:.2f} GB/s (median of {len(row.runs)})")
+
+        return Task(f"pread {inp}", [row], run, "pread", size, repeatable=False)
+
+    def pread_ratio(self, row: Row) -> float | None:
+        """A ckptz row's GB/s ÷ the ``pread`` ceiling of its input (None where either is missing)."""
+        if row.tool != "ckptz" or row.input is None or not row.gbps:
+            return None
+        ceiling = self.find(tool="pread", input=row.input)
+        return row.gbps / ceiling.gbps if ceiling and ceiling.gbps else None
+
     def startup_task(self) -> Task:
         tiny = self.tmpfs / "data" / "tiny" / "tiny.pt"
         # On cuda the GPU-only bitstream (ans), whose run cannot go on without the GPU (a
@@ -1216,9 +1271,6 @@ class Bench:
             rows["discard-decompress"] = self.row("discard", "ckptz", "discard", "decompress", **common)
         if "inproc" in self.groups:
             rows["decompress"] = self.row("inproc", "ckptz", "inproc", "decompress", root="tmpfs", **common)
-        if "discard" in self.groups and dev == "cuda":
-            for op in ("compress", "decompress"):
-                rows[f"discard2-{op}"] = self.row("discard", "ckptz", "discard 2 processes", op, **common)
 
         def run() -> None:
             if dev == "cuda" and not self.cuda:
@@ -1560,14 +1612,20 @@ class Bench:
             + " · start-up, median: "
             + (" · ".join(starts) or "not measured")
         )
+        preads = [
+            f"{inp} {r.gbps:.2f}" for inp in INPUTS if (r := self.find(tool="pread", input=inp)) and r.gbps
+        ]
+        lines.append(
+            f"pread ceilings ({CORES} threads, page cache), GB/s: " + (" · ".join(preads) or "not measured")
+        )
         lines += [
             "",
-            "| configuration | compress GB/s mixed / single | decompress GB/s | ratio | peak RSS GB | GPU GB (smi) |",
-            "|---|---|---|---|---|---|",
+            "| configuration | compress GB/s mixed / single | decompress GB/s | compress ÷ pread | decompress ÷ pread | ratio | peak RSS GB | GPU GB (smi) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for label, rows in self.table_groups():
             lines.append(
-                f"| {label} | {self.cells(rows, 'compress')} | {self.cells(rows, 'decompress')} | {self.ratios(rows)} | {self.peak(rows, 'peak_rss')} | {self.peak(rows, 'gpu_used_peak') if self.cuda else '–'} |"
+                f"| {label} | {self.cells(rows, 'compress')} | {self.cells(rows, 'decompress')} | {self.of_ceiling(rows, 'compress')} | {self.of_ceiling(rows, 'decompress')} | {self.ratios(rows)} | {self.peak(rows, 'peak_rss')} | {self.peak(rows, 'gpu_used_peak') if self.cuda else '–'} |"
             )
         lines += ["", "targets (issue 13):", *self.targets()]
         return "\n".join(lines)
@@ -1583,7 +1641,6 @@ class Bench:
             seen.setdefault((r.tool, r.device, r.codec, r.mode, r.root), []).append(r)
         modes = {
             "discard": "writes discarded",
-            "discard 2 processes": "writes discarded, 2 processes (helper running)",
             "inproc": "in process",
             "file": "file",
         }
@@ -1595,7 +1652,6 @@ class Bench:
         }
         order = [
             "discard",
-            "discard 2 processes",
             "inproc",
             "cli -o",
             "cli in-place",
@@ -1640,6 +1696,15 @@ class Bench:
                 out.append((f"{r.gbps:.2f}" if r.gbps < 10 else f"{r.gbps:.1f}") + flag)
             else:
                 out.append({"skipped": "skip", "timeout": "t/o", "error": "err"}.get(r.status, "–"))
+        return " / ".join(out)
+
+    def of_ceiling(self, rows: list[Row], op: str) -> str:
+        """The ckptz rows' GB/s for ``op`` ÷ their input's ``pread`` ceiling, mixed / single."""
+        out = []
+        for inp in INPUTS:
+            r = next((r for r in rows if r.input == inp and r.op == op), None)
+            ratio = self.pread_ratio(r) if r is not None else None
+            out.append("–" if ratio is None else f"{ratio:.2f}")
         return " / ".join(out)
 
     @staticmethod
@@ -1698,13 +1763,6 @@ class Bench:
             out.append(
                 f"- discarded {dev} {codec}: {num(c)} / {num(dd)} GB/s vs ≥ {tc:g} / {td:g}: {verdict(c, tc)} / {verdict(dd, td)}"
                 f"; × python-zstandard {num(peers[0], 1)} / {num(peers[1], 1)}, × ZipNN {num(peers[2], 1)} / {num(peers[3], 1)} vs ≥ 5: {verdict(min(present) if present else None, 5)}"
-            )
-        for codec in ("ans", "auto") if "cuda" in self.devices else ():
-            kw = {"tool": "ckptz", "mode": "discard 2 processes", "device": "cuda", "codec": codec}
-            c, dd = gbps(op="compress", **kw), gbps(op="decompress", **kw)
-            tc, td = DISCARD_TARGETS[("cuda", codec)]
-            out.append(
-                f"- discarded cuda {codec}, 2 processes (helper running): {num(c)} / {num(dd)} GB/s vs ≥ {tc:g} / {td:g}: {verdict(c, tc)} / {verdict(dd, td)}"
             )
         for root in ("tmpfs", "disk"):
             ceiling = self.find(tool="pwrite", root=root, mode=f"{CORES} threads")

@@ -25,8 +25,6 @@ from ckptz.errors import BusyError, CkptzError, CorruptionError, SourceChangedEr
 from ckptz.formats import read_layout
 from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, restore
-from ckptz.pipeline.compress import WrittenContainer
-from ckptz.pipeline.shards import Shards, compress_with, restore_with
 from ckptz.runs.compare import CheckStatus, FileCheck, VerifyResult, verify_trees
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
@@ -41,7 +39,6 @@ from ckptz.runs.run import (
     decoding_codec,
     engine_for_plan,
     engine_session,
-    helper_shards,
     ignore_progress,
     job_label,
     locked,
@@ -49,7 +46,6 @@ from ckptz.runs.run import (
     prepare,
     remove_original,
     scan_sources,
-    split_processes,
     stopping,
 )
 from ckptz.runs.share import SOLO, Team
@@ -101,7 +97,6 @@ def compress(
     team: Team = SOLO,
     series: bool = False,
     keyframe_every: int = 8,
-    processes: int | None = None,
     skip_unreadable: bool = False,
 ) -> Summary:
     """Compress checkpoint files and folders.
@@ -137,9 +132,6 @@ def compress(
             the next newer checkpoint's, and re-code the previous newest one when a
             checkpoint was added (:mod:`ckptz.series.run`).
         keyframe_every: with ``series``, a restore decodes at most this many containers.
-        processes: a large file coded on a GPU is compressed by this many processes at
-            once, each the streams of a part of its bytes (default: 2 where that pays, see
-            :func:`~ckptz.runs.run.split_processes`; 1: never split).
         skip_unreadable: leave out the files that cannot be read (listed in the summary's
             actions as skipped, ``cannot be read``) instead of refusing to run.
 
@@ -174,10 +166,8 @@ def compress(
     warm_gpu(device, codec, writes=True, job_bytes=mine.converted_bytes)  # a large job's GPU, likewise
     root = ", ".join(str(t.root) for t in trees)
     sp = _series_plan(trees, p, keyframe_every) if series and not (discard or dry_run) else None
-    # A team (--nproc, torchrun) already runs a process per share of the files.
-    split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1, device, True)
     if discard:
-        return _discard(True, root, mine, device, threads, level, codec, memory, reporter, start, split)
+        return _discard(True, root, mine, device, threads, level, codec, memory, reporter, start)
     if dry_run:
         from ckptz.runs.estimate import estimate
 
@@ -200,9 +190,6 @@ def compress(
     with ExitStack() as stack:
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
-        shards, memory = stack.enter_context(
-            helper_shards(split, device, threads, level, codec, memory, True, mine.converted_bytes)
-        )
         opening, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, level, codec, memory, reporter, True, writes=True)
         )
@@ -216,7 +203,7 @@ def compress(
             reporter.file(job.label)
             make = sp.transform(job) if sp is not None else None
             try:
-                stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, shards, read)
+                stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, read)
             except SourceChangedError as exc:
                 changed.add(exc)  # the other files go on
                 return None
@@ -350,7 +337,6 @@ def _compress_one(
     reporter: Reporter,
     stop: Stop,
     transform: Callable[[FileLayout], FrameTransform | None] | None = None,
-    shards: Shards | None = None,
     read: dict[tuple[int, int], FileIdentity] | None = None,
 ) -> FileStats:
     """Compress one file; in place, replace it only while it is the file that was read (its
@@ -364,24 +350,20 @@ def _compress_one(
     identity, st = FileIdentity.open(e.path, job.label)
     meta = FileMeta.of(st)
 
-    def attempt(helpers: Shards | None, progress: Callable[[int], None]) -> WrittenContainer:
+    try:
         with atomic_output(target, meta.container(), identity if in_place else None) as (f, _tmp):
             # ``verify`` decodes every frame back from the payloads written and reads the
             # file back before it is renamed (see ckptz.pipeline.compress and RELIABILITY.md).
-            return compress_file(
+            written = compress_file(
                 e.path,
                 job.label,
                 f,
                 engine,
-                progress=progress,
+                progress=stop.ticker(reporter.advance),
                 verify=verify,
                 source_fields=meta.to_json(),
                 transform=transform,
-                helpers=helpers,
             )
-
-    try:
-        written = compress_with(shards, attempt, stop.ticker(reporter.advance))
     except CkptzError as exc:
         _changed_instead(exc, identity if in_place else None)
         raise
@@ -403,38 +385,24 @@ def _discard(
     memory: int | None,
     reporter: Reporter,
     start: float,
-    processes: int = 1,
 ) -> Summary:
-    """Code (or decode) and check every file the plan converts, and write nothing (a
-    decompression in ``processes`` processes where it splits files)."""
+    """Code (or decode) and check every file the plan converts, and write nothing."""
     stop = Stop()
     operation = "compress" if compress else "decompress"
-    with (
-        helper_shards(processes, device, threads, level, codec, memory, compress, p.converted_bytes) as (
-            shards,
-            memory,
-        ),
-        engine_for_plan(p, device, threads, level, codec, memory, reporter, True, writes=compress) as (
-            opening,
-            notices,
-        ),
+    with engine_for_plan(p, device, threads, level, codec, memory, reporter, True, writes=compress) as (
+        opening,
+        notices,
     ):
 
         def one(job: Job) -> FileStats:
             assert opening is not None
             tick = stop.ticker(reporter.advance)
             if compress:
-                written = compress_with(
-                    shards,
-                    lambda helpers, progress: compress_file(
-                        job.entry.path, job.label, None, opening.get, progress=progress, helpers=helpers
-                    ),
-                    tick,
-                )
+                written = compress_file(job.entry.path, job.label, None, opening.get, progress=tick)
                 return index_stats(job.label, written.index, written.size)
             with open(job.entry.path, "rb") as c:
                 index = read_index(c, job.label)  # while the engine opens
-                restore_with(shards, c, job.label, opening.get(), DiscardSink(), index=index, progress=tick)
+                restore(c, job.label, opening.get(), DiscardSink(), index=index, progress=tick)
             return index_stats(job.label.removesuffix(SUFFIX), index, job.entry.size)
 
         files = run_jobs(one, p.converts + p.finishes, stop, name=job_label, done=[])
@@ -507,15 +475,10 @@ def decompress(
     reporter: Reporter | None = None,
     discard: bool = False,
     team: Team = SOLO,
-    processes: int | None = None,
     skip_unreadable: bool = False,
 ) -> Summary:
     """Restore every container under the sources to its original bytes and metadata
     (``discard``: decode and check everything, write nothing).
-
-    A large file decoded on a GPU is restored by ``processes`` processes at once, each a
-    range of its bytes (default: 2 where that pays, see
-    :func:`~ckptz.runs.run.split_processes`; 1: never split).
 
     Each restored file is written to a temporary name, checked against the original's
     digest, given the original's permission bits and mtime (and owner, as root), and only
@@ -553,10 +516,8 @@ def decompress(
         return make_summary("decompress", root, files, p, None, start, [], dry_run=True, compress=False)
     check_device(device)  # before any output folder is made
     warm_gpu(device, codec)  # where a container holds a bitstream only a GPU decodes
-    # A team (--nproc, torchrun) already runs a process per share of the files.
-    split = split_processes(mine.converts, codec, processes if team is SOLO else processes or 1)
     if discard:
-        return _discard(False, root, mine, device, threads, 3, codec, memory, reporter, start, split)
+        return _discard(False, root, mine, device, threads, 3, codec, memory, reporter, start)
     stop = Stop()
     team.watch(stop)
     done: list[str] = []
@@ -566,7 +527,6 @@ def decompress(
     with ExitStack() as stack:
         stack.enter_context(stopping(mine, done))
         stack.enter_context(locked(mine))
-        shards, memory = stack.enter_context(helper_shards(split, device, threads, 3, codec, memory))
         opening, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, 3, codec, memory, reporter, False)
         )
@@ -579,7 +539,7 @@ def decompress(
             assert opening is not None
             reporter.file(job.label)
             try:
-                stats = _restore_one(job, opening.get, in_place, reporter, stop, shards, read)
+                stats = _restore_one(job, opening.get, in_place, reporter, stop, read)
             except SourceChangedError as exc:
                 changed.add(exc)  # the other files go on
                 return None
@@ -601,7 +561,6 @@ def _restore_one(
     in_place: bool,
     reporter: Reporter,
     stop: Stop,
-    shards: Shards | None,
     read: dict[tuple[int, int], FileIdentity] | None = None,
 ) -> FileStats:
     """Restore one container; its output is made, and where written through mappings begins
@@ -622,8 +581,7 @@ def _restore_one(
             with atomic_output(target, meta, identity if in_place else None) as (f, _tmp):
                 # The container goes away next: each frame is read back as it is written.
                 sink = FileSink(f, index.source_size, read_back=in_place, path=job.label)
-                restore_with(
-                    shards,
+                restore(
                     c,
                     job.label,
                     engine(),

@@ -235,22 +235,6 @@ class LeafHashes:
             inside = (numbers >> _BLOCK_SHIFT) == b
             block[numbers[inside] & ((1 << _BLOCK_SHIFT) - 1)] = values[inside]
 
-    def take(self, lo: int, hi: int) -> np.ndarray:
-        """A copy of the hashes of leaves ``lo`` to ``hi - 1`` (0 where not set)."""
-        out = np.zeros(max(hi - lo, 0), "<u8")
-        for b in range(lo >> _BLOCK_SHIFT, -(-hi >> _BLOCK_SHIFT)):
-            block = self._blocks[b]
-            if block is None:
-                continue
-            first = b << _BLOCK_SHIFT
-            a, z = max(lo, first), min(hi, first + block.size)
-            out[a - lo : z - lo] = block[a - first : z - first]
-        return out
-
-    def __getitem__(self, k: int) -> int:
-        block = self._blocks[k >> _BLOCK_SHIFT]
-        return 0 if block is None else int(block[k & ((1 << _BLOCK_SHIFT) - 1)])
-
     def _make(self, b: int) -> np.ndarray:
         with self._lock:
             block = self._blocks[b]

@@ -547,34 +547,6 @@ def check_room(fd: int, size: int) -> None:
         raise OSError(errno.ENOSPC, f"the file needs {size:,} bytes and its file system has {free:,} free")
 
 
-@contextmanager
-def shared_output(fd: int, size: int) -> Iterator[None]:
-    """Write ``fd``, another process's output of :func:`atomic_output` (passed over a
-    socket), as that process writes it: through mappings where it does, sized ``size``
-    (:func:`expect_size`; that process gives back what it reserved and renames the file)."""
-    mapped = open_output(fd)
-    if mapped is None:
-        yield
-        return
-    mapped.expect(size)
-    _MAPPED[fd] = mapped
-    try:
-        yield
-    finally:
-        _MAPPED.pop(fd, None)
-        mapped.close()
-
-
-def grow(fd: int, size: int) -> None:
-    """Make ``fd`` at least ``size`` bytes long (never shorter), through its mapped output
-    where it has one (which keeps its own record of the size)."""
-    mapped = _MAPPED.get(fd)
-    if mapped is not None:
-        mapped.grow(size)
-    elif os.fstat(fd).st_size < size:
-        os.ftruncate(fd, size)
-
-
 def pread_spans(fd: int, spans: Sequence[tuple[int, int]]) -> list[bytes]:
     """The bytes at each ``(offset, size)`` of a file (fewer past its end), in one call that
     gives the GIL up once: a file's thousands of small reads
@@ -599,8 +571,8 @@ def first_difference(fd: int, data: np.ndarray, pieces: Sequence[tuple[int, int,
 def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> None:
     """Write ``parts`` back to back at ``offset`` of ``fd``, retrying short writes.
 
-    Every output byte the pipeline writes goes through here (from many threads at once, at
-    offsets known in advance); tests replace it to inject write faults. An output made by
+    Every output byte the Python pipeline writes goes through here (from many threads at
+    once, at offsets known in advance). An output made by
     :func:`atomic_output` on a file system that allows it is written through mappings of it
     (:mod:`ckptz.mapped`: writes to one file then run in parallel).
     """

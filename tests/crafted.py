@@ -56,6 +56,58 @@ def reseal(data: bytes, edit: Callable[[dict[str, Any]], None]) -> bytes:
     return seal(data[:off], header, tables)
 
 
+#: Index header fields the readers use, as paths into the JSON header (a list's member by
+#: its position).
+HEADER_FIELDS: list[tuple[str, ...]] = [
+    ("tensor_keys",),
+    ("tensor_keys", "0"),
+    ("source",),
+    ("source", "size"),
+    ("source", "name"),
+    ("source", "format"),
+    ("source", "mode"),
+    ("source", "mtime_ns"),
+    ("source", "xxh3_tree"),
+    ("source", "xxh3_tree", "leaf"),
+    ("source", "xxh3_tree", "digest"),
+    ("codecs",),
+    ("streams",),
+    ("streams", "0"),
+    ("streams", "0", "id"),
+    ("streams", "0", "word"),
+    ("streams", "0", "rotate"),
+    ("streams", "0", "frame_size"),
+    ("streams", "0", "length"),
+    ("streams", "0", "dtype"),
+    ("counts",),
+    ("counts", "segments"),
+    ("counts", "frames"),
+    ("counts", "chunks"),
+    ("reference",),
+    ("series",),
+]
+
+
+def with_field(data: bytes, path: tuple[str, ...], value: Any) -> bytes:
+    """``data`` with the header field at ``path`` (:data:`HEADER_FIELDS`) set to ``value``,
+    re-sealed.
+
+    Raises:
+        KeyError, IndexError, TypeError, ValueError: the field's parent is not there.
+    """
+
+    def edit(header: dict[str, Any]) -> None:
+        node: Any = header
+        for key in path[:-1]:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if isinstance(node, list):
+            node[int(path[-1])] = value
+        else:
+            node[path[-1]] = value
+
+    return reseal(data, edit)
+
+
 def _zeros_checksum(size: int) -> int:
     """xxh3_64 of ``size`` zero bytes, hashed in pieces (never ``size`` bytes at once)."""
     h = xxhash.xxh3_64()

@@ -45,36 +45,6 @@ CASES = {
 }
 MEMORY_CAP = 3 << 30
 
-#: Index header fields the readers use, as paths into the JSON header.
-FIELDS: list[tuple[str, ...]] = [
-    ("tensor_keys",),
-    ("tensor_keys", "0"),
-    ("source",),
-    ("source", "size"),
-    ("source", "name"),
-    ("source", "format"),
-    ("source", "mode"),
-    ("source", "mtime_ns"),
-    ("source", "xxh3_tree"),
-    ("source", "xxh3_tree", "leaf"),
-    ("source", "xxh3_tree", "digest"),
-    ("codecs",),
-    ("streams",),
-    ("streams", "0"),
-    ("streams", "0", "id"),
-    ("streams", "0", "word"),
-    ("streams", "0", "rotate"),
-    ("streams", "0", "frame_size"),
-    ("streams", "0", "length"),
-    ("streams", "0", "dtype"),
-    ("counts",),
-    ("counts", "segments"),
-    ("counts", "frames"),
-    ("counts", "chunks"),
-    ("reference",),
-    ("series",),
-]
-
 VALUES: list[Any] = [
     None,
     True,
@@ -125,16 +95,6 @@ def _sources(root: Path) -> list[Path]:
     torch.save({"w": torch.arange(100)}, root / "legacy.pt", _use_new_zipfile_serialization=False)
     (root / "blob.bin").write_bytes(rng.integers(0, 4, 20_000, dtype=np.uint8).tobytes())
     return [root / "model.pt", root / "model.safetensors", root / "legacy.pt", root / "blob.bin"]
-
-
-def _set(header: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    node: Any = header
-    for key in path[:-1]:
-        node = node[int(key)] if isinstance(node, list) else node[key]
-    if isinstance(node, list):
-        node[int(path[-1])] = value
-    else:
-        node[path[-1]] = value
 
 
 class Campaign:
@@ -280,13 +240,13 @@ class Campaign:
         self._judge("truncation", data[:n], None, f"cut-{i}-{n}-{name}")
 
     def _hostile_field(self, i: int) -> None:
-        from crafted import reseal
+        from crafted import HEADER_FIELDS, with_field
 
         name, data = self._pick()
-        field = self.rng.choice(FIELDS)
+        field = self.rng.choice(HEADER_FIELDS)
         value = self.rng.choice(VALUES)
         try:
-            edited = reseal(data, lambda h: _set(h, field, value))
+            edited = with_field(data, field, value)
         except (KeyError, IndexError, TypeError, ValueError):
             self.outcomes["hostile field"]["field absent here"] += 1
             return

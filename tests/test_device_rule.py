@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from ckptz import settings
-from ckptz.engines import GPU_ONLY_CODECS, PORTABLE_CODECS, engine_kind, writes_portable_on_gpu
+from ckptz.engines import GPU_ONLY_CODECS, PORTABLE_CODECS, engine_kind
 from ckptz.engines.hybrid import GPU_JOIN_BYTES
 
 #: Job sizes from empty to far past every size a rule could turn on.
@@ -22,17 +22,6 @@ def test_a_gpu_named_codes_every_job_on_the_gpu(want: str) -> None:
     for codec, writes, job_bytes, nvcomp in itertools.product(CODECS, (True, False), SIZES, (True, False)):
         kind = engine_kind(want, codec, writes=writes, job_bytes=job_bytes, nvcomp=nvcomp)
         assert kind == "gpu", (codec, writes, job_bytes, nvcomp)
-
-
-def test_a_gpu_named_writes_the_portable_bitstream_of_a_tiny_job_on_the_gpu(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import ckptz.engines as engines
-
-    monkeypatch.setattr(engines, "nvcomp_installed", lambda: True)
-    for codec, job_bytes in itertools.product(PORTABLE_CODECS, SIZES):
-        assert writes_portable_on_gpu("cuda", codec, True, job_bytes), (codec, job_bytes)
-        assert not writes_portable_on_gpu("cuda", codec, False, job_bytes)  # a restore writes nothing
 
 
 def test_cpu_never_opens_a_gpu() -> None:

@@ -1,63 +1,29 @@
 """A full disk or a refused write mid-run: clean error, originals intact, nothing partial, rerun completes.
 
-Faults are injected at ``ckptz.safeio._open_temp`` and ``ckptz.safeio.pwrite_all`` (every
-output is written through them): writes that raise ENOSPC after a byte budget, or an open
-that raises EACCES. A real small
-filesystem (a tmpfs in a private user+mount namespace, made by ``unshare``) is used too
-where the kernel allows it; the test skips itself where it does not.
+A full disk is a real one: a small tmpfs in a private user+mount namespace (made by
+``unshare``, :func:`faults.on_small_tmpfs`), filled up to a few bytes, so every writer meets
+the kernel's own ``ENOSPC``; the tests skip themselves where the kernel allows no such mount.
+A refused write is an open of ``ckptz.safeio._open_temp`` (every output is made through it)
+that raises EACCES.
 """
 
 from __future__ import annotations
 
 import errno
-import io
+import json
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pytest
 from conftest import tree_digests
+from faults import on_small_tmpfs
 
 from ckptz import api, safeio
-from ckptz.errors import OutOfSpaceError, WriteError
-
-
-class _FullDisk(io.FileIO):
-    """A temp file on a disk that fills up after ``budget`` more bytes (shared by all files)."""
-
-    budget: ClassVar[list[int]] = [0]
-
-    def write(self, data: Any) -> int:
-        n = len(memoryview(data).cast("B"))
-        if n > self.budget[0]:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        self.budget[0] -= n
-        return super().write(data)
-
-
-def _full_disk_after(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
-    _FullDisk.budget[0] = budget
-    real = safeio.pwrite_all
-    lock = threading.Lock()
-
-    def open_temp(tmp: Path, mode: int = 0o666, folder: int | None = None) -> BinaryIO:
-        # Readable too, as the real temp file is: a restore in place reads back what it writes.
-        return io.BufferedWriter(_FullDisk(tmp, "x+"))
-
-    def pwrite_all(fd: int, parts: Any, offset: int) -> None:
-        n = sum(len(memoryview(p).cast("B")) for p in parts)
-        with lock:
-            if n > _FullDisk.budget[0]:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            _FullDisk.budget[0] -= n
-        real(fd, parts, offset)
-
-    monkeypatch.setattr(safeio, "_open_temp", open_temp)
-    monkeypatch.setattr(safeio, "pwrite_all", pwrite_all)
+from ckptz.errors import WriteError
 
 
 @pytest.fixture
@@ -77,46 +43,98 @@ def _leftovers(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if safeio.is_temp(p)]
 
 
-@pytest.mark.parametrize("budget", [0, 100_000, 300_000, 500_000])
-def test_enospc_in_place(folder: Path, monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
+#: Runs in the namespace of a small tmpfs (``argv``: its mount point, the folder to work on,
+#: ``in-place`` or the output folder, and the bytes to leave free): each step tried with
+#: the file system full but those bytes, then again once the room is back; what each left
+#: is printed as JSON.
+_FULL_DISK_RUN = r"""
+import json, shutil, sys
+from pathlib import Path
+from conftest import tree_digests
+from faults import on_small_tmpfs
+from faults import leave_free
+from ckptz import api, safeio
+from ckptz.errors import CkptzError
+
+mnt, src, where, free = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+in_place = where == "in-place"
+folder = Path(shutil.copytree(src, mnt / "ckpt")) if in_place else src
+out = folder if in_place else mnt / where
+seen = {}
+
+
+def full(step, call):
+    filler = leave_free(mnt, free)
+    try:
+        call()
+        seen[step] = None
+    except CkptzError as exc:
+        seen[step] = [type(exc).__name__, str(exc)]
+    seen[step + " temps"] = [str(p) for p in mnt.rglob("*") if safeio.is_temp(p)]
+    seen[step + " files"] = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    made = [f for f in seen[step + " files"] if f.endswith(".ckptz")]
+    seen[step + " verify"] = not made or api.verify(out, device="cpu").ok
+    filler.unlink()
+
+
+if in_place:
+    full("compress", lambda: api.compress(folder, in_place=True, device="cpu"))
+    api.compress(folder, in_place=True, device="cpu")
+    full("decompress", lambda: api.decompress(folder, in_place=True, device="cpu"))
+    api.decompress(folder, in_place=True, device="cpu")
+    seen["after"] = tree_digests(folder)
+else:
+    full("compress", lambda: api.compress(folder, out, device="cpu"))
+    api.compress(folder, out, device="cpu", force=True)  # -o refuses existing outputs without --force
+    full("decompress", lambda: api.decompress(out, mnt / "back", device="cpu"))
+    seen["restored"] = tree_digests(mnt / "back") if (mnt / "back").exists() else {}
+    api.decompress(out, mnt / "back", device="cpu", force=True)
+    seen["after"] = tree_digests(mnt / "back")
+seen["source"] = tree_digests(src)
+print(json.dumps(seen))
+"""
+
+
+def _on_a_full_disk(tmp_path: Path, folder: Path, where: str, free: int) -> dict[str, Any]:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = on_small_tmpfs(_FULL_DISK_RUN, 4 << 20, mnt, str(folder), where, str(free))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return cast(dict[str, Any], json.loads(result.stdout.splitlines()[-1]))
+
+
+#: Each container is about 200 KB and each original 240 KB: with less room than one, every
+#: run fails at its first write or part way through one.
+@pytest.mark.parametrize("free", [0, 100_000, 190_000])
+def test_enospc_in_place(folder: Path, tmp_path: Path, free: int) -> None:
     want = tree_digests(folder)
-    _full_disk_after(monkeypatch, budget)
-    with pytest.raises(OutOfSpaceError, match="no space left"):
-        api.compress(folder, in_place=True, device="cpu")
-    assert _leftovers(folder) == []
+    seen = _on_a_full_disk(tmp_path, folder, "in-place", free)
+    for step in ("compress", "decompress"):
+        assert seen[step] is not None, f"{step} fitted in {free} bytes"
+        kind, message = seen[step]
+        assert kind == "OutOfSpaceError" and "no space left" in message, seen[step]
+        assert seen[f"{step} temps"] == []
+        assert seen[f"{step} verify"]  # every container there is whole
     # Each original is either still there or has a verified container; never neither.
     for rel in want:
         if rel.endswith(".safetensors"):
-            assert (folder / rel).exists() or (folder / (rel + ".ckptz")).exists()
-    monkeypatch.undo()  # space freed
-    api.compress(folder, in_place=True, device="cpu")
-    _full_disk_after(monkeypatch, budget)
-    with pytest.raises(OutOfSpaceError):
-        api.decompress(folder, in_place=True, device="cpu")
-    assert _leftovers(folder) == []
-    monkeypatch.undo()
-    api.decompress(folder, in_place=True, device="cpu")
-    assert tree_digests(folder) == want
-    assert _leftovers(folder) == []
+            assert rel in seen["compress files"] or rel + ".ckptz" in seen["compress files"]
+    assert {rel.removesuffix(".ckptz") for rel in seen["decompress files"]} == set(want)
+    assert seen["after"] == want  # space freed: the reruns complete
 
 
-def test_enospc_to_output_folder(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_enospc_to_output_folder(folder: Path, tmp_path: Path) -> None:
+    """Room for one or two of three outputs, written at once or one after another."""
     want = tree_digests(folder)
-    out = tmp_path / "out"
-    _full_disk_after(monkeypatch, 300_000)
-    with pytest.raises(OutOfSpaceError):
-        api.compress(folder, out, device="cpu")
-    assert tree_digests(folder) == want
-    assert _leftovers(out) == []
-    # Whatever is under a final name is complete: it verifies.
-    done = [p for p in out.rglob("*.ckptz")]
-    if done:
-        assert api.verify(out, device="cpu").ok
-    monkeypatch.undo()
-    api.compress(folder, out, device="cpu", force=True)  # -o refuses existing outputs without --force
-    back = tmp_path / "back"
-    api.decompress(out, back, device="cpu")
-    assert tree_digests(back) == want
+    seen = _on_a_full_disk(tmp_path, folder, "out", 300_000)
+    for step in ("compress", "decompress"):
+        assert seen[step] is not None and seen[step][0] == "OutOfSpaceError", seen[step]
+        assert seen[f"{step} temps"] == []
+    # Whatever is under a final name is complete: a container verifies, a restored file is exact.
+    assert seen["compress verify"]
+    assert all(want[rel] == digest for rel, digest in seen["restored"].items())
+    assert seen["source"] == want
+    assert seen["after"] == want
 
 
 def test_eacces_on_destination(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,6 +67,11 @@ def test_e2e_small_cpu(tmp_path: Path) -> None:
             assert row["status"] == "ok" or "discard" in row["reason"], row["reason"]
             if row["status"] == "ok":  # timed several times in its process: the median reported
                 assert len(row["runs"]) == 3, len(row["runs"])
+        # The page cache's pread ceiling, measured in the same run, and each ckptz row against it.
+        ceiling = ok(f"pread/{os.cpu_count()} threads/tmpfs/{inp}/read")
+        assert len(ceiling["runs"]) == 3
+        packed = rows[base.format("inproc/tmpfs", "compress")]
+        assert packed["of_pread_ceiling"] == pytest.approx(packed["GBps"] / ceiling["GBps"])
         ok(f"cp/cp -r/tmpfs/{inp}/copy")
         ok(f"cp/cp -r && sync/disk/{inp}/copy")
         for where in ("file/tmpfs", "file/disk", "discard"):
@@ -82,4 +87,5 @@ def test_e2e_small_cpu(tmp_path: Path) -> None:
     assert not [r["key"] for r in doc["rows"] if r["status"] in ("pending", "error", "timeout")]
     report = proc.stdout[proc.stdout.index("## ckptz e2e") :].splitlines()
     assert len(report) <= 40 and "| configuration |" in proc.stdout
+    assert "pread ceilings" in proc.stdout and "compress ÷ pread" in proc.stdout
     assert not (tmp_path / "shm").exists() and not (tmp_path / "disk").exists()  # cleaned up

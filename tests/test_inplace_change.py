@@ -34,6 +34,15 @@ def _save(path: Path, seed: int) -> None:
     save_file({"w": (rng.standard_normal(VALUES) * 0.02).astype(np.float32)}, str(path))
 
 
+def _run_folder(tmp_path: Path) -> tuple[Path, Path]:
+    """A run folder ``run/`` holding ``sub/model.safetensors``: the folder and the file."""
+    work = tmp_path / "run"
+    (work / "sub").mkdir(parents=True)
+    x = work / "sub" / "model.safetensors"
+    _save(x, 1)
+    return work, x
+
+
 def _temps(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if is_temp(p)]
 
@@ -71,6 +80,22 @@ def _wait_stopped(pid: int) -> None:
     raise AssertionError("the run did not stop")
 
 
+def _changed_while_held(folder: Path, change: Callable[[], object], *args: str) -> str:
+    """Run ``ckptz ARGS`` held mid-write in ``folder`` (:func:`_hold_mid_write`), ``change``
+    a file meanwhile, and resume it: it must fail without a traceback, saying that a file
+    changed during the run; its stderr."""
+    proc = _hold_mid_write(folder, *args)
+    try:
+        change()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err
+    assert "changed during the run" in err, err
+    return err
+
+
 def _overwrite_same_size(path: Path, new: bytes) -> None:
     """Write new bytes over the file, in place (same inode, same size)."""
     with open(path, "r+b") as f:
@@ -99,25 +124,16 @@ CHANGES: dict[str, Callable[[Path, bytes], None]] = {
 
 @pytest.mark.parametrize("change", sorted(CHANGES))
 def test_compress_in_place_keeps_a_file_changed_during_the_run(tmp_path: Path, change: str) -> None:
-    work = tmp_path / "run"
-    (work / "sub").mkdir(parents=True)
-    x = work / "sub" / "model.safetensors"
-    _save(x, 1)
+    work, x = _run_folder(tmp_path)
     _save(tmp_path / "new.safetensors", 2)  # the same structure, new values: same size
     new = (tmp_path / "new.safetensors").read_bytes()
     assert len(new) == x.stat().st_size
 
-    proc = _hold_mid_write(work, "compress", str(work), "--in-place", "-q")
-    try:
-        CHANGES[change](x, new)
-    finally:
-        proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=120)
-
-    assert proc.returncode != 0, err
-    assert "Traceback" not in err
+    err = _changed_while_held(
+        work, lambda: CHANGES[change](x, new), "compress", str(work), "--in-place", "-q"
+    )
     assert err.count("\n") == 1, err
-    assert "sub/model.safetensors" in err and "changed during the run" in err, err
+    assert "sub/model.safetensors" in err, err
     assert x.read_bytes() == new  # the new file is untouched
     assert not (work / "sub" / "model.safetensors.ckptz").exists()
     assert _temps(work) == []
@@ -139,16 +155,16 @@ def test_other_files_finish_beside_a_changed_one(tmp_path: Path) -> None:
     _save(tmp_path / "new.safetensors", 2)
     new = (tmp_path / "new.safetensors").read_bytes()
 
-    proc = _hold_mid_write(work, "compress", str(work), "--in-place", "-q")
-    try:
-        in_flight = {p.name.split(".ckptz-tmp-")[0].lstrip(".") for p in _temps(work)}
-        target = work / sorted(in_flight)[0].removesuffix(".ckptz")
-        _replace(target, new)
-    finally:
-        proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=120)
+    changed: list[Path] = []
 
-    assert proc.returncode != 0 and "changed during the run" in err and target.name in err, err
+    def replace_one_in_flight() -> None:
+        in_flight = {p.name.split(".ckptz-tmp-")[0].lstrip(".") for p in _temps(work)}
+        changed.append(work / sorted(in_flight)[0].removesuffix(".ckptz"))
+        _replace(changed[0], new)
+
+    err = _changed_while_held(work, replace_one_in_flight, "compress", str(work), "--in-place", "-q")
+    (target,) = changed
+    assert target.name in err, err
     other = (work / "b.safetensors") if target.name == "a.safetensors" else (work / "a.safetensors")
     assert target.read_bytes() == new and not target.with_name(target.name + ".ckptz").exists()
     assert not other.exists() and other.with_name(other.name + ".ckptz").exists()
@@ -171,17 +187,13 @@ def test_hard_linked_names_of_a_changed_file_are_kept(tmp_path: Path, change: st
     _save(tmp_path / "new.safetensors", 2)
     new = (tmp_path / "new.safetensors").read_bytes()
 
-    proc = _hold_mid_write(work, "compress", str(work), "--in-place", "-q")
-    try:
+    def make_change() -> None:
         if change == "overwrite both names":
             _overwrite_same_size(a, new)
         else:
             _replace(b, new)
-    finally:
-        proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=120)
 
-    assert proc.returncode != 0 and "changed during the run" in err and "Traceback" not in err, err
+    _changed_while_held(work, make_change, "compress", str(work), "--in-place", "-q")
     assert _temps(work) == []
     if change == "overwrite both names":
         assert a.read_bytes() == new and b.read_bytes() == new
@@ -198,10 +210,7 @@ def test_hard_linked_names_of_a_changed_file_are_kept(tmp_path: Path, change: st
 
 @pytest.mark.parametrize("change", sorted(CHANGES))
 def test_decompress_in_place_keeps_a_container_changed_during_the_run(tmp_path: Path, change: str) -> None:
-    work = tmp_path / "run"
-    (work / "sub").mkdir(parents=True)
-    x = work / "sub" / "model.safetensors"
-    _save(x, 1)
+    work, x = _run_folder(tmp_path)
     assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
     # A container of new bytes of the same size (same structure, values of the same spread).
     other = tmp_path / "other"
@@ -214,17 +223,11 @@ def test_decompress_in_place_keeps_a_container_changed_during_the_run(tmp_path: 
     if change == "overwrite" and len(new) != container.stat().st_size:
         new = new[: container.stat().st_size].ljust(container.stat().st_size, b"\0")
 
-    proc = _hold_mid_write(work, "decompress", str(work), "--in-place", "-q")
-    try:
-        CHANGES[change](container, new)
-    finally:
-        proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=120)
-
-    assert proc.returncode != 0, err
-    assert "Traceback" not in err
+    err = _changed_while_held(
+        work, lambda: CHANGES[change](container, new), "decompress", str(work), "--in-place", "-q"
+    )
     assert err.count("\n") == 1, err
-    assert "sub/model.safetensors.ckptz" in err and "changed during the run" in err, err
+    assert "sub/model.safetensors.ckptz" in err, err
     assert container.read_bytes() == new  # the new container is untouched
     assert not x.exists()  # nothing restored from the old one
     assert _temps(work) == []

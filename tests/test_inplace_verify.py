@@ -2,28 +2,31 @@
 
 A coder that writes a payload which does not decode back, and a write that puts a wrong
 byte on disk, must each stop ``compress --in-place`` with the original untouched and no
-container left (RELIABILITY.md, *Crash safety*).
+container left (RELIABILITY.md, *Crash safety*); a wrong, lost or extra byte restoring in
+place must stop ``decompress --in-place`` with the container kept. The disk's faults are
+made below every writer, by a preloaded library (:func:`faults.lying_disk`), so the native
+restore plane meets them as the Python pipeline does.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import tree_digests
+from conftest import ckptz, tree_digests
+from faults import lying_disk
 
-from ckptz import api, safeio
+from ckptz import api, mapped, safeio
 from ckptz.codecs.frames import EncodedChunk
-from ckptz.container import StreamInfo
+from ckptz.container import StreamInfo, read_index
 from ckptz.engines.base import EncodedFrame, EncodedSpan, FrameToCode
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError
 from ckptz.pipeline import FileSink, compress_file
-from ckptz.pipeline.plan import Frame
 
 
 class _LyingEngine(CpuEngine):
@@ -78,24 +81,34 @@ def test_a_payload_that_does_not_decode_back_is_caught(model: Path, tmp_path: Pa
         compress_file(model, model.name, f, engine, verify=False)
 
 
-def test_a_wrong_byte_on_disk_is_caught_in_place(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def lying(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return lying_disk(tmp_path_factory.mktemp("lying-disk"))
+
+
+def test_a_wrong_byte_on_disk_is_caught_in_place(model: Path, lying: Path) -> None:
+    if _written_through_mappings(model.parent):
+        pytest.skip("outputs on tmpfs are written through mappings, which the lying disk does not see")
     before = tree_digests(model.parent)
-    real = safeio.pwrite_all
-    calls = [0]
-
-    def flip_one(fd: int, parts: Any, offset: int) -> None:
-        calls[0] += 1
-        if calls[0] == 1:  # a payload write: the header and the index are written after them
-            first = bytearray(memoryview(parts[0]).cast("B"))
-            first[len(first) // 2] ^= 1
-            parts = [bytes(first), *parts[1:]]
-        real(fd, parts, offset)
-
-    monkeypatch.setattr(safeio, "pwrite_all", flip_one)
-    with pytest.raises(CorruptionError, match="written payload differs"):
-        api.compress(model.parent, in_place=True, device="cpu")
-    monkeypatch.undo()
+    # The first write is a run of payloads: the header and the index are written after them.
+    env = {
+        "LD_PRELOAD": str(lying),
+        "FAULTY_DIR": str(model.parent),
+        "FAULTY_WRITE": "1",
+        "FAULTY_KIND": "flip",
+    }
+    result = ckptz("compress", str(model.parent), "--in-place", env=env)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "written payload differs" in result.stderr
     assert tree_digests(model.parent) == before  # the original is there, no container, no temp
+
+
+def _written_through_mappings(folder: Path) -> bool:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        return mapped.file_system(fd) in mapped.FILE_SYSTEMS
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture
@@ -104,48 +117,33 @@ def compressed(model: Path) -> Path:
     return model.parent
 
 
-def _restore_in_place_fails(folder: Path, match: str) -> None:
+def _restore_in_place_on_a_lying_disk(folder: Path, lying: Path, kind: str, **more: str) -> str:
+    """``ckptz decompress --in-place`` whose second write under ``folder`` goes wrong as
+    ``kind`` says (:func:`faults.lying_disk`): it must fail, keep the container, and leave
+    no restored file or temp file beside it; its stderr."""
     before = tree_digests(folder)
-    with pytest.raises(CorruptionError, match=match):
-        api.decompress(folder, in_place=True, device="cpu")
-    # The container is kept, and no restored file or temp file is left beside it.
+    env = {"LD_PRELOAD": str(lying), "FAULTY_DIR": str(folder), "FAULTY_WRITE": "2", "FAULTY_KIND": kind}
+    result = ckptz("decompress", str(folder), "--in-place", env={**env, **more})
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert tree_digests(folder) == before
+    return result.stderr
 
 
 @pytest.mark.parametrize("fault", ["flip", "lose"])
 def test_a_wrong_or_lost_write_is_caught_restoring_in_place(
-    compressed: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+    compressed: Path, lying: Path, fault: str
 ) -> None:
-    real = safeio.pwrite_all
-    calls = [0]
-
-    def faulty(fd: int, parts: Any, offset: int) -> None:
-        calls[0] += 1
-        if calls[0] == 2:  # a frame's piece, not the first
-            if fault == "lose":
-                return
-            first = bytearray(memoryview(parts[0]).cast("B"))
-            first[-1] ^= 0x80
-            parts = [bytes(first), *parts[1:]]
-        real(fd, parts, offset)
-
-    monkeypatch.setattr(safeio, "pwrite_all", faulty)
-    _restore_in_place_fails(compressed, "read back differs from what was written")
-    assert calls[0] >= 2
+    stderr = _restore_in_place_on_a_lying_disk(compressed, lying, fault)
+    assert "read back differs from what was written" in stderr
 
 
 def test_a_restored_file_longer_than_the_original_is_caught_in_place(
-    compressed: Path, monkeypatch: pytest.MonkeyPatch
+    compressed: Path, model: Path, lying: Path
 ) -> None:
-    real = FileSink.put
-
-    def and_a_byte_past_the_end(self: FileSink, frame: Frame, data: np.ndarray) -> None:
-        real(self, frame, data)
-        assert self.size is not None
-        os.pwrite(self.fd, b"x", self.size)  # every frame's own bytes are right
-
-    monkeypatch.setattr(FileSink, "put", and_a_byte_past_the_end)
-    _restore_in_place_fails(compressed, "is not the original's .* bytes long")
+    with open(compressed / (model.name + ".ckptz"), "rb") as f:
+        size = read_index(f, model.name).source_size  # the extra byte lands just past the end
+    stderr = _restore_in_place_on_a_lying_disk(compressed, lying, "past", FAULTY_AT=str(size))
+    assert re.search("is not the original's .* bytes long", stderr), stderr
 
 
 def test_first_difference_names_the_first_wrong_byte(tmp_path: Path) -> None:

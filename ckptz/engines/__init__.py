@@ -109,17 +109,6 @@ def engine_kind(want: str, codec: str, *, writes: bool, job_bytes: int, nvcomp: 
     return "gpu" if writes and job_bytes >= GPU_JOIN_BYTES else "hybrid"
 
 
-def writes_portable_on_gpu(want: str, codec: str, writes: bool, job_bytes: int = 0) -> bool:
-    """Whether an engine that ``writes`` (compresses) ``job_bytes`` on device ``want`` with
-    ``codec`` codes the portable bitstream on the GPU from the first frame, with the GPU's
-    literal coder (:mod:`ckptz.engines.gpu.literals`): :func:`engine_kind` picks the GPU
-    engine for it."""
-    if not writes or codec not in PORTABLE_CODECS:
-        return False
-    kind = engine_kind(want, codec, writes=writes, job_bytes=job_bytes, nvcomp=nvcomp_installed())
-    return kind == "gpu"
-
-
 def warm_gpu(device: str | None, codec: str = "auto", writes: bool = False, job_bytes: int = 0) -> None:
     """Start bringing up the GPU a run will code on from its first frame (its CUDA context,
     on a thread of its own) while the run scans and plans its files: where

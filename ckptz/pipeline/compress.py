@@ -41,7 +41,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import BinaryIO, Protocol, TypeVar
+from typing import BinaryIO, Protocol
 
 import numpy as np
 
@@ -53,13 +53,12 @@ from ckptz.container import (
     ALIGN,
     PREFIX,
     Index,
-    checksum,
     index_bytes,
     make_tables,
     padded_size,
     read_index,
 )
-from ckptz.digest import TREE, Digest, Kind, Piecewise, whole_leaves
+from ckptz.digest import TREE, Digest, Kind, Piecewise
 from ckptz.engines.base import (
     NO_BUFFER,
     DecodedSpan,
@@ -72,7 +71,7 @@ from ckptz.engines.base import (
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
-from ckptz.pipeline.plan import Frame, Part, StreamPlan, frame_map, frame_runs, plan_streams, split_plan
+from ckptz.pipeline.plan import StreamPlan, frame_map, frame_runs, plan_streams
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.pipeline.workers import Failures, FileDigest, FrameSlots, Stopped, Workers, slots_needed
 
@@ -103,9 +102,7 @@ class _PlansFirst:
 
     A file's layout (a ``torch.save`` pickle walked in Python) and stream plan hold the GIL
     most of the time, and a pipeline running beside them holds it too, which made planning
-    several times slower and kept a split compression's helper waiting for the plan. So a
-    pipeline starts once no file is being planned,
-    or after :data:`PLANS_FIRST_S` (a huge pickle does not hold everything up for long).
+    several times slower. So a pipeline starts once no file is being planned, or after :data:`PLANS_FIRST_S` (a huge pickle does not hold everything up for long).
     """
 
     def __init__(self) -> None:
@@ -155,90 +152,16 @@ class _FileSource:
         return os.pread(self.fd, n, offset)
 
 
-class Places(Protocol):
-    """Where coded runs go in the container being written."""
+class _Places:
+    """A file's data area handed out run after run."""
+
+    def __init__(self) -> None:
+        self.end = len(PREFIX)
 
     def take(self, n: int) -> int:
         """The offset of the next ``n`` bytes of the data area (a run's payloads, padded)."""
-        ...
-
-
-class _Places:
-    """A file's data area handed out run after run, from any thread (several processes':
-    a helper's runs through the caller's, :mod:`ckptz.pipeline.shards`).
-
-    Given the output ``out`` (a split file's), it is made as long as every place handed out
-    before the place is given: then nothing but this ever changes its size while several
-    processes write it (a write's own extension of the file, by ``ftruncate`` of a mapped
-    output, could cut off bytes another process had written past it).
-    """
-
-    def __init__(self, out: int | None = None) -> None:
-        self.end = len(PREFIX)
-        self._out = out
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> int:
-        with self._lock:
-            at, self.end = self.end, self.end + n
-            if self._out is not None and n:
-                safeio.grow(self._out, self.end)
-            return at
-
-
-@dataclass(frozen=True, slots=True)
-class PartJob:
-    """What a process needs to code one part of a file split by
-    :func:`~ckptz.pipeline.plan.split_plan` (sent to helpers, so plain data)."""
-
-    relpath: str
-    layout: FileLayout
-    plan: StreamPlan
-    part: Part
-    verify: bool
-    digest: Kind
-
-
-@dataclass(frozen=True, slots=True)
-class PartResult:
-    """A part's coded frames and chunks (in the rows :func:`~ckptz.container.make_tables`
-    takes; chunk offsets are the container's), the hashes of the digest leaves lying whole
-    inside its bytes (from the first), and its bytes of the leaves it shares with the
-    parts around it, ``(file offset, bytes)``."""
-
-    frames: list[tuple[int, int, int, int]]
-    chunks: list[tuple[int, int, int, int, int, int]]
-    leaves: np.ndarray
-    edges: list[tuple[int, bytes]]
-
-
-T = TypeVar("T")
-
-
-class Helpers(Protocol):
-    """Processes beside this one that code parts of a large file (:class:`ckptz.pipeline.shards.Shards`)."""
-
-    def parts(self, size: int) -> int:
-        """Into how many parts a ``size``-byte file is cut (1: it is coded whole)."""
-        ...
-
-    def code_parts(
-        self,
-        jobs: Sequence[PartJob],
-        fds: tuple[int, int],
-        places: Places,
-        progress: Progress,
-        own: Callable[[], T],
-        local: Callable[[PartJob], PartResult],
-    ) -> tuple[T, list[PartResult]]:
-        """Give ``jobs`` to helpers (the file and the output, -1 for none, as ``fds``; each
-        helper's runs placed by ``places``) while ``own()`` runs in this thread, then code
-        with ``local`` any that no helper took; ``own``'s result and the jobs' in order.
-
-        Raises:
-            what ``own`` or a job raised, once every job is over.
-        """
-        ...
+        at, self.end = self.end, self.end + n
+        return at
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +187,6 @@ def compress_file(
     digest: Kind = TREE,
     source: Source | None = None,
     largest_frame: int | None = None,
-    helpers: Helpers | None = None,
 ) -> WrittenContainer:
     """Compress ``src`` into the open, empty file ``out`` (``None``: code everything and
     write nothing, to measure the pipeline without storage).
@@ -287,8 +209,6 @@ def compress_file(
             (:mod:`ckptz.library.torch_image`).
         largest_frame: how large the frames of large streams may grow (default: the
             engine's ``largest_frame``; :func:`~ckptz.pipeline.plan.frame_size_for`).
-        helpers: processes that code parts of a large file beside this one (not a file
-            with a ``transform``, a ``source``, an ``xxh3_128`` digest or a pipe as output).
 
     Raises:
         FormatError: the source changed while being read.
@@ -314,97 +234,15 @@ def compress_file(
                     change.apart if change else frozenset(),
                     engine.largest_frame if largest_frame is None else largest_frame,
                 )
-            parts: list[Part] = []
-            plain = change is None and digest.tree and source is None and (out is None or _regular(out))
-            if helpers is not None and plain:
-                # Parts of at least half a share: a file whose cuts would fall far from even
-                # (one huge tensor in the middle) stays whole rather than lopsided.
-                count = helpers.parts(layout.size)
-                plan, parts = split_plan(plan, layout, count, layout.size // (2 * count))
         _plans_first.wait()
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-        if helpers is None or len(parts) < 2:
-            run = _Compression(
-                reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
-            )
-            return run.run(source_fields or {})
-        places = _Places(None if out is None else out.fileno())
-        jobs = [PartJob(relpath, layout, plan, p, verify, digest) for p in parts]
-
-        def local(job: PartJob) -> PartResult:
-            return code_part(job, fd, out, engine, places, progress, pools)
-
-        mine: list[_Compression] = []
-
-        def own() -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int, int, int, int]]]:
-            # Made once the helpers' parts are queued: they start meanwhile.
-            mine.append(_part_run(jobs[0], reader, out, engine, places, progress, pools))
-            return mine[0].code()
-
-        try:
-            out_fd = -1 if out is None else out.fileno()
-            (frames, rows), results = helpers.code_parts(jobs[1:], (fd, out_fd), places, progress, own, local)
-            for got in results:
-                frames += got.frames
-                rows += got.chunks
-            first = mine[0]
-            with trace.span("join parts"):
-                first.take_parts([(p.window, got) for p, got in zip(parts[1:], results, strict=True)])
-            return first.finish(frames, rows, places.end, source_fields or {})
-        finally:
-            if mine:
-                mine[0].close()
+        run = _Compression(
+            reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
+        )
+        return run.run(source_fields or {})
     finally:
         if fd >= 0:
             os.close(fd)
-
-
-def code_part(
-    job: PartJob,
-    fd: int,
-    out: BinaryIO | None,
-    engine: Engine,
-    places: Places,
-    progress: Progress = _no_progress,
-    workers: Workers | None = None,
-) -> PartResult:
-    """Code one part of a split file (``fd``: the file, open for reading) into ``out`` at
-    the offsets ``places`` gives; in a helper process or in the caller's."""
-    pools = workers or Workers.shared(engine.threads if engine.inline else 0)
-    run = _part_run(job, _FileSource(fd), out, engine, places, progress, pools)
-    try:
-        frames, rows = run.code()
-        whole = _whole_leaves(job.part.window, job.digest.leaf, job.layout.size)
-        return PartResult(frames, rows, run.digest.hashes.take(whole.start, whole.stop), run.edges)
-    finally:
-        run.close()
-
-
-def _part_run(
-    job: PartJob,
-    source: Source,
-    out: BinaryIO | None,
-    engine: Engine,
-    places: Places,
-    progress: Progress,
-    workers: Workers,
-) -> _Compression:
-    """The run through the stages of one part of a split file (no transform: never split)."""
-    return _Compression(
-        source,
-        job.relpath,
-        job.layout,
-        job.plan,
-        out,
-        engine,
-        workers,
-        progress,
-        job.verify,
-        None,
-        job.digest,
-        job.part,
-        places,
-    )
 
 
 class _Compression:
@@ -423,8 +261,6 @@ class _Compression:
         verify: bool,
         change: FrameTransform | None = None,
         digest: Kind = TREE,
-        part: Part | None = None,
-        places: Places | None = None,
     ) -> None:
         self.change = change
         self.digest = Piecewise(digest, layout.size)
@@ -438,14 +274,7 @@ class _Compression:
         segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
         self.segments = segments
         self.frames = frame_map(segments, [s.frame_size for s in plan.streams])
-        self.places = places or _Places()
-        #: Of a part of a split file: its bytes of the digest leaves it shares with the
-        #: parts around it (``(file offset, bytes)``), taken as they are read.
-        self.edges: list[tuple[int, bytes]] = []
-        self._edge_pieces: dict[int, list[tuple[int, int, int]]] = {}
-        if part is not None:
-            self.frames = [f for f in self.frames if f.stream in part.streams]
-            self._edge_pieces = _edge_pieces(self.frames, part.window, digest.leaf, layout.size)
+        self.places = _Places()
         # Runs of consecutive frames are read into one buffer and coded as one unit (one
         # copy to a GPU, one write), so the per-frame Python of each stage runs per run. A
         # run is at most the engine's span, and small enough that RUNS_AHEAD of them, and
@@ -495,7 +324,6 @@ class _Compression:
     def run(self, source_fields: Mapping[str, object]) -> WrittenContainer:
         try:
             frames, rows = self.code()
-            assert isinstance(self.places, _Places)  # its own: the file is not split
             return self.finish(frames, rows, self.places.end, source_fields)
         finally:
             self.close()
@@ -537,30 +365,6 @@ class _Compression:
         if self.source.read_at(self.layout.size, 1):
             raise FormatError("file grew while being read", path=self.relpath)
         return frames, [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in chunks]  # checksums are in now
-
-    def take_parts(self, parts: Sequence[tuple[tuple[int, int], PartResult]]) -> None:
-        """The digest leaves of the other parts of a split file (each part's window and
-        result): those whole inside a part as it hashed them, and those it shares with the
-        parts around it hashed here from every part's bytes of them."""
-        leaf, size = self.digest.kind.leaf, self.layout.size
-        pieces = list(self.edges)
-        for window, got in parts:
-            whole = _whole_leaves(window, leaf, size)
-            if got.leaves.size != len(whole):
-                raise RuntimeError("a part of a split file gave the wrong number of leaf hashes")
-            self.digest.hashes.set_many(np.arange(whole.start, whole.stop, dtype=np.int64), got.leaves)
-            pieces += got.edges
-        shared: dict[int, list[tuple[int, bytes]]] = {}
-        for at, data in pieces:
-            shared.setdefault(at // leaf, []).append((at, data))
-        for k, parts_of in shared.items():
-            start, n = k * leaf, min(leaf, size - k * leaf)
-            joined = bytearray(n)
-            for at, data in parts_of:
-                joined[at - start : at - start + len(data)] = data
-            if sum(len(data) for _, data in parts_of) != n:
-                raise RuntimeError("the parts of a split file did not give a shared leaf whole")
-            self.digest.hashes[k] = checksum(memoryview(joined))
 
     def finish(
         self,
@@ -616,9 +420,6 @@ class _Compression:
             )
             with trace.span("read"):
                 self._scatter_read(pieces, buf)
-            for i in run if self._edge_pieces else ():
-                for where, within, n in self._edge_pieces.get(i, ()):
-                    self.edges.append((where, buf[self.at[i] + within : self.at[i] + within + n].tobytes()))
             views = [buf[self.at[i] : self.at[i] + self.frames[i].length] for i in run]
             if self.leaf_table is not None:  # the engine hashes where it holds the bytes (its GPU)
                 _, frame, start, size, parts = self.leaf_table.span(run.start, run.stop)
@@ -943,31 +744,6 @@ class _Compression:
         return header
 
 
-def _whole_leaves(window: tuple[int, int], leaf: int, size: int) -> range:
-    """The digest leaves lying whole inside ``window`` of a ``size``-byte file."""
-    return whole_leaves(window[0], window[1] - window[0], leaf, size)
-
-
-def _edge_pieces(
-    frames: Sequence[Frame], window: tuple[int, int], leaf: int, size: int
-) -> dict[int, list[tuple[int, int, int]]]:
-    """The pieces of ``frames`` (by index) that hold bytes of the leaves ``window`` shares
-    with the bytes around it: ``(file offset, offset in the frame, bytes)``."""
-    lo, hi = window
-    whole = _whole_leaves(window, leaf, size)
-    spans = [(lo, min(hi, whole.start * leaf))] if lo < whole.start * leaf else []
-    if whole.stop * leaf < hi:
-        spans.append((max(lo, whole.stop * leaf), hi))
-    out: dict[int, list[tuple[int, int, int]]] = {}
-    for i, f in enumerate(frames):
-        for at, within, n in f.pieces:
-            for a, b in spans:
-                a, b = max(at, a), min(at + n, b)
-                if a < b:
-                    out.setdefault(i, []).append((a, within + a - at, b - a))
-    return out
-
-
 def _run_offsets(lengths: list[int]) -> list[int]:
     """Where each frame of a run lies in its buffer: back to back, 16-byte aligned."""
     return list(accumulate(map(padded_size, lengths[:-1]), initial=0))
@@ -986,12 +762,7 @@ def _regular(out: BinaryIO) -> bool:
 
 
 __all__ = [
-    "Helpers",
-    "PartJob",
-    "PartResult",
-    "Places",
     "Source",
     "WrittenContainer",
-    "code_part",
     "compress_file",
 ]

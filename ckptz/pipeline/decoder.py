@@ -35,7 +35,7 @@ from ckptz.engines.base import (
     StoredSpan,
 )
 from ckptz.errors import CodecError, CorruptionError
-from ckptz.pipeline.plan import Frame, clip_frames, frame_map
+from ckptz.pipeline.plan import Frame, frame_map
 from ckptz.pipeline.transform import transform_for
 
 
@@ -47,26 +47,19 @@ class FrameDecoder:
         path: the container's name in error messages.
         index: its index (:func:`ckptz.container.read_index`).
         engine: decodes the frames; it stays the caller's to close.
-        window: only the frames holding bytes ``[lo, hi)`` of the original file, each with
-            its pieces there only (:func:`~ckptz.pipeline.plan.clip_frames`): a restore of
-            that range (:mod:`ckptz.pipeline.shards`). Each is still decoded and checked whole.
 
     Attributes:
-        frames: every frame (of the window), ordered by the file offset of its first byte.
+        frames: every frame, ordered by the file offset of its first byte.
         frames_decoded: frames decoded so far (a counter for callers that measure).
         stored_bytes_read: container bytes read so far (payloads and their padding).
     """
 
-    def __init__(
-        self, fd: int, path: str, index: Index, engine: Engine, window: tuple[int, int] | None = None
-    ) -> None:
+    def __init__(self, fd: int, path: str, index: Index, engine: Engine) -> None:
         self.fd, self.path, self.index, self.engine = fd, path, index, engine
         segments = list(
             zip(index.segments["stream"].tolist(), index.segments["length"].tolist(), strict=True)
         )
         self.frames: list[Frame] = frame_map(segments, [s.frame_size for s in index.streams])
-        if window is not None:
-            self.frames = clip_frames(self.frames, *window)
         self._rows = stream_frame_lists(index)
         self._chunk_starts = frame_chunk_starts(index.frames)
         self._frame_tables()

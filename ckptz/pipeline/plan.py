@@ -8,11 +8,9 @@ coders and writers can work on frames in any order and in parallel.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -103,47 +101,6 @@ def plan_streams(
     return StreamPlan(tuple(streams), tuple(seg_streams))
 
 
-def split_plan(plan: StreamPlan, layout: FileLayout, parts: int, least: int) -> tuple[StreamPlan, list[Part]]:
-    """The file cut at segment boundaries into up to ``parts`` byte ranges of about equal
-    size and at least ``least`` bytes each, each with streams of its own, so that every
-    frame's bytes lie in one range and each range can be coded by another process.
-
-    Streams are numbered range after range (the first range's keep their order); each keeps
-    its component, dtype and frame size, and counts only its range's bytes and tensors.
-    Several streams of one (component, dtype) are what FORMAT.md allows. A segment is never
-    cut (a tensor stays one segment), so a file whose boundaries fall far from the ideal
-    cuts, or that is too small, stays whole: ``(plan, [one part])``.
-    """
-    ends = [seg.end for seg in layout.segments[:-1]]
-    cuts: list[int] = []
-    for k in range(1, parts):
-        ideal = layout.size * k // parts
-        j = bisect.bisect_left(ends, ideal)
-        near = [ends[x] for x in (j - 1, j) if 0 <= x < len(ends)]
-        if near:
-            cut = min(near, key=lambda e: abs(e - ideal))
-            if cut - (cuts[-1] if cuts else 0) >= least and layout.size - cut >= least:
-                cuts.append(cut)
-    bounds = [0, *cuts, layout.size]
-    if len(bounds) == 2:
-        return plan, [Part(frozenset(range(len(plan.streams))), (0, layout.size))]
-    # Each segment's part (an empty last one: the last part's) and stream before.
-    where = [
-        (min(bisect.bisect_right(bounds, seg.offset), len(bounds) - 1) - 1, old)
-        for seg, old in zip(layout.segments, plan.segment_streams, strict=True)
-    ]
-    keys, lengths, tensors, seg_streams = _number(layout.segments, where)
-    streams = tuple(
-        replace(plan.streams[old], id=sid, length=lengths[sid], tensors=tensors[sid])
-        for sid, (_, old) in enumerate(keys)
-    )
-    out = [
-        Part(frozenset(sid for sid, (r, _) in enumerate(keys) if r == n), (lo, hi))
-        for n, (lo, hi) in enumerate(itertools.pairwise(bounds))
-    ]
-    return StreamPlan(streams, tuple(seg_streams)), out
-
-
 K = TypeVar("K", bound=Hashable)
 
 
@@ -167,15 +124,6 @@ def _number(
         tensors[sid] += seg.kind == "tensor"
         seg_streams.append(sid)
     return firsts, lengths, tensors, seg_streams
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    """A share of one file's compression that one process codes: its streams (of a plan
-    made by :func:`split_plan`) and the file bytes they hold, ``[lo, hi)``."""
-
-    streams: frozenset[int]
-    window: tuple[int, int]
 
 
 #: Reads many ``(offset, size)`` spans of the file being planned, in one call.
@@ -320,23 +268,6 @@ def frame_map(segments: Sequence[tuple[int, int]], frame_sizes: Sequence[int]) -
             file_pos += take
             length -= take
     return [Frame(sid, k, sum(p[2] for p in runs), tuple(runs)) for (sid, k), runs in pieces.items()]
-
-
-def clip_frames(frames: Sequence[Frame], lo: int, hi: int) -> list[Frame]:
-    """The frames holding bytes ``[lo, hi)`` of the file, each with only its pieces there
-    (cut at ``lo`` and ``hi``), ordered by the file offset of their first byte there. A
-    frame keeps its whole ``length``: it is still decoded and checked whole."""
-    out: list[Frame] = []
-    for f in frames:
-        pieces = tuple(
-            (max(at, lo), within + max(at, lo) - at, min(at + n, hi) - max(at, lo))
-            for at, within, n in f.pieces
-            if at < hi and at + n > lo
-        )
-        if pieces:
-            out.append(Frame(f.stream, f.number, f.length, pieces))
-    out.sort(key=lambda f: f.pieces[0][0])
-    return out
 
 
 def frame_runs(frames: Sequence[Frame], limit: int) -> list[range]:

@@ -44,7 +44,7 @@ import numpy as np
 
 from ckptz import safeio, trace
 from ckptz.container import Index, checksum, read_index
-from ckptz.digest import Digest, Piecewise, leaf_count
+from ckptz.digest import Digest, Piecewise
 from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Place, Ranges
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError, MismatchError
@@ -212,7 +212,8 @@ def restore(
     """
     index = index or read_index(container, path)
     target = cast(Sink, sink) if hasattr(sink, "put") else _Ordered(sink)
-    prepare(target, index)
+    if isinstance(target, Comparer):
+        target.expect_size(index.source_size)
     # The CPU engine itself (an engine derived from it codes or hashes its own way: the loop).
     if type(engine) is CpuEngine:
         digest = _restore_natively(container, path, index, engine, target, progress)
@@ -223,11 +224,6 @@ def restore(
     # A sink checked on the device was finished before its bytes were hashed.
     conclude(run.run(), index, path, None if run.on_device else target)
     return index
-
-
-#: The writers the native plane stands in for: where a test replaced one (to inject a
-#: fault), the file is restored by the Python loop, which calls it.
-_PWRITE_ALL, _FILE_PUT = safeio.pwrite_all, FileSink.put
 
 
 def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
@@ -245,7 +241,7 @@ def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
             checked=sink.fd,
             differs=lambda at: MismatchError(f"differs from the original at byte {at}", path=where),
         )
-    if type(sink) is FileSink and safeio.pwrite_all is _PWRITE_ALL and FileSink.put is _FILE_PUT:
+    if type(sink) is FileSink:
         name = sink.path or None
         return native_restore.Target(
             output=sink.fd,
@@ -275,14 +271,8 @@ def _restore_natively(
         return native_restore.run(fd, path, decoder, tables, target, engine.threads, progress)
 
 
-def prepare(sink: Sink, index: Index) -> None:
-    """Before a file is restored (whole or in ranges): tell a :class:`Comparer` its size."""
-    if isinstance(sink, Comparer):
-        sink.expect_size(index.source_size)
-
-
 def conclude(digest: Digest, index: Index, path: str, sink: Sink | None) -> None:
-    """Once every frame of a file is in (whole or in ranges): the digest of what was
+    """Once every frame of a file is in: the digest of what was
     restored must be the original's; then ``sink`` is finished.
 
     Raises:
@@ -294,38 +284,6 @@ def conclude(digest: Digest, index: Index, path: str, sink: Sink | None) -> None
         sink.finish()
 
 
-def restore_range(
-    container: BinaryIO,
-    path: str,
-    engine: Engine,
-    sink: Sink,
-    window: tuple[int, int],
-    *,
-    index: Index,
-    workers: Workers | None = None,
-    progress: Progress = _no_progress,
-) -> np.ndarray:
-    """Restore bytes ``[lo, hi)`` of the original file into ``sink`` (which
-    :meth:`~Sink.finish` is not called on), and return the hashes of the whole-file digest's
-    leaves there, leaf ``lo // leaf`` on: the caller puts the ranges of a file together and
-    checks its digest (:mod:`ckptz.pipeline.shards`). Every frame holding a byte of the range
-    is decoded and checked whole; ``lo`` and ``hi`` must be multiples of the digest's leaf
-    (``hi`` may be the file's end), an ``xxh3_tree`` digest's.
-
-    Raises:
-        as :func:`restore`, but for the digest, which the caller checks.
-    """
-    kind = index.source_digest.kind
-    lo, hi = window
-    if not kind.tree or lo % kind.leaf or (hi % kind.leaf and hi != index.source_size) or not lo < hi:
-        raise ValueError(f"bytes [{lo}, {hi}) are not a range of whole leaves of a tree digest")
-    if isinstance(sink, DeviceSink):
-        raise ValueError("a range is restored into a host sink")
-    run = _plan(container, path, index, engine, sink, workers, progress, window)
-    run.run()
-    return run.digest.hashes.take(lo // kind.leaf, leaf_count(hi, kind.leaf))
-
-
 def _plan(
     container: BinaryIO,
     path: str,
@@ -334,11 +292,10 @@ def _plan(
     sink: Sink,
     workers: Workers | None,
     progress: Progress,
-    window: tuple[int, int] | None = None,
 ) -> _Restore:
     pools = workers or Workers.shared(engine.threads if engine.inline else 0)
     with trace.span("plan"):
-        return _Restore(container.fileno(), path, index, engine, sink, pools, progress, window)
+        return _Restore(container.fileno(), path, index, engine, sink, pools, progress)
 
 
 class _Restore:
@@ -351,20 +308,11 @@ class _Restore:
         sink: Sink,
         workers: Workers,
         progress: Progress,
-        window: tuple[int, int] | None = None,
     ) -> None:
         self.fd, self.path, self.index, self.engine, self.sink = fd, path, index, engine, sink
         self.workers, self.progress = workers, progress
-        self.decoder = FrameDecoder(fd, path, index, engine, window)
-        if window is not None and self.decoder.transform is not None:
-            raise ValueError("a series delta is restored whole")
+        self.decoder = FrameDecoder(fd, path, index, engine)
         self.frames = self.decoder.frames
-        # Bytes each frame gives the sink (part of it, in a window).
-        self.sizes = (
-            [f.length for f in self.frames]
-            if window is None
-            else [sum(p[2] for p in f.pieces) for f in self.frames]
-        )
         # Runs of frames read and decoded together (one frame each on a CPU engine).
         self.spans = self.decoder.spans(engine.span_bytes)
         self.data: list[Future[np.ndarray]] = [Future() for _ in self.frames]
@@ -407,8 +355,7 @@ class _Restore:
         self.tasks: list[Future[None]] = []
 
     def run(self) -> Digest:
-        """Restore every frame; return the digest of what the sink was given (for a window,
-        only its leaves are set: :func:`restore_range` takes them)."""
+        """Restore every frame; return the digest of what the sink was given."""
         feeder = threading.Thread(target=self._feed, name="ckptz-feed", daemon=True)
         feeder.start()
         try:
@@ -535,7 +482,7 @@ class _Restore:
             return [range(len(span))]
         out, start, size = [], 0, 0
         for k, i in enumerate(span):
-            size += self.sizes[i]
+            size += self.frames[i].length
             if size >= PUT_BYTES:
                 out.append(range(start, k + 1))
                 start, size = k + 1, 0
@@ -589,7 +536,7 @@ class _Restore:
             # straddles it and a frame not decoded yet) would otherwise hold its decoded
             # span's whole buffer through ``data``, past the memory budget.
             self.data[i].set_result(data if self.walked else _SPENT.result())
-            self.progress(self.sizes[i])
+            self.progress(self.frames[i].length)
             given.append((i, data))
             self._release(i)
         except BaseException as exc:
@@ -610,8 +557,5 @@ __all__ = [
     "DiscardSink",
     "FileSink",
     "Sink",
-    "conclude",
-    "prepare",
     "restore",
-    "restore_range",
 ]

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ckptz import trace
 from ckptz.accounting import FileStats, total_components
@@ -30,7 +29,6 @@ from ckptz.engines import (
     nvcomp_installed,
     open_engine,
     requested_device,
-    writes_portable_on_gpu,
 )
 from ckptz.engines.base import Engine
 from ckptz.errors import CkptzError, SourceChangedError, StoppedError, UsageError
@@ -53,9 +51,6 @@ from ckptz.safeio import (
     remove_temp,
     stale_temps_of,
 )
-
-if TYPE_CHECKING:
-    from ckptz.pipeline.shards import Shards
 
 
 def scan_sources(sources: str | Path | Sequence[str | Path]) -> list[Tree]:
@@ -117,72 +112,6 @@ def engine_session(
             yield engine, notices
     finally:
         engine.close()
-
-
-#: Processes that compress or restore a large file together where it pays: a GPU run's
-#: pipeline is bound by its interpreter; two processes compress and restore markedly faster
-#: than one, and three did no better than two (:mod:`ckptz.pipeline.shards`).
-SPLIT_PROCESSES = 2
-#: Cores a machine needs before a file is split (each process runs its own threads).
-SPLIT_CORES = 8
-#: Bytes a run converts before starting a helper pays: a helper's start (a fresh
-#: interpreter, the GPU's context, its pinned memory) takes over a second, during which the
-#: caller works alone and shares the cores with it, so only jobs of tens of GB repay it.
-SPLIT_BYTES = 32 << 30
-
-
-def split_processes(
-    jobs: Sequence[Job], codec: str, processes: int | None, device: str | None = None, writes: bool = False
-) -> int:
-    """How many processes compress or restore one large file together: ``processes`` where
-    given; else :data:`SPLIT_PROCESSES` where the files are coded
-    on a GPU (``codec`` is a GPU-only bitstream, or the run ``writes`` the portable one on
-    ``device``'s GPU: :func:`~ckptz.engines.writes_portable_on_gpu`), the machine has
-    :data:`SPLIT_CORES` cores, a file is large enough to split, and the run converts
-    :data:`SPLIT_BYTES` or this process has helpers running already (a library that
-    converted before); else 1. (Restores of the portable bitstream run in one process.)"""
-    from ckptz.pipeline.shards import MIN_RANGE, helpers_running
-
-    if processes is not None:
-        if processes < 1:
-            raise UsageError("processes must be at least 1")
-        return processes
-    total = sum(j.entry.size for j in jobs)
-    on_gpu = codec in GPU_ONLY_CODECS or writes_portable_on_gpu(
-        requested_device(device), codec, writes, total
-    )
-    if not on_gpu or (os.cpu_count() or 1) < SPLIT_CORES:
-        return 1
-    large = any(j.entry.size >= 2 * MIN_RANGE for j in jobs)
-    pays = total >= SPLIT_BYTES or helpers_running()
-    return SPLIT_PROCESSES if large and pays else 1
-
-
-@contextmanager
-def helper_shards(
-    processes: int,
-    device: str | None,
-    threads: int | None,
-    level: int,
-    codec: str,
-    memory: int | None,
-    writes: bool = False,
-    job_bytes: int = 0,
-) -> Iterator[tuple[Shards | None, int | None]]:
-    """Helpers for a run in ``processes`` processes (started now, beside the caller's own
-    start-up, where the process has none yet: :meth:`Shards.shared`), and the memory
-    budget of each process's engine: ``memory`` shared between them where given, else the
-    engine's default each (a larger budget per process restores faster). A run that ``writes``
-    (compresses) ``job_bytes`` gives its helpers the engine its own opens."""
-    if processes <= 1:
-        yield None, memory
-        return
-    from ckptz.pipeline.shards import EngineSpec, Shards
-
-    share = None if memory is None else memory // processes
-    gpu_writes = writes_portable_on_gpu(requested_device(device), codec, writes, job_bytes)
-    spec = EngineSpec(device, threads, level, codec, share, gpu_writes)
-    yield Shards.shared(spec, processes - 1), share
 
 
 def decoding_codec(jobs: Sequence[Job], device: str | None) -> str:
