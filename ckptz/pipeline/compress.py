@@ -69,9 +69,11 @@ from ckptz.engines.base import (
     Ranges,
     StoredSpan,
 )
+from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
+from ckptz.pipeline import native_compress
 from ckptz.pipeline.plan import Frame, Part, StreamPlan, frame_map, frame_runs, plan_streams, split_plan
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.pipeline.workers import Failures, FileDigest, FrameSlots, Stopped, Workers, slots_needed
@@ -85,6 +87,8 @@ WRITE_DEPTH = 8
 #: ran dry between them, its readers and GPU both half idle.
 RUNS_AHEAD = 24
 _ZEROS = bytes(ALIGN)
+#: The writer the native plane stands in for (see :func:`compress_file`).
+_PWRITE_ALL = safeio.pwrite_all
 #: Buffers one ``preadv`` may fill (the system's limit, usually 1024).
 _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 1024
 
@@ -316,12 +320,26 @@ def compress_file(
                 )
             parts: list[Part] = []
             plain = change is None and digest.tree and source is None and (out is None or _regular(out))
-            if helpers is not None and plain:
+            # Where a test replaced the writer (to inject a fault), the Python pipeline, which calls it.
+            natively = native_compress.suits(
+                engine,
+                plan.streams,
+                layout.size,
+                digest,
+                plain=plain and safeio.pwrite_all is _PWRITE_ALL,
+                verify=verify,
+            )
+            if helpers is not None and plain and not natively:
                 # Parts of at least half a share: a file whose cuts would fall far from even
                 # (one huge tensor in the middle) stays whole rather than lopsided.
                 count = helpers.parts(layout.size)
                 plan, parts = split_plan(plan, layout, count, layout.size // (2 * count))
         _plans_first.wait()
+        if natively:
+            assert isinstance(engine, CpuEngine)
+            return _compress_natively(
+                fd, relpath, layout, plan, out, engine, progress, digest, source_fields or {}
+            )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         if helpers is None or len(parts) < 2:
             run = _Compression(
@@ -357,6 +375,47 @@ def compress_file(
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _compress_natively(
+    fd: int,
+    relpath: str,
+    layout: FileLayout,
+    plan: StreamPlan,
+    out: BinaryIO | None,
+    engine: CpuEngine,
+    progress: Progress,
+    digest: Kind,
+    source_fields: Mapping[str, object],
+) -> WrittenContainer:
+    """Compress the file open as ``fd`` in one native call (:mod:`ckptz.pipeline.native_compress`)."""
+    segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
+    frames = frame_map(segments, [s.frame_size for s in plan.streams])
+    out_fd = -1 if out is None else out.fileno()
+    with trace.span("native compress"):
+        coded = native_compress.code(
+            fd, out_fd, relpath, frames, plan.streams, layout.size, digest, engine, progress
+        )
+    if os.pread(fd, 1, layout.size):
+        raise FormatError("file grew while being read", path=relpath)
+    with trace.span("index"):
+        index, tail = _make_index(
+            relpath,
+            layout,
+            plan,
+            segments,
+            engine,
+            None,
+            coded.digest,
+            coded.frames,
+            coded.chunks,
+            coded.end,
+            source_fields,
+        )
+    if out is not None:
+        safeio.pwrite_all(out_fd, [PREFIX], 0)
+        safeio.pwrite_all(out_fd, [tail], coded.end)
+    return WrittenContainer(layout, index, coded.end + len(tail))
 
 
 def code_part(
@@ -571,12 +630,20 @@ class _Compression:
     ) -> WrittenContainer:
         """Write the index and footer after the data area (``end``), and read them back
         with verify."""
-        source_digest = self.digest.digest()
         with trace.span("index"):
-            header = self._header(source_digest, rows)
-            header["source"] = {**header["source"], **source_fields}  # type: ignore[dict-item]
-            index = Index(header, self.plan.streams, *make_tables(self.segments, frames, rows))
-            tail = index_bytes(index, end)
+            index, tail = _make_index(
+                self.relpath,
+                self.layout,
+                self.plan,
+                self.segments,
+                self.engine,
+                self.change,
+                self.digest.digest(),
+                frames,
+                rows,
+                end,
+                source_fields,
+            )
         if self.stream is not None:
             self.stream.write(tail)
         if self.out is not None:
@@ -919,28 +986,44 @@ class _Compression:
             task.result()
         self.spare.clear()
 
-    def _header(self, digest: Digest, chunks: list[tuple[int, int, int, int, int, int]]) -> dict[str, object]:
-        from ckptz.codecs import codec_name
 
-        used = sorted({c[4] for c in chunks})
-        config = self.engine.codec_config()
-        header: dict[str, object] = {
-            "source": {
-                "name": Path(self.relpath).name,
-                "size": self.layout.size,
-                **digest.to_json(),
-                "format": self.layout.format,
-                "notes": list(self.layout.notes),
-            },
-            "created_by": f"ckptz {__version__}",
-            "device": self.engine.device,
-            "codecs": {str(c): config.get(codec_name(c), {"name": codec_name(c)}) for c in used},
-            "tensor_keys": [list(seg.keys) for seg in self.layout.segments],
-        }
-        header.update(self.engine.container_extras())
-        if self.change is not None:
-            header.update(self.change.header())
-        return header
+def _make_index(
+    relpath: str,
+    layout: FileLayout,
+    plan: StreamPlan,
+    segments: list[tuple[int, int]],
+    engine: Engine,
+    change: FrameTransform | None,
+    digest: Digest,
+    frames: list[tuple[int, int, int, int]],
+    rows: list[tuple[int, int, int, int, int, int]],
+    end: int,
+    source_fields: Mapping[str, object],
+) -> tuple[Index, bytes]:
+    """A coded file's index, and the bytes that follow its data area (ending at ``end``)."""
+    from ckptz.codecs import codec_name
+
+    used = sorted({c[4] for c in rows})
+    config = engine.codec_config()
+    header: dict[str, object] = {
+        "source": {
+            "name": Path(relpath).name,
+            "size": layout.size,
+            **digest.to_json(),
+            "format": layout.format,
+            "notes": list(layout.notes),
+            **source_fields,
+        },
+        "created_by": f"ckptz {__version__}",
+        "device": engine.device,
+        "codecs": {str(c): config.get(codec_name(c), {"name": codec_name(c)}) for c in used},
+        "tensor_keys": [list(seg.keys) for seg in layout.segments],
+    }
+    header.update(engine.container_extras())
+    if change is not None:
+        header.update(change.header())
+    index = Index(header, plan.streams, *make_tables(segments, frames, rows))
+    return index, index_bytes(index, end)
 
 
 def _whole_leaves(window: tuple[int, int], leaf: int, size: int) -> range:
