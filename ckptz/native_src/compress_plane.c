@@ -10,7 +10,9 @@
  * the frames before it to take their places: payloads are placed in frame order, so the data
  * area is the one the Python pipeline writes, and each thread holds one coded frame at most.
  * It then takes the payloads' checksums into the chunk table and pwrites them (with their
- * padding) at their place, or writes nothing for a discarded output. LZ-coded zstd planes go
+ * padding) at their place, or writes nothing for a discarded output. With verify, each frame
+ * is decoded back from its payloads before they are written and must give its checksum again,
+ * and the payloads are read back once written and must give theirs. LZ-coded zstd planes go
  * through the zstd vendored beside this file, the very version and calls of the Python
  * binding, so the bytes are the same. Progress is a counter Python polls; a stop flag Python
  * sets ends the threads between frames; the first failure is reported as (kind, frame,
@@ -48,6 +50,8 @@ enum { CC_OFFSET, CC_SIZE, CC_RAW, CC_CHECKSUM, CC_CODEC, CC_PLANE, CC_COLS };
 typedef struct {
     restore_plan_t leaves; /* the digest's leaves and the frame and piece tables, as plane.c reads them */
     int source, output;    /* descriptors; output -1 to write nothing */
+    int verify;            /* decode every frame back from its payloads ... */
+    int checked;           /* ... and read them back from here once written (-1: not) */
     int64_t *frames;       /* writable: each frame's checksum goes in */
     int64_t *chunks;       /* CC_COLS per chunk, filled in */
     int level;
@@ -74,6 +78,9 @@ typedef struct {
     compress_plan_t *plan;
     uint8_t *raw, *planes, *out, *spare;
     ZSTD_CCtx *level, *literal;
+    uint8_t *decoded, *merged, *written; /* with verify */
+    dtable_t *dt;
+    ZSTD_DCtx *dctx;
 } coder_t;
 
 static void compress_fail(compress_plan_t *p, int kind, int64_t frame, int64_t detail) {
@@ -218,6 +225,51 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
     return 1;
 }
 
+/* ---------------------------------------------------------------- verify */
+
+/* Whether a frame's payloads decode back to bytes of its checksum (`length` bytes of
+ * `word`-byte words, planes of n bytes): what --verify proves before a payload is written. */
+static int decodes_back(coder_t *w, const payload_t *payloads, int word, int rotate, size_t n, int64_t length,
+                        uint64_t checksum) {
+    plane_t planes[8];
+    for (int k = 0; k < word; k++) {
+        const payload_t *c = &payloads[k];
+        chunk_t chunk = {c->codec, c->bytes, c->len};
+        uint8_t *into = w->decoded + (size_t)k * n;
+        if (!frame_chunk_usable(&chunk, n, n, into, &planes[k])) return 0;
+        if (c->codec == CODEC_ZSTD) {
+            if (literals_frame(c->bytes, c->len, NULL, n, w->dt, 0)) {
+                if (!literals_frame(c->bytes, c->len, into, n, w->dt, 1)) return 0;
+            } else {
+                if (ZSTD_getFrameContentSize(c->bytes, c->len) != n) return 0;
+                if (!w->dctx && !(w->dctx = ZSTD_createDCtx())) return 0;
+                if (ZSTD_decompressDCtx(w->dctx, into, n, c->bytes, c->len) != n) return 0;
+            }
+        } else if (c->codec == CODEC_BITPACK) {
+            int bits[8], count = varying_list(c->bytes[0], bits);
+            unpack_rows(c->bytes + 2, (n + 7) / 8, bits, count, c->bytes[1], into, n);
+        }
+    }
+    const uint8_t *bytes = planes[0].bytes;
+    if (word > 1 || !bytes) {
+        if (word > 1) merge_words(planes, w->merged, n, word, rotate);
+        else memset(w->merged, planes[0].value, n);
+        bytes = w->merged;
+    }
+    return CKPTZ_XXH3_64(bytes, (size_t)length) == checksum;
+}
+
+/* Whether the payloads written at `at` (chunk rows `row`, `word` of them) read back with
+ * the checksums taken before they were written; 0 with *error set where reading failed. */
+static int reads_back(coder_t *w, const int64_t *row, int word, int64_t at, int64_t n, int *error) {
+    int64_t got = pread_fully(w->plan->checked, (char *)w->written, n, at, error);
+    if (*error || got != n) return 0;
+    for (int k = 0; k < word; k++, row += CC_COLS)
+        if (CKPTZ_XXH3_64(w->written + (row[CC_OFFSET] - at), (size_t)row[CC_SIZE]) != (uint64_t)row[CC_CHECKSUM])
+            return 0;
+    return 1;
+}
+
 /* ---------------------------------------------------------------- one frame */
 
 static int pwritev_fully(int fd, struct iovec *iov, int count, int64_t at) {
@@ -299,6 +351,8 @@ static int compress_frame(coder_t *w, int64_t i) {
         }
         need += (int64_t)payloads[k].len + (-(int64_t)payloads[k].len & (PLANE_ALIGN - 1));
     }
+    if (p->verify && !decodes_back(w, payloads, word, is_float, n, length, (uint64_t)f[FR_CHECKSUM]))
+        return compress_fail(p, PLANE_FRAME, i, 0), 0;
     int64_t *row = p->chunks + f[FR_CHUNK] * CC_COLS;
     for (int k = 0; k < word; k++, row += CC_COLS) {
         row[CC_SIZE] = (int64_t)payloads[k].len;
@@ -335,6 +389,11 @@ static int compress_frame(coder_t *w, int64_t i) {
         int error = pwritev_fully(p->output, iov, count, at);
         if (error) return compress_fail(p, PLANE_WRITE, i, error), 0;
     }
+    if (p->checked >= 0 && need) {
+        int error = 0;
+        if (!reads_back(w, p->chunks + f[FR_CHUNK] * CC_COLS, word, at, need, &error))
+            return compress_fail(p, error ? PLANE_CHECK_READ : PLANE_PAYLOAD, i, error), 0;
+    }
     __atomic_add_fetch(p->progress, length, __ATOMIC_RELAXED);
     return 1;
 }
@@ -361,6 +420,13 @@ static int coder_init(coder_t *w, compress_plan_t *p) {
     w->planes = malloc(p->frame_room ? p->frame_room : 1);
     w->out = malloc(p->out_room);
     w->spare = malloc(p->spare_room);
+    if (p->verify) {
+        w->decoded = malloc(p->frame_room ? p->frame_room : 1);
+        w->merged = malloc(p->frame_room ? p->frame_room : 1);
+        w->dt = malloc(sizeof(dtable_t));
+        if (!w->decoded || !w->merged || !w->dt) return 0;
+    }
+    if (p->checked >= 0 && !(w->written = malloc(p->out_room + 8 * PLANE_ALIGN))) return 0;
     return w->raw && w->planes && w->out && w->spare;
 }
 
@@ -369,6 +435,11 @@ static void coder_free(coder_t *w) {
     free(w->planes);
     free(w->out);
     free(w->spare);
+    free(w->decoded);
+    free(w->merged);
+    free(w->written);
+    free(w->dt);
+    ZSTD_freeDCtx(w->dctx);
     ZSTD_freeCCtx(w->level);
     ZSTD_freeCCtx(w->literal);
 }

@@ -1098,7 +1098,7 @@ done:
     return result;
 }
 
-/* compress_plan(source, output, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level,
+/* compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level,
  * threads, progress, stop, error) -> int: compress_plane.c's coding of one file. */
 static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     Py_buffer frames, chunks, pieces, hashes, progress, stop, error;
@@ -1106,7 +1106,7 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     int threads;
     memset(&plan, 0, sizeof plan);
     restore_plan_t *l = &plan.leaves;
-    if (!PyArg_ParseTuple(args, "iiLw*w*y*LLw*iiw*w*w*", &plan.source, &plan.output, &plan.end, &frames, &chunks, &pieces,
+    if (!PyArg_ParseTuple(args, "iipiLw*w*y*LLw*iiw*w*w*", &plan.source, &plan.output, &plan.verify, &plan.checked, &plan.end, &frames, &chunks, &pieces,
                           &l->source_size, &l->leaf, &hashes, &plan.level, &threads, &progress, &stop, &error))
         return NULL;
     PyObject *result = NULL;
@@ -1219,7 +1219,7 @@ static PyMethodDef methods[] = {
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
-     "compress_plan(source, output, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level, threads,\n"
+     "compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level, threads,\n"
      "progress, stop, error) -> int: code a whole file into its container's data area (0, or the failure's kind)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"

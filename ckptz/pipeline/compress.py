@@ -322,12 +322,7 @@ def compress_file(
             plain = change is None and digest.tree and source is None and (out is None or _regular(out))
             # Where a test replaced the writer (to inject a fault), the Python pipeline, which calls it.
             natively = native_compress.suits(
-                engine,
-                plan.streams,
-                layout.size,
-                digest,
-                plain=plain and safeio.pwrite_all is _PWRITE_ALL,
-                verify=verify,
+                engine, plan.streams, layout.size, digest, plain=plain and safeio.pwrite_all is _PWRITE_ALL
             )
             if helpers is not None and plain and not natively:
                 # Parts of at least half a share: a file whose cuts would fall far from even
@@ -338,7 +333,7 @@ def compress_file(
         if natively:
             assert isinstance(engine, CpuEngine)
             return _compress_natively(
-                fd, relpath, layout, plan, out, engine, progress, digest, source_fields or {}
+                fd, relpath, layout, plan, out, engine, progress, verify, digest, source_fields or {}
             )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         if helpers is None or len(parts) < 2:
@@ -385,16 +380,56 @@ def _compress_natively(
     out: BinaryIO | None,
     engine: CpuEngine,
     progress: Progress,
+    verify: bool,
     digest: Kind,
     source_fields: Mapping[str, object],
 ) -> WrittenContainer:
-    """Compress the file open as ``fd`` in one native call (:mod:`ckptz.pipeline.native_compress`)."""
+    """Compress the file open as ``fd`` in one native call (:mod:`ckptz.pipeline.native_compress`);
+    with ``verify``, the plane decodes every frame back and reads every payload back, and
+    the index is read back here."""
     segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
     frames = frame_map(segments, [s.frame_size for s in plan.streams])
     out_fd = -1 if out is None else out.fileno()
+    written = _reopen(out_fd, getattr(out, "name", None)) if verify and out is not None else -1
+    try:
+        return _code_natively(
+            fd,
+            out_fd,
+            written,
+            relpath,
+            layout,
+            plan,
+            segments,
+            frames,
+            engine,
+            progress,
+            verify,
+            digest,
+            source_fields,
+        )
+    finally:
+        if written >= 0:
+            os.close(written)
+
+
+def _code_natively(
+    fd: int,
+    out_fd: int,
+    written: int,
+    relpath: str,
+    layout: FileLayout,
+    plan: StreamPlan,
+    segments: list[tuple[int, int]],
+    frames: list[Frame],
+    engine: CpuEngine,
+    progress: Progress,
+    verify: bool,
+    digest: Kind,
+    source_fields: Mapping[str, object],
+) -> WrittenContainer:
     with trace.span("native compress"):
         coded = native_compress.code(
-            fd, out_fd, relpath, frames, plan.streams, layout.size, digest, engine, progress
+            fd, out_fd, relpath, frames, plan.streams, layout.size, digest, engine, progress, verify, written
         )
     if os.pread(fd, 1, layout.size):
         raise FormatError("file grew while being read", path=relpath)
@@ -412,9 +447,11 @@ def _compress_natively(
             coded.end,
             source_fields,
         )
-    if out is not None:
+    if out_fd >= 0:
         safeio.pwrite_all(out_fd, [PREFIX], 0)
         safeio.pwrite_all(out_fd, [tail], coded.end)
+        if written >= 0:
+            _check_index(written, relpath, index, tail, coded.end)
     return WrittenContainer(layout, index, coded.end + len(tail))
 
 
@@ -936,12 +973,7 @@ class _Compression:
     def _reopen(self) -> int:
         """The output, opened again for reading back."""
         assert self.out is not None
-        flags = fcntl.fcntl(self.out, fcntl.F_GETFL) & os.O_ACCMODE
-        if flags == os.O_RDWR:
-            return os.dup(self.out)
-        if isinstance(self.out_path, str | bytes | os.PathLike):
-            return os.open(self.out_path, os.O_RDONLY)
-        raise TypeError("verify needs an output file that can be read back")
+        return _reopen(self.out, self.out_path)
 
     def _check_written(self, rows: list[list[int]], at: int) -> None:
         """Read back a run's data area as written (``rows``: its chunks, from ``at``): every
@@ -978,10 +1010,7 @@ class _Compression:
         run's payloads were read back as soon as they were written (:meth:`_check_written`;
         writes are confined to their own run's range, so no later one can change them), and
         now the index and header."""
-        with open(self.written, "rb", closefd=False) as f:
-            again = read_index(f, self.relpath)
-        if os.pread(self.written, len(tail), end) != tail or not np.array_equal(again.chunks, index.chunks):
-            raise CorruptionError("the written index differs from the one made", path=self.relpath)
+        _check_index(self.written, self.relpath, index, tail, end)
         for task in self.read_backs:
             task.result()
         self.spare.clear()
@@ -1024,6 +1053,25 @@ def _make_index(
         header.update(change.header())
     index = Index(header, plan.streams, *make_tables(segments, frames, rows))
     return index, index_bytes(index, end)
+
+
+def _reopen(out: int, path: object) -> int:
+    """The output ``out`` (whose name is ``path``), opened again for reading back."""
+    flags = fcntl.fcntl(out, fcntl.F_GETFL) & os.O_ACCMODE
+    if flags == os.O_RDWR:
+        return os.dup(out)
+    if isinstance(path, str | bytes | os.PathLike):
+        return os.open(path, os.O_RDONLY)
+    raise TypeError("verify needs an output file that can be read back")
+
+
+def _check_index(written: int, relpath: str, index: Index, tail: bytes, end: int) -> None:
+    """The container open as ``written`` must hold ``index`` and ``tail`` (the bytes after
+    its data area, from ``end``) as made."""
+    with open(written, "rb", closefd=False) as f:
+        again = read_index(f, relpath)
+    if os.pread(written, len(tail), end) != tail or not np.array_equal(again.chunks, index.chunks):
+        raise CorruptionError("the written index differs from the one made", path=relpath)
 
 
 def _whole_leaves(window: tuple[int, int], leaf: int, size: int) -> range:

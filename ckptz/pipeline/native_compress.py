@@ -12,7 +12,9 @@ Ctrl-C and SIGTERM cross as a stop flag its threads check between frames.
 
 Whether a file takes this path is decided up front (:func:`suits`): the CPU engine, a plain
 file read from its own bytes, a tree digest, an output written at offsets (or discarded),
-and no option the plane does not code (``--verify``, a series delta, order-1 exponents).
+and no option the plane does not code (a series delta, order-1 exponents). ``--verify``
+runs in the plane too: each frame decoded back before its payloads are written, and the
+payloads read back once they are.
 Everything else goes through the Python pipeline.
 """
 
@@ -28,7 +30,7 @@ from ckptz.codecs.native import native
 from ckptz.container import ALIGN, PREFIX, StreamInfo
 from ckptz.digest import Digest, Kind, Piecewise, leaf_count
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import CodecError, FormatError
+from ckptz.errors import CodecError, CorruptionError, FormatError
 from ckptz.pipeline.native_restore import MAX_LEAVES, call_polled
 from ckptz.pipeline.plan import Frame
 
@@ -36,17 +38,14 @@ from ckptz.pipeline.plan import Frame
 WORDS = frozenset({1, 2, 4, 8})
 
 # Failure kinds, as plane.c and compress_plane.c number them.
-_READ, _WRITE, _STOPPED, _NOMEM, _SHORT, _CODER = 6, 7, 9, 10, 12, 13
+_PAYLOAD, _FRAME, _READ, _WRITE, _STOPPED, _NOMEM, _CHECK_READ, _SHORT, _CODER = 3, 5, 6, 7, 9, 10, 11, 12, 13
 
 
-def suits(
-    engine: object, streams: Sequence[StreamInfo], size: int, digest: Kind, *, plain: bool, verify: bool
-) -> bool:
+def suits(engine: object, streams: Sequence[StreamInfo], size: int, digest: Kind, *, plain: bool) -> bool:
     """Whether the native plane may code a file: ``plain`` (no transform, read from the
     file itself, an output written at offsets or none) with the CPU engine, a tree digest of
-    a bounded number of leaves, no ``verify``, and streams it splits with options it codes.
-    """
-    if not plain or verify or type(engine) is not CpuEngine or not digest.tree:
+    a bounded number of leaves, and streams it splits with options it codes."""
+    if not plain or type(engine) is not CpuEngine or not digest.tree:
         return False
     if leaf_count(size, digest.leaf) > MAX_LEAVES or engine.options.effort != 1:
         return False
@@ -105,13 +104,19 @@ def code(
     digest: Kind,
     engine: CpuEngine,
     progress: Callable[[int], None],
+    verify: bool = False,
+    written: int = -1,
 ) -> Coded:
     """Code every frame of the file open as ``fd`` into the data area of the container open
-    as ``out`` (-1: write nothing); what was written.
+    as ``out`` (-1: write nothing); what was written. With ``verify``, every frame is
+    decoded back from its payloads before they are written, and they are read back from
+    ``written`` (the container open for reading; -1: not) once they are.
 
     Raises:
         FormatError: the file ended early (it changed while being read).
         CodecError: zstd refused a plane.
+        CorruptionError: (with ``verify``) a frame did not decode back to its bytes, or a
+            payload read back differs from the one written.
         OSError: reading the file or writing the container failed.
         KeyboardInterrupt: (or any error a signal handler raises) the compression was stopped.
     """
@@ -125,6 +130,8 @@ def code(
         return native.compress_plan(
             fd,
             out,
+            verify,
+            written,
             len(PREFIX),
             tables.frames,
             tables.chunks,
@@ -157,7 +164,13 @@ def _raise(kind: int, frame: int, detail: int, relpath: str) -> None:
     """Raise the error for a failure of the native plane, worded as the Python pipeline words it."""
     if kind == _SHORT:
         raise FormatError("file changed or was truncated while being read", path=relpath)
-    if kind in (_READ, _WRITE):
+    if kind == _FRAME:
+        raise CorruptionError(
+            f"frame {frame} of {relpath} does not decode back to its original", path=relpath
+        )
+    if kind == _PAYLOAD:
+        raise CorruptionError("a written payload differs from the one checked", path=relpath)
+    if kind in (_READ, _WRITE, _CHECK_READ):
         raise OSError(detail, os.strerror(detail))
     if kind == _NOMEM:
         raise MemoryError("no memory for the compression's buffers")
