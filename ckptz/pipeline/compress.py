@@ -448,6 +448,9 @@ def _code_natively(
             source_fields,
         )
     if out_fd >= 0:
+        # An output written through mappings keeps its own record of its size: told the
+        # plane's, or its next write would cut the file back to that record.
+        safeio.grow(out_fd, coded.end)
         safeio.pwrite_all(out_fd, [PREFIX], 0)
         safeio.pwrite_all(out_fd, [tail], coded.end)
         if written >= 0:
