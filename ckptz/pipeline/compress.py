@@ -320,8 +320,10 @@ def compress_file(
                 )
             parts: list[Part] = []
             plain = change is None and digest.tree and source is None and (out is None or _regular(out))
-            # Where a test replaced the writer (to inject a fault), the Python pipeline, which calls it.
-            natively = native_compress.suits(
+            # Where a test replaced the writer (to inject a fault), or helper processes were
+            # asked to share the file, the Python pipeline, which calls them.
+            shared = helpers is not None and helpers.parts(layout.size) > 1
+            natively = not shared and native_compress.suits(
                 engine, plan.streams, layout.size, digest, plain=plain and safeio.pwrite_all is _PWRITE_ALL
             )
             if helpers is not None and plain and not natively:
