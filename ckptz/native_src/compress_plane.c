@@ -57,10 +57,13 @@ typedef struct {
     int level;
     volatile int64_t *progress;
     volatile uint8_t *stop;
-    size_t frame_room, out_room, spare_room; /* per-thread buffer sizes */
+    size_t frame_room, out_room, spare_room; /* buffer sizes */
     int64_t next;                            /* the next frame to take */
-    pthread_mutex_t order_lock;
-    pthread_cond_t order_turn;
+    pthread_mutex_t order_lock;              /* guards what follows, to `end` */
+    pthread_cond_t order_turn;               /* a set of buffers came free, or the run failed */
+    struct held *held;                       /* held_count sets of frame buffers */
+    struct held **free_held, **waiting;      /* the free sets; coded frames by frame % held_count */
+    int held_count, free_count;
     int64_t placed; /* frames given their place so far */
     int64_t end;    /* the data area's end so far */
     int failed;
@@ -74,9 +77,18 @@ typedef struct {
     size_t len;
 } payload_t;
 
+/* One frame's buffers, held from its read until its payloads are written: its planes (or,
+ * of single bytes, the frame itself) and its coded payloads. */
+typedef struct held {
+    uint8_t *planes, *out;
+    payload_t payloads[8];
+    int64_t frame, need, at;
+} held_t;
+
 typedef struct {
     compress_plan_t *plan;
-    uint8_t *raw, *planes, *out, *spare;
+    uint8_t *raw, *spare; /* the frame as read; a second candidate payload */
+    held_t **placing;     /* the frames this thread places at once */
     ZSTD_CCtx *level, *literal;
     uint8_t *decoded, *merged, *written; /* with verify */
     dtable_t *dt;
@@ -300,25 +312,27 @@ static int pwritev_fully(int fd, struct iovec *iov, int count, int64_t at) {
 
 static const uint8_t zero_padding[PLANE_ALIGN];
 
-/* Codes frame i into its place: 1 if it went through, else 0 with the failure recorded. */
-static int compress_frame(coder_t *w, int64_t i) {
+/* Codes frame i into `held`: 1 if it went through, else 0 with the failure recorded. */
+static int code_frame(coder_t *w, held_t *held, int64_t i) {
     compress_plan_t *p = w->plan;
     int64_t *f = p->frames + i * FR_COLS;
     int word = (int)f[FR_WORD], is_float = (int)f[FR_ROTATE];
     int64_t length = f[FR_LENGTH];
+    /* Single bytes are their own plane: read where the planes go. */
+    uint8_t *raw = word == 1 ? held->planes : w->raw;
     const int64_t *pc = p->leaves.pieces + f[FR_PIECE] * PC_COLS;
     for (int64_t j = 0; j < f[FR_PIECES]; j++) {
         const int64_t *piece = pc + j * PC_COLS;
         int error = 0;
-        int64_t got = pread_fully(p->source, (char *)w->raw + piece[PC_WITHIN], piece[PC_SIZE], piece[PC_AT], &error);
+        int64_t got = pread_fully(p->source, (char *)raw + piece[PC_WITHIN], piece[PC_SIZE], piece[PC_AT], &error);
         if (error) return compress_fail(p, PLANE_READ, i, error), 0;
         if (got != piece[PC_SIZE]) return compress_fail(p, PLANE_SHORT, i, 0), 0;
     }
     int fused;
-    f[FR_CHECKSUM] = (int64_t)plane_frame_hash(&p->leaves, f, w->raw, &fused);
+    f[FR_CHECKSUM] = (int64_t)plane_frame_hash(&p->leaves, f, raw, &fused);
     for (int64_t j = 0; j < f[FR_PIECES]; j++) {
         const int64_t *piece = pc + j * PC_COLS;
-        if (!plane_leaves(&p->leaves, w->raw + piece[PC_WITHIN], piece[PC_AT], piece[PC_SIZE], fused))
+        if (!plane_leaves(&p->leaves, raw + piece[PC_WITHIN], piece[PC_AT], piece[PC_SIZE], fused))
             return compress_fail(p, PLANE_NOMEM, i, 0), 0;
     }
     size_t n = (size_t)length / (size_t)word, room = plane_room(n);
@@ -326,30 +340,30 @@ static int compress_frame(coder_t *w, int64_t i) {
     uint8_t ones[8], any[8];
     double bits[8], zeros[8];
     if (word == 1) {
-        planes[0] = w->raw;
-        if (n) plane_stats(w->raw, n, FRAME_SAMPLE, &ones[0], &any[0], &bits[0], &zeros[0]);
+        planes[0] = raw;
+        if (n) plane_stats(raw, n, FRAME_SAMPLE, &ones[0], &any[0], &bits[0], &zeros[0]);
     } else {
         uint8_t *into[8];
         uint64_t and_word = 0, or_word = 0;
-        for (int k = 0; k < word; k++) planes[k] = into[k] = w->planes + (size_t)k * n;
-        split_words(w->raw, into, n, word, is_float, &and_word, &or_word);
+        for (int k = 0; k < word; k++) planes[k] = into[k] = held->planes + (size_t)k * n;
+        split_words(raw, into, n, word, is_float, &and_word, &or_word);
         for (int k = 0; k < word; k++) {
             sample_stats(planes[k], n, FRAME_SAMPLE, &bits[k], &zeros[k]);
             ones[k] = (uint8_t)(and_word >> (8 * k));
             any[k] = (uint8_t)(or_word >> (8 * k));
         }
     }
-    payload_t payloads[8];
-    int64_t need = 0;
+    payload_t *payloads = held->payloads;
+    held->need = 0;
     for (int k = 0; k < word; k++) {
         int64_t error = 0;
         if (!n) {
             payloads[k] = (payload_t){CODEC_RAW, planes[k], 0};
         } else if (!plane_code(w, planes[k], n, is_float && k == word - 1, bits[k], zeros[k], ones[k], any[k],
-                               w->out + (size_t)k * room, &payloads[k], &error)) {
+                               held->out + (size_t)k * room, &payloads[k], &error)) {
             return compress_fail(p, PLANE_CODER, i, error), 0;
         }
-        need += (int64_t)payloads[k].len + (-(int64_t)payloads[k].len & (PLANE_ALIGN - 1));
+        held->need += (int64_t)payloads[k].len + (-(int64_t)payloads[k].len & (PLANE_ALIGN - 1));
     }
     if (p->verify && !decodes_back(w, payloads, word, is_float, n, length, (uint64_t)f[FR_CHECKSUM]))
         return compress_fail(p, PLANE_FRAME, i, 0), 0;
@@ -361,43 +375,61 @@ static int compress_frame(coder_t *w, int64_t i) {
         row[CC_CODEC] = payloads[k].codec;
         row[CC_PLANE] = k;
     }
-    /* Places in frame order: the data area is laid out as the Python pipeline lays it out. */
-    int64_t at;
-    pthread_mutex_lock(&p->order_lock);
-    while (p->placed != i && !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE))
-        pthread_cond_wait(&p->order_turn, &p->order_lock);
-    int go = p->placed == i;
-    at = p->end;
-    if (go) {
-        p->end += need;
-        p->placed = i + 1;
-        pthread_cond_broadcast(&p->order_turn);
-    }
-    pthread_mutex_unlock(&p->order_lock);
-    if (!go) return 0;
-    struct iovec iov[16];
-    int count = 0;
-    row = p->chunks + f[FR_CHUNK] * CC_COLS;
-    for (int64_t k = 0, pos = at; k < word; k++, row += CC_COLS) {
-        size_t len = payloads[k].len, pad = -len & (PLANE_ALIGN - 1);
-        row[CC_OFFSET] = pos;
-        pos += (int64_t)(len + pad);
-        if (len) iov[count++] = (struct iovec){(void *)payloads[k].bytes, len};
-        if (pad) iov[count++] = (struct iovec){(void *)zero_padding, pad};
-    }
-    if (p->output >= 0 && count) {
-        int error = pwritev_fully(p->output, iov, count, at);
-        if (error) return compress_fail(p, PLANE_WRITE, i, error), 0;
-    }
-    if (p->checked >= 0 && need) {
-        int error = 0;
-        if (!reads_back(w, p->chunks + f[FR_CHUNK] * CC_COLS, word, at, need, &error))
-            return compress_fail(p, error ? PLANE_CHECK_READ : PLANE_PAYLOAD, i, error), 0;
-    }
-    __atomic_add_fetch(p->progress, length, __ATOMIC_RELAXED);
+    held->frame = i;
     return 1;
 }
 
+/* Writes a placed frame's payloads (and reads them back, with verify): 1 if it went
+ * through, else 0 with the failure recorded. */
+static int write_frame_payloads(coder_t *w, const held_t *held) {
+    compress_plan_t *p = w->plan;
+    const int64_t *f = p->frames + held->frame * FR_COLS;
+    int word = (int)f[FR_WORD];
+    struct iovec iov[16];
+    int count = 0;
+    int64_t *row = p->chunks + f[FR_CHUNK] * CC_COLS;
+    for (int64_t k = 0, pos = held->at; k < word; k++, row += CC_COLS) {
+        size_t len = held->payloads[k].len, pad = -len & (PLANE_ALIGN - 1);
+        row[CC_OFFSET] = pos;
+        pos += (int64_t)(len + pad);
+        if (len) iov[count++] = (struct iovec){(void *)held->payloads[k].bytes, len};
+        if (pad) iov[count++] = (struct iovec){(void *)zero_padding, pad};
+    }
+    if (p->output >= 0 && count) {
+        int error = pwritev_fully(p->output, iov, count, held->at);
+        if (error) return compress_fail(p, PLANE_WRITE, held->frame, error), 0;
+    }
+    if (p->checked >= 0 && held->need) {
+        int error = 0;
+        if (!reads_back(w, p->chunks + f[FR_CHUNK] * CC_COLS, word, held->at, held->need, &error))
+            return compress_fail(p, error ? PLANE_CHECK_READ : PLANE_PAYLOAD, held->frame, error), 0;
+    }
+    __atomic_add_fetch(p->progress, f[FR_LENGTH], __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* A free set of frame buffers (waits for one), or NULL once the run failed. */
+static held_t *take_held(compress_plan_t *p) {
+    held_t *held = NULL;
+    pthread_mutex_lock(&p->order_lock);
+    while (!p->free_count && !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE))
+        pthread_cond_wait(&p->order_turn, &p->order_lock);
+    if (p->free_count && !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) held = p->free_held[--p->free_count];
+    pthread_mutex_unlock(&p->order_lock);
+    return held;
+}
+
+static void give_held(compress_plan_t *p, held_t **held, int count) {
+    pthread_mutex_lock(&p->order_lock);
+    for (int k = 0; k < count; k++) p->free_held[p->free_count++] = held[k];
+    pthread_cond_broadcast(&p->order_turn);
+    pthread_mutex_unlock(&p->order_lock);
+}
+
+/* Each thread takes a free set of buffers, then the next frame, and codes it. Payloads are
+ * placed in frame order: a coded frame whose predecessors are not all placed waits in its
+ * set, and the thread goes on with another; the thread that places a frame places every
+ * waiting successor with it and writes them. The sets bound the frames held at once. */
 static void *compress_work(void *arg) {
     coder_t *w = arg;
     compress_plan_t *p = w->plan;
@@ -407,8 +439,30 @@ static void *compress_work(void *arg) {
             compress_fail(p, PLANE_STOPPED, -1, 0);
             break;
         }
+        held_t *held = take_held(p);
+        if (!held) break;
         int64_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
-        if (i >= p->leaves.frame_count || !compress_frame(w, i)) break;
+        if (i >= p->leaves.frame_count || !code_frame(w, held, i)) {
+            give_held(p, &held, 1);
+            break;
+        }
+        int count = 0;
+        pthread_mutex_lock(&p->order_lock);
+        p->waiting[i % p->held_count] = held;
+        while (p->placed < p->leaves.frame_count) {
+            held_t *next = p->waiting[p->placed % p->held_count];
+            if (!next || next->frame != p->placed) break;
+            p->waiting[p->placed % p->held_count] = NULL;
+            next->at = p->end;
+            p->end += next->need;
+            p->placed++;
+            w->placing[count++] = next;
+        }
+        pthread_mutex_unlock(&p->order_lock);
+        int ok = 1;
+        for (int k = 0; ok && k < count; k++) ok = write_frame_payloads(w, w->placing[k]);
+        if (count) give_held(p, w->placing, count);
+        if (!ok) break;
     }
     return NULL;
 }
@@ -417,9 +471,8 @@ static int coder_init(coder_t *w, compress_plan_t *p) {
     memset(w, 0, sizeof *w);
     w->plan = p;
     w->raw = malloc(p->frame_room ? p->frame_room : 1);
-    w->planes = malloc(p->frame_room ? p->frame_room : 1);
-    w->out = malloc(p->out_room);
     w->spare = malloc(p->spare_room);
+    w->placing = malloc((size_t)p->held_count * sizeof(held_t *));
     if (p->verify) {
         w->decoded = malloc(p->frame_room ? p->frame_room : 1);
         w->merged = malloc(p->frame_room ? p->frame_room : 1);
@@ -427,14 +480,13 @@ static int coder_init(coder_t *w, compress_plan_t *p) {
         if (!w->decoded || !w->merged || !w->dt) return 0;
     }
     if (p->checked >= 0 && !(w->written = malloc(p->out_room + 8 * PLANE_ALIGN))) return 0;
-    return w->raw && w->planes && w->out && w->spare;
+    return w->raw && w->spare && w->placing;
 }
 
 static void coder_free(coder_t *w) {
     free(w->raw);
-    free(w->planes);
-    free(w->out);
     free(w->spare);
+    free(w->placing);
     free(w->decoded);
     free(w->merged);
     free(w->written);
@@ -499,6 +551,21 @@ static int compress_run(compress_plan_t *p, int threads) {
         }
     }
     if (!coders || !ids) goto done;
+    /* Half as many sets again as threads: a slow frame holds back the placing of those
+     * after it, and the others code on meanwhile. */
+    p->held_count = threads + threads / 2 + 1;
+    p->held = calloc((size_t)p->held_count, sizeof(held_t));
+    p->free_held = malloc((size_t)p->held_count * sizeof(held_t *));
+    p->waiting = calloc((size_t)p->held_count, sizeof(held_t *));
+    if (!p->held || !p->free_held || !p->waiting) goto done;
+    for (; p->free_count < p->held_count; p->free_count++) {
+        held_t *h = &p->held[p->free_count];
+        h->frame = -1;
+        h->planes = malloc(p->frame_room ? p->frame_room : 1);
+        h->out = malloc(p->out_room);
+        if (!h->planes || !h->out) goto done;
+        p->free_held[p->free_count] = h;
+    }
     for (; ready < threads; ready++)
         if (!coder_init(&coders[ready], p)) {
             ready++;
@@ -511,6 +578,13 @@ static int compress_run(compress_plan_t *p, int threads) {
     result = p->failed ? (int)p->error[0] : PLANE_OK;
 done:
     for (int t = 0; t < ready; t++) coder_free(&coders[t]);
+    for (int k = 0; p->held && k < p->held_count; k++) {
+        free(p->held[k].planes);
+        free(p->held[k].out);
+    }
+    free(p->held);
+    free(p->free_held);
+    free(p->waiting);
     if (l->leaf_parts)
         for (int64_t k = 0; k < l->leaf_count; k++) free(l->leaf_parts[k]);
     free(l->leaf_parts);
