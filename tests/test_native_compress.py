@@ -20,6 +20,7 @@ import torch
 from test_jobs import _start, _temps, _wait_for_temp
 
 from ckptz import api
+from ckptz.codecs import frames as coder
 from ckptz.codecs.native import native
 from ckptz.container import read_index
 from ckptz.digest import TREE
@@ -129,6 +130,22 @@ def test_containers_are_the_python_pipelines(
     out = tmp_path / "back"
     api.decompress(tmp_path / "native.ckptz", out, device="cpu")
     assert out.read_bytes() == src.read_bytes()
+
+
+def test_the_plane_chooses_by_the_coders_own_thresholds(
+    sources: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python_pipeline: Callable[[], None]
+) -> None:
+    """frames.py's thresholds are the plane's: moved there, both paths move together."""
+    src = sources / "model.safetensors"
+    before = _compress(src, tmp_path / "before.ckptz", _engine(2, 4096))
+    monkeypatch.setattr(coder, "ZSTD_ZEROS", 0.5)  # exponents with zero rows: Huffman only
+    rules = native_compress.RULES.copy()
+    rules[3] = coder.ZSTD_ZEROS
+    monkeypatch.setattr(native_compress, "RULES", rules)
+    natively = _compress(src, tmp_path / "native.ckptz", _engine(2, 4096))
+    assert natively != before
+    python_pipeline()
+    assert natively == _compress(src, tmp_path / "python.ckptz", _engine(2, 4096))
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "many.pt"])
@@ -275,8 +292,8 @@ def _call(src: Path, tables: native_compress.Plan, size: int, stop: int = 0) -> 
     fd = os.open(src, os.O_RDONLY)
     try:
         kind = native.compress_plan(
-            fd, -1, False, -1, 16, tables.frames, tables.chunks, tables.pieces, size, TREE.leaf, hashes, 3, 2,
-            counter, np.full(1, stop, np.uint8), error,
+            fd, -1, False, -1, 16, tables.frames, tables.chunks, tables.pieces, size, TREE.leaf, hashes, 3,
+            native_compress.RULES, 2, counter, np.full(1, stop, np.uint8), error,
         )  # fmt: skip
     finally:
         os.close(fd)

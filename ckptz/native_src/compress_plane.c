@@ -6,11 +6,12 @@
  * the checksum column is filled in here) and of their pieces in the file. Each thread takes
  * the next frame, preads its pieces, takes the frame's checksum and hashes the digest's
  * leaves (plane.c's functions, fused in one pass where the pieces come in order), splits the
- * words into planes and codes each plane by ckptz/codecs/frames.py's rules, then waits for
- * the frames before it to take their places: payloads are placed in frame order, so the data
- * area is the one the Python pipeline writes, and each thread holds one coded frame at most.
- * It then takes the payloads' checksums into the chunk table and pwrites them (with their
- * padding) at their place, or writes nothing for a discarded output. With verify, each frame
+ * words into planes, codes each plane by ckptz/codecs/frames.py's rules (its thresholds come
+ * with the plan) and takes the payloads' checksums into the chunk table. Payloads are placed
+ * in frame order, so the data area is the one the Python pipeline writes: a coded frame
+ * whose predecessors are not all placed waits in its buffers (a bounded set) while its thread
+ * codes another, and the thread that places a frame places the waiting ones after it too and
+ * pwrites their payloads (with their padding), or writes nothing for a discarded output. With verify, each frame
  * is decoded back from its payloads before they are written and must give its checksum again,
  * and the payloads are read back once written and must give theirs. LZ-coded zstd planes go
  * through the zstd vendored beside this file, the very version and calls of the Python
@@ -38,14 +39,10 @@ enum {
 /* Columns of the chunk table this fills (container.make_tables' chunk rows). */
 enum { CC_OFFSET, CC_SIZE, CC_RAW, CC_CHECKSUM, CC_CODEC, CC_PLANE, CC_COLS };
 
-/* ckptz/codecs/frames.py's thresholds, which these rules must follow to the bit. */
-#define FRAME_SAMPLE 16384  /* _SAMPLE */
-#define NOISE_BITS 7.9      /* NOISE_BITS */
-#define NOISE_ZERO_SHARE 0.008
-#define ZSTD_ZEROS 0.2      /* _ZSTD_ZEROS */
-#define PACK_SLACK 0.1      /* _PACK_SLACK */
-#define LOW_BITS 4.0        /* _LOW_BITS */
-#define RUN_SHARE 0.75      /* _RUN_SHARE */
+/* ckptz/codecs/frames.py's thresholds, in the order native_compress.py passes them: the
+ * plane's choices follow them to the bit, and they are written down once, there. */
+enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PACK_SLACK, RULE_LOW_BITS,
+       RULE_RUN_SHARE, RULE_COUNT };
 
 typedef struct {
     restore_plan_t leaves; /* the digest's leaves and the frame and piece tables, as plane.c reads them */
@@ -55,6 +52,7 @@ typedef struct {
     int64_t *frames;       /* writable: each frame's checksum goes in */
     int64_t *chunks;       /* CC_COLS per chunk, filled in */
     int level;
+    double rules[RULE_COUNT];
     volatile int64_t *progress;
     volatile uint8_t *stop;
     size_t frame_room, out_room, spare_room; /* buffer sizes */
@@ -193,22 +191,23 @@ static size_t plane_try(coder_t *w, int which, uint8_t *dst, const uint8_t *plan
  * Returns 0 where zstd failed (*error_out: its error code). */
 static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, double bits, double zeros,
                       uint8_t ones, uint8_t any, uint8_t *slot, payload_t *out, int64_t *error_out) {
+    const double *rule = w->plan->rules;
     if (ones == any) {
         slot[0] = ones;
         *out = (payload_t){CODEC_CONST, slot, 1};
         return 1;
     }
-    if (bits > NOISE_BITS && zeros <= NOISE_ZERO_SHARE) {
+    if (bits > rule[RULE_NOISE_BITS] && zeros <= rule[RULE_NOISE_ZEROS]) {
         *out = (payload_t){CODEC_RAW, plane, n};
         return 1;
     }
     int tries[2], count = 0;
     if (exponent) {
         tries[count++] = TRY_HUFFMAN;
-        if (zeros >= ZSTD_ZEROS) tries[count++] = TRY_ZSTD;
+        if (zeros >= rule[RULE_ZSTD_ZEROS]) tries[count++] = TRY_ZSTD;
     } else {
         int fixed = ~(ones ^ any) & 0xFF;
-        if (fixed && (double)(8 - __builtin_popcount((unsigned)fixed)) < bits + PACK_SLACK) {
+        if (fixed && (double)(8 - __builtin_popcount((unsigned)fixed)) < bits + rule[RULE_PACK_SLACK]) {
             int varying[8], k = varying_list(fixed, varying);
             size_t m = (n + 7) / 8;
             slot[0] = (uint8_t)fixed;
@@ -218,7 +217,7 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
             return 1;
         }
         tries[count++] = TRY_ZSTD;
-        if (bits < LOW_BITS && zeros < RUN_SHARE) tries[count++] = TRY_HUFFMAN;
+        if (bits < rule[RULE_LOW_BITS] && zeros < rule[RULE_RUN_SHARE]) tries[count++] = TRY_HUFFMAN;
     }
     size_t best = 0;
     for (int t = 0; t < count; t++) {
@@ -341,14 +340,14 @@ static int code_frame(coder_t *w, held_t *held, int64_t i) {
     double bits[8], zeros[8];
     if (word == 1) {
         planes[0] = raw;
-        if (n) plane_stats(raw, n, FRAME_SAMPLE, &ones[0], &any[0], &bits[0], &zeros[0]);
+        if (n) plane_stats(raw, n, (size_t)p->rules[RULE_SAMPLE], &ones[0], &any[0], &bits[0], &zeros[0]);
     } else {
         uint8_t *into[8];
         uint64_t and_word = 0, or_word = 0;
         for (int k = 0; k < word; k++) planes[k] = into[k] = held->planes + (size_t)k * n;
         split_words(raw, into, n, word, is_float, &and_word, &or_word);
         for (int k = 0; k < word; k++) {
-            sample_stats(planes[k], n, FRAME_SAMPLE, &bits[k], &zeros[k]);
+            sample_stats(planes[k], n, (size_t)p->rules[RULE_SAMPLE], &bits[k], &zeros[k]);
             ones[k] = (uint8_t)(and_word >> (8 * k));
             any[k] = (uint8_t)(or_word >> (8 * k));
         }
@@ -504,6 +503,7 @@ static const char *compress_check(compress_plan_t *p) {
     if (l->source_size < 0 || l->leaf < 0 || (l->leaf && l->leaf_count != (l->source_size + l->leaf - 1) / l->leaf))
         return "leaf table does not match the file's size";
     if (p->level < -(1 << 17) || p->level > 22) return "zstd level out of range";
+    if (!(p->rules[RULE_SAMPLE] >= 1 && p->rules[RULE_SAMPLE] <= (double)(1 << 30))) return "sample size out of range";
     int64_t chunk = 0;
     p->spare_room = p->out_room = 1;
     for (int64_t i = 0; i < l->frame_count; i++) {

@@ -1099,15 +1099,16 @@ done:
 }
 
 /* compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level,
- * threads, progress, stop, error) -> int: compress_plane.c's coding of one file. */
+ * rules, threads, progress, stop, error) -> int: compress_plane.c's coding of one file. */
 static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
-    Py_buffer frames, chunks, pieces, hashes, progress, stop, error;
+    Py_buffer frames, chunks, pieces, hashes, rules, progress, stop, error;
     compress_plan_t plan;
     int threads;
     memset(&plan, 0, sizeof plan);
     restore_plan_t *l = &plan.leaves;
-    if (!PyArg_ParseTuple(args, "iipiLw*w*y*LLw*iiw*w*w*", &plan.source, &plan.output, &plan.verify, &plan.checked, &plan.end, &frames, &chunks, &pieces,
-                          &l->source_size, &l->leaf, &hashes, &plan.level, &threads, &progress, &stop, &error))
+    if (!PyArg_ParseTuple(args, "iipiLw*w*y*LLw*iy*iw*w*w*", &plan.source, &plan.output, &plan.verify, &plan.checked, &plan.end,
+                          &frames, &chunks, &pieces, &l->source_size, &l->leaf, &hashes, &plan.level, &rules, &threads,
+                          &progress, &stop, &error))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
@@ -1116,12 +1117,13 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     l->piece_count = l->chunk_count < 0 ? -1 : plan_rows(&pieces, PC_COLS, "pieces");
     if (l->piece_count < 0) goto done;
     if (hashes.len % 8 || progress.len < 8 || stop.len < 1 || error.len < 24 || threads < 1 || plan.source < 0 ||
-        plan.end < 0) {
+        plan.end < 0 || rules.len != sizeof plan.rules) {
         PyErr_SetString(PyExc_ValueError, "compress_plan: malformed leaf, progress, stop or error buffer");
         goto done;
     }
     plan.frames = frames.buf;
     plan.chunks = chunks.buf;
+    memcpy(plan.rules, rules.buf, sizeof plan.rules);
     l->frames = frames.buf;
     l->pieces = pieces.buf;
     l->leaf_hashes = hashes.buf;
@@ -1152,6 +1154,7 @@ done:
     PyBuffer_Release(&chunks);
     PyBuffer_Release(&pieces);
     PyBuffer_Release(&hashes);
+    PyBuffer_Release(&rules);
     PyBuffer_Release(&progress);
     PyBuffer_Release(&stop);
     PyBuffer_Release(&error);
@@ -1219,7 +1222,7 @@ static PyMethodDef methods[] = {
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
-     "compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level, threads,\n"
+     "compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level, rules, threads,\n"
      "progress, stop, error) -> int: code a whole file into its container's data area (0, or the failure's kind)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ckptz.codecs import frames as coder
 from ckptz.codecs.native import native
 from ckptz.container import ALIGN, PREFIX, StreamInfo
 from ckptz.digest import Digest, Kind, Piecewise, leaf_count
@@ -36,6 +37,21 @@ from ckptz.pipeline.plan import Frame
 
 #: Word sizes the plane splits (every dtype ckptz knows has one of them).
 WORDS = frozenset({1, 2, 4, 8})
+
+#: frames.py's thresholds, in the order compress_plane.c reads them: the plane chooses each
+#: plane's bitstream by the very numbers the Python coder uses.
+RULES = np.array(
+    [
+        coder.SAMPLE,
+        coder.NOISE_BITS,
+        coder.NOISE_ZERO_SHARE,
+        coder.ZSTD_ZEROS,
+        coder.PACK_SLACK,
+        coder.LOW_BITS,
+        coder.RUN_SHARE,
+    ],
+    np.float64,
+)
 
 # Failure kinds, as plane.c and compress_plane.c number them.
 _PAYLOAD, _FRAME, _READ, _WRITE, _STOPPED, _NOMEM, _CHECK_READ, _SHORT, _CODER = 3, 5, 6, 7, 9, 10, 11, 12, 13
@@ -140,6 +156,7 @@ def code(
             digest.leaf,
             hashes,
             engine.options.level,
+            RULES,
             lent,
             counter,
             stop,
