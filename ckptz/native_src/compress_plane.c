@@ -102,7 +102,7 @@ static void compress_fail(compress_plan_t *p, int kind, int64_t frame, int64_t d
         __atomic_store_n(&p->failed, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&p->error_lock);
-    /* Threads waiting for their turn to be placed must see it and leave. */
+    /* Threads waiting for a free set of buffers must see it and leave. */
     pthread_mutex_lock(&p->order_lock);
     pthread_cond_broadcast(&p->order_turn);
     pthread_mutex_unlock(&p->order_lock);

@@ -1,5 +1,9 @@
 """Compressing one file: read → code → write, every stage in parallel.
 
+On the CPU, a file read from its own bytes into an output written at offsets (or none) is
+coded in one native call instead (:mod:`ckptz.pipeline.native_compress`), to the same bytes;
+what follows is the pipeline every other file takes (a GPU, a series delta, a pipe).
+
 Frames (:func:`ckptz.pipeline.plan.frame_map`) flow through three stages that run at once,
 a run of consecutive frames at a time (:func:`~ckptz.pipeline.plan.frame_runs`: up to the
 engine's ``span_bytes``, a frame at a time where that is 0):
