@@ -398,70 +398,39 @@ def _compress_natively(
     out_fd = -1 if out is None else out.fileno()
     written = _reopen(out_fd, getattr(out, "name", None)) if verify and out is not None else -1
     try:
-        return _code_natively(
-            fd,
-            out_fd,
-            written,
-            relpath,
-            layout,
-            plan,
-            segments,
-            frames,
-            engine,
-            progress,
-            verify,
-            digest,
-            source_fields,
-        )
+        with trace.span("native compress"):
+            coded = native_compress.code(
+                fd,
+                out_fd,
+                relpath,
+                frames,
+                plan.streams,
+                layout.size,
+                digest,
+                engine,
+                progress,
+                verify,
+                written,
+            )
+        if os.pread(fd, 1, layout.size):
+            raise FormatError("file grew while being read", path=relpath)
+        with trace.span("index"):
+            index, tail = _make_index(
+                relpath, layout, plan, segments, engine, None, coded.digest, coded.frames, coded.chunks, coded.end,
+                source_fields,
+            )  # fmt: skip
+        if out_fd >= 0:
+            # An output written through mappings keeps its own record of its size: told the
+            # plane's, or its next write would cut the file back to that record.
+            safeio.grow(out_fd, coded.end)
+            safeio.pwrite_all(out_fd, [PREFIX], 0)
+            safeio.pwrite_all(out_fd, [tail], coded.end)
+            if written >= 0:
+                _check_index(written, relpath, index, tail, coded.end)
+        return WrittenContainer(layout, index, coded.end + len(tail))
     finally:
         if written >= 0:
             os.close(written)
-
-
-def _code_natively(
-    fd: int,
-    out_fd: int,
-    written: int,
-    relpath: str,
-    layout: FileLayout,
-    plan: StreamPlan,
-    segments: list[tuple[int, int]],
-    frames: list[Frame],
-    engine: CpuEngine,
-    progress: Progress,
-    verify: bool,
-    digest: Kind,
-    source_fields: Mapping[str, object],
-) -> WrittenContainer:
-    with trace.span("native compress"):
-        coded = native_compress.code(
-            fd, out_fd, relpath, frames, plan.streams, layout.size, digest, engine, progress, verify, written
-        )
-    if os.pread(fd, 1, layout.size):
-        raise FormatError("file grew while being read", path=relpath)
-    with trace.span("index"):
-        index, tail = _make_index(
-            relpath,
-            layout,
-            plan,
-            segments,
-            engine,
-            None,
-            coded.digest,
-            coded.frames,
-            coded.chunks,
-            coded.end,
-            source_fields,
-        )
-    if out_fd >= 0:
-        # An output written through mappings keeps its own record of its size: told the
-        # plane's, or its next write would cut the file back to that record.
-        safeio.grow(out_fd, coded.end)
-        safeio.pwrite_all(out_fd, [PREFIX], 0)
-        safeio.pwrite_all(out_fd, [tail], coded.end)
-        if written >= 0:
-            _check_index(written, relpath, index, tail, coded.end)
-    return WrittenContainer(layout, index, coded.end + len(tail))
 
 
 def code_part(
