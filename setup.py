@@ -13,7 +13,10 @@ from setuptools.command.build_ext import build_ext
 
 #: Every file module.c includes: a change to any of them rebuilds the extension, and the
 #: source distribution carries them.
-NATIVE_SOURCES = sorted(p.as_posix() for p in Path("ckptz/native_src").glob("*.[ch]"))
+NATIVE_SOURCES = sorted(p.as_posix() for p in Path("ckptz/native_src").glob("**/*.[ch]"))
+#: zstd 1.5.7, the version the zstandard binding bundles (its zstd/zstd.c), built beside
+#: module.c with its symbols kept inside the extension.
+ZSTD_SOURCE = "ckptz/native_src/zstd/zstd.c"
 
 #: What an install without a working C toolchain lacks (ckptz/codecs/native.py says it too).
 BUILD_HINT = "ckptz needs a C compiler and Python headers: apt-get install build-essential python3-dev"
@@ -34,9 +37,10 @@ setup(
     ext_modules=[
         Extension(
             "ckptz._native",
-            ["ckptz/native_src/module.c"],
+            ["ckptz/native_src/module.c", ZSTD_SOURCE],
             depends=NATIVE_SOURCES,
-            extra_compile_args=["-O3", "-std=c11"],
+            define_macros=[("ZSTDLIB_VISIBLE", ""), ("ZSTDERRORLIB_VISIBLE", ""), ("ZDICTLIB_VISIBLE", "")],
+            extra_compile_args=["-O3", "-std=c11", "-fvisibility=hidden"],
             libraries=["dl", "pthread"],
             optional=False,
         )

@@ -103,7 +103,7 @@ def planes(fd: int, frames: list[tuple[int, int]], dtype: str) -> None:
         xxh3_64(view)
         spent["xxh3"] += time.perf_counter() - t
         t = time.perf_counter()
-        split, sampled = split_sampled(view, kind, scratch("planes", n), fr._SAMPLE)
+        split, sampled = split_sampled(view, kind, scratch("planes", n), fr.SAMPLE)
         spent["split"] += time.perf_counter() - t
         top = len(split) - 1
         for k, (plane, stats) in enumerate(zip(split, sampled or [None] * len(split), strict=True)):

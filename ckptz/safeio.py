@@ -547,6 +547,16 @@ def check_room(fd: int, size: int) -> None:
         raise OSError(errno.ENOSPC, f"the file needs {size:,} bytes and its file system has {free:,} free")
 
 
+def grow(fd: int, size: int) -> None:
+    """Make ``fd`` at least ``size`` bytes long (never shorter), through its mapped output
+    where it has one (which keeps its own record of the size)."""
+    mapped = _MAPPED.get(fd)
+    if mapped is not None:
+        mapped.grow(size)
+    elif os.fstat(fd).st_size < size:
+        os.ftruncate(fd, size)
+
+
 def pread_spans(fd: int, spans: Sequence[tuple[int, int]]) -> list[bytes]:
     """The bytes at each ``(offset, size)`` of a file (fewer past its end), in one call that
     gives the GIL up once: a file's thousands of small reads

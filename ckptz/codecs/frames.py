@@ -44,7 +44,7 @@ from ckptz.errors import CodecError
 
 #: Bytes sampled to judge whether a plane is noise; enough for an entropy estimate
 #: within ~0.02 bit of 8 on uniform bytes.
-_SAMPLE = 16384
+SAMPLE = 16384
 #: Estimated bits per byte above which a plane is stored raw: Huffman could save at most
 #: ~1% there, and zstd would spend most of the frame's time finding that out.
 NOISE_BITS = 7.9
@@ -57,18 +57,18 @@ NOISE_ZERO_SHARE = 0.008
 #: beside Huffman coding: its runs save ~log2(1/share) bits per zero, its matches cost
 #: ~25% more on the rest. Measured on trained checkpoints: zstd won at 23-34% zeros (Adam
 #: states with untouched rows), lost by 17-20% at 9-19% (gradients).
-_ZSTD_ZEROS = 0.2
+ZSTD_ZEROS = 0.2
 #: Share of the best order-0 payload that ``huff1`` must save to be chosen: it decodes
 #: 2-3x slower (bench/context.py), so a tie goes to the faster bitstream.
 CONTEXT_MARGIN = 0.01
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
 _BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
-_PACK_SLACK = 0.1
+PACK_SLACK = 0.1
 #: Below this many sampled bits per byte a non-exponent plane may favour Huffman ...
-_LOW_BITS = 4.0
+LOW_BITS = 4.0
 #: ... unless zeros are this common: then zstd's runs win (a mostly-zero low plane).
-_RUN_SHARE = 0.75
+RUN_SHARE = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +146,7 @@ class PlaneStats:
 
 def plane_stats(plane: np.ndarray) -> PlaneStats:
     """A non-empty plane's :class:`PlaneStats` (one C pass)."""
-    return PlaneStats(*native.plane_stats(plane, _SAMPLE))
+    return PlaneStats(*native.plane_stats(plane, SAMPLE))
 
 
 def looks_like_noise(plane: np.ndarray) -> bool:
@@ -188,7 +188,7 @@ def encode_plane(
         candidates: list[Codec]
         if options.effort >= 2:
             candidates = [_HUFFMAN, _DEFLATE, zstd]
-        elif zeros >= _ZSTD_ZEROS:
+        elif zeros >= ZSTD_ZEROS:
             # Zero runs: level-3 matching wins where they fill whole rows (optimizer states
             # of a fine-tune).
             candidates = [_HUFFMAN, zstd]
@@ -197,7 +197,7 @@ def encode_plane(
         context = options.context_exponents
     else:
         fixed = stats.fixed
-        if fixed and 8 - bin(fixed).count("1") < bits + _PACK_SLACK:
+        if fixed and 8 - bin(fixed).count("1") < bits + PACK_SLACK:
             # Only k bits vary and the sample's entropy is about k: packing them is
             # as small as any entropy coder gets, exact and faster.
             payload = _BITPACK.encode(plane, (fixed, stats.ones & fixed))
@@ -208,7 +208,7 @@ def encode_plane(
         # zstd is within 0.3% of deflate there, at twice its speed.
         if options.effort >= 2:
             candidates = [zstd, _HUFFMAN, _DEFLATE]
-        elif bits < _LOW_BITS and zeros < _RUN_SHARE:
+        elif bits < LOW_BITS and zeros < RUN_SHARE:
             candidates = [zstd, _HUFFMAN]
         else:
             candidates = [zstd]
@@ -243,13 +243,13 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
     otherwise the planes live in this thread's scratch buffer and every payload
     is a copy.
     """
-    owned = split_owned(raw, dtype, _SAMPLE)
+    owned = split_owned(raw, dtype, SAMPLE)
     if owned is not None:
         blobs: list[bytes | None] = list(owned[0])
         planes = [np.frombuffer(b, np.uint8) for b in owned[0]]
         sampled = owned[1]
     else:
-        planes, sampled = split_sampled(raw, dtype, scratch("planes", raw.size), _SAMPLE)
+        planes, sampled = split_sampled(raw, dtype, scratch("planes", raw.size), SAMPLE)
         blobs = [None] * len(planes)
     stats = [PlaneStats(*s) for s in sampled] if sampled else [None] * len(planes)
     top = len(planes) - 1

@@ -78,6 +78,9 @@
  *   frame.c             a whole frame's planes decoded and merged
  *   hash.c              xxh3_64 without the GIL (vendored xxHash: xxhash.h, xxh_x86dispatch.c)
  *   plane.c             the restore data plane: a whole file restored on native threads
+ *   compress_plane.c    the compress data plane: a whole file coded on native threads
+ *   zstd/               zstd 1.5.7 as python-zstandard vendors it (its own compilation unit):
+ *                       LZ-coded planes come out byte for byte as the binding codes them
  *   module.c            the Python functions above (argument checks, the GIL) and the module
  */
 #define PY_SSIZE_T_CLEAN
@@ -99,6 +102,7 @@
 #include "pickle_ops.c"
 #include "fileio.c"
 #include "plane.c"
+#include "compress_plane.c"
 
 /* ---------------------------------------------------------------- split and merge */
 
@@ -1094,6 +1098,69 @@ done:
     return result;
 }
 
+/* compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level,
+ * rules, threads, progress, stop, error) -> int: compress_plane.c's coding of one file. */
+static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
+    Py_buffer frames, chunks, pieces, hashes, rules, progress, stop, error;
+    compress_plan_t plan;
+    int threads;
+    memset(&plan, 0, sizeof plan);
+    restore_plan_t *l = &plan.leaves;
+    if (!PyArg_ParseTuple(args, "iipiLw*w*y*LLw*iy*iw*w*w*", &plan.source, &plan.output, &plan.verify, &plan.checked, &plan.end,
+                          &frames, &chunks, &pieces, &l->source_size, &l->leaf, &hashes, &plan.level, &rules, &threads,
+                          &progress, &stop, &error))
+        return NULL;
+    PyObject *result = NULL;
+    const char *wrong = NULL;
+    l->frame_count = plan_rows(&frames, FR_COLS, "frames");
+    l->chunk_count = l->frame_count < 0 ? -1 : plan_rows(&chunks, CC_COLS, "chunks");
+    l->piece_count = l->chunk_count < 0 ? -1 : plan_rows(&pieces, PC_COLS, "pieces");
+    if (l->piece_count < 0) goto done;
+    if (hashes.len % 8 || progress.len < 8 || stop.len < 1 || error.len < 24 || threads < 1 || plan.source < 0 ||
+        plan.end < 0 || rules.len != sizeof plan.rules) {
+        PyErr_SetString(PyExc_ValueError, "compress_plan: malformed leaf, progress, stop or error buffer");
+        goto done;
+    }
+    plan.frames = frames.buf;
+    plan.chunks = chunks.buf;
+    memcpy(plan.rules, rules.buf, sizeof plan.rules);
+    l->frames = frames.buf;
+    l->pieces = pieces.buf;
+    l->leaf_hashes = hashes.buf;
+    l->leaf_count = l->leaf ? hashes.len / 8 : 0;
+    plan.progress = progress.buf;
+    plan.stop = stop.buf;
+    if ((wrong = compress_check(&plan)) != NULL) {
+        PyErr_Format(PyExc_ValueError, "compress plan rejected: %s", wrong);
+        goto done;
+    }
+    pthread_mutex_init(&l->leaf_lock, NULL);
+    pthread_mutex_init(&plan.error_lock, NULL);
+    pthread_mutex_init(&plan.order_lock, NULL);
+    pthread_cond_init(&plan.order_turn, NULL);
+    int kind;
+    Py_BEGIN_ALLOW_THREADS;
+    kind = compress_run(&plan, threads);
+    Py_END_ALLOW_THREADS;
+    pthread_mutex_destroy(&l->leaf_lock);
+    pthread_mutex_destroy(&plan.error_lock);
+    pthread_mutex_destroy(&plan.order_lock);
+    pthread_cond_destroy(&plan.order_turn);
+    memcpy(error.buf, plan.error, sizeof plan.error);
+    ((int64_t *)error.buf)[0] = kind;
+    result = PyLong_FromLong(kind);
+done:
+    PyBuffer_Release(&frames);
+    PyBuffer_Release(&chunks);
+    PyBuffer_Release(&pieces);
+    PyBuffer_Release(&hashes);
+    PyBuffer_Release(&rules);
+    PyBuffer_Release(&progress);
+    PyBuffer_Release(&stop);
+    PyBuffer_Release(&error);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"use_avx2", native_use_avx2, METH_O,
      "use_avx2(on) -> bool: run the AVX2 loops where the CPU has them (on) or the SSE2 ones; returns\n"
@@ -1154,6 +1221,9 @@ static PyMethodDef methods[] = {
      "order1_encode(src, segments): a ckptz.codecs.order1 payload of src, or None."},
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
+    {"compress_plan", native_compress_plan, METH_VARARGS,
+     "compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level, rules, threads,\n"
+     "progress, stop, error) -> int: code a whole file into its container's data area (0, or the failure's kind)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, threads, progress, stop, error) -> int: restore a whole file on native threads without\n"

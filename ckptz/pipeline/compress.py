@@ -1,5 +1,9 @@
 """Compressing one file: read → code → write, every stage in parallel.
 
+On the CPU, a file read from its own bytes into an output written at offsets (or none) is
+coded in one native call instead (:mod:`ckptz.pipeline.native_compress`), to the same bytes;
+what follows is the pipeline every other file takes (a GPU, a series delta, a pipe).
+
 Frames (:func:`ckptz.pipeline.plan.frame_map`) flow through three stages that run at once,
 a run of consecutive frames at a time (:func:`~ckptz.pipeline.plan.frame_runs`: up to the
 engine's ``span_bytes``, a frame at a time where that is 0):
@@ -68,9 +72,11 @@ from ckptz.engines.base import (
     Ranges,
     StoredSpan,
 )
+from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
+from ckptz.pipeline import native_compress
 from ckptz.pipeline.plan import StreamPlan, frame_map, frame_runs, plan_streams
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.pipeline.workers import Failures, FileDigest, FrameSlots, Stopped, Workers, slots_needed
@@ -234,7 +240,14 @@ def compress_file(
                     change.apart if change else frozenset(),
                     engine.largest_frame if largest_frame is None else largest_frame,
                 )
+            plain = change is None and digest.tree and source is None and (out is None or _regular(out))
+            natively = native_compress.suits(engine, plan.streams, layout.size, digest, plain=plain)
         _plans_first.wait()
+        if natively:
+            assert isinstance(engine, CpuEngine)
+            return _compress_natively(
+                fd, relpath, layout, plan, out, engine, progress, verify, digest, source_fields or {}
+            )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         run = _Compression(
             reader, relpath, layout, plan, out, engine, pools, progress, verify, change, digest
@@ -243,6 +256,61 @@ def compress_file(
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _compress_natively(
+    fd: int,
+    relpath: str,
+    layout: FileLayout,
+    plan: StreamPlan,
+    out: BinaryIO | None,
+    engine: CpuEngine,
+    progress: Progress,
+    verify: bool,
+    digest: Kind,
+    source_fields: Mapping[str, object],
+) -> WrittenContainer:
+    """Compress the file open as ``fd`` in one native call (:mod:`ckptz.pipeline.native_compress`);
+    with ``verify``, the plane decodes every frame back and reads every payload back, and
+    the index is read back here."""
+    segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
+    frames = frame_map(segments, [s.frame_size for s in plan.streams])
+    out_fd = -1 if out is None else out.fileno()
+    written = _reopen(out_fd, getattr(out, "name", None)) if verify and out is not None else -1
+    try:
+        with trace.span("native compress"):
+            coded = native_compress.code(
+                fd,
+                out_fd,
+                relpath,
+                frames,
+                plan.streams,
+                layout.size,
+                digest,
+                engine,
+                progress,
+                verify,
+                written,
+            )
+        if os.pread(fd, 1, layout.size):
+            raise FormatError("file grew while being read", path=relpath)
+        with trace.span("index"):
+            index, tail = _make_index(
+                relpath, layout, plan, segments, engine, None, coded.digest, coded.frames, coded.chunks, coded.end,
+                source_fields,
+            )  # fmt: skip
+        if out_fd >= 0:
+            # An output written through mappings keeps its own record of its size: told the
+            # plane's, or its next write would cut the file back to that record.
+            safeio.grow(out_fd, coded.end)
+            safeio.pwrite_all(out_fd, [PREFIX], 0)
+            safeio.pwrite_all(out_fd, [tail], coded.end)
+            if written >= 0:
+                _check_index(written, relpath, index, tail, coded.end)
+        return WrittenContainer(layout, index, coded.end + len(tail))
+    finally:
+        if written >= 0:
+            os.close(written)
 
 
 class _Compression:
@@ -375,12 +443,20 @@ class _Compression:
     ) -> WrittenContainer:
         """Write the index and footer after the data area (``end``), and read them back
         with verify."""
-        source_digest = self.digest.digest()
         with trace.span("index"):
-            header = self._header(source_digest, rows)
-            header["source"] = {**header["source"], **source_fields}  # type: ignore[dict-item]
-            index = Index(header, self.plan.streams, *make_tables(self.segments, frames, rows))
-            tail = index_bytes(index, end)
+            index, tail = _make_index(
+                self.relpath,
+                self.layout,
+                self.plan,
+                self.segments,
+                self.engine,
+                self.change,
+                self.digest.digest(),
+                frames,
+                rows,
+                end,
+                source_fields,
+            )
         if self.stream is not None:
             self.stream.write(tail)
         if self.out is not None:
@@ -670,12 +746,7 @@ class _Compression:
     def _reopen(self) -> int:
         """The output, opened again for reading back."""
         assert self.out is not None
-        flags = fcntl.fcntl(self.out, fcntl.F_GETFL) & os.O_ACCMODE
-        if flags == os.O_RDWR:
-            return os.dup(self.out)
-        if isinstance(self.out_path, str | bytes | os.PathLike):
-            return os.open(self.out_path, os.O_RDONLY)
-        raise TypeError("verify needs an output file that can be read back")
+        return _reopen(self.out, self.out_path)
 
     def _check_written(self, rows: list[list[int]], at: int) -> None:
         """Read back a run's data area as written (``rows``: its chunks, from ``at``): every
@@ -712,36 +783,68 @@ class _Compression:
         run's payloads were read back as soon as they were written (:meth:`_check_written`;
         writes are confined to their own run's range, so no later one can change them), and
         now the index and header."""
-        with open(self.written, "rb", closefd=False) as f:
-            again = read_index(f, self.relpath)
-        if os.pread(self.written, len(tail), end) != tail or not np.array_equal(again.chunks, index.chunks):
-            raise CorruptionError("the written index differs from the one made", path=self.relpath)
+        _check_index(self.written, self.relpath, index, tail, end)
         for task in self.read_backs:
             task.result()
         self.spare.clear()
 
-    def _header(self, digest: Digest, chunks: list[tuple[int, int, int, int, int, int]]) -> dict[str, object]:
-        from ckptz.codecs import codec_name
 
-        used = sorted({c[4] for c in chunks})
-        config = self.engine.codec_config()
-        header: dict[str, object] = {
-            "source": {
-                "name": Path(self.relpath).name,
-                "size": self.layout.size,
-                **digest.to_json(),
-                "format": self.layout.format,
-                "notes": list(self.layout.notes),
-            },
-            "created_by": f"ckptz {__version__}",
-            "device": self.engine.device,
-            "codecs": {str(c): config.get(codec_name(c), {"name": codec_name(c)}) for c in used},
-            "tensor_keys": [list(seg.keys) for seg in self.layout.segments],
-        }
-        header.update(self.engine.container_extras())
-        if self.change is not None:
-            header.update(self.change.header())
-        return header
+def _make_index(
+    relpath: str,
+    layout: FileLayout,
+    plan: StreamPlan,
+    segments: list[tuple[int, int]],
+    engine: Engine,
+    change: FrameTransform | None,
+    digest: Digest,
+    frames: list[tuple[int, int, int, int]],
+    rows: list[tuple[int, int, int, int, int, int]],
+    end: int,
+    source_fields: Mapping[str, object],
+) -> tuple[Index, bytes]:
+    """A coded file's index, and the bytes that follow its data area (ending at ``end``)."""
+    from ckptz.codecs import codec_name
+
+    used = sorted({c[4] for c in rows})
+    config = engine.codec_config()
+    header: dict[str, object] = {
+        "source": {
+            "name": Path(relpath).name,
+            "size": layout.size,
+            **digest.to_json(),
+            "format": layout.format,
+            "notes": list(layout.notes),
+            **source_fields,
+        },
+        "created_by": f"ckptz {__version__}",
+        "device": engine.device,
+        "codecs": {str(c): config.get(codec_name(c), {"name": codec_name(c)}) for c in used},
+        "tensor_keys": [list(seg.keys) for seg in layout.segments],
+    }
+    header.update(engine.container_extras())
+    if change is not None:
+        header.update(change.header())
+    index = Index(header, plan.streams, *make_tables(segments, frames, rows))
+    return index, index_bytes(index, end)
+
+
+def _reopen(out: int, path: object) -> int:
+    """The output ``out`` (whose name is ``path``), opened again for reading back."""
+    flags = fcntl.fcntl(out, fcntl.F_GETFL) & os.O_ACCMODE
+    if flags == os.O_RDWR:
+        return os.dup(out)
+    if isinstance(path, str | bytes | os.PathLike):
+        return os.open(path, os.O_RDONLY)
+    raise TypeError("verify needs an output file that can be read back")
+
+
+def _check_index(written: int, relpath: str, index: Index, tail: bytes, end: int) -> None:
+    """The container open as ``written`` must hold ``index`` and ``tail`` (the bytes after
+    its data area, from ``end``) as made."""
+    with open(written, "rb", closefd=False) as f:
+        again = read_index(f, relpath)
+    if os.pread(written, len(tail), end) != tail or not np.array_equal(again.chunks, index.chunks):
+        raise CorruptionError("the written index differs from the one made", path=relpath)
 
 
 def _run_offsets(lengths: list[int]) -> list[int]:

@@ -40,7 +40,7 @@ _NO_MEMORY = np.empty(0, np.uint8)
 
 
 class _Threads:
-    """Native threads lent to the restores running at once (files restored in parallel):
+    """Native threads lent to the native calls running at once (files in parallel):
     together they stay within the engine's thread count, so several files in flight do
     not multiply the threads and their per-thread buffers."""
 
@@ -62,7 +62,7 @@ class _Threads:
             self._changed.notify_all()
 
 
-_THREADS = _Threads()
+THREADS = _Threads()
 
 # Failure kinds, as plane.c numbers them.
 _TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME = 1, 2, 3, 4, 5
@@ -188,35 +188,60 @@ def run(
     counter = np.zeros(1, np.int64)
     stop = np.zeros(1, np.uint8)
     error = np.zeros(3, np.int64)
+
+    def call(lent: int) -> int:
+        return native.restore_plan(
+            fd,
+            target.output,
+            target.checked,
+            _NO_MEMORY if target.memory is None else target.memory,
+            tables.frames,
+            tables.chunks,
+            tables.pieces,
+            index.source_size,
+            kind.leaf,
+            hashes,
+            lent,
+            counter,
+            stop,
+            error,
+        )
+
+    if call_polled(call, "ckptz-native-restore", counter, stop, threads, progress):
+        _raise(int(error[0]), int(error[1]), int(error[2]), decoder, target, path)
+        return None
+    digest = Piecewise(kind, index.source_size)
+    digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
+    return digest.digest()
+
+
+def call_polled(
+    call: Callable[[int], int],
+    name: str,
+    counter: np.ndarray,
+    stop: np.ndarray,
+    threads: int,
+    progress: Callable[[int], None],
+) -> int:
+    """Run ``call`` (one native call, given the threads lent to it) on a thread of its own
+    and hand its progress ``counter`` to ``progress`` until it returns; its result.
+
+    Raises:
+        what ``call`` raised (a plan it rejected), or what ``progress`` or a signal handler
+        raised in this thread: then ``stop`` is set and the call waited for first.
+    """
     result: list[int] = []
     failure: list[BaseException] = []
 
-    def call() -> None:
+    def run(lent: int) -> None:
         try:
-            result.append(
-                native.restore_plan(
-                    fd,
-                    target.output,
-                    target.checked,
-                    _NO_MEMORY if target.memory is None else target.memory,
-                    tables.frames,
-                    tables.chunks,
-                    tables.pieces,
-                    index.source_size,
-                    kind.leaf,
-                    hashes,
-                    lent,
-                    counter,
-                    stop,
-                    error,
-                )
-            )
+            result.append(call(lent))
         except BaseException as exc:  # a rejected plan: raised in the caller's thread
             failure.append(exc)
 
-    worker = threading.Thread(target=call, name="ckptz-native-restore", daemon=True)
     reported = 0
-    lent = _THREADS.borrow(max(1, threads))
+    lent = THREADS.borrow(max(1, threads))
+    worker = threading.Thread(target=run, args=(lent,), name=name, daemon=True)
     try:
         worker.start()
         while worker.is_alive():
@@ -229,18 +254,13 @@ def run(
         worker.join()
         raise
     finally:
-        _THREADS.give_back(lent)
+        THREADS.give_back(lent)
     done = int(counter[0])
     if done > reported:
         progress(done - reported)
     if failure:
         raise failure[0]
-    if result[0]:
-        _raise(int(error[0]), int(error[1]), int(error[2]), decoder, target, path)
-        return None
-    digest = Piecewise(kind, index.source_size)
-    digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
-    return digest.digest()
+    return result[0]
 
 
 def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Target, path: str) -> None:
@@ -261,4 +281,4 @@ def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Ta
     raise RuntimeError(f"native restore stopped (failure {kind})")  # _STOPPED is only ours to set
 
 
-__all__ = ["NATIVE_CODECS", "Plan", "Target", "plan", "run", "suits"]
+__all__ = ["NATIVE_CODECS", "THREADS", "Plan", "Target", "call_polled", "plan", "run", "suits"]

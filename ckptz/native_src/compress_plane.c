@@ -1,0 +1,597 @@
+/*
+ * The compress data plane: one call codes a whole file into its container's data area on a
+ * pool of native threads, and no Python runs per frame.
+ *
+ * Python plans (ckptz/pipeline/native_compress.py): a table of frames (plane.c's columns;
+ * the checksum column is filled in here) and of their pieces in the file. Each thread takes
+ * the next frame, preads its pieces, takes the frame's checksum and hashes the digest's
+ * leaves (plane.c's functions, fused in one pass where the pieces come in order), splits the
+ * words into planes, codes each plane by ckptz/codecs/frames.py's rules (its thresholds come
+ * with the plan) and takes the payloads' checksums into the chunk table. Payloads are placed
+ * in frame order, so the data area is the one the Python pipeline writes: a coded frame
+ * whose predecessors are not all placed waits in its buffers (a bounded set) while its thread
+ * codes another, and the thread that places a frame places the waiting ones after it too and
+ * pwrites their payloads (with their padding), or writes nothing for a discarded output. With verify, each frame
+ * is decoded back from its payloads before they are written and must give its checksum again,
+ * and the payloads are read back once written and must give theirs. LZ-coded zstd planes go
+ * through the zstd vendored beside this file, the very version and calls of the Python
+ * binding, so the bytes are the same. Progress is a counter Python polls; a stop flag Python
+ * sets ends the threads between frames; the first failure is reported as (kind, frame,
+ * detail).
+ */
+#include "native.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define ZSTD_STATIC_LINKING_ONLY /* the CCtx_params calls python-zstandard makes */
+#include "zstd/zstd.h"
+
+/* What stopped a compression besides plane.c's kinds (native_compress.py names each). */
+enum {
+    PLANE_SHORT = 12, /* the file ends inside a frame: it changed while being read */
+    PLANE_CODER = 13, /* zstd refused a plane (detail: its error code) */
+};
+
+/* Columns of the chunk table this fills (container.make_tables' chunk rows). */
+enum { CC_OFFSET, CC_SIZE, CC_RAW, CC_CHECKSUM, CC_CODEC, CC_PLANE, CC_COLS };
+
+/* ckptz/codecs/frames.py's thresholds, in the order native_compress.py passes them: the
+ * plane's choices follow them to the bit, and they are written down once, there. */
+enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PACK_SLACK, RULE_LOW_BITS,
+       RULE_RUN_SHARE, RULE_COUNT };
+
+typedef struct {
+    restore_plan_t leaves; /* the digest's leaves and the frame and piece tables, as plane.c reads them */
+    int source, output;    /* descriptors; output -1 to write nothing */
+    int verify;            /* decode every frame back from its payloads ... */
+    int checked;           /* ... and read them back from here once written (-1: not) */
+    int64_t *frames;       /* writable: each frame's checksum goes in */
+    int64_t *chunks;       /* CC_COLS per chunk, filled in */
+    int level;
+    double rules[RULE_COUNT];
+    volatile int64_t *progress;
+    volatile uint8_t *stop;
+    size_t frame_room, out_room, spare_room; /* buffer sizes */
+    int64_t next;                            /* the next frame to take */
+    pthread_mutex_t order_lock;              /* guards what follows, to `end` */
+    pthread_cond_t order_turn;               /* a set of buffers came free, or the run failed */
+    struct held *held;                       /* held_count sets of frame buffers */
+    struct held **free_held, **waiting;      /* the free sets; coded frames by frame % held_count */
+    int held_count, free_count;
+    int64_t placed; /* frames given their place so far */
+    int64_t end;    /* the data area's end so far */
+    int failed;
+    pthread_mutex_t error_lock;
+    int64_t error[3]; /* kind, frame, detail */
+} compress_plan_t;
+
+typedef struct {
+    int codec;
+    const uint8_t *bytes;
+    size_t len;
+} payload_t;
+
+/* One frame's buffers, held from its read until its payloads are written: its planes (or,
+ * of single bytes, the frame itself) and its coded payloads. */
+typedef struct held {
+    uint8_t *planes, *out;
+    payload_t payloads[8];
+    int64_t frame, need, at;
+} held_t;
+
+typedef struct {
+    compress_plan_t *plan;
+    uint8_t *raw, *spare; /* the frame as read; a second candidate payload */
+    held_t **placing;     /* the frames this thread places at once */
+    ZSTD_CCtx *level, *literal;
+    uint8_t *decoded, *merged, *written; /* with verify */
+    dtable_t *dt;
+    ZSTD_DCtx *dctx;
+} coder_t;
+
+static void compress_fail(compress_plan_t *p, int kind, int64_t frame, int64_t detail) {
+    pthread_mutex_lock(&p->error_lock);
+    if (!p->failed) {
+        p->error[0] = kind;
+        p->error[1] = frame;
+        p->error[2] = detail;
+        __atomic_store_n(&p->failed, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&p->error_lock);
+    /* Threads waiting for a free set of buffers must see it and leave. */
+    pthread_mutex_lock(&p->order_lock);
+    pthread_cond_broadcast(&p->order_turn);
+    pthread_mutex_unlock(&p->order_lock);
+}
+
+/* ---------------------------------------------------------------- zstd as the binding calls it */
+
+static int zstd_set(ZSTD_CCtx_params *params, ZSTD_cParameter which, int value) {
+    return !ZSTD_isError(ZSTD_CCtxParams_setParameter(params, which, value));
+}
+
+/* A context set up as python-zstandard's ZstdCompressor sets one up: from a level (with
+ * content size, no checksum, dictionary ids) or, for `literal`, from ZstdCodec's
+ * _LITERAL_PARAMS as its ZstdCompressionParameters passes them, every parameter in order. */
+static ZSTD_CCtx *zstd_context(int level, int literal) {
+    ZSTD_CCtx *cctx = ZSTD_createCCtx();
+    ZSTD_CCtx_params *params = ZSTD_createCCtxParams();
+    int ok = cctx && params;
+    if (ok && !literal) {
+        ok = zstd_set(params, ZSTD_c_compressionLevel, level) && zstd_set(params, ZSTD_c_contentSizeFlag, 1) &&
+             zstd_set(params, ZSTD_c_checksumFlag, 0) && zstd_set(params, ZSTD_c_dictIDFlag, 1);
+    } else if (ok) {
+        static const int order[][2] = {
+            {ZSTD_c_nbWorkers, 0},       {ZSTD_c_format, 0},          {ZSTD_c_compressionLevel, 0},
+            {ZSTD_c_windowLog, 15},      {ZSTD_c_hashLog, 6},         {ZSTD_c_chainLog, 6},
+            {ZSTD_c_searchLog, 1},       {ZSTD_c_minMatch, 7},        {ZSTD_c_targetLength, 0},
+            {ZSTD_c_strategy, ZSTD_fast}, {ZSTD_c_contentSizeFlag, 1}, {ZSTD_c_checksumFlag, 0},
+            {ZSTD_c_dictIDFlag, 0},      {ZSTD_c_jobSize, 0},         {ZSTD_c_overlapLog, 0},
+            {ZSTD_c_forceMaxWindow, 0},  {ZSTD_c_enableLongDistanceMatching, 0},
+            {ZSTD_c_ldmHashLog, 0},      {ZSTD_c_ldmMinMatch, 0},     {ZSTD_c_ldmBucketSizeLog, 0},
+            {ZSTD_c_ldmHashRateLog, 0},
+        };
+        for (size_t k = 0; ok && k < sizeof order / sizeof order[0]; k++)
+            ok = zstd_set(params, (ZSTD_cParameter)order[k][0], order[k][1]);
+    }
+    ok = ok && !ZSTD_isError(ZSTD_CCtx_setParametersUsingCCtxParams(cctx, params));
+    ZSTD_freeCCtxParams(params);
+    if (!ok) {
+        ZSTD_freeCCtx(cctx);
+        return NULL;
+    }
+    return cctx;
+}
+
+/* One zstd frame of src into dst (room for ZSTD_compressBound(n)), as ZstdCompressor.compress
+ * makes it; its size, or 0 with *error set. */
+static size_t zstd_frame(ZSTD_CCtx *cctx, uint8_t *dst, size_t cap, const uint8_t *src, size_t n, size_t *error) {
+    ZSTD_CCtx_reset(cctx, ZSTD_reset_session_only);
+    size_t got = ZSTD_CCtx_setPledgedSrcSize(cctx, n);
+    ZSTD_inBuffer in = {src, n, 0};
+    ZSTD_outBuffer out = {dst, cap, 0};
+    if (!ZSTD_isError(got)) got = ZSTD_compressStream2(cctx, &out, &in, ZSTD_e_end);
+    if (ZSTD_isError(got) || got) {
+        *error = ZSTD_isError(got) ? (size_t)ZSTD_getErrorCode(got) : 0;
+        return 0;
+    }
+    return out.pos;
+}
+
+/* ---------------------------------------------------------------- one plane, frames.py's choice */
+
+/* Room a plane of n bytes may need for any candidate payload. */
+static size_t plane_room(size_t n) {
+    size_t zstd = ZSTD_compressBound(n), huffman = frame_capacity(n, 0);
+    return (zstd > huffman ? zstd : huffman) + 16;
+}
+
+enum { TRY_ZSTD, TRY_HUFFMAN };
+
+/* A candidate's payload into dst; its size, or 0 where it could not be made (*error set). */
+static size_t plane_try(coder_t *w, int which, uint8_t *dst, const uint8_t *plane, size_t n, size_t *error) {
+    size_t cap = plane_room(n);
+    if (which == TRY_HUFFMAN) {
+        size_t size = write_frame(dst, plane, n, 0);
+        if (size) return size;
+        /* HuffmanZstd's fallback: a table it cannot describe goes to the literal-mostly zstd. */
+        if (!w->literal && !(w->literal = zstd_context(0, 1))) return *error = 0, 0;
+        return zstd_frame(w->literal, dst, cap, plane, n, error);
+    }
+    if (!w->level && !(w->level = zstd_context(w->plan->level, 0))) return *error = 0, 0;
+    return zstd_frame(w->level, dst, cap, plane, n, error);
+}
+
+/* Codes one non-empty plane as frames.encode_plane does (effort 1, no huff1): *out points at
+ * `slot` (a payload made there, plane_room(n) bytes) or at the plane itself (stored raw).
+ * Returns 0 where zstd failed (*error_out: its error code). */
+static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, double bits, double zeros,
+                      uint8_t ones, uint8_t any, uint8_t *slot, payload_t *out, int64_t *error_out) {
+    const double *rule = w->plan->rules;
+    if (ones == any) {
+        slot[0] = ones;
+        *out = (payload_t){CODEC_CONST, slot, 1};
+        return 1;
+    }
+    if (bits > rule[RULE_NOISE_BITS] && zeros <= rule[RULE_NOISE_ZEROS]) {
+        *out = (payload_t){CODEC_RAW, plane, n};
+        return 1;
+    }
+    int tries[2], count = 0;
+    if (exponent) {
+        tries[count++] = TRY_HUFFMAN;
+        if (zeros >= rule[RULE_ZSTD_ZEROS]) tries[count++] = TRY_ZSTD;
+    } else {
+        int fixed = ~(ones ^ any) & 0xFF;
+        if (fixed && (double)(8 - __builtin_popcount((unsigned)fixed)) < bits + rule[RULE_PACK_SLACK]) {
+            int varying[8], k = varying_list(fixed, varying);
+            size_t m = (n + 7) / 8;
+            slot[0] = (uint8_t)fixed;
+            slot[1] = ones & (uint8_t)fixed;
+            pack_rows(plane, n, varying, k, slot + 2, m);
+            *out = (payload_t){CODEC_BITPACK, slot, 2 + (size_t)k * m};
+            return 1;
+        }
+        tries[count++] = TRY_ZSTD;
+        if (bits < rule[RULE_LOW_BITS] && zeros < rule[RULE_RUN_SHARE]) tries[count++] = TRY_HUFFMAN;
+    }
+    size_t best = 0;
+    for (int t = 0; t < count; t++) {
+        size_t error = 0;
+        /* The best payload so far stays in the slot; a later candidate is made in the
+         * spare and copied over where it wins. */
+        uint8_t *dst = best ? w->spare : slot;
+        size_t size = plane_try(w, tries[t], dst, plane, n, &error);
+        if (!size) return *error_out = error, 0;
+        if (size < (best ? best : n)) {
+            if (dst != slot) memcpy(slot, dst, size);
+            best = size;
+        }
+    }
+    *out = best ? (payload_t){CODEC_ZSTD, slot, best} : (payload_t){CODEC_RAW, plane, n};
+    return 1;
+}
+
+/* ---------------------------------------------------------------- verify */
+
+/* Whether a frame's payloads decode back to bytes of its checksum (`length` bytes of
+ * `word`-byte words, planes of n bytes): what --verify proves before a payload is written. */
+static int decodes_back(coder_t *w, const payload_t *payloads, int word, int rotate, size_t n, int64_t length,
+                        uint64_t checksum) {
+    plane_t planes[8];
+    for (int k = 0; k < word; k++) {
+        const payload_t *c = &payloads[k];
+        chunk_t chunk = {c->codec, c->bytes, c->len};
+        uint8_t *into = w->decoded + (size_t)k * n;
+        if (!frame_chunk_usable(&chunk, n, n, into, &planes[k])) return 0;
+        if (c->codec == CODEC_ZSTD) {
+            if (literals_frame(c->bytes, c->len, NULL, n, w->dt, 0)) {
+                if (!literals_frame(c->bytes, c->len, into, n, w->dt, 1)) return 0;
+            } else {
+                if (ZSTD_getFrameContentSize(c->bytes, c->len) != n) return 0;
+                if (!w->dctx && !(w->dctx = ZSTD_createDCtx())) return 0;
+                if (ZSTD_decompressDCtx(w->dctx, into, n, c->bytes, c->len) != n) return 0;
+            }
+        } else if (c->codec == CODEC_BITPACK) {
+            int bits[8], count = varying_list(c->bytes[0], bits);
+            unpack_rows(c->bytes + 2, (n + 7) / 8, bits, count, c->bytes[1], into, n);
+        }
+    }
+    const uint8_t *bytes = planes[0].bytes;
+    if (word > 1 || !bytes) {
+        if (word > 1) merge_words(planes, w->merged, n, word, rotate);
+        else memset(w->merged, planes[0].value, n);
+        bytes = w->merged;
+    }
+    return CKPTZ_XXH3_64(bytes, (size_t)length) == checksum;
+}
+
+/* Whether the payloads written at `at` (chunk rows `row`, `word` of them) read back with
+ * the checksums taken before they were written; 0 with *error set where reading failed. */
+static int reads_back(coder_t *w, const int64_t *row, int word, int64_t at, int64_t n, int *error) {
+    int64_t got = pread_fully(w->plan->checked, (char *)w->written, n, at, error);
+    if (*error || got != n) return 0;
+    for (int k = 0; k < word; k++, row += CC_COLS)
+        if (CKPTZ_XXH3_64(w->written + (row[CC_OFFSET] - at), (size_t)row[CC_SIZE]) != (uint64_t)row[CC_CHECKSUM])
+            return 0;
+    return 1;
+}
+
+/* ---------------------------------------------------------------- one frame */
+
+static int pwritev_fully(int fd, struct iovec *iov, int count, int64_t at) {
+    int64_t total = 0;
+    for (int k = 0; k < count; k++) total += (int64_t)iov[k].iov_len;
+    int64_t first = at;
+    while (count > 0) {
+        ssize_t put = pwritev(fd, iov, count, (off_t)at);
+        if (put < 0 && errno == EINTR) continue;
+        if (put < 0) return errno;
+        if (put == 0) return EIO;
+        at += put;
+        while (count > 0 && (size_t)put >= iov->iov_len) {
+            put -= (ssize_t)iov->iov_len;
+            iov++;
+            count--;
+        }
+        if (count > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + put;
+            iov->iov_len -= (size_t)put;
+        }
+    }
+#ifdef POSIX_FADV_DONTNEED
+    if (total >= PLANE_WRITEBACK_MIN) posix_fadvise(fd, (off_t)first, (off_t)total, POSIX_FADV_DONTNEED);
+#endif
+    return 0;
+}
+
+static const uint8_t zero_padding[PLANE_ALIGN];
+
+/* Codes frame i into `held`: 1 if it went through, else 0 with the failure recorded. */
+static int code_frame(coder_t *w, held_t *held, int64_t i) {
+    compress_plan_t *p = w->plan;
+    int64_t *f = p->frames + i * FR_COLS;
+    int word = (int)f[FR_WORD], is_float = (int)f[FR_ROTATE];
+    int64_t length = f[FR_LENGTH];
+    /* Single bytes are their own plane: read where the planes go. */
+    uint8_t *raw = word == 1 ? held->planes : w->raw;
+    const int64_t *pc = p->leaves.pieces + f[FR_PIECE] * PC_COLS;
+    for (int64_t j = 0; j < f[FR_PIECES]; j++) {
+        const int64_t *piece = pc + j * PC_COLS;
+        int error = 0;
+        int64_t got = pread_fully(p->source, (char *)raw + piece[PC_WITHIN], piece[PC_SIZE], piece[PC_AT], &error);
+        if (error) return compress_fail(p, PLANE_READ, i, error), 0;
+        if (got != piece[PC_SIZE]) return compress_fail(p, PLANE_SHORT, i, 0), 0;
+    }
+    int fused;
+    f[FR_CHECKSUM] = (int64_t)plane_frame_hash(&p->leaves, f, raw, &fused);
+    for (int64_t j = 0; j < f[FR_PIECES]; j++) {
+        const int64_t *piece = pc + j * PC_COLS;
+        if (!plane_leaves(&p->leaves, raw + piece[PC_WITHIN], piece[PC_AT], piece[PC_SIZE], fused))
+            return compress_fail(p, PLANE_NOMEM, i, 0), 0;
+    }
+    size_t n = (size_t)length / (size_t)word, room = plane_room(n);
+    const uint8_t *planes[8];
+    uint8_t ones[8], any[8];
+    double bits[8], zeros[8];
+    if (word == 1) {
+        planes[0] = raw;
+        if (n) plane_stats(raw, n, (size_t)p->rules[RULE_SAMPLE], &ones[0], &any[0], &bits[0], &zeros[0]);
+    } else {
+        uint8_t *into[8];
+        uint64_t and_word = 0, or_word = 0;
+        for (int k = 0; k < word; k++) planes[k] = into[k] = held->planes + (size_t)k * n;
+        split_words(raw, into, n, word, is_float, &and_word, &or_word);
+        for (int k = 0; k < word; k++) {
+            sample_stats(planes[k], n, (size_t)p->rules[RULE_SAMPLE], &bits[k], &zeros[k]);
+            ones[k] = (uint8_t)(and_word >> (8 * k));
+            any[k] = (uint8_t)(or_word >> (8 * k));
+        }
+    }
+    payload_t *payloads = held->payloads;
+    held->need = 0;
+    for (int k = 0; k < word; k++) {
+        int64_t error = 0;
+        if (!n) {
+            payloads[k] = (payload_t){CODEC_RAW, planes[k], 0};
+        } else if (!plane_code(w, planes[k], n, is_float && k == word - 1, bits[k], zeros[k], ones[k], any[k],
+                               held->out + (size_t)k * room, &payloads[k], &error)) {
+            return compress_fail(p, PLANE_CODER, i, error), 0;
+        }
+        held->need += (int64_t)payloads[k].len + (-(int64_t)payloads[k].len & (PLANE_ALIGN - 1));
+    }
+    if (p->verify && !decodes_back(w, payloads, word, is_float, n, length, (uint64_t)f[FR_CHECKSUM]))
+        return compress_fail(p, PLANE_FRAME, i, 0), 0;
+    int64_t *row = p->chunks + f[FR_CHUNK] * CC_COLS;
+    for (int k = 0; k < word; k++, row += CC_COLS) {
+        row[CC_SIZE] = (int64_t)payloads[k].len;
+        row[CC_RAW] = (int64_t)n;
+        row[CC_CHECKSUM] = (int64_t)CKPTZ_XXH3_64(payloads[k].bytes, payloads[k].len);
+        row[CC_CODEC] = payloads[k].codec;
+        row[CC_PLANE] = k;
+    }
+    held->frame = i;
+    return 1;
+}
+
+/* Writes a placed frame's payloads (and reads them back, with verify): 1 if it went
+ * through, else 0 with the failure recorded. */
+static int write_frame_payloads(coder_t *w, const held_t *held) {
+    compress_plan_t *p = w->plan;
+    const int64_t *f = p->frames + held->frame * FR_COLS;
+    int word = (int)f[FR_WORD];
+    struct iovec iov[16];
+    int count = 0;
+    int64_t *row = p->chunks + f[FR_CHUNK] * CC_COLS;
+    for (int64_t k = 0, pos = held->at; k < word; k++, row += CC_COLS) {
+        size_t len = held->payloads[k].len, pad = -len & (PLANE_ALIGN - 1);
+        row[CC_OFFSET] = pos;
+        pos += (int64_t)(len + pad);
+        if (len) iov[count++] = (struct iovec){(void *)held->payloads[k].bytes, len};
+        if (pad) iov[count++] = (struct iovec){(void *)zero_padding, pad};
+    }
+    if (p->output >= 0 && count) {
+        int error = pwritev_fully(p->output, iov, count, held->at);
+        if (error) return compress_fail(p, PLANE_WRITE, held->frame, error), 0;
+    }
+    if (p->checked >= 0 && held->need) {
+        int error = 0;
+        if (!reads_back(w, p->chunks + f[FR_CHUNK] * CC_COLS, word, held->at, held->need, &error))
+            return compress_fail(p, error ? PLANE_CHECK_READ : PLANE_PAYLOAD, held->frame, error), 0;
+    }
+    __atomic_add_fetch(p->progress, f[FR_LENGTH], __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* A free set of frame buffers (waits for one), or NULL once the run failed. */
+static held_t *take_held(compress_plan_t *p) {
+    held_t *held = NULL;
+    pthread_mutex_lock(&p->order_lock);
+    while (!p->free_count && !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE))
+        pthread_cond_wait(&p->order_turn, &p->order_lock);
+    if (p->free_count && !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) held = p->free_held[--p->free_count];
+    pthread_mutex_unlock(&p->order_lock);
+    return held;
+}
+
+static void give_held(compress_plan_t *p, held_t **held, int count) {
+    pthread_mutex_lock(&p->order_lock);
+    for (int k = 0; k < count; k++) p->free_held[p->free_count++] = held[k];
+    pthread_cond_broadcast(&p->order_turn);
+    pthread_mutex_unlock(&p->order_lock);
+}
+
+/* Each thread takes a free set of buffers, then the next frame, and codes it. Payloads are
+ * placed in frame order: a coded frame whose predecessors are not all placed waits in its
+ * set, and the thread goes on with another; the thread that places a frame places every
+ * waiting successor with it and writes them. The sets bound the frames held at once. */
+static void *compress_work(void *arg) {
+    coder_t *w = arg;
+    compress_plan_t *p = w->plan;
+    for (;;) {
+        if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
+        if (*p->stop) {
+            compress_fail(p, PLANE_STOPPED, -1, 0);
+            break;
+        }
+        held_t *held = take_held(p);
+        if (!held) break;
+        int64_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+        if (i >= p->leaves.frame_count || !code_frame(w, held, i)) {
+            give_held(p, &held, 1);
+            break;
+        }
+        int count = 0;
+        pthread_mutex_lock(&p->order_lock);
+        p->waiting[i % p->held_count] = held;
+        while (p->placed < p->leaves.frame_count) {
+            held_t *next = p->waiting[p->placed % p->held_count];
+            if (!next || next->frame != p->placed) break;
+            p->waiting[p->placed % p->held_count] = NULL;
+            next->at = p->end;
+            p->end += next->need;
+            p->placed++;
+            w->placing[count++] = next;
+        }
+        pthread_mutex_unlock(&p->order_lock);
+        int ok = 1;
+        for (int k = 0; ok && k < count; k++) ok = write_frame_payloads(w, w->placing[k]);
+        if (count) give_held(p, w->placing, count);
+        if (!ok) break;
+    }
+    return NULL;
+}
+
+static int coder_init(coder_t *w, compress_plan_t *p) {
+    memset(w, 0, sizeof *w);
+    w->plan = p;
+    w->raw = malloc(p->frame_room ? p->frame_room : 1);
+    w->spare = malloc(p->spare_room);
+    w->placing = malloc((size_t)p->held_count * sizeof(held_t *));
+    if (p->verify) {
+        w->decoded = malloc(p->frame_room ? p->frame_room : 1);
+        w->merged = malloc(p->frame_room ? p->frame_room : 1);
+        w->dt = malloc(sizeof(dtable_t));
+        if (!w->decoded || !w->merged || !w->dt) return 0;
+    }
+    if (p->checked >= 0 && !(w->written = malloc(p->out_room + 8 * PLANE_ALIGN))) return 0;
+    return w->raw && w->spare && w->placing;
+}
+
+static void coder_free(coder_t *w) {
+    free(w->raw);
+    free(w->spare);
+    free(w->placing);
+    free(w->decoded);
+    free(w->merged);
+    free(w->written);
+    free(w->dt);
+    ZSTD_freeDCtx(w->dctx);
+    ZSTD_freeCCtx(w->level);
+    ZSTD_freeCCtx(w->literal);
+}
+
+/* Checks the plan against its own tables and the file's size before any thread starts;
+ * NULL if it holds, else what is wrong. Sets the per-thread buffer sizes. */
+static const char *compress_check(compress_plan_t *p) {
+    const int64_t limit = (int64_t)1 << 40;
+    restore_plan_t *l = &p->leaves;
+    if (l->source_size < 0 || l->leaf < 0 || (l->leaf && l->leaf_count != (l->source_size + l->leaf - 1) / l->leaf))
+        return "leaf table does not match the file's size";
+    if (p->level < -(1 << 17) || p->level > 22) return "zstd level out of range";
+    if (!(p->rules[RULE_SAMPLE] >= 1 && p->rules[RULE_SAMPLE] <= (double)(1 << 30))) return "sample size out of range";
+    int64_t chunk = 0;
+    p->spare_room = p->out_room = 1;
+    for (int64_t i = 0; i < l->frame_count; i++) {
+        const int64_t *f = p->frames + i * FR_COLS;
+        int64_t word = f[FR_WORD], length = f[FR_LENGTH];
+        if ((word != 1 && word != 2 && word != 4 && word != 8) || (f[FR_ROTATE] != 0 && f[FR_ROTATE] != 1))
+            return "frame of an unknown word size";
+        if (f[FR_CHUNK] != chunk || chunk > l->chunk_count - word) return "frame's chunks out of order";
+        chunk += word;
+        if (length < 0 || length > limit || length % word) return "frame length out of range";
+        if (f[FR_PIECE] < 0 || f[FR_PIECES] < 0 || f[FR_PIECE] > l->piece_count - f[FR_PIECES])
+            return "frame's pieces outside the piece table";
+        int64_t covered = 0;
+        for (int64_t j = 0; j < f[FR_PIECES]; j++) {
+            const int64_t *pc = l->pieces + (f[FR_PIECE] + j) * PC_COLS;
+            if (pc[PC_AT] < 0 || pc[PC_SIZE] < 0 || pc[PC_WITHIN] < 0 || pc[PC_SIZE] > length ||
+                pc[PC_WITHIN] > length - pc[PC_SIZE] || pc[PC_AT] > l->source_size - pc[PC_SIZE])
+                return "piece outside its frame or the file";
+            covered += pc[PC_SIZE];
+        }
+        if (covered != length) return "pieces do not tile their frame";
+        size_t room = plane_room((size_t)(length / word));
+        if ((size_t)length > p->frame_room) p->frame_room = (size_t)length;
+        if (room * (size_t)word > p->out_room) p->out_room = room * (size_t)word;
+        if (room > p->spare_room) p->spare_room = room;
+    }
+    if (chunk != l->chunk_count) return "chunk table does not match the frames";
+    return NULL;
+}
+
+/* Runs the plan on `threads` threads (this one among them); the failure kind, or PLANE_OK. */
+static int compress_run(compress_plan_t *p, int threads) {
+    int result = PLANE_NOMEM;
+    restore_plan_t *l = &p->leaves;
+    coder_t *coders = calloc((size_t)threads, sizeof(coder_t));
+    pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
+    int started = 0, ready = 0;
+    if (l->leaf_count) {
+        l->leaf_left = malloc((size_t)l->leaf_count * sizeof(int64_t));
+        l->leaf_parts = calloc((size_t)l->leaf_count, sizeof(uint8_t *));
+        if (!l->leaf_left || !l->leaf_parts) goto done;
+        for (int64_t k = 0; k < l->leaf_count; k++) {
+            int64_t lo = k * l->leaf, hi = lo + l->leaf < l->source_size ? lo + l->leaf : l->source_size;
+            l->leaf_left[k] = hi - lo;
+        }
+    }
+    if (!coders || !ids) goto done;
+    /* Half as many sets again as threads: a slow frame holds back the placing of those
+     * after it, and the others code on meanwhile. */
+    p->held_count = threads + threads / 2 + 1;
+    p->held = calloc((size_t)p->held_count, sizeof(held_t));
+    p->free_held = malloc((size_t)p->held_count * sizeof(held_t *));
+    p->waiting = calloc((size_t)p->held_count, sizeof(held_t *));
+    if (!p->held || !p->free_held || !p->waiting) goto done;
+    for (; p->free_count < p->held_count; p->free_count++) {
+        held_t *h = &p->held[p->free_count];
+        h->frame = -1;
+        h->planes = malloc(p->frame_room ? p->frame_room : 1);
+        h->out = malloc(p->out_room);
+        if (!h->planes || !h->out) goto done;
+        p->free_held[p->free_count] = h;
+    }
+    for (; ready < threads; ready++)
+        if (!coder_init(&coders[ready], p)) {
+            ready++;
+            goto done;
+        }
+    for (int t = 1; t < threads; t++, started++)
+        if (pthread_create(&ids[t], NULL, compress_work, &coders[t])) break;
+    compress_work(&coders[0]);
+    for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+    result = p->failed ? (int)p->error[0] : PLANE_OK;
+done:
+    for (int t = 0; t < ready; t++) coder_free(&coders[t]);
+    for (int k = 0; p->held && k < p->held_count; k++) {
+        free(p->held[k].planes);
+        free(p->held[k].out);
+    }
+    free(p->held);
+    free(p->free_held);
+    free(p->waiting);
+    if (l->leaf_parts)
+        for (int64_t k = 0; k < l->leaf_count; k++) free(l->leaf_parts[k]);
+    free(l->leaf_parts);
+    free(l->leaf_left);
+    l->leaf_parts = NULL;
+    l->leaf_left = NULL;
+    free(coders);
+    free(ids);
+    return result;
+}

@@ -1,0 +1,199 @@
+"""Compressing one file on the CPU in one native call: Python plans, C moves the bytes.
+
+:func:`plan` turns a file's frames (:func:`~ckptz.pipeline.plan.frame_map`) into two int64
+tables (frames and their pieces in the file); :func:`code` hands them to the C extension's
+``compress_plan``, which reads every frame, takes its checksum and hashes the digest's
+leaves, splits it into planes, codes each plane by :mod:`ckptz.codecs.frames`' rules, and
+writes the payloads at their places in the container's data area, on its own threads
+without the GIL (``ckptz/native_src/compress_plane.c``). Places are handed out in frame
+order, so the container is byte for byte the one the Python pipeline
+(:mod:`ckptz.pipeline.compress`) writes. Progress crosses back as a counter polled here;
+Ctrl-C and SIGTERM cross as a stop flag its threads check between frames.
+
+Whether a file takes this path is decided up front (:func:`suits`): the CPU engine, a plain
+file read from its own bytes, a tree digest, an output written at offsets (or discarded),
+and no option the plane does not code (a series delta, order-1 exponents). ``--verify``
+runs in the plane too: each frame decoded back before its payloads are written, and the
+payloads read back once they are.
+Everything else goes through the Python pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ckptz.codecs import frames as coder
+from ckptz.codecs.native import native
+from ckptz.container import ALIGN, PREFIX, StreamInfo
+from ckptz.digest import Digest, Kind, Piecewise, leaf_count
+from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import CodecError, CorruptionError, FormatError
+from ckptz.pipeline.native_restore import MAX_LEAVES, call_polled
+from ckptz.pipeline.plan import Frame
+
+#: Word sizes the plane splits (every dtype ckptz knows has one of them).
+WORDS = frozenset({1, 2, 4, 8})
+
+#: frames.py's thresholds, in the order compress_plane.c reads them: the plane chooses each
+#: plane's bitstream by the very numbers the Python coder uses.
+RULES = np.array(
+    [
+        coder.SAMPLE,
+        coder.NOISE_BITS,
+        coder.NOISE_ZERO_SHARE,
+        coder.ZSTD_ZEROS,
+        coder.PACK_SLACK,
+        coder.LOW_BITS,
+        coder.RUN_SHARE,
+    ],
+    np.float64,
+)
+
+# Failure kinds, as plane.c and compress_plane.c number them.
+_PAYLOAD, _FRAME, _READ, _WRITE, _STOPPED, _NOMEM, _CHECK_READ, _SHORT, _CODER = 3, 5, 6, 7, 9, 10, 11, 12, 13
+
+
+def suits(engine: object, streams: Sequence[StreamInfo], size: int, digest: Kind, *, plain: bool) -> bool:
+    """Whether the native plane may code a file: ``plain`` (no transform, read from the
+    file itself, an output written at offsets or none) with the CPU engine, a tree digest of
+    a bounded number of leaves, and streams it splits with options it codes."""
+    if not plain or type(engine) is not CpuEngine or not digest.tree:
+        return False
+    if leaf_count(size, digest.leaf) > MAX_LEAVES or engine.options.effort != 1:
+        return False
+    return all(s.word in WORDS and not engine.options_for(s).context_exponents for s in streams)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One file's compression as the native plane takes it: C-contiguous int64 tables.
+
+    Attributes:
+        frames: per frame: first chunk, word, whether its words are floats, length,
+            checksum (filled in), first piece, piece count.
+        pieces: per piece: file offset, offset in its frame, bytes.
+        chunks: per chunk (filled in): container offset, payload size, plane size,
+            checksum, codec, plane.
+    """
+
+    frames: np.ndarray
+    pieces: np.ndarray
+    chunks: np.ndarray
+
+
+def plan(frames: Sequence[Frame], streams: Sequence[StreamInfo]) -> Plan:
+    """The tables for ``frames`` (in the order their payloads are placed)."""
+    words = np.array([streams[f.stream].word for f in frames], np.int64)
+    floats = np.array([streams[f.stream].rotate for f in frames], np.int64)
+    lengths = np.array([f.length for f in frames], np.int64)
+    counts = np.array([len(f.pieces) for f in frames], np.int64)
+    first_chunk = np.cumsum(words) - words
+    first_piece = np.cumsum(counts) - counts
+    table = np.stack([first_chunk, words, floats, lengths, np.zeros_like(words), first_piece, counts], axis=1)
+    pieces = np.array([p for f in frames for p in f.pieces], np.int64).reshape(-1, 3)
+    chunks = np.zeros((int(words.sum()), 6), np.int64)
+    return Plan(*(np.ascontiguousarray(t, np.int64) for t in (table, pieces, chunks)))
+
+
+@dataclass(frozen=True, slots=True)
+class Coded:
+    """What the plane wrote: the rows :func:`~ckptz.container.make_tables` takes, where the
+    data area ends, and the file's digest."""
+
+    frames: list[tuple[int, int, int, int]]
+    chunks: list[tuple[int, int, int, int, int, int]]
+    end: int
+    digest: Digest
+
+
+def code(
+    fd: int,
+    out: int,
+    relpath: str,
+    frames: Sequence[Frame],
+    streams: Sequence[StreamInfo],
+    size: int,
+    digest: Kind,
+    engine: CpuEngine,
+    progress: Callable[[int], None],
+    verify: bool = False,
+    written: int = -1,
+) -> Coded:
+    """Code every frame of the file open as ``fd`` into the data area of the container open
+    as ``out`` (-1: write nothing); what was written. With ``verify``, every frame is
+    decoded back from its payloads before they are written, and they are read back from
+    ``written`` (the container open for reading; -1: not) once they are.
+
+    Raises:
+        FormatError: the file ended early (it changed while being read).
+        CodecError: zstd refused a plane.
+        CorruptionError: (with ``verify``) a frame did not decode back to its bytes, or a
+            payload read back differs from the one written.
+        OSError: reading the file or writing the container failed.
+        KeyboardInterrupt: (or any error a signal handler raises) the compression was stopped.
+    """
+    tables = plan(frames, streams)
+    hashes = np.zeros(leaf_count(size, digest.leaf), "<u8")
+    counter = np.zeros(1, np.int64)
+    stop = np.zeros(1, np.uint8)
+    error = np.zeros(3, np.int64)
+
+    def call(lent: int) -> int:
+        return native.compress_plan(
+            fd,
+            out,
+            verify,
+            written,
+            len(PREFIX),
+            tables.frames,
+            tables.chunks,
+            tables.pieces,
+            size,
+            digest.leaf,
+            hashes,
+            engine.options.level,
+            RULES,
+            lent,
+            counter,
+            stop,
+            error,
+        )
+
+    failed = call_polled(call, "ckptz-native-compress", counter, stop, engine.threads, progress)
+    if failed:
+        _raise(failed, int(error[1]), int(error[2]), relpath)
+    whole = Piecewise(digest, size)
+    whole.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
+    sums = tables.frames[:, 4].view(np.uint64).tolist()
+    rows = [(f.stream, streams[f.stream].word, f.length, crc) for f, crc in zip(frames, sums, strict=True)]
+    chunks = tables.chunks
+    sizes = chunks[:, 1]
+    end = len(PREFIX) + int((sizes + (-sizes % ALIGN)).sum())
+    cols = [chunks[:, 0], sizes, chunks[:, 2], chunks[:, 3].view(np.uint64), chunks[:, 4], chunks[:, 5]]
+    return Coded(rows, list(zip(*(c.tolist() for c in cols), strict=True)), end, whole.digest())
+
+
+def _raise(kind: int, frame: int, detail: int, relpath: str) -> None:
+    """Raise the error for a failure of the native plane, worded as the Python pipeline words it."""
+    if kind == _SHORT:
+        raise FormatError("file changed or was truncated while being read", path=relpath)
+    if kind == _FRAME:
+        raise CorruptionError(
+            f"frame {frame} of {relpath} does not decode back to its original", path=relpath
+        )
+    if kind == _PAYLOAD:
+        raise CorruptionError("a written payload differs from the one checked", path=relpath)
+    if kind in (_READ, _WRITE, _CHECK_READ):
+        raise OSError(detail, os.strerror(detail))
+    if kind == _NOMEM:
+        raise MemoryError("no memory for the compression's buffers")
+    if kind == _CODER:
+        raise CodecError(f"zstd could not code frame {frame} of {relpath} (error {detail})", codec="zstd")
+    raise RuntimeError(f"native compression stopped (failure {kind})")  # _STOPPED is only ours to set
+
+
+__all__ = ["WORDS", "Coded", "Plan", "code", "plan", "suits"]

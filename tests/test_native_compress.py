@@ -1,0 +1,353 @@
+"""The native compress plane (ckptz/native_src/compress_plane.c): containers byte for byte
+those of the Python pipeline on every kind of input, verify in the plane, progress, the stop
+flag, Ctrl-C, read and write failures worded as the pipeline words them, and hostile plans
+refused by its bounds checks."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_jobs import _start, _temps, _wait_for_temp
+
+from ckptz import api
+from ckptz.codecs import frames as coder
+from ckptz.codecs.native import native
+from ckptz.container import read_index
+from ckptz.digest import TREE
+from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import FormatError
+from ckptz.formats import read_layout
+from ckptz.pipeline import native_compress
+from ckptz.pipeline.compress import compress_file
+from ckptz.pipeline.plan import frame_map, plan_streams
+
+pytestmark = pytest.mark.skipif(native is None, reason="the C extension is not built")
+
+
+@pytest.fixture
+def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files the native plane coded (by relative path), in order."""
+    calls: list[str] = []
+    real = native_compress.code
+
+    def code(fd: int, out: int, relpath: str, *args: Any, **kwargs: Any) -> native_compress.Coded:
+        calls.append(relpath)
+        return real(fd, out, relpath, *args, **kwargs)
+
+    monkeypatch.setattr(native_compress, "code", code)
+    return calls
+
+
+def _checkpoint() -> dict[str, torch.Tensor]:
+    """Tensors of every kind the CPU coder handles: float noise (raw mantissas, Huffman
+    exponents), bf16-exact fp32 (bitpacked signs), zero rows (exponents tried with LZ zstd
+    too), ints, bools, bytes, a tiled pattern (zstd with matches), short and empty tensors."""
+    g = torch.Generator().manual_seed(57)
+    sparse = torch.randn(400, 250, generator=g) * 0.02
+    sparse[torch.rand(400, generator=g) < 0.4] = 0
+    return {
+        "w32": torch.randn(300_001, generator=g) * 0.02,
+        "w16": (torch.randn(200_003, generator=g) * 0.02).to(torch.bfloat16),
+        "h16": torch.randn(70_001, generator=g).to(torch.float16),
+        "exact": torch.randn(100_000, generator=g).to(torch.bfloat16).float(),
+        "sparse": sparse,
+        "zeros": torch.zeros(50_000),
+        "ids": torch.randint(0, 7, (90_001,), generator=g, dtype=torch.int64),
+        "mask": torch.rand(33_333, generator=g) > 0.5,
+        "bytes": torch.randint(0, 3, (77_777,), generator=g, dtype=torch.uint8),
+        "tiled": torch.arange(251, dtype=torch.int32).repeat(800),
+        "f64": torch.randn(20_001, generator=g, dtype=torch.float64),
+        "short": torch.ones(3),
+        "empty": torch.zeros(0),
+    }
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("sources")
+    tensors = _checkpoint()
+    save_file(tensors, str(root / "model.safetensors"))
+    torch.save(tensors, root / "model.pt")
+    g = torch.Generator().manual_seed(3)
+    # Many small segments: frames of several pieces, digest leaves across many frames.
+    many = {f"layer{i}.{k}": torch.randn(1000 + 37 * i, generator=g) for i in range(60) for k in ("w", "b")}
+    torch.save(many, root / "many.pt")
+    (root / "tiny.bin").write_bytes(b"ckptz!!")
+    (root / "empty.bin").write_bytes(b"")
+    return root
+
+
+NAMES = ["model.safetensors", "model.pt", "many.pt", "tiny.bin", "empty.bin"]
+
+
+def _engine(threads: int, frame: int | None) -> CpuEngine:
+    engine = CpuEngine(threads)
+    if frame is not None:  # small frames: many per stream, and leaves straddling them
+        engine.frame_size = engine.largest_frame = frame
+    return engine
+
+
+def _compress(src: Path, out: Path, engine: CpuEngine, verify: bool = False) -> bytes:
+    with open(out, "wb+") as f:
+        compress_file(src, src.name, f, engine, verify=verify)
+    return out.read_bytes()
+
+
+@pytest.fixture
+def python_pipeline(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """Call it to send every file through the Python pipeline from there on."""
+    yield lambda: monkeypatch.setattr(native_compress, "suits", lambda *args, **kwargs: False)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("threads", "frame"), [(1, None), (3, None), (3, 64 << 10), (2, 4096)])
+def test_containers_are_the_python_pipelines(
+    sources: Path,
+    tmp_path: Path,
+    name: str,
+    threads: int,
+    frame: int | None,
+    native_calls: list[str],
+    python_pipeline: Callable[[], None],
+) -> None:
+    src = sources / name
+    natively = _compress(src, tmp_path / "native.ckptz", _engine(threads, frame))
+    assert native_calls == [name]
+    python_pipeline()
+    assert natively == _compress(src, tmp_path / "python.ckptz", _engine(threads, frame))
+    out = tmp_path / "back"
+    api.decompress(tmp_path / "native.ckptz", out, device="cpu")
+    assert out.read_bytes() == src.read_bytes()
+
+
+def test_the_plane_chooses_by_the_coders_own_thresholds(
+    sources: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python_pipeline: Callable[[], None]
+) -> None:
+    """frames.py's thresholds are the plane's: moved there, both paths move together."""
+    src = sources / "model.safetensors"
+    before = _compress(src, tmp_path / "before.ckptz", _engine(2, 4096))
+    monkeypatch.setattr(coder, "ZSTD_ZEROS", 0.5)  # exponents with zero rows: Huffman only
+    rules = native_compress.RULES.copy()
+    rules[3] = coder.ZSTD_ZEROS
+    monkeypatch.setattr(native_compress, "RULES", rules)
+    natively = _compress(src, tmp_path / "native.ckptz", _engine(2, 4096))
+    assert natively != before
+    python_pipeline()
+    assert natively == _compress(src, tmp_path / "python.ckptz", _engine(2, 4096))
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "many.pt"])
+def test_verify_runs_in_the_plane(
+    sources: Path, tmp_path: Path, name: str, native_calls: list[str], python_pipeline: Callable[[], None]
+) -> None:
+    src = sources / name
+    natively = _compress(src, tmp_path / "native.ckptz", _engine(2, 64 << 10), verify=True)
+    assert native_calls == [name]
+    python_pipeline()
+    assert natively == _compress(src, tmp_path / "python.ckptz", _engine(2, 64 << 10), verify=True)
+
+
+def test_in_place_compression_runs_natively(sources: Path, tmp_path: Path, native_calls: list[str]) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model.pt").write_bytes((sources / "model.pt").read_bytes())
+    api.compress(work, in_place=True, device="cpu")
+    assert native_calls == ["model.pt"] and _temps(work) == []
+    api.decompress(work, in_place=True, device="cpu")
+    assert (work / "model.pt").read_bytes() == (sources / "model.pt").read_bytes()
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
+def test_in_place_on_tmpfs_keeps_the_data_area(sources: Path, native_calls: list[str]) -> None:
+    """On tmpfs the output is written through mappings (ckptz.mapped), which keep their own
+    record of the file's size: the index written after the plane must not cut its payloads."""
+    import shutil
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        for name in ("model.pt", "many.pt"):
+            shutil.copy(sources / name, work / name)
+        api.compress(work, in_place=True, device="cpu")
+        assert sorted(native_calls) == ["many.pt", "model.pt"]
+        api.decompress(work, in_place=True, device="cpu")
+        for name in ("model.pt", "many.pt"):
+            assert (work / name).read_bytes() == (sources / name).read_bytes()
+    finally:
+        shutil.rmtree(work)
+
+
+def test_order1_exponents_stay_on_the_python_pipeline(tmp_path: Path, native_calls: list[str]) -> None:
+    g = torch.Generator().manual_seed(1)
+    state = {0: {"exp_avg_sq": torch.rand(50_000, generator=g) ** 4 * 1e-6}}
+    torch.save({"state": state, "param_groups": [{"params": [0]}]}, tmp_path / "optimizer.pt")
+    with open(tmp_path / "o.ckptz", "wb") as f:
+        compress_file(tmp_path / "optimizer.pt", "optimizer.pt", f, CpuEngine(2, level=10))
+    assert native_calls == []
+
+
+def test_progress_reaches_the_total(sources: Path, tmp_path: Path) -> None:
+    seen: list[int] = []
+    with open(tmp_path / "c.ckptz", "wb") as f:
+        written = compress_file(sources / "many.pt", "many.pt", f, _engine(2, 4096), progress=seen.append)
+    assert sum(seen) == written.layout.size and all(n >= 0 for n in seen)
+
+
+# ---------------------------------------------------------------- failures
+
+
+def _code(src: Path, out: int, size: int | None = None, fd: int | None = None) -> native_compress.Coded:
+    """The plane's coding of ``src`` (its frames planned as if it were ``size`` bytes)."""
+    engine = CpuEngine(2)
+    layout = read_layout(src, src.name)
+    own = os.open(src, os.O_RDONLY)
+    try:
+        plan = plan_streams(layout, engine.frame_size, own, frozenset(), engine.largest_frame)
+        segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
+        if size is not None:
+            segments[-1] = (segments[-1][0], segments[-1][1] + size - layout.size)
+        frames = frame_map(segments, [s.frame_size for s in plan.streams])
+        total = layout.size if size is None else size
+        return native_compress.code(
+            own if fd is None else fd,
+            out,
+            src.name,
+            frames,
+            plan.streams,
+            total,
+            TREE,
+            engine,
+            lambda n: None,
+        )
+    finally:
+        os.close(own)
+
+
+def test_a_file_cut_short_while_read_is_a_format_error(sources: Path) -> None:
+    with pytest.raises(FormatError, match="changed or was truncated while being read"):
+        _code(sources / "model.pt", -1, size=(sources / "model.pt").stat().st_size + 100_000)
+
+
+def test_a_read_error_is_an_os_error(sources: Path, tmp_path: Path) -> None:
+    folder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as caught:
+            _code(sources / "model.pt", -1, fd=folder)
+    finally:
+        os.close(folder)
+    assert caught.value.errno == errno.EISDIR
+
+
+def test_a_full_device_is_enospc(sources: Path) -> None:
+    """/dev/full answers every write with ENOSPC, as a full file system does."""
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        with pytest.raises(OSError) as caught:
+            _code(sources / "model.pt", full)
+    finally:
+        os.close(full)
+    assert caught.value.errno == errno.ENOSPC
+
+
+def test_an_output_not_open_for_writing_fails_cleanly(sources: Path, tmp_path: Path) -> None:
+    (tmp_path / "ro").write_bytes(b"")
+    ro = os.open(tmp_path / "ro", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as caught:
+            _code(sources / "model.pt", ro)
+    finally:
+        os.close(ro)
+    assert caught.value.errno == errno.EBADF
+
+
+def _tables(src: Path) -> tuple[native_compress.Plan, int]:
+    engine = CpuEngine(1)
+    layout = read_layout(src, src.name)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        plan = plan_streams(layout, engine.frame_size, fd, frozenset(), engine.largest_frame)
+    finally:
+        os.close(fd)
+    segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
+    frames = frame_map(segments, [s.frame_size for s in plan.streams])
+    return native_compress.plan(frames, plan.streams), layout.size
+
+
+def _call(src: Path, tables: native_compress.Plan, size: int, stop: int = 0) -> tuple[int, np.ndarray]:
+    assert native is not None
+    counter, error = np.zeros(1, np.int64), np.zeros(3, np.int64)
+    hashes = np.zeros(-(-size // TREE.leaf), "<u8")
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        kind = native.compress_plan(
+            fd, -1, False, -1, 16, tables.frames, tables.chunks, tables.pieces, size, TREE.leaf, hashes, 3,
+            native_compress.RULES, 2, counter, np.full(1, stop, np.uint8), error,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    return kind, counter
+
+
+def test_stop_flag_ends_the_call_before_any_frame(sources: Path) -> None:
+    tables, size = _tables(sources / "model.pt")
+    assert _call(sources / "model.pt", tables, size)[0] == 0
+    kind, counter = _call(sources / "model.pt", tables, size, stop=1)
+    assert kind == 9 and counter[0] == 0
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda p: p.pieces.__setitem__((0, 0), 1 << 50),  # a read past the file's end
+        lambda p: p.pieces.__setitem__((0, 1), p.frames[0, 3]),  # a piece past its frame
+        lambda p: p.pieces.__setitem__((0, 2), 1),  # pieces that do not tile the frame
+        lambda p: p.frames.__setitem__((0, 0), 5),  # chunks out of order
+        lambda p: p.frames.__setitem__((0, 5), len(p.pieces)),  # pieces past the table
+        lambda p: p.frames.__setitem__((0, 1), 3),  # no such word size
+    ],
+    ids=["past-file", "past-frame", "untiled", "chunks", "pieces", "word"],
+)
+def test_hostile_plan_is_rejected(sources: Path, edit: Callable[[native_compress.Plan], None]) -> None:
+    tables, size = _tables(sources / "model.pt")
+    copy = native_compress.Plan(tables.frames.copy(), tables.pieces.copy(), tables.chunks.copy())
+    edit(copy)
+    with pytest.raises(ValueError, match="compress plan rejected"):
+        _call(sources / "model.pt", copy, size)
+
+
+def test_sigint_stops_a_native_compression(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    work = tmp_path / "run"
+    work.mkdir()
+    rng = np.random.default_rng(1)
+    save_file(
+        {"w": (rng.standard_normal(12_000_000) * 0.02).astype(np.float32)}, str(work / "big.safetensors")
+    )
+    original = hashlib.sha256((work / "big.safetensors").read_bytes()).hexdigest()
+    proc = _start("compress", str(work / "big.safetensors"), "-o", str(work / "big.ckptz"), "-T", "1")
+    assert _wait_for_temp(work, proc), "the compression ended before it was in flight"
+    time.sleep(0.05)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and _temps(work) == []
+    assert hashlib.sha256((work / "big.safetensors").read_bytes()).hexdigest() == original
+    out = work / "big.ckptz"  # the signal may land after the container was complete
+    if out.exists():
+        with open(out, "rb") as f:
+            assert read_index(f, "big").source_size == (work / "big.safetensors").stat().st_size
