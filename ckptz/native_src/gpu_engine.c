@@ -50,7 +50,7 @@ static struct {
     gpu_result_t (*zstd_temp)(size_t, size_t, nvcomp_zstd_opts_t, size_t *, size_t, void *);
     gpu_result_t (*zstd_decode)(const void *const *, const size_t *, const size_t *, size_t *, size_t, void *, size_t,
                                 void *const *, nvcomp_zstd_opts_t, gpu_result_t *, void *);
-    int loaded, ans_id, zstd_id;
+    int loaded;
     void *context[GPU_MAX_DEVICES];
 } gpu_api;
 
@@ -117,7 +117,7 @@ static int gpu_load(const char *nvcomp_path, char *why, size_t room) {
     return 0;
 }
 
-static int gpu_open(const char *nvcomp_path, int device, int ans_id, int zstd_id, char *why, size_t room) {
+static int gpu_open(const char *nvcomp_path, int device, char *why, size_t room) {
     int result = 0;
     if (device < 0 || device >= GPU_MAX_DEVICES) return snprintf(why, room, "no device cuda:%d", device), -1;
     pthread_mutex_lock(&gpu_lock);
@@ -131,8 +131,6 @@ static int gpu_open(const char *nvcomp_path, int device, int ans_id, int zstd_id
         if (!r) r = gpu_api.retain(&gpu_api.context[device], dev);
         if (r) result = -1, gpu_say(why, room, "opening the device", r);
     }
-    gpu_api.ans_id = ans_id;
-    gpu_api.zstd_id = zstd_id;
     pthread_mutex_unlock(&gpu_lock);
     return result;
 }
@@ -269,7 +267,7 @@ static int gpu_decode(gpu_engine_t *g, const gpu_batch_t *b, int64_t *bad, char 
     int64_t *order = malloc((size_t)n * sizeof(int64_t));
     if (!order) return snprintf(why, room, "no memory for a batch's table"), -1;
     uint64_t *in_ptr = (uint64_t *)g->host_table, *in_size = in_ptr + n, *out_room = in_size + n, *out_ptr = out_room + n;
-    int ids[2] = {gpu_api.ans_id, gpu_api.zstd_id};
+    int ids[2] = {b->ans_id, b->zstd_id};
     int64_t first[3] = {0, 0, 0}, largest[2] = {0, 0}, total[2] = {0, 0}, k = 0;
     for (int a = 0; a < 2; a++) {
         first[a] = k;

@@ -30,19 +30,20 @@ _Static_assert(sizeof(nvcomp_ans_opts_t) == 64 && sizeof(nvcomp_zstd_opts_t) == 
 
 /* A batch of chunks to decode: chunk c's payload is in_size[c] bytes at in + in_at[c], and
  * decodes to exactly out_size[c] bytes at out + out_at[c] (offsets 16-byte aligned; `in` and
- * `out` pinned, from gpu_host_alloc). `codec` is each chunk's bitstream id. */
+ * `out` pinned, from gpu_host_alloc). `codec` is each chunk's bitstream id: ans_id for nvCOMP
+ * ANS, zstd_id for nvCOMP Zstd. */
 typedef struct {
     const uint8_t *in;
     uint8_t *out;
     size_t in_bytes, out_bytes;
     int64_t count;
     const int64_t *in_at, *in_size, *out_at, *out_size, *codec;
+    int ans_id, zstd_id;
 } gpu_batch_t;
 
 /* Loads libcuda and nvCOMP (from nvcomp_path) once per process and retains device's primary
- * context; 0, or else a message in why. ans_id and zstd_id are the ids of the bitstreams
- * nvCOMP ANS and Zstd decode (zstd_id -1: none). */
-static int gpu_open(const char *nvcomp_path, int device, int ans_id, int zstd_id, char *why, size_t room);
+ * context; 0, or else a message in why. */
+static int gpu_open(const char *nvcomp_path, int device, char *why, size_t room);
 /* Makes the device's context current in the calling thread. */
 static int gpu_enter(int device, char *why, size_t room);
 /* A worker of the device (from a pool kept for the next call), or NULL with why set. */

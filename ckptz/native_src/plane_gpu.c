@@ -53,8 +53,11 @@ typedef struct {
     gpu_engine_t *engine; /* a GPU worker's */
 } gpu_thread_t;
 
-static int gpu_codec(const restore_plan_t *p, int64_t codec) {
-    return codec == p->gpu_ans || (p->gpu_zstd >= 0 && codec == p->gpu_zstd);
+/* Whether a chunk of a frame of `word`-byte words goes to the GPU: every ans chunk, and the
+ * zstd chunks of words' planes (a frame of bytes, such as metadata, is an LZ-coded frame
+ * that the CPU threads decode faster). */
+static int gpu_codec(const restore_plan_t *p, int64_t codec, int64_t word) {
+    return codec == p->gpu_ans || (p->gpu_zstd >= 0 && codec == p->gpu_zstd && word > 1);
 }
 
 /* Cuts the frames into batches; 0 where memory runs out. */
@@ -77,7 +80,7 @@ static int gpu_plan_batches(gpu_plane_t *g) {
         for (int k = 0; k < (int)f[FR_WORD]; k++) {
             const int64_t *ck = c + k * CH_COLS;
             int64_t padded = ck[CH_SIZE] + (-ck[CH_SIZE] & (PLANE_ALIGN - 1));
-            if (gpu_codec(p, ck[CH_CODEC]))
+            if (gpu_codec(p, ck[CH_CODEC], f[FR_WORD]))
                 fin += padded, fout += ck[CH_RAW] + (-ck[CH_RAW] & (PLANE_ALIGN - 1));
             else
                 frest += padded;
@@ -93,7 +96,7 @@ static int gpu_plan_batches(gpu_plane_t *g) {
         for (int k = 0; k < (int)f[FR_WORD]; k++) {
             const int64_t *ck = c + k * CH_COLS;
             int64_t padded = ck[CH_SIZE] + (-ck[CH_SIZE] & (PLANE_ALIGN - 1));
-            if (gpu_codec(p, ck[CH_CODEC])) {
+            if (gpu_codec(p, ck[CH_CODEC], f[FR_WORD])) {
                 g->in_at[i * 8 + k] = in;
                 g->out_at[i * 8 + k] = out;
                 in += padded;
@@ -243,7 +246,7 @@ static void *gpu_plane_decode(void *arg) {
                 }
         }
         gpu_batch_t batch = {slot->in, slot->out, (size_t)g->batch_in[slot->batch], (size_t)g->batch_out[slot->batch],
-                             n, in_at, in_size, out_at, out_size, codec};
+                             n, in_at, in_size, out_at, out_size, codec, p->gpu_ans, p->gpu_zstd};
         int result = gpu_decode(t->engine, &batch, &bad, why, sizeof why);
         pthread_mutex_lock(&g->lock);
         if (result < 0) {
@@ -290,7 +293,7 @@ static void plane_gpu_run(restore_plan_t *p, worker_t *workers, int threads) {
         plane_fail(p, PLANE_NOMEM, -1, 0);
         goto done;
     }
-    if (gpu_open(p->gpu_library, p->gpu_device, p->gpu_ans, p->gpu_zstd, why, sizeof why) ||
+    if (gpu_open(p->gpu_library, p->gpu_device, why, sizeof why) ||
         gpu_enter(p->gpu_device, why, sizeof why)) {
         plane_gpu_fail(p, why);
         goto done;

@@ -1,4 +1,4 @@
-"""CUDA source of xxh3_64 on the GPU: the checksums of FORMAT.md taken where bytes were decoded.
+"""xxh3_64 on the GPU (``cuda_src/xxh3.cu``): the checksums of FORMAT.md taken where bytes were decoded.
 
 ``xxh3_blocks`` and ``xxh3_many`` hash any number of inputs lying anywhere in device memory
 with xxHash's XXH3_64bits (seed 0, the default secret): exactly what ``xxhash.xxh3_64``

@@ -30,7 +30,7 @@ Huffman tables checked, each table made a lookup of the next 11 bits, each strea
 and where its symbols go, raw and RLE blocks in pieces), and ``literals_decode`` decodes a
 row a thread; ``bitpack_decode`` unpacks 8 bytes a thread. Frames the scan does not take
 (any other zstd frame, or streams over 16 KiB, which a thread decodes slower than nvCOMP)
-are nvCOMP's. ``HD`` marks the code shared with the host build of the
+are nvCOMP's. The kernels are in ``cuda_src/literals.cu``; ``HD`` marks the code shared with the host build of the
 tests (``tests/test_literals_gpu.py`` compiles the stream writer and the bit packer with a
 C++ compiler, runs them thread by thread, and decodes what they write with libzstd and the
 CPU codecs).
