@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import importlib
 import os
 import statistics
 import tempfile
@@ -28,8 +29,10 @@ from ckptz.engines import Engine
 from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.gpu import open_gpu_engine
 from ckptz.pipeline import native_restore
-from ckptz.pipeline import restore as restore_module
 from ckptz.pipeline.restore import DiscardSink, FileSink, restore
+
+#: The module (``ckptz.pipeline`` exports a function of its name).
+restore_module = importlib.import_module("ckptz.pipeline.restore")
 
 
 def make(root: Path, gib: float) -> Path:
@@ -96,8 +99,13 @@ def main() -> None:
                 for name, engine, native_gpu, zstd_on_gpu in paths:
                     restore_module.NATIVE_GPU, restore_module.NATIVE_GPU_ZSTD = native_gpu, zstd_on_gpu
                     before = native_restore.gpu_totals()[1]
-                    once(container, out, engine)  # warms the page cache, the pinned pools, the kernels
-                    took = statistics.median(once(container, out, engine) for _ in range(args.repeat))
+                    try:
+                        once(container, out, engine)  # warms the page cache, the pinned pools, the kernels
+                        took = statistics.median(once(container, out, engine) for _ in range(args.repeat))
+                    except Exception as exc:  # one path failing still measures the others
+                        rows.append(f"{codec:5s} {sink:8s} {name:24s} failed: {type(exc).__name__}: {exc}")
+                        print(rows[-1], flush=True)
+                        continue
                     on_gpu = native_restore.gpu_totals()[1] - before
                     rows.append(
                         f"{codec:5s} {sink:8s} {name:24s} {size / took / 1e9:6.2f} GB/s  "

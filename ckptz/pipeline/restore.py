@@ -267,6 +267,7 @@ def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
 
 #: Whether the GPU engine's restores to host sinks run in the native plane (else the loop),
 #: and whether the portable bitstream's chunks go to its GPU there (else to its CPU threads).
+#: Off until tests/test_gpu_plane.py has passed on a GPU (it turns the plane on for itself).
 NATIVE_GPU = False
 NATIVE_GPU_ZSTD = True
 
@@ -275,10 +276,12 @@ def _native_gpu(engine: Engine, index: Index) -> native_restore.Gpu | None:
     """The GPU on which the native plane decodes for ``engine`` where it is the GPU engine
     (which has checked that CUDA and nvCOMP work there), or a CPU engine that brings one up
     for a bitstream only a GPU decodes; else None."""
+    if not NATIVE_GPU:
+        return None
     if type(engine) is HybridEngine and (index.chunks["codec"] == ANS.id).any() and engine.wait_for_gpu():
         engine = cast(Engine, engine.gpu)
     module = sys.modules.get("ckptz.engines.gpu.engine")  # not loaded: no GPU engine exists
-    if not NATIVE_GPU or module is None or type(engine) is not module.GpuEngine:
+    if module is None or type(engine) is not module.GpuEngine:
         return None
     from ckptz.engines.gpu.nvcomp_codecs import library_path
 
