@@ -53,7 +53,7 @@ def python_loop(on: bool) -> Iterator[None]:
     """The Python loop restores while ``on`` (the native plan is declined)."""
     real = native_restore.plan
     if on:
-        native_restore.plan = lambda decoder: None  # type: ignore[assignment]
+        native_restore.plan = lambda decoder, gpu=False: None  # type: ignore[assignment]
     try:
         yield
     finally:

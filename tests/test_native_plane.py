@@ -54,7 +54,7 @@ def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 def _python_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Restore through the Python loop from here on (to hold the native plane against it)."""
-    monkeypatch.setattr(native_restore, "plan", lambda decoder: None)
+    monkeypatch.setattr(native_restore, "plan", lambda decoder, gpu=False: None)
 
 
 def _checkpoint(root: Path) -> dict[str, torch.Tensor]:

@@ -84,3 +84,17 @@ def test_sdist_and_wheel_install_and_run_the_quickstart(tmp_path: Path) -> None:
         work = tmp_path / f"work-{name}"
         work.mkdir()
         _quickstart(venv, src, work)
+        _kernels_ship(venv, work)
+
+
+def _kernels_ship(venv: Path, work: Path) -> None:
+    """The installed package holds every CUDA kernel file the GPU engine compiles."""
+    from ckptz.engines.gpu import cuda_src
+
+    probe = (
+        "import json; from ckptz.engines.gpu import cuda_src, kernels; "
+        "print(json.dumps([cuda_src.__file__, {n: len(cuda_src.read(n)) for n in cuda_src.FILES}]))"
+    )
+    where, sizes = json.loads(_run(venv / "bin" / "python", "-c", probe, cwd=work).stdout)
+    assert Path(where).is_relative_to(venv), where
+    assert sizes == {n: len(cuda_src.read(n)) for n in cuda_src.FILES}

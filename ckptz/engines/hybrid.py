@@ -185,6 +185,11 @@ class HybridEngine:
             self._limit = min(gpu.look_ahead * gpu.frame_size, self.look_ahead * self.frame_size // 4)
         self._up.set()
 
+    @property
+    def gpu(self) -> Engine | None:
+        """The GPU engine, once it is up."""
+        return self._gpu
+
     def wait_for_gpu(self, timeout: float | None = None) -> bool:
         """Bring the GPU up now if it is not coming up yet, and wait until it is up or has
         failed to start; whether it is up.

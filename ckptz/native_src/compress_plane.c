@@ -32,8 +32,8 @@
 
 /* What stopped a compression besides plane.c's kinds (native_compress.py names each). */
 enum {
-    PLANE_SHORT = 12, /* the file ends inside a frame: it changed while being read */
-    PLANE_CODER = 13, /* zstd refused a plane (detail: its error code) */
+    PLANE_SHORT = 13, /* the file ends inside a frame: it changed while being read */
+    PLANE_CODER = 14, /* zstd refused a plane (detail: its error code) */
 };
 
 /* Columns of the chunk table this fills (container.make_tables' chunk rows). */

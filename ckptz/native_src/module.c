@@ -81,6 +81,8 @@
  *   compress_plane.c    the compress data plane: a whole file coded on native threads
  *   zstd/               zstd 1.5.7 as python-zstandard vendors it (its own compilation unit):
  *                       LZ-coded planes come out byte for byte as the binding codes them
+ *   gpu_engine.c        nvCOMP decoding batches of chunks on a GPU (CUDA and nvCOMP loaded at run time)
+ *   plane_gpu.c         the restore plane with the GPU engine decoding its batches
  *   module.c            the Python functions above (argument checks, the GIL) and the module
  */
 #define PY_SSIZE_T_CLEAN
@@ -101,8 +103,10 @@
 #include "hash.c"
 #include "pickle_ops.c"
 #include "fileio.c"
+#include "gpu_engine.c"
 #include "plane.c"
 #include "compress_plane.c"
+#include "plane_gpu.c"
 
 /* ---------------------------------------------------------------- split and merge */
 
@@ -1039,18 +1043,36 @@ static Py_ssize_t plan_rows(const Py_buffer *b, Py_ssize_t cols, const char *wha
 }
 
 /* restore_plan(container, output, checked, memory, frames, chunks, pieces, source_size, leaf,
- * leaf_hashes, threads, progress, stop, error) -> int: plane.c's restore of one file. */
+ * leaf_hashes, threads, progress, stop, error, gpu=None) -> int: plane.c's restore of one file;
+ * gpu = (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id, stats, why) decodes
+ * those bitstreams' chunks there (plane_gpu.c). */
 static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
-    Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error;
+    Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error, stats = {0}, why = {0};
     restore_plan_t plan;
     int threads;
+    PyObject *gpu = Py_None;
     memset(&plan, 0, sizeof plan);
-    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*", &plan.container, &plan.output, &plan.checked, &memory,
+    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*|O", &plan.container, &plan.output, &plan.checked, &memory,
                           &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads, &progress, &stop,
-                          &error))
+                          &error, &gpu))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
+    if (gpu != Py_None) {
+        long long batch;
+        if (!PyArg_ParseTuple(gpu, "siLiiiw*w*", &plan.gpu_library, &plan.gpu_device, &batch, &plan.gpu_workers,
+                              &plan.gpu_ans, &plan.gpu_zstd, &stats, &why))
+            goto done;
+        if (stats.len < 24 || why.len < 2 || batch < 1 || plan.gpu_workers < 1) {
+            PyErr_SetString(PyExc_ValueError, "restore_plan: malformed GPU settings");
+            goto done;
+        }
+        plan.gpu = 1;
+        plan.gpu_batch = batch;
+        plan.gpu_stats = stats.buf;
+        plan.gpu_why = why.buf;
+        plan.gpu_why_room = (size_t)why.len;
+    }
     plan.frame_count = plan_rows(&frames, FR_COLS, "frames");
     plan.chunk_count = plan.frame_count < 0 ? -1 : plan_rows(&chunks, CH_COLS, "chunks");
     plan.piece_count = plan.chunk_count < 0 ? -1 : plan_rows(&pieces, PC_COLS, "pieces");
@@ -1095,6 +1117,8 @@ done:
     PyBuffer_Release(&progress);
     PyBuffer_Release(&stop);
     PyBuffer_Release(&error);
+    if (stats.obj) PyBuffer_Release(&stats);
+    if (why.obj) PyBuffer_Release(&why);
     return result;
 }
 
@@ -1226,9 +1250,11 @@ static PyMethodDef methods[] = {
      "progress, stop, error) -> int: code a whole file into its container's data area (0, or the failure's kind)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
-     "leaf_hashes, threads, progress, stop, error) -> int: restore a whole file on native threads without\n"
-     "the GIL (int64 plan tables; output or checked fd -1, memory empty: none); 0, or the failure's kind\n"
-     "(error: kind, frame, detail)."},
+     "leaf_hashes, threads, progress, stop, error, gpu=None) -> int: restore a whole file on native threads\n"
+     "without the GIL (int64 plan tables; output or checked fd -1, memory empty: none); 0, or the failure's\n"
+     "kind (error: kind, frame, detail). gpu: (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id,\n"
+     "stats, why): chunks of those bitstreams (zstd_id -1: none) decoded on that GPU; stats (int64: batches,\n"
+     "chunks, payload bytes) counts them, why (bytes) says why the GPU failed."},
     {"decode_frame", native_decode_frame, METH_VARARGS,
      "decode_frame(chunks, out, room, word, rotate): decode and merge a frame's planes into out; False\n"
      "if a plane needs the Python codecs."},

@@ -34,6 +34,7 @@ enum {
     PLANE_STOPPED = 9,     /* the stop flag was set */
     PLANE_NOMEM = 10,      /* a buffer could not be allocated */
     PLANE_CHECK_READ = 11, /* reading the checked file failed (detail: errno) */
+    PLANE_GPU = 12,        /* the GPU engine failed (its message in the plan's gpu_why) */
 };
 
 /* Columns of the plan's tables (int64 rows). */
@@ -95,6 +96,14 @@ typedef struct {
     int failed;
     pthread_mutex_t error_lock;
     int64_t error[3]; /* kind, frame, detail */
+    /* Decoding on a GPU (plane_gpu.c), where gpu is set: chunks of the bitstreams nvCOMP
+     * decodes go to the GPU in batches of about gpu_batch bytes. */
+    int gpu, gpu_device, gpu_workers, gpu_ans, gpu_zstd;
+    int64_t gpu_batch;
+    const char *gpu_library; /* nvCOMP's shared library */
+    int64_t *gpu_stats;      /* batches, chunks and payload bytes decoded on the GPU */
+    char *gpu_why;           /* why the GPU engine failed */
+    size_t gpu_why_room;
 } restore_plan_t;
 
 typedef struct {
@@ -235,38 +244,49 @@ static int64_t plane_compare(worker_t *w, const uint8_t *bytes, int64_t at, int6
     return got < n ? at + got : -1;
 }
 
-/* Restores frame i: 1 if it went through, else 0 with the failure recorded. */
-static int plane_frame(worker_t *w, int64_t i) {
+/* Reads each payload k of frame i to dst[k] (with its padding) and checks the padding and
+ * the payload's checksum. 1 if they hold, else 0 with the failure recorded. */
+static int plane_read(restore_plan_t *p, int64_t i, uint8_t *const *dst) {
+    const int64_t *f = p->frames + i * FR_COLS;
+    const int64_t *c = p->chunks + f[FR_CHUNK] * CH_COLS;
+    for (int k = 0; k < (int)f[FR_WORD]; k++) {
+        const int64_t *ck = c + k * CH_COLS;
+        int64_t size = ck[CH_SIZE], padded = size + (-size & (PLANE_ALIGN - 1));
+        int error = 0;
+        uint8_t *at = dst[k];
+        int64_t got = pread_fully(p->container, (char *)at, padded, ck[CH_OFFSET], &error);
+        if (error) return plane_fail(p, PLANE_READ, i, error), 0;
+        if (got != padded) return plane_fail(p, PLANE_TRUNCATED, i, f[FR_CHUNK] + k), 0;
+        for (int64_t j = size; j < padded; j++)
+            if (at[j]) return plane_fail(p, PLANE_PADDING, i, f[FR_CHUNK] + k), 0;
+        if (CKPTZ_XXH3_64(at, (size_t)size) != (uint64_t)ck[CH_CHECKSUM])
+            return plane_fail(p, PLANE_PAYLOAD, i, f[FR_CHUNK] + k), 0;
+    }
+    return 1;
+}
+
+/* Finishes frame i from its checked payloads: decodes each plane (or takes it from
+ * decoded[k], where the GPU decoded it), merges the words, checks the frame's checksum, and
+ * puts and hashes its pieces. 1 if it went through, else 0 with the failure recorded. */
+static int plane_finish(worker_t *w, int64_t i, const uint8_t *const *payload, const uint8_t *const *decoded) {
     restore_plan_t *p = w->plan;
     const int64_t *f = p->frames + i * FR_COLS;
     int word = (int)f[FR_WORD], rotate = (int)f[FR_ROTATE];
     int64_t length = f[FR_LENGTH];
     const int64_t *c = p->chunks + f[FR_CHUNK] * CH_COLS;
-    const uint8_t *payload[8];
-    int64_t cursor = 0;
-    for (int k = 0; k < word; k++) {
-        const int64_t *ck = c + k * CH_COLS;
-        int64_t size = ck[CH_SIZE], padded = size + (-size & (PLANE_ALIGN - 1));
-        int error = 0;
-        uint8_t *dst = w->payloads + cursor;
-        int64_t got = pread_fully(p->container, (char *)dst, padded, ck[CH_OFFSET], &error);
-        if (error) return plane_fail(p, PLANE_READ, i, error), 0;
-        if (got != padded) return plane_fail(p, PLANE_TRUNCATED, i, f[FR_CHUNK] + k), 0;
-        for (int64_t j = size; j < padded; j++)
-            if (dst[j]) return plane_fail(p, PLANE_PADDING, i, f[FR_CHUNK] + k), 0;
-        if (CKPTZ_XXH3_64(dst, (size_t)size) != (uint64_t)ck[CH_CHECKSUM])
-            return plane_fail(p, PLANE_PAYLOAD, i, f[FR_CHUNK] + k), 0;
-        payload[k] = dst;
-        cursor += padded;
-    }
     size_t n = (size_t)c[CH_RAW];
     int ok = (int64_t)n * word == length;
     plane_t planes[8];
     for (int k = 0; ok && k < word; k++) {
         const int64_t *ck = c + k * CH_COLS;
         uint8_t *into = word == 1 ? w->out : w->room + (size_t)k * n;
-        ok = ck[CH_RAW] == (int64_t)n &&
-             plane_decode_one(w, payload[k], (size_t)ck[CH_SIZE], (int)ck[CH_CODEC], n, into, &planes[k]);
+        ok = ck[CH_RAW] == (int64_t)n;
+        if (ok && decoded && decoded[k]) {
+            planes[k].bytes = decoded[k];
+            planes[k].value = 0;
+        } else if (ok) {
+            ok = plane_decode_one(w, payload[k], (size_t)ck[CH_SIZE], (int)ck[CH_CODEC], n, into, &planes[k]);
+        }
     }
     if (!ok) return plane_fail(p, PLANE_DECODE, i, 0), 0;
     if (word == 1) {
@@ -298,6 +318,20 @@ static int plane_frame(worker_t *w, int64_t i) {
     return 1;
 }
 
+/* Restores frame i: 1 if it went through, else 0 with the failure recorded. */
+static int plane_frame(worker_t *w, int64_t i) {
+    restore_plan_t *p = w->plan;
+    const int64_t *f = p->frames + i * FR_COLS;
+    uint8_t *payload[8];
+    int64_t cursor = 0;
+    for (int k = 0; k < (int)f[FR_WORD]; k++) {
+        int64_t size = p->chunks[(f[FR_CHUNK] + k) * CH_COLS + CH_SIZE];
+        payload[k] = w->payloads + cursor;
+        cursor += size + (-size & (PLANE_ALIGN - 1));
+    }
+    return plane_read(p, i, payload) && plane_finish(w, i, (const uint8_t *const *)payload, NULL);
+}
+
 static void *plane_work(void *arg) {
     worker_t *w = arg;
     restore_plan_t *p = w->plan;
@@ -317,7 +351,8 @@ static int worker_init(worker_t *w, restore_plan_t *p) {
     memset(w, 0, sizeof *w);
     w->plan = p;
     size_t frame = p->frame_room ? p->frame_room : 1;
-    w->payloads = malloc(p->payload_room ? p->payload_room : 1);
+    /* On a GPU the payloads are read into the batches' pinned memory instead. */
+    w->payloads = malloc(p->payload_room && !p->gpu ? p->payload_room : 1);
     w->room = malloc(frame);
     w->out = malloc(frame);
     w->check = p->checked >= 0 ? malloc(frame) : NULL;
@@ -374,6 +409,9 @@ static const char *plane_check(restore_plan_t *p) {
     return NULL;
 }
 
+/* plane_gpu.c: runs the plan on the workers' threads with a GPU decoding its batches. */
+static void plane_gpu_run(restore_plan_t *p, worker_t *workers, int threads);
+
 /* Runs the plan on `threads` threads (this one among them); the failure kind, or PLANE_OK. */
 static int plane_run(restore_plan_t *p, int threads) {
     int result = PLANE_NOMEM;
@@ -395,10 +433,14 @@ static int plane_run(restore_plan_t *p, int threads) {
             ready++;
             goto done;
         }
-    for (int t = 1; t < threads; t++, started++)
-        if (pthread_create(&ids[t], NULL, plane_work, &workers[t])) break;
-    plane_work(&workers[0]);
-    for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+    if (p->gpu) {
+        plane_gpu_run(p, workers, threads);
+    } else {
+        for (int t = 1; t < threads; t++, started++)
+            if (pthread_create(&ids[t], NULL, plane_work, &workers[t])) break;
+        plane_work(&workers[0]);
+        for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+    }
     result = p->failed ? (int)p->error[0] : PLANE_OK;
 done:
     for (int t = 0; t < ready; t++) worker_free(&workers[t]);

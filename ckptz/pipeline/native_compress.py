@@ -54,7 +54,7 @@ RULES = np.array(
 )
 
 # Failure kinds, as plane.c and compress_plane.c number them.
-_PAYLOAD, _FRAME, _READ, _WRITE, _STOPPED, _NOMEM, _CHECK_READ, _SHORT, _CODER = 3, 5, 6, 7, 9, 10, 11, 12, 13
+_PAYLOAD, _FRAME, _READ, _WRITE, _STOPPED, _NOMEM, _CHECK_READ, _SHORT, _CODER = 3, 5, 6, 7, 9, 10, 11, 13, 14
 
 
 def suits(engine: object, streams: Sequence[StreamInfo], size: int, digest: Kind, *, plain: bool) -> bool:

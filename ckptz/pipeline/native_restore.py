@@ -8,6 +8,11 @@ Progress crosses back as a counter polled here; Ctrl-C and SIGTERM (which raise 
 the main, thread) cross as a stop flag its threads check between frames. The whole-file
 digest is combined here from the leaf hashes and compared by the caller, as on every path.
 
+With a :class:`Gpu`, the same call decodes the chunks of nvCOMP's bitstreams on that GPU
+(``ckptz/native_src/plane_gpu.c``, ``gpu_engine.c``): the native threads read batches of
+frames into pinned memory, a GPU worker thread decodes each batch's chunks with nvCOMP, and
+the threads finish every frame exactly as on the CPU.
+
 A failing frame is decoded once more by :class:`~ckptz.pipeline.decoder.FrameDecoder`, so
 that its error reads exactly as the Python loop words it; a frame the native plane cannot
 decode but Python can (a bitstream it lacks) sends the file back to that loop.
@@ -23,16 +28,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ckptz.codecs.native import native
-from ckptz.codecs.table import BITPACK, CONST, HUFF1, RAW, ZSTD
+from ckptz.codecs.table import ANS, BITPACK, CONST, HUFF1, RAW, ZSTD
 from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
-from ckptz.errors import CorruptionError
+from ckptz.errors import CorruptionError, DeviceError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.transform import transformed
 
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
 #: libzstd where it is found; else the file goes back to the Python loop).
 NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, BITPACK.id, HUFF1.id})
+#: Bitstreams the native plane decodes with a GPU: the GPU-only ``ans`` besides.
+NATIVE_GPU_CODECS = NATIVE_CODECS | {ANS.id}
 #: Seconds between polls of the progress counter (and chances to take a signal).
 POLL = 0.05
 
@@ -66,7 +73,53 @@ THREADS = _Threads()
 
 # Failure kinds, as plane.c numbers them.
 _TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME = 1, 2, 3, 4, 5
-_READ, _WRITE, _DIFFERS, _STOPPED, _NOMEM, _CHECK_READ = 6, 7, 8, 9, 10, 11
+_READ, _WRITE, _DIFFERS, _STOPPED, _NOMEM, _CHECK_READ, _GPU = 6, 7, 8, 9, 10, 11, 12
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """The GPU on which the native plane decodes nvCOMP's bitstreams.
+
+    Attributes:
+        device: the CUDA device's index.
+        library: nvCOMP's shared library (the ``nvidia-libnvcomp`` wheel's).
+        batch_bytes: payload bytes the GPU decodes per call (and room for what they decode).
+        workers: GPU worker threads, each with its own CUDA stream and device memory, so that
+            one batch's copies overlap another's decoding.
+        zstd: whether the portable ``zstd`` chunks go to the GPU too (else the CPU threads
+            decode them, and only ``ans`` chunks go there).
+    """
+
+    device: int
+    library: str
+    batch_bytes: int
+    workers: int = 2
+    zstd: bool = True
+
+
+class _GpuTotals:
+    """Batches, chunks and payload bytes the native plane decoded on a GPU in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals = [0, 0, 0]
+
+    def add(self, stats: np.ndarray) -> None:
+        with self._lock:
+            self._totals = [a + int(b) for a, b in zip(self._totals, stats.tolist(), strict=True)]
+
+    def get(self) -> tuple[int, int, int]:
+        with self._lock:
+            batches, chunks, nbytes = self._totals
+            return batches, chunks, nbytes
+
+
+_GPU_TOTALS = _GpuTotals()
+
+
+def gpu_totals() -> tuple[int, int, int]:
+    """(batches, chunks, payload bytes) the native plane has decoded on a GPU in this process."""
+    return _GPU_TOTALS.get()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,24 +144,25 @@ class Plan:
 MAX_LEAVES = 1 << 24
 
 
-def suits(index: Index) -> bool:
+def suits(index: Index, gpu: bool = False) -> bool:
     """Whether the native plane may restore a container, from its index alone: not a series
-    delta, a tree digest with a bounded number of leaves, only bitstreams it decodes."""
+    delta, a tree digest with a bounded number of leaves, only bitstreams it decodes (with
+    a GPU where ``gpu`` is set)."""
     kind = index.source_digest.kind
     if transformed(index.header) or not kind.tree:
         return False
     if leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
         return False
     codecs = index.chunks["codec"]
-    return not len(codecs) or set(np.unique(codecs).tolist()) <= NATIVE_CODECS
+    return not len(codecs) or set(np.unique(codecs).tolist()) <= (NATIVE_GPU_CODECS if gpu else NATIVE_CODECS)
 
 
-def plan(decoder: FrameDecoder) -> Plan | None:
+def plan(decoder: FrameDecoder, gpu: bool = False) -> Plan | None:
     """The tables for every frame of ``decoder``'s container; None where the native plane
     cannot restore it (as :func:`suits` says, or an index whose frames do not add up, which
     the Python loop reports)."""
     index = decoder.index
-    if decoder.transform is not None or not suits(index):
+    if decoder.transform is not None or not suits(index, gpu):
         return None
     chunks = index.chunks
     frames = decoder.frames
@@ -170,16 +224,19 @@ def run(
     target: Target,
     threads: int,
     progress: Callable[[int], None],
+    gpu: Gpu | None = None,
 ) -> Digest | None:
     """Restore every frame of ``tables`` (from the container open as ``fd``) into
-    ``target``; return the digest of what was restored, or None where a frame needs the
-    Python loop after all (nothing the caller can use was finished: it restores again).
+    ``target``, decoding nvCOMP's bitstreams on ``gpu``; return the digest of what was
+    restored, or None where a frame needs the Python loop after all (nothing the caller can
+    use was finished: it restores again).
 
     Raises:
         CorruptionError: bytes fail their checksum or do not decode (worded as the Python
             loop words it), or a read-back differs.
         MismatchError: a compared original differs (``target.differs``).
         OSError: reading the container or writing the output failed.
+        DeviceError: the GPU failed (CUDA or nvCOMP).
         KeyboardInterrupt: (or any error a signal handler raises) the restore was stopped.
     """
     index = decoder.index
@@ -188,6 +245,12 @@ def run(
     counter = np.zeros(1, np.int64)
     stop = np.zeros(1, np.uint8)
     error = np.zeros(3, np.int64)
+    stats = np.zeros(3, np.int64)
+    why = bytearray(256)
+    settings = None
+    if gpu is not None:
+        zstd = ZSTD.id if gpu.zstd else -1
+        settings = (gpu.library, gpu.device, gpu.batch_bytes, gpu.workers, ANS.id, zstd, stats, why)
 
     def call(lent: int) -> int:
         return native.restore_plan(
@@ -205,9 +268,17 @@ def run(
             counter,
             stop,
             error,
+            settings,
         )
 
-    if call_polled(call, "ckptz-native-restore", counter, stop, threads, progress):
+    try:
+        failed = call_polled(call, "ckptz-native-restore", counter, stop, threads, progress)
+    finally:
+        _GPU_TOTALS.add(stats)
+    if failed == _GPU:
+        message = bytes(why).split(b"\0", 1)[0].decode(errors="replace")
+        raise DeviceError(f"the GPU could not decode it: {message}", path=path, hint="use --device cpu")
+    if failed:
         _raise(int(error[0]), int(error[1]), int(error[2]), decoder, target, path)
         return None
     digest = Piecewise(kind, index.source_size)
@@ -281,4 +352,16 @@ def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Ta
     raise RuntimeError(f"native restore stopped (failure {kind})")  # _STOPPED is only ours to set
 
 
-__all__ = ["NATIVE_CODECS", "THREADS", "Plan", "Target", "call_polled", "plan", "run", "suits"]
+__all__ = [
+    "NATIVE_CODECS",
+    "NATIVE_GPU_CODECS",
+    "THREADS",
+    "Gpu",
+    "Plan",
+    "Target",
+    "call_polled",
+    "gpu_totals",
+    "plan",
+    "run",
+    "suits",
+]

@@ -35,23 +35,29 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, cast, runtime_checkable
 
 import numpy as np
 
 from ckptz import safeio, trace
+from ckptz.codecs.table import ANS
 from ckptz.container import Index, checksum, read_index
 from ckptz.digest import Digest, Piecewise
 from ckptz.engines.base import DecodedSpan, DeviceChecks, Engine, OnDevice, Place, Ranges
 from ckptz.engines.cpu import CpuEngine
+from ckptz.engines.hybrid import HybridEngine
 from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline import native_restore
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.plan import Frame
 from ckptz.pipeline.workers import Failures, FileDigest, Workers, slots_needed
+
+if TYPE_CHECKING:
+    from ckptz.engines.gpu.engine import GpuEngine
 
 Progress = Callable[[int], None]
 
@@ -214,9 +220,11 @@ def restore(
     target = cast(Sink, sink) if hasattr(sink, "put") else _Ordered(sink)
     if isinstance(target, Comparer):
         target.expect_size(index.source_size)
-    # The CPU engine itself (an engine derived from it codes or hashes its own way: the loop).
-    if type(engine) is CpuEngine:
-        digest = _restore_natively(container, path, index, engine, target, progress)
+    # The CPU engine itself (an engine derived from it codes or hashes its own way: the loop),
+    # or the GPU engine, whose nvCOMP bitstreams the native plane decodes on its GPU.
+    gpu = _native_gpu(engine, index)
+    if type(engine) is CpuEngine or gpu is not None:
+        digest = _restore_natively(container, path, index, engine, target, progress, gpu)
         if digest is not None:
             conclude(digest, index, path, target)
             return index
@@ -253,22 +261,53 @@ def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
     return None
 
 
+#: Whether the GPU engine's restores to host sinks run in the native plane (else the loop),
+#: and whether the portable bitstream's chunks go to its GPU there (else to its CPU threads).
+#: Off until tests/test_gpu_plane.py has passed on a GPU (it turns the plane on for itself).
+NATIVE_GPU = False
+NATIVE_GPU_ZSTD = True
+
+
+def _native_gpu(engine: Engine, index: Index) -> native_restore.Gpu | None:
+    """The GPU on which the native plane decodes for ``engine`` where it is the GPU engine
+    (which has checked that CUDA and nvCOMP work there), or a CPU engine that brings one up
+    for a bitstream only a GPU decodes; else None."""
+    if not NATIVE_GPU:
+        return None
+    if type(engine) is HybridEngine and (index.chunks["codec"] == ANS.id).any() and engine.wait_for_gpu():
+        engine = cast(Engine, engine.gpu)
+    module = sys.modules.get("ckptz.engines.gpu.engine")  # not loaded: no GPU engine exists
+    if module is None or type(engine) is not module.GpuEngine:
+        return None
+    from ckptz.engines.gpu.nvcomp_codecs import library_path
+
+    gpu = cast("GpuEngine", engine)
+    return native_restore.Gpu(gpu.index, library_path() or "", gpu.batch_bytes, zstd=NATIVE_GPU_ZSTD)
+
+
 def _restore_natively(
-    container: BinaryIO, path: str, index: Index, engine: CpuEngine, sink: Sink, progress: Progress
+    container: BinaryIO,
+    path: str,
+    index: Index,
+    engine: Engine,
+    sink: Sink,
+    progress: Progress,
+    gpu: native_restore.Gpu | None = None,
 ) -> Digest | None:
-    """Restore the whole file in one native call where the container and sink allow it;
-    the digest of what was restored, or None where the Python loop must restore it."""
+    """Restore the whole file in one native call (decoding nvCOMP's bitstreams on ``gpu``)
+    where the container and sink allow it; the digest of what was restored, or None where
+    the Python loop must restore it."""
     target = _native_target(sink, index.source_size)
-    if target is None or not native_restore.suits(index):
+    if target is None or not native_restore.suits(index, gpu is not None):
         return None
     fd = container.fileno()
     with trace.span("plan"):
         decoder = FrameDecoder(fd, path, index, engine)
-        tables = native_restore.plan(decoder)
+        tables = native_restore.plan(decoder, gpu is not None)
     if tables is None:
         return None
     with trace.span("native restore"):
-        return native_restore.run(fd, path, decoder, tables, target, engine.threads, progress)
+        return native_restore.run(fd, path, decoder, tables, target, engine.threads, progress, gpu)
 
 
 def conclude(digest: Digest, index: Index, path: str, sink: Sink | None) -> None:

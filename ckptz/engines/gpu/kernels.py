@@ -21,8 +21,9 @@ gather payloads):
 Every kernel produces exactly the bytes of the CPU transform (:mod:`ckptz.codecs.planes`);
 the GPU tests compare them.
 
-**Compiled once per machine.** The source below is compiled by NVRTC (the runtime compiler
-that ships with torch's CUDA libraries) for the device's architecture, and the cubin kept
+**Compiled once per machine.** The kernels' ``.cu`` files (:mod:`ckptz.engines.gpu.cuda_src`)
+are compiled by NVRTC (the runtime compiler that ships with torch's CUDA libraries, or the
+``nvidia-cuda-nvrtc-cu12`` wheel) for the device's architecture, and the cubin kept
 in ``$XDG_CACHE_HOME/ckptz/kernels`` under a hash of the source, compiler and
 architecture. A later process loads it straight into the CUDA context
 (:class:`ckptz.engines.gpu.cuda.Module`): no Python JIT, no compiler in the process.
@@ -50,7 +51,7 @@ import numpy as np
 
 from ckptz import cuda
 from ckptz.cache import cache_folder
-from ckptz.engines.gpu import hash_source, literals, pinned
+from ckptz.engines.gpu import cuda_src, hash_source, literals, pinned
 from ckptz.engines.gpu.memory import Buf, DeviceScratch
 from ckptz.engines.gpu.transform import DECODED, SAMPLE_BLOCK, SAMPLE_EVERY, STATS, STORED
 
@@ -78,149 +79,26 @@ _DEFINES = f"""
 
 #: (word, rotate) of every split and merge kernel compiled: rotation only for words > 1.
 _SHAPES = tuple((w, r) for w in _WORDS for r in (0, 1) if w > 1 or r == 0)
-_NAMES = (
+NAMES = (
     *(f"{k}_{w}_{r}" for k in ("split", "merge") for w, r in _SHAPES),
     "gather",
     *hash_source.NAMES,
     *literals.NAMES,
 )
 
-_SOURCE = (
-    _DEFINES
-    + r"""
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef long long i64;
+#: The one program every kernel is compiled in: the shared constants, then each kernel file.
+SOURCE = _DEFINES + "".join(cuda_src.read(name) for name in cuda_src.FILES)
 
-#define PER (BLOCK / THREADS)
 
-template <int W> struct Word;
-template <> struct Word<1> { typedef u8 T; };
-template <> struct Word<2> { typedef u16 T; };
-template <> struct Word<4> { typedef u32 T; };
-template <> struct Word<8> { typedef u64 T; };
-
-/* Split frame blockIdx.y's words [blockIdx.x * BLOCK, +BLOCK) into their byte planes
-   (row f * W + p of `planes`, `stride` bytes apart), folding each row's min and max byte
-   into stats[row][0..1] and, for every SAMPLE_EVERY-th full block, its byte histogram
-   into stats[row][2..257]. */
-template <int W, bool ROT>
-__device__ void split(const typename Word<W>::T* src, u8* planes, int* stats, i64 m, i64 stride) {
-  typedef typename Word<W>::T T;
-  __shared__ int hist[W][256];
-  __shared__ int lo[W], hi[W];
-  const i64 b = blockIdx.x, f = blockIdx.y;
-  const int t = threadIdx.x;
-  const bool sample = (b % SAMPLE_EVERY == 0) && ((b + 1) * BLOCK <= m);
-  if (t < W) { lo[t] = 255; hi[t] = 0; }
-  if (sample) for (int k = t; k < W * 256; k += THREADS) (&hist[0][0])[k] = 0;
-  __syncthreads();
-  int mn[W], mx[W];
-#pragma unroll
-  for (int p = 0; p < W; ++p) { mn[p] = 255; mx[p] = 0; }
-  const T* s = src + f * m;
-#pragma unroll 4
-  for (int k = 0; k < PER; ++k) {
-    const i64 i = b * BLOCK + (i64)k * THREADS + t;
-    if (i < m) {
-      u64 x = s[i];
-      if (ROT) x = ((x << 1) | (x >> (8 * W - 1))) & (W == 8 ? ~0ull : (1ull << (8 * (W % 8))) - 1);
-#pragma unroll
-      for (int p = 0; p < W; ++p) {
-        const int v = (int)((x >> (8 * p)) & 0xFF);
-        planes[(f * W + p) * stride + i] = (u8)v;
-        mn[p] = min(mn[p], v);
-        mx[p] = max(mx[p], v);
-        if (sample) atomicAdd(&hist[p][v], 1);
-      }
-    }
-  }
-#pragma unroll
-  for (int p = 0; p < W; ++p) { atomicMin(&lo[p], mn[p]); atomicMax(&hi[p], mx[p]); }
-  __syncthreads();
-  if (t < W) {
-    int* at = stats + (f * W + t) * NSTATS;
-    atomicMin(at, lo[t]);
-    atomicMax(at + 1, hi[t]);
-  }
-  if (sample)
-    for (int k = t; k < W * 256; k += THREADS) {
-      const int c = (&hist[0][0])[k];
-      if (c) atomicAdd(stats + (f * W + k / 256) * NSTATS + 2 + k % 256, c);
-    }
-}
-
-/* Interleave frame blockIdx.y's plane rows back into words: row r lies at offsets[r] * 16
-   in `stored` (sources[r] == STORED) or `decoded` (DECODED), or is the byte sources[r]. */
-template <int W, bool ROT>
-__device__ void merge(const u8* stored, const u8* decoded, const i64* offsets, const i64* sources,
-                      typename Word<W>::T* out, i64 m) {
-  typedef typename Word<W>::T T;
-  __shared__ i64 off[W], src[W];
-  const i64 b = blockIdx.x, f = blockIdx.y;
-  const int t = threadIdx.x;
-  if (t < W) { off[t] = offsets[f * W + t] * 16; src[t] = sources[f * W + t]; }
-  __syncthreads();
-#pragma unroll 4
-  for (int k = 0; k < PER; ++k) {
-    const i64 i = b * BLOCK + (i64)k * THREADS + t;
-    if (i < m) {
-      u64 acc = 0;
-#pragma unroll
-      for (int p = 0; p < W; ++p) {
-        const i64 c = src[p];
-        const u64 v = c == STORED ? stored[off[p] + i] : c == DECODED ? decoded[off[p] + i] : (u64)(c & 0xFF);
-        acc |= v << (8 * p);
-      }
-      if (ROT) acc = (acc >> 1) | (acc << (8 * W - 1));
-      out[f * m + i] = (T)acc;
-    }
-  }
-}
-
-#define SPLIT(W, R) extern "C" __global__ void __launch_bounds__(THREADS) \
-  split_##W##_##R(const Word<W>::T* s, u8* p, int* st, i64 m, i64 stride) { split<W, R>(s, p, st, m, stride); }
-#define MERGE(W, R) extern "C" __global__ void __launch_bounds__(THREADS) \
-  merge_##W##_##R(const u8* a, const u8* d, const i64* o, const i64* s, Word<W>::T* out, i64 m) { \
-    merge<W, R>(a, d, o, s, out, m); }
-
-/* Copy range blockIdx.y (sizes[c] bytes at src_offsets[c] * 16) to dst_offsets[c] * 16,
-   zero-filled to padded[c] bytes; in 4-byte words (ranges start 16-byte aligned). */
-extern "C" __global__ void __launch_bounds__(THREADS)
-gather(const u32* src, const i64* src_offsets, const i64* sizes, u32* dst, const i64* dst_offsets,
-       const i64* padded) {
-  const i64 c = blockIdx.y;
-  const i64 n = sizes[c], words = padded[c] / 4, so = src_offsets[c] * 4, d = dst_offsets[c] * 4;
-  for (int k = 0; k < PER; ++k) {
-    const i64 w = (i64)blockIdx.x * BLOCK + (i64)k * THREADS + threadIdx.x;
-    if (w < words) {
-      const i64 keep = n - w * 4;
-      u32 v = 0;
-      if (keep > 0) {
-        v = src[so + w];
-        if (keep < 4) v &= (1u << (8 * keep)) - 1;
-      }
-      dst[d + w] = v;
-    }
-  }
-}
-"""
-    # The split and merge kernels, one per shape (the macros above).
-    + "\n".join(f"{k.upper()}({w}, {r})" for k in ("split", "merge") for w, r in _SHAPES)
-    + "\n#define XXH_MULHI(a, b) __umul64hi(a, b)\n#define XXH_CONST __constant__\n"
-    + hash_source.SOURCE
-    + literals.SOURCE
-)
-
+#: The GPU architectures CI compiles the kernels for, where no GPU is at hand.
+ARCHITECTURES = ("sm_80", "sm_90", "sm_100")
 
 _MODULES: dict[int, cuda.Module | str] = {}
 _LOCK = threading.Lock()
 
 
-class _Nvrtc:
-    """NVRTC, loaded from ``path`` (:func:`_nvrtc_path`)."""
+class Nvrtc:
+    """NVRTC, loaded from ``path`` (:func:`nvrtc_path`)."""
 
     def __init__(self, path: str) -> None:
         self.lib = ctypes.CDLL(path)
@@ -232,6 +110,14 @@ class _Nvrtc:
 
     def compile(self, source: str, arch: str) -> bytes:
         """``source`` compiled for ``arch`` (``sm_90``): a cubin."""
+        cubin, log = self.build(source, arch)
+        if cubin is None:
+            raise RuntimeError(f"NVRTC could not compile ckptz's kernels: {log[-400:]}")
+        return cubin
+
+    def build(self, source: str, arch: str) -> tuple[bytes | None, str]:
+        """``source`` compiled for ``arch``: the cubin (None where it does not compile) and
+        NVRTC's whole log."""
         prog = ctypes.c_void_p()
         self._check(
             self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"ckptz.cu", 0, None, None),
@@ -240,22 +126,21 @@ class _Nvrtc:
         try:
             opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--extra-device-vectorization"]
             result = self.lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-            if result != 0:
-                size = ctypes.c_size_t()
-                self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-                log = ctypes.create_string_buffer(size.value)
-                self.lib.nvrtcGetProgramLog(prog, log)
-                raise RuntimeError(f"NVRTC could not compile ckptz's kernels: {log.value.decode()[-400:]}")
             size = ctypes.c_size_t()
+            self._check(self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "nvrtcGetProgramLogSize")
+            log = ctypes.create_string_buffer(size.value)
+            self._check(self.lib.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+            if result != 0:
+                return None, log.value.decode(errors="replace")
             self._check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
             cubin = ctypes.create_string_buffer(size.value)
             self._check(self.lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-            return cubin.raw
+            return cubin.raw, log.value.decode(errors="replace")
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def _nvrtc_path() -> str:
+def nvrtc_path() -> str:
     """NVRTC where torch's CUDA wheels put it (``nvidia/cu13/lib`` for CUDA 13,
     ``nvidia/cuda_nvrtc/lib`` for CUDA 12), else the name for the loader's path."""
     spec = importlib.util.find_spec("nvidia")
@@ -271,15 +156,15 @@ def _nvrtc_path() -> str:
 def _image(arch: str) -> bytes:
     """The kernels' cubin for ``arch``: from the cache, else compiled (and cached when the
     cache folder is writable)."""
-    nvrtc = _nvrtc_path()
-    key = hashlib.sha256(f"{_SOURCE}\0{arch}\0{_file_key(nvrtc)}".encode()).hexdigest()[:32]
+    nvrtc = nvrtc_path()
+    key = hashlib.sha256(f"{SOURCE}\0{arch}\0{_file_key(nvrtc)}".encode()).hexdigest()[:32]
     path = os.path.join(cache_folder("kernels"), f"{key}-{arch}.cubin")
     try:
         with open(path, "rb") as f:
             return f.read()
     except OSError:
         pass
-    cubin = _Nvrtc(nvrtc).compile(_SOURCE, arch)
+    cubin = Nvrtc(nvrtc).compile(SOURCE, arch)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
@@ -309,7 +194,7 @@ def _module(index: int) -> cuda.Module:
             try:
                 cuda.use_device(index)
                 major, minor = cuda.capability(index)
-                found = cuda.Module(_image(f"sm_{major}{minor}"), _NAMES)
+                found = cuda.Module(_image(f"sm_{major}{minor}"), NAMES)
             except (OSError, RuntimeError) as exc:
                 found = f"{type(exc).__name__}: {exc}"
             _MODULES[index] = found

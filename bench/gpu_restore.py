@@ -1,0 +1,125 @@
+"""GPU restore: the native plane (nvCOMP driven from C) against the Python GPU loop, A/B.
+
+Makes a checkpoint of trained-like fp32 and bf16 tensors (``--gib`` of them, half each) in
+``--dir``, compresses it on the GPU with ``ans`` and with the portable default, then restores
+each container with each path, writes discarded and to a file beside it: the median of
+``--repeat`` runs (after one that warms the page cache), in GB/s of original bytes.
+
+Paths: ``python loop`` (the GPU engine's span pipeline), ``native gpu`` (the native plane,
+nvCOMP decoding ``ans`` and ``zstd`` chunks), ``native gpu, zstd on cpu`` (nvCOMP decoding
+``ans`` only), and ``cpu plane`` (the CPU engine, portable containers only).
+
+    python bench/gpu_restore.py [--gib 2] [--repeat 3] [--dir /dev/shm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import importlib
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from ckptz import api
+from ckptz.container import read_index
+from ckptz.engines import Engine
+from ckptz.engines.cpu import CpuEngine
+from ckptz.engines.gpu import open_gpu_engine
+from ckptz.pipeline import native_restore
+from ckptz.pipeline.restore import DiscardSink, FileSink, restore
+
+#: The module (``ckptz.pipeline`` exports a function of its name).
+restore_module = importlib.import_module("ckptz.pipeline.restore")
+
+
+def make(root: Path, gib: float) -> Path:
+    """A safetensors file of trained-like fp32 and bf16 weights, ``gib`` GiB in all (made on
+    the GPU where there is one: much faster than the CPU's generator)."""
+    import torch
+    from safetensors.torch import save_file
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=device).manual_seed(0)
+    total, per, n = int(gib * (1 << 30)), 256 << 20, 0
+    tensors: dict[str, torch.Tensor] = {}
+    while n * per < total:
+        shape = (per // 4 if n % 2 == 0 else per // 2,)
+        t = torch.randn(shape, generator=g, device=device) * 0.02
+        tensors[f"layer{n}.weight"] = (t if n % 2 == 0 else t.to(torch.bfloat16)).cpu()
+        n += 1
+    path = root / "model.safetensors"
+    save_file(tensors, str(path))
+    return path
+
+
+def once(container: Path, out: Path | None, engine: Engine) -> float:
+    """Seconds for one restore (to ``out``, or discarded)."""
+    start = time.perf_counter()
+    with open(container, "rb") as c:
+        if out is None:
+            restore(c, "m", engine, DiscardSink())
+        else:
+            index = read_index(c, "m")
+            with open(out, "wb+") as f:
+                f.truncate(index.source_size)
+                restore(c, "m", engine, FileSink(f, index.source_size), index=index)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=2.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=Path("/dev/shm") if os.path.isdir("/dev/shm") else None)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp)
+        src = make(root, args.gib)
+        size = src.stat().st_size
+        containers = {}
+        for codec in ("ans", "zstd"):
+            containers[codec] = root / f"{codec}.ckptz"
+            api.compress(src, containers[codec], device="cuda", codec=codec)
+        gpu = {codec: open_gpu_engine("cuda", codec=codec) for codec in containers}
+        cpu = CpuEngine(os.cpu_count() or 1)
+        for codec, container in containers.items():
+            paths: list[tuple[str, Engine, bool, bool]] = [
+                ("python loop", gpu[codec], False, True),
+                ("native gpu", gpu[codec], True, True),
+                ("native gpu, zstd on cpu", gpu[codec], True, False),
+            ]
+            if codec == "zstd":
+                paths.append(("cpu plane", cpu, True, True))
+            for sink in ("discard", "file"):
+                out = None if sink == "discard" else root / "restored"
+                for name, engine, native_gpu, zstd_on_gpu in paths:
+                    restore_module.NATIVE_GPU, restore_module.NATIVE_GPU_ZSTD = native_gpu, zstd_on_gpu
+                    before = native_restore.gpu_totals()[1]
+                    try:
+                        once(container, out, engine)  # warms the page cache, the pinned pools, the kernels
+                        took = statistics.median(once(container, out, engine) for _ in range(args.repeat))
+                    except Exception as exc:  # one path failing still measures the others
+                        rows.append(f"{codec:5s} {sink:8s} {name:24s} failed: {type(exc).__name__}: {exc}")
+                        print(rows[-1], flush=True)
+                        continue
+                    on_gpu = native_restore.gpu_totals()[1] - before
+                    rows.append(
+                        f"{codec:5s} {sink:8s} {name:24s} {size / took / 1e9:6.2f} GB/s  "
+                        f"({took:.3f} s, {on_gpu} chunks via the native GPU plane)"
+                    )
+                    print(rows[-1], flush=True)
+                    if out is not None:
+                        assert filecmp.cmp(out, src, shallow=False), f"{name}: not byte-exact"
+        for engine in gpu.values():
+            engine.close()
+        sizes = ", ".join(f"{c} {p.stat().st_size / 1e9:.2f} GB" for c, p in containers.items())
+    print(f"\n{size / 1e9:.2f} GB, containers: {sizes}")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

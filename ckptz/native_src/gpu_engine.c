@@ -1,0 +1,356 @@
+/*
+ * The GPU engine of the native data plane (gpu_engine.h): one batch of chunks, pinned host
+ * memory in and out, decoded by nvCOMP on one CUDA stream per worker.
+ *
+ * A batch goes up in two copies (its payloads, and one table of every chunk's pointers and
+ * sizes), is decoded with one nvCOMP call per bitstream, and comes back in two (the decoded
+ * bytes, and every chunk's decoded size and status); the worker then sleeps on an event. The
+ * plane runs two workers, each with its own stream and device memory, so one batch's copies
+ * overlap the other's decoding. Workers and pinned buffers are kept in pools for the next
+ * file: pinning and device allocation cost more than a small file's restore.
+ */
+#include "gpu_engine.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GPU_MAX_DEVICES 64
+#define GPU_POOL 8
+#define GPU_BLOCKING_SYNC_EVENT 0x3 /* CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING */
+#define GPU_NON_BLOCKING_STREAM 0x1 /* CU_STREAM_NON_BLOCKING */
+#define GPU_PORTABLE_PINNED 0x1     /* CU_MEMHOSTALLOC_PORTABLE */
+#define GPU_ANY_ANS_TYPE 0xFF       /* NVCOMP_TYPE_BITS: the data type is read from the bitstream */
+
+/* The driver's and nvCOMP's functions, loaded once. nvCOMP's options structs are passed by
+ * value, so each algorithm gets a thin caller below that passes its own struct. */
+static struct {
+    gpu_result_t (*init)(unsigned);
+    gpu_result_t (*device_get)(int *, int);
+    gpu_result_t (*retain)(void **, int);
+    gpu_result_t (*set_current)(void *);
+    gpu_result_t (*stream_create)(void **, unsigned);
+    gpu_result_t (*stream_destroy)(void *);
+    gpu_result_t (*event_create)(void **, unsigned);
+    gpu_result_t (*event_destroy)(void *);
+    gpu_result_t (*event_record)(void *, void *);
+    gpu_result_t (*event_sync)(void *);
+    gpu_result_t (*mem_alloc)(gpu_dptr_t *, size_t);
+    gpu_result_t (*mem_free)(gpu_dptr_t);
+    gpu_result_t (*host_alloc)(void **, size_t, unsigned);
+    gpu_result_t (*host_free)(void *);
+    gpu_result_t (*to_device)(gpu_dptr_t, const void *, size_t, void *);
+    gpu_result_t (*to_host)(void *, gpu_dptr_t, size_t, void *);
+    gpu_result_t (*error_string)(gpu_result_t, const char **);
+    gpu_result_t (*ans_temp)(size_t, size_t, nvcomp_ans_opts_t, size_t *, size_t, void *);
+    gpu_result_t (*ans_decode)(const void *const *, const size_t *, const size_t *, size_t *, size_t, void *, size_t,
+                               void *const *, nvcomp_ans_opts_t, gpu_result_t *, void *);
+    gpu_result_t (*zstd_temp)(size_t, size_t, nvcomp_zstd_opts_t, size_t *, size_t, void *);
+    gpu_result_t (*zstd_decode)(const void *const *, const size_t *, const size_t *, size_t *, size_t, void *, size_t,
+                                void *const *, nvcomp_zstd_opts_t, gpu_result_t *, void *);
+    int loaded;
+    void *context[GPU_MAX_DEVICES];
+} gpu_api;
+
+static pthread_mutex_t gpu_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct gpu_engine {
+    int device;
+    void *stream, *done;
+    gpu_dptr_t in, out, table, temp;
+    size_t in_room, out_room, table_room, temp_room;
+    uint8_t *host_table; /* pinned: the chunk table going up, then sizes and statuses coming back */
+    size_t host_room;
+};
+
+static gpu_engine_t *idle_engines[GPU_POOL];
+static struct {
+    uint8_t *ptr;
+    size_t size;
+} idle_pinned[GPU_POOL];
+
+static void gpu_say(char *why, size_t room, const char *what, gpu_result_t result) {
+    const char *text = NULL;
+    if (gpu_api.error_string && gpu_api.error_string(result, &text)) text = NULL;
+    if (text)
+        snprintf(why, room, "%s failed (%s)", what, text);
+    else
+        snprintf(why, room, "%s failed (status %d)", what, result);
+}
+
+#define GPU_SYM(lib, owner, field, name)                                                                             \
+    do {                                                                                                           \
+        *(void **)&gpu_api.field = dlsym(lib, name);                                                               \
+        if (!gpu_api.field) return snprintf(why, room, "%s lacks %s", owner, name), -1;                           \
+    } while (0)
+
+static int gpu_load(const char *nvcomp_path, char *why, size_t room) {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!cuda) return snprintf(why, room, "no CUDA driver on this machine (libcuda.so.1 not found)"), -1;
+    void *nvcomp = dlopen(nvcomp_path && *nvcomp_path ? nvcomp_path : "libnvcomp.so.6", RTLD_NOW | RTLD_LOCAL);
+    if (!nvcomp) return snprintf(why, room, "nvCOMP is not installed (pip install nvidia-libnvcomp-cu12)"), -1;
+    GPU_SYM(cuda, "libcuda", init, "cuInit");
+    GPU_SYM(cuda, "libcuda", device_get, "cuDeviceGet");
+    GPU_SYM(cuda, "libcuda", retain, "cuDevicePrimaryCtxRetain");
+    GPU_SYM(cuda, "libcuda", set_current, "cuCtxSetCurrent");
+    GPU_SYM(cuda, "libcuda", stream_create, "cuStreamCreate");
+    GPU_SYM(cuda, "libcuda", stream_destroy, "cuStreamDestroy_v2");
+    GPU_SYM(cuda, "libcuda", event_create, "cuEventCreate");
+    GPU_SYM(cuda, "libcuda", event_destroy, "cuEventDestroy_v2");
+    GPU_SYM(cuda, "libcuda", event_record, "cuEventRecord");
+    GPU_SYM(cuda, "libcuda", event_sync, "cuEventSynchronize");
+    GPU_SYM(cuda, "libcuda", mem_alloc, "cuMemAlloc_v2");
+    GPU_SYM(cuda, "libcuda", mem_free, "cuMemFree_v2");
+    GPU_SYM(cuda, "libcuda", host_alloc, "cuMemHostAlloc");
+    GPU_SYM(cuda, "libcuda", host_free, "cuMemFreeHost");
+    GPU_SYM(cuda, "libcuda", to_device, "cuMemcpyHtoDAsync_v2");
+    GPU_SYM(cuda, "libcuda", to_host, "cuMemcpyDtoHAsync_v2");
+    GPU_SYM(cuda, "libcuda", error_string, "cuGetErrorString");
+    GPU_SYM(nvcomp, "nvCOMP", ans_temp, "nvcompBatchedANSDecompressGetTempSize");
+    GPU_SYM(nvcomp, "nvCOMP", ans_decode, "nvcompBatchedANSDecompressAsync");
+    GPU_SYM(nvcomp, "nvCOMP", zstd_temp, "nvcompBatchedZstdDecompressGetTempSize");
+    GPU_SYM(nvcomp, "nvCOMP", zstd_decode, "nvcompBatchedZstdDecompressAsync");
+    gpu_result_t r = gpu_api.init(0);
+    if (r) return gpu_say(why, room, "cuInit", r), -1;
+    return 0;
+}
+
+static int gpu_open(const char *nvcomp_path, int device, char *why, size_t room) {
+    int result = 0;
+    if (device < 0 || device >= GPU_MAX_DEVICES) return snprintf(why, room, "no device cuda:%d", device), -1;
+    pthread_mutex_lock(&gpu_lock);
+    if (!gpu_api.loaded) {
+        result = gpu_load(nvcomp_path, why, room);
+        gpu_api.loaded = result == 0;
+    }
+    if (!result && !gpu_api.context[device]) {
+        int dev = 0;
+        gpu_result_t r = gpu_api.device_get(&dev, device);
+        if (!r) r = gpu_api.retain(&gpu_api.context[device], dev);
+        if (r) result = -1, gpu_say(why, room, "opening the device", r);
+    }
+    pthread_mutex_unlock(&gpu_lock);
+    return result;
+}
+
+static int gpu_enter(int device, char *why, size_t room) {
+    gpu_result_t r = gpu_api.set_current(gpu_api.context[device]);
+    if (r) return gpu_say(why, room, "cuCtxSetCurrent", r), -1;
+    return 0;
+}
+
+static void gpu_engine_free(gpu_engine_t *g) {
+    if (g->in) gpu_api.mem_free(g->in);
+    if (g->out) gpu_api.mem_free(g->out);
+    if (g->table) gpu_api.mem_free(g->table);
+    if (g->temp) gpu_api.mem_free(g->temp);
+    if (g->host_table) gpu_api.host_free(g->host_table);
+    if (g->done) gpu_api.event_destroy(g->done);
+    if (g->stream) gpu_api.stream_destroy(g->stream);
+    free(g);
+}
+
+static gpu_engine_t *gpu_engine_take(int device, char *why, size_t room) {
+    pthread_mutex_lock(&gpu_lock);
+    for (int k = 0; k < GPU_POOL; k++)
+        if (idle_engines[k] && idle_engines[k]->device == device) {
+            gpu_engine_t *g = idle_engines[k];
+            idle_engines[k] = NULL;
+            pthread_mutex_unlock(&gpu_lock);
+            return g;
+        }
+    pthread_mutex_unlock(&gpu_lock);
+    gpu_engine_t *g = calloc(1, sizeof *g);
+    if (!g) return snprintf(why, room, "no memory for a GPU worker"), NULL;
+    g->device = device;
+    gpu_result_t r = gpu_api.stream_create(&g->stream, GPU_NON_BLOCKING_STREAM);
+    if (!r) r = gpu_api.event_create(&g->done, GPU_BLOCKING_SYNC_EVENT);
+    if (r) {
+        gpu_say(why, room, "creating a CUDA stream", r);
+        gpu_engine_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+static void gpu_engine_give(gpu_engine_t *g) {
+    if (!g) return;
+    pthread_mutex_lock(&gpu_lock);
+    for (int k = 0; k < GPU_POOL; k++)
+        if (!idle_engines[k]) {
+            idle_engines[k] = g;
+            g = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&gpu_lock);
+    if (g) gpu_engine_free(g);
+}
+
+/* Device memory of at least `need` bytes at *at (grown, never shrunk); a CUDA result. */
+static gpu_result_t gpu_room(gpu_dptr_t *at, size_t *room, size_t need) {
+    if (need <= *room) return 0;
+    if (*at) gpu_api.mem_free(*at);
+    *at = 0;
+    *room = 0;
+    size_t size = (need + (1 << 20) - 1) & ~(size_t)((1 << 20) - 1);
+    gpu_result_t r = gpu_api.mem_alloc(at, size);
+    if (!r) *room = size;
+    return r;
+}
+
+static uint8_t *gpu_host_alloc(size_t size, size_t *got) {
+    pthread_mutex_lock(&gpu_lock);
+    int best = -1;
+    for (int k = 0; k < GPU_POOL; k++)
+        if (idle_pinned[k].ptr && idle_pinned[k].size >= size &&
+            (best < 0 || idle_pinned[k].size < idle_pinned[best].size))
+            best = k;
+    if (best >= 0) {
+        uint8_t *p = idle_pinned[best].ptr;
+        *got = idle_pinned[best].size;
+        idle_pinned[best].ptr = NULL;
+        pthread_mutex_unlock(&gpu_lock);
+        return p;
+    }
+    pthread_mutex_unlock(&gpu_lock);
+    void *p = NULL;
+    size_t rounded = (size + (1 << 20) - 1) & ~(size_t)((1 << 20) - 1);
+    if (gpu_api.host_alloc(&p, rounded ? rounded : 1 << 20, GPU_PORTABLE_PINNED)) return NULL;
+    *got = rounded ? rounded : 1 << 20;
+    return p;
+}
+
+static void gpu_host_free(uint8_t *ptr, size_t size) {
+    if (!ptr) return;
+    pthread_mutex_lock(&gpu_lock);
+    int slot = -1;
+    for (int k = 0; k < GPU_POOL && slot < 0; k++)
+        if (!idle_pinned[k].ptr) slot = k;
+    if (slot < 0) { /* the pool is full: keep the larger buffer */
+        slot = 0;
+        for (int k = 1; k < GPU_POOL; k++)
+            if (idle_pinned[k].size < idle_pinned[slot].size) slot = k;
+        if (idle_pinned[slot].size >= size) {
+            pthread_mutex_unlock(&gpu_lock);
+            gpu_api.host_free(ptr);
+            return;
+        }
+        gpu_api.host_free(idle_pinned[slot].ptr);
+    }
+    idle_pinned[slot].ptr = ptr;
+    idle_pinned[slot].size = size;
+    pthread_mutex_unlock(&gpu_lock);
+}
+
+static int gpu_decode(gpu_engine_t *g, const gpu_batch_t *b, int64_t *bad, char *why, size_t room) {
+    int64_t n = b->count;
+    if (n <= 0) return 0;
+    /* Up: per chunk (in bitstream order) its payload's address and size, its room, its
+     * output's address; down: its decoded size and status. */
+    size_t up = (size_t)n * 32, down = (size_t)n * 12;
+    gpu_result_t r;
+    if (g->host_room < up + down) {
+        if (g->host_table) gpu_api.host_free(g->host_table);
+        g->host_table = NULL;
+        g->host_room = 0;
+        size_t want = (up + down) * 2;
+        if ((r = gpu_api.host_alloc((void **)&g->host_table, want, GPU_PORTABLE_PINNED)))
+            return gpu_say(why, room, "pinning the chunk table", r), -1;
+        g->host_room = want;
+    }
+    if ((r = gpu_room(&g->in, &g->in_room, b->in_bytes ? b->in_bytes : 16)) ||
+        (r = gpu_room(&g->out, &g->out_room, b->out_bytes ? b->out_bytes : 16)) ||
+        (r = gpu_room(&g->table, &g->table_room, up + down)))
+        return gpu_say(why, room, "allocating GPU memory", r), -1;
+    int64_t *order = malloc((size_t)n * sizeof(int64_t));
+    if (!order) return snprintf(why, room, "no memory for a batch's table"), -1;
+    uint64_t *in_ptr = (uint64_t *)g->host_table, *in_size = in_ptr + n, *out_room = in_size + n, *out_ptr = out_room + n;
+    int ids[2] = {b->ans_id, b->zstd_id};
+    int64_t first[3] = {0, 0, 0}, largest[2] = {0, 0}, total[2] = {0, 0}, k = 0;
+    for (int a = 0; a < 2; a++) {
+        first[a] = k;
+        for (int64_t c = 0; c < n; c++)
+            if (b->codec[c] == ids[a]) {
+                order[k] = c;
+                in_ptr[k] = g->in + (uint64_t)b->in_at[c];
+                in_size[k] = (uint64_t)b->in_size[c];
+                out_room[k] = (uint64_t)b->out_size[c];
+                out_ptr[k] = g->out + (uint64_t)b->out_at[c];
+                if (b->out_size[c] > largest[a]) largest[a] = b->out_size[c];
+                total[a] += b->out_size[c];
+                k++;
+            }
+    }
+    first[2] = k;
+    if (k != n) {
+        free(order);
+        return snprintf(why, room, "a chunk of a bitstream the GPU engine does not decode"), -1;
+    }
+    nvcomp_ans_opts_t ans;
+    nvcomp_zstd_opts_t zstd;
+    memset(&ans, 0, sizeof ans);
+    memset(&zstd, 0, sizeof zstd);
+    ans.data_type = GPU_ANY_ANS_TYPE;
+    size_t temp[2] = {0, 0};
+    for (int a = 0; a < 2; a++) {
+        size_t count = (size_t)(first[a + 1] - first[a]);
+        if (!count) continue;
+        r = a == 0 ? gpu_api.ans_temp(count, (size_t)largest[0], ans, &temp[0], (size_t)total[0], g->stream)
+                   : gpu_api.zstd_temp(count, (size_t)largest[1], zstd, &temp[1], (size_t)total[1], g->stream);
+        if (r) {
+            free(order);
+            return snprintf(why, room, "sizing nvCOMP's scratch memory failed (nvCOMP status %d)", r), -1;
+        }
+    }
+    size_t scratch = temp[0] > temp[1] ? temp[0] : temp[1];
+    if ((r = gpu_room(&g->temp, &g->temp_room, scratch ? scratch : 16))) {
+        free(order);
+        return gpu_say(why, room, "allocating GPU memory", r), -1;
+    }
+    const uint64_t dev_in_ptr = g->table, dev_in_size = dev_in_ptr + n * 8, dev_room = dev_in_size + n * 8,
+                   dev_out_ptr = dev_room + n * 8, dev_sizes = dev_out_ptr + n * 8, dev_status = dev_sizes + n * 8;
+    if ((r = gpu_api.to_device(g->in, b->in, b->in_bytes, g->stream)) ||
+        (r = gpu_api.to_device(g->table, g->host_table, up, g->stream))) {
+        free(order);
+        return gpu_say(why, room, "copying a batch to the GPU", r), -1;
+    }
+    for (int a = 0; a < 2; a++) {
+        int64_t at = first[a];
+        size_t count = (size_t)(first[a + 1] - at);
+        if (!count) continue;
+        const void *const *ptrs = (const void *const *)(uintptr_t)(dev_in_ptr + at * 8);
+        const size_t *sizes = (const size_t *)(uintptr_t)(dev_in_size + at * 8);
+        const size_t *rooms = (const size_t *)(uintptr_t)(dev_room + at * 8);
+        size_t *got = (size_t *)(uintptr_t)(dev_sizes + at * 8);
+        void *const *outs = (void *const *)(uintptr_t)(dev_out_ptr + at * 8);
+        gpu_result_t *status = (gpu_result_t *)(uintptr_t)(dev_status + at * 4);
+        void *scratch_ptr = (void *)(uintptr_t)g->temp;
+        r = a == 0 ? gpu_api.ans_decode(ptrs, sizes, rooms, got, count, scratch_ptr, temp[0], outs, ans, status, g->stream)
+                   : gpu_api.zstd_decode(ptrs, sizes, rooms, got, count, scratch_ptr, temp[1], outs, zstd, status,
+                                         g->stream);
+        if (r) {
+            free(order);
+            return snprintf(why, room, "nvCOMP %s decompression failed (nvCOMP status %d)", a == 0 ? "ANS" : "Zstd", r),
+                   -1;
+        }
+    }
+    uint8_t *back = g->host_table + up;
+    if ((r = gpu_api.to_host(b->out, g->out, b->out_bytes, g->stream)) ||
+        (r = gpu_api.to_host(back, dev_sizes, down, g->stream)) || (r = gpu_api.event_record(g->done, g->stream)) ||
+        (r = gpu_api.event_sync(g->done))) {
+        free(order);
+        return gpu_say(why, room, "decoding a batch on the GPU", r), -1;
+    }
+    const uint64_t *decoded = (const uint64_t *)back;
+    const gpu_result_t *status = (const gpu_result_t *)(back + (size_t)n * 8);
+    int result = 0;
+    for (int64_t j = 0; j < n && !result; j++)
+        if (status[j] != 0 || decoded[j] != out_room[j]) {
+            *bad = order[j];
+            result = 1;
+        }
+    free(order);
+    return result;
+}
