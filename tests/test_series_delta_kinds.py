@@ -53,7 +53,7 @@ def test_ordered_difference_of_nearby_floats_is_small_across_signs() -> None:
     assert int(coded.max()) <= 4  # zigzag of a step of at most two ordered units
 
 
-def _pair_one(ours: np.ndarray, theirs: np.ndarray) -> list[tuple[int, int, int]]:
+def _pair_one(ours: np.ndarray, theirs: np.ndarray) -> list[tuple[int, int, int, int]]:
     a, b = ours.tobytes(), theirs.tobytes()
     t = Tensor(0, 0, len(a), ("w",), "float32")
     return choose_pairs([t], [t], lambda at, n: a[at : at + n], lambda at, n: b[at : at + n])
@@ -70,7 +70,7 @@ def test_chooser_picks_the_kind_that_codes_smaller() -> None:
     for ours, theirs, expect in ((v, newer, ORDERED_DIFFERENCE), (sign_flip, v, XOR)):
         costs = delta_costs(ours.tobytes(), theirs.tobytes(), 4, True)
         assert min((c, k) for k, c in costs.items() if k >= 0)[1] == expect
-        assert _pair_one(ours, theirs) == [(0, 0, expect)]
+        assert _pair_one(ours, theirs) == [(0, 0, expect, 0)]  # no scale: kinds 0 and 1 take none
 
 
 def test_chooser_leaves_unrelated_tensors_plain() -> None:

@@ -1,0 +1,82 @@
+/* Series delta kinds 1-3 (docs/FORMAT.md "Delta kinds"): each float word of a tensor coded
+ * against the same word of the reference checkpoint, or against its prediction
+ * scale * reference (an AdamW moment decays by a power of its beta between snapshots, a
+ * weight by its weight decay).
+ *
+ * The prediction is computed in integers, not by the FPU: it is the IEEE round-to-nearest-even
+ * product wherever that is a normal number, and the same bits on every machine whatever its
+ * denormal or rounding modes (a library loaded with -ffast-math sets flush-to-zero for the
+ * whole process), so a delta written on one machine decodes on any other. */
+
+#include "native.h"
+
+/* scale * r for one word of `bits` bits with `mant` mantissa bits (FORMAT.md "Scaled
+ * prediction"); scale is a positive normal float32's bit pattern, checked by the caller.
+ * Branch-free, so the loops below vectorise. */
+static inline uint32_t predict_word(uint32_t r, int bits, int mant, uint32_t scale) {
+    const uint32_t emax = (1u << (bits - 1 - mant)) - 1;
+    const uint32_t sign = r & (1u << (bits - 1));
+    const uint32_t e = (r >> mant) & emax;
+    const uint64_t m = (uint64_t)((r & ((1u << mant) - 1)) | (1u << mant));
+    const uint64_t q = m * (uint64_t)((scale & 0x7FFFFFu) | 0x800000u);
+    const uint32_t wide = (uint32_t)(q >> (mant + 24)); /* the product has one more bit: 0 or 1 */
+    const uint32_t shift = 23 + wide;
+    /* Round to nearest, ties to even: add half less one, and the bit that decides the tie. */
+    uint64_t t = (q + (((uint64_t)1 << (shift - 1)) - 1) + ((q >> shift) & 1)) >> shift;
+    const uint32_t carry = (uint32_t)(t >> (mant + 1)); /* rounded up to the next power of two */
+    t >>= carry;
+    const int32_t exponent = (int32_t)e + (int32_t)((scale >> 23) & 0xFFu) - 127 + (int32_t)(wide + carry);
+    uint32_t out = sign | ((uint32_t)exponent << mant) | ((uint32_t)t & ((1u << mant) - 1));
+    out = exponent >= (int32_t)emax ? sign | (emax << mant) : out;
+    out = exponent <= 0 ? sign : out;
+    return e == 0 || e == emax ? r : out; /* zeros, subnormals, infinities and NaNs: as they are */
+}
+
+/* A float's bit pattern as an integer that orders like the float (its own inverse). */
+#define ORDERED(u, bits) ((u) ^ (((u) >> ((bits) - 1)) * ((1u << ((bits) - 1)) - 1)))
+
+/* One word coded (forward) or restored against its prediction p; all arithmetic modulo 2^bits. */
+static inline uint32_t delta_word(uint32_t x, uint32_t p, int bits, int kind, int forward) {
+    const uint32_t all = bits == 32 ? 0xFFFFFFFFu : (1u << bits) - 1;
+    const uint32_t top = 1u << (bits - 1), low = top - 1;
+    if (kind == 3) { /* sign agreement, then the magnitudes' zigzagged difference in bits-1 bits */
+        if (forward) {
+            const uint32_t d = (x - p) & low;
+            return ((x ^ p) & top) | (((d << 1) ^ (0u - (d >> (bits - 2)))) & low);
+        }
+        const uint32_t z = x & low;
+        const uint32_t d = ((z >> 1) ^ (0u - (z & 1))) & low;
+        return ((d + p) & low) | ((x ^ p) & top);
+    }
+    const uint32_t po = ORDERED(p, bits) & all;
+    if (forward) {
+        const uint32_t d = (ORDERED(x, bits) - po) & all;
+        return ((d << 1) ^ (0u - (d >> (bits - 1)))) & all;
+    }
+    const uint32_t d = ((x >> 1) ^ (0u - (x & 1))) & all;
+    const uint32_t o = (d + po) & all;
+    return ORDERED(o, bits) & all;
+}
+
+/* n words of `word` bytes (2 or 4, little-endian) of data coded or restored in place against
+ * ref's: kind 1 against ref itself, kinds 2 and 3 against scale * ref. One loop per word size
+ * and kind, so each is compiled with its constants. */
+#define DELTA_LOOP(WORD, KIND)                                                                       \
+    for (size_t i = 0; i < n; i++) {                                                                 \
+        uint32_t x = 0, r = 0;                                                                       \
+        memcpy(&x, data + i * WORD, WORD); /* little-endian hosts only, as all of ckptz */           \
+        memcpy(&r, ref + i * WORD, WORD);                                                            \
+        const uint32_t p = KIND == 1 ? r : predict_word(r, WORD * 8, mant, scale);                   \
+        const uint32_t y = delta_word(x, p, WORD * 8, KIND, forward);                                \
+        memcpy(data + i * WORD, &y, WORD);                                                           \
+    }
+
+WIDE static void series_delta(uint8_t *data, const uint8_t *ref, size_t n, int word, int kind, int mant,
+                              uint32_t scale, int forward) {
+    if (word == 2 && kind == 1) DELTA_LOOP(2, 1)
+    else if (word == 2 && kind == 2) DELTA_LOOP(2, 2)
+    else if (word == 2) DELTA_LOOP(2, 3)
+    else if (kind == 1) DELTA_LOOP(4, 1)
+    else if (kind == 2) DELTA_LOOP(4, 2)
+    else DELTA_LOOP(4, 3)
+}
