@@ -17,12 +17,13 @@ static inline uint32_t predict_word(uint32_t r, int bits, int mant, uint32_t sca
     const uint32_t emax = (1u << (bits - 1 - mant)) - 1;
     const uint32_t sign = r & (1u << (bits - 1));
     const uint32_t e = (r >> mant) & emax;
-    const uint64_t m = (uint64_t)((r & ((1u << mant) - 1)) | (1u << mant));
-    const uint64_t q = m * (uint64_t)((scale & 0x7FFFFFu) | 0x800000u);
+    const uint32_t m = (r & ((1u << mant) - 1)) | (1u << mant);
+    const uint64_t q = (uint64_t)m * (uint64_t)((scale & 0x7FFFFFu) | 0x800000u); /* 32 x 32 -> 64 bits */
     const uint32_t wide = (uint32_t)(q >> (mant + 24)); /* the product has one more bit: 0 or 1 */
-    const uint32_t shift = 23 + wide;
+    /* Doubled when narrow, so that one constant shift drops the bits below the mantissa. */
+    const uint64_t qn = wide ? q : q + q;
     /* Round to nearest, ties to even: add half less one, and the bit that decides the tie. */
-    uint64_t t = (q + (((uint64_t)1 << (shift - 1)) - 1) + ((q >> shift) & 1)) >> shift;
+    uint64_t t = (qn + (((uint64_t)1 << 23) - 1) + ((qn >> 24) & 1)) >> 24;
     const uint32_t carry = (uint32_t)(t >> (mant + 1)); /* rounded up to the next power of two */
     t >>= carry;
     const int32_t exponent = (int32_t)e + (int32_t)((scale >> 23) & 0xFFu) - 127 + (int32_t)(wide + carry);
@@ -61,22 +62,36 @@ static inline uint32_t delta_word(uint32_t x, uint32_t p, int bits, int kind, in
 /* n words of `word` bytes (2 or 4, little-endian) of data coded or restored in place against
  * ref's: kind 1 against ref itself, kinds 2 and 3 against scale * ref. One loop per word size
  * and kind, so each is compiled with its constants. */
-#define DELTA_LOOP(WORD, KIND)                                                                       \
+#define DELTA_LOOP(T, MANT, KIND, FORWARD)                                                           \
     for (size_t i = 0; i < n; i++) {                                                                 \
-        uint32_t x = 0, r = 0;                                                                       \
-        memcpy(&x, data + i * WORD, WORD); /* little-endian hosts only, as all of ckptz */           \
-        memcpy(&r, ref + i * WORD, WORD);                                                            \
-        const uint32_t p = KIND == 1 ? r : predict_word(r, WORD * 8, mant, scale);                   \
-        const uint32_t y = delta_word(x, p, WORD * 8, KIND, forward);                                \
-        memcpy(data + i * WORD, &y, WORD);                                                           \
+        T x, r; /* little-endian hosts only, as all of ckptz */                                      \
+        memcpy(&x, data + i * sizeof(T), sizeof(T));                                                 \
+        memcpy(&r, ref + i * sizeof(T), sizeof(T));                                                  \
+        const uint32_t p = KIND == 1 ? r : predict_word(r, sizeof(T) * 8, MANT, scale);              \
+        const T y = (T)delta_word(x, p, sizeof(T) * 8, KIND, FORWARD);                               \
+        memcpy(data + i * sizeof(T), &y, sizeof(T));                                                 \
     }
+
+/* Each word format, kind and direction compiled with its constants. */
+#define DELTA_KINDS(T, MANT)                                                                         \
+    if (kind == 1 && forward) DELTA_LOOP(T, MANT, 1, 1)                                              \
+    else if (kind == 1) DELTA_LOOP(T, MANT, 1, 0)                                                    \
+    else if (kind == 2 && forward) DELTA_LOOP(T, MANT, 2, 1)                                         \
+    else if (kind == 2) DELTA_LOOP(T, MANT, 2, 0)                                                    \
+    else if (forward) DELTA_LOOP(T, MANT, 3, 1)                                                      \
+    else DELTA_LOOP(T, MANT, 3, 0)
 
 WIDE static void series_delta(uint8_t *data, const uint8_t *ref, size_t n, int word, int kind, int mant,
                               uint32_t scale, int forward) {
-    if (word == 2 && kind == 1) DELTA_LOOP(2, 1)
-    else if (word == 2 && kind == 2) DELTA_LOOP(2, 2)
-    else if (word == 2) DELTA_LOOP(2, 3)
-    else if (kind == 1) DELTA_LOOP(4, 1)
-    else if (kind == 2) DELTA_LOOP(4, 2)
-    else DELTA_LOOP(4, 3)
+    if (word == 4 && mant == 23) {
+        DELTA_KINDS(uint32_t, 23)
+    } else if (word == 2 && mant == 7) {
+        DELTA_KINDS(uint16_t, 7)
+    } else if (word == 2 && mant == 10) {
+        DELTA_KINDS(uint16_t, 10)
+    } else if (word == 4) {
+        DELTA_KINDS(uint32_t, mant)
+    } else {
+        DELTA_KINDS(uint16_t, mant)
+    }
 }
