@@ -210,8 +210,8 @@ def predict(r: np.ndarray, c: int, b: int, e_bits: int) -> np.ndarray:
 
 
 def undo_delta(stored: bytes, ref: bytes, kind: int, scale: int, word: int, dtype: str) -> bytes:
-    """A paired segment's original bytes from its stored bytes and the reference's (FORMAT.md
-    "Delta kinds")."""
+    """A part of a paired segment (what one frame holds of it): its original bytes from its
+    stored bytes and the reference's (FORMAT.md "Delta kinds", "Scaled prediction")."""
     if kind == 0:
         return (np.frombuffer(stored, np.uint8) ^ np.frombuffer(ref, np.uint8)).tobytes()
     _need(word in (2, 4) and len(stored) % word == 0, f"kind {kind} on a segment of no float words")
@@ -223,7 +223,13 @@ def undo_delta(stored: bytes, ref: bytes, kind: int, scale: int, word: int, dtyp
     else:
         _need(dtype in EXPONENT_BITS and EXPONENT_BITS[dtype] < b - 1, f"kind {kind} on a {dtype} segment")
         _need(0 <= scale < 2**31 and 0 < scale >> 23 < 255, "scale is no positive normal float32")
-        p = predict(r, scale, b, EXPONENT_BITS[dtype])
+        e_bits = EXPONENT_BITS[dtype]
+        p = predict(r, scale, b, e_bits)
+        # Stored grouped by the reference words' exponent field, stably: put each word back.
+        group = (r >> t.type(b - 1 - e_bits)) & t.type((1 << e_bits) - 1)
+        ungrouped = np.empty_like(s)
+        ungrouped[np.argsort(group, kind="stable")] = s
+        s = ungrouped
     top, low = t.type(1 << (b - 1)), (1 << (b - 1)) - 1
     if kind == 3:
         x = ((_unzigzag(s & t.type(low), low) + p) & t.type(low)) | ((s ^ p) & top)
@@ -313,6 +319,9 @@ def read(blob: bytes, reference: bytes | None = None) -> Container:
 
     joined = [b"".join(parts) for parts in decoded]
     _need([len(j) for j in joined] == [s["length"] for s in streams], "stream lengths")
+    cuts: list[list[int]] = [[] for _ in streams]  # where each stream's frames end
+    for stream, _, _, length, _ in frames:
+        cuts[stream].append((cuts[stream][-1] if cuts[stream] else 0) + length)
     cursor = [0] * len(streams)
     pairs = {}
     if "reference" in header:
@@ -324,8 +333,20 @@ def read(blob: bytes, reference: bytes | None = None) -> Container:
         cursor[stream] += length
         if i in pairs:
             offset, kind, scale = pairs[i]
-            ref = reference[offset : offset + length]  # type: ignore[index]
-            part = undo_delta(part, ref, kind, scale, streams[stream]["word"], streams[stream]["dtype"])
+            start = cursor[stream] - length
+            # A delta is undone on each part of the segment one frame holds.
+            edges = [start] + [c for c in cuts[stream] if start < c < start + length] + [start + length]
+            part = b"".join(
+                undo_delta(
+                    part[lo - start : hi - start],
+                    reference[offset + lo - start : offset + hi - start],  # type: ignore[index]
+                    kind,
+                    scale,
+                    streams[stream]["word"],
+                    streams[stream]["dtype"],
+                )
+                for lo, hi in itertools.pairwise(edges)
+            )
         out += part
     _need(len(out) == header["source"]["size"], "source size")
     recorded, computed = whole_file_digest(bytes(out), header["source"])

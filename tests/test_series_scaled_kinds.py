@@ -111,12 +111,19 @@ def test_chooser_finds_the_decay_of_moments_that_saw_no_gradient() -> None:
     assert np.uint32(scale).view(np.float32) == pytest.approx(0.999**-50, rel=1e-6)
 
 
-def test_chooser_keeps_kind_1_where_no_scale_predicts() -> None:
+def test_chooser_scales_by_about_one_where_no_scale_predicts() -> None:
     rng = np.random.default_rng(3)
     v = (rng.random(1 << 15) * 1e-4).astype(np.float32)
     newer = (v * (1 + 1e-3 * rng.standard_normal(v.size))).astype(np.float32)
-    [(_, _, kind, _)] = _pair_one(v, newer)
-    assert kind == ORDERED_DIFFERENCE
+    [(_, _, kind, scale)] = _pair_one(v, newer)
+    assert kind in SCALED
+    assert np.uint32(scale).view(np.float32) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_chooser_keeps_xor_where_only_signs_flip() -> None:
+    v = np.random.default_rng(5).standard_normal(1 << 14).astype(np.float32)
+    [(_, _, kind, scale)] = _pair_one(-v, v)
+    assert (kind, scale) == (0, 0)
 
 
 # --------------------------------------------------------------------------- real optimizer runs

@@ -1119,11 +1119,17 @@ static PyObject *native_series_delta(PyObject *self, PyObject *args) {
     } else if (data.len != ref.len || data.len % word) {
         PyErr_Format(PyExc_ValueError, "%zd bytes against %zd of %d-byte words", data.len, ref.len, word);
     } else {
-        Py_BEGIN_ALLOW_THREADS;
-        series_delta(data.buf, ref.buf, (size_t)data.len / (size_t)word, word, kind, mant, (uint32_t)scale,
-                     forward);
-        Py_END_ALLOW_THREADS;
-        result = Py_NewRef(Py_None);
+        uint8_t *room = kind == 1 ? NULL : malloc(data.len ? (size_t)data.len : 1);
+        if (kind != 1 && !room) {
+            PyErr_NoMemory();
+        } else {
+            Py_BEGIN_ALLOW_THREADS;
+            series_delta(data.buf, ref.buf, (size_t)data.len / (size_t)word, word, kind, mant, (uint32_t)scale,
+                         forward, room);
+            Py_END_ALLOW_THREADS;
+            result = Py_NewRef(Py_None);
+        }
+        free(room);
     }
     PyBuffer_Release(&data);
     PyBuffer_Release(&ref);
@@ -1189,7 +1195,8 @@ static PyMethodDef methods[] = {
     {"series_delta", native_series_delta, METH_VARARGS,
      "series_delta(data, ref, word, kind, mantissa_bits, scale, forward): data's 2- or 4-byte words coded\n"
      "(forward) or restored in place against ref's as series delta kind 1, 2 or 3 (scale: the bit\n"
-     "pattern of a positive normal float32, for kinds 2 and 3)."},
+     "pattern of a positive normal float32, for kinds 2 and 3, which store the words grouped by their\n"
+     "reference word's exponent)."},
     {"order1_encode", native_order1_encode, METH_VARARGS,
      "order1_encode(src, segments): a ckptz.codecs.order1 payload of src, or None."},
     {"order1_decode", native_order1_decode, METH_VARARGS,

@@ -60,8 +60,8 @@ static inline uint32_t delta_word(uint32_t x, uint32_t p, int bits, int kind, in
 }
 
 /* n words of `word` bytes (2 or 4, little-endian) of data coded or restored in place against
- * ref's: kind 1 against ref itself, kinds 2 and 3 against scale * ref. One loop per word size
- * and kind, so each is compiled with its constants. */
+ * ref's, in their own order: kind 1 against ref itself, kinds 2 and 3 against scale * ref. One
+ * loop per word size and kind, so each is compiled with its constants. */
 #define DELTA_LOOP(T, MANT, KIND, FORWARD)                                                           \
     for (size_t i = 0; i < n; i++) {                                                                 \
         T x, r; /* little-endian hosts only, as all of ckptz */                                      \
@@ -81,7 +81,7 @@ static inline uint32_t delta_word(uint32_t x, uint32_t p, int bits, int kind, in
     else if (forward) DELTA_LOOP(T, MANT, 3, 1)                                                      \
     else DELTA_LOOP(T, MANT, 3, 0)
 
-WIDE static void series_delta(uint8_t *data, const uint8_t *ref, size_t n, int word, int kind, int mant,
+WIDE static void series_delta_words(uint8_t *data, const uint8_t *ref, size_t n, int word, int kind, int mant,
                               uint32_t scale, int forward) {
     if (word == 4 && mant == 23) {
         DELTA_KINDS(uint32_t, 23)
@@ -94,4 +94,45 @@ WIDE static void series_delta(uint8_t *data, const uint8_t *ref, size_t n, int w
     } else {
         DELTA_KINDS(uint16_t, mant)
     }
+}
+
+/* Counts, then scatters (forward) or gathers the coded words by group: the reference word's
+ * exponent field. T is the word's type, for constant-size copies. */
+#define GROUP_WORDS(T)                                                                               \
+    do {                                                                                             \
+        const uint32_t emax = (1u << (sizeof(T) * 8 - 1 - mant)) - 1;                               \
+        T r;                                                                                         \
+        for (size_t i = 0; i < n; i++) {                                                             \
+            memcpy(&r, ref + i * sizeof(T), sizeof(T));                                              \
+            next[((uint32_t)r >> mant & emax) + 1]++;                                                \
+        }                                                                                            \
+        for (int g = 1; g <= 256; g++) next[g] += next[g - 1];                                       \
+        for (size_t i = 0; i < n; i++) {                                                             \
+            memcpy(&r, ref + i * sizeof(T), sizeof(T));                                              \
+            const size_t at = next[(uint32_t)r >> mant & emax]++;                                    \
+            if (forward)                                                                             \
+                memcpy(data + at * sizeof(T), room + i * sizeof(T), sizeof(T));                      \
+            else                                                                                     \
+                memcpy(data + i * sizeof(T), room + at * sizeof(T), sizeof(T));                      \
+        }                                                                                            \
+    } while (0)
+
+/* A series delta of kind 1-3 applied (forward) or undone in place. Kinds 2 and 3 store the
+ * coded words grouped by their reference word's exponent field, stably (FORMAT.md "Scaled
+ * prediction"): words of one magnitude then sit together, so a block-adaptive coder sees
+ * each group's narrower statistics. `room` holds n words. */
+static void series_delta(uint8_t *data, const uint8_t *ref, size_t n, int word, int kind, int mant,
+                         uint32_t scale, int forward, uint8_t *room) {
+    if (kind == 1) {
+        series_delta_words(data, ref, n, word, kind, mant, scale, forward);
+        return;
+    }
+    size_t next[257] = {0}; /* at most 8 exponent bits: where each group's next word goes */
+    if (forward) series_delta_words(data, ref, n, word, kind, mant, scale, 1);
+    memcpy(room, data, n * (size_t)word);
+    if (word == 4)
+        GROUP_WORDS(uint32_t);
+    else
+        GROUP_WORDS(uint16_t);
+    if (!forward) series_delta_words(data, ref, n, word, kind, mant, scale, 0);
 }

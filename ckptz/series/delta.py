@@ -58,8 +58,6 @@ _MARGIN = 0.98
 #: Tensors smaller than this are not paired (the pair costs more header than it saves).
 MIN_PAIR_BYTES = 256
 
-#: A kind that predicts by a scale (slower to code) must measure this much smaller than kinds 0-1.
-_SCALED_MARGIN = 0.995
 #: A pair: (segment, counterpart offset, delta kind, scale bits or 0).
 Pair = tuple[int, int, int, int]
 #: Word sizes the ordered difference is defined for (bf16/fp16 and fp32 words).
@@ -168,8 +166,8 @@ def scaled_costs(ours: bytes, theirs: bytes, word: int, mant: int) -> dict[tuple
     if a.size % word or b.size != a.size:
         return {}
     scales = scale_candidates(a, b, word, mant)
-    # Unscaled, kind 3 still differs from kind 1: a sign that flips costs one bit, not a wide difference.
-    options = [(k, c) for c in scales for k in sorted(SCALED)] + [(SCALED_SIGN_MAGNITUDE, UNIT_SCALE)]
+    # Unscaled, kind 2 is kind 1 grouped by exponent, and kind 3 codes a flipped sign in one bit.
+    options = [(k, c) for c in [*scales, UNIT_SCALE] for k in sorted(SCALED)]
     return {(k, c): plane_cost(coded(a, b, k, word, mant, c), word) for k, c in dict.fromkeys(options)}
 
 
@@ -199,8 +197,10 @@ def choose_pairs(
 
     A counterpart has the same key paths, dtype and length. Each pair is judged on a sample
     (:data:`_PIECES` pieces): the kind of least order-0 cost (XOR; for float words the
-    ordered difference, or a scaled kind at the best of the sample's candidate scales, which
-    must win by :data:`_SCALED_MARGIN`), kept only where it is below plain's.
+    ordered difference, or a scaled kind at the best of the sample's candidate scales), kept
+    only where it is below plain's. The scaled kinds win ties with kind 1: they store words
+    grouped by exponent, which the order-0 cost of a sample cannot see but a block-adaptive
+    coder does.
     """
     by_key: dict[tuple[tuple[str, ...], str, int], Tensor] = {}
     for t in theirs:
@@ -229,7 +229,11 @@ def choose_pairs(
             if mant is not None:
                 scaled = scaled_costs(a, b, word, mant)
                 best = min(scaled, key=lambda k: (scaled[k], k), default=None)
-                if best is not None and scaled[best] < totals[(kind, scale)] * _SCALED_MARGIN:
+                # Ties against kind 1, not XOR: grouping pays where residuals vary in magnitude.
+                if best is not None and (
+                    scaled[best] < totals[(kind, scale)]
+                    or (kind == ORDERED_DIFFERENCE and scaled[best] <= totals[(kind, scale)])
+                ):
                     totals[best] = scaled[best]
                     kind, scale = best
             if totals[(kind, scale)] < plain * _MARGIN:
@@ -285,6 +289,12 @@ class XorDelta:
                     elif (lo - lo_seg) % word or (hi - lo) % word:
                         # Frames hold whole words of a tensor; a cut word means a damaged index.
                         raise ContainerError("a frame cuts a word of a tensor coded in value (damaged)")
+                    elif kind in SCALED and not (
+                        (lo == lo_seg or within + lo - at == 0)
+                        and (hi == hi_seg or within + hi - at == frame.length)
+                    ):
+                        # Grouped words are placed within the frame's whole part of the tensor.
+                        raise ValueError("a grouped series delta needs its frame's whole part of the tensor")
                     else:
                         apply(part, ref_bytes, kind, word, mant, scale, forward)
                 j += 1

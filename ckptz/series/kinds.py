@@ -6,6 +6,9 @@ snapshots an AdamW moment of a parameter that saw no gradient decays by a power 
 and a weight by its weight decay, so one scale per tensor predicts many words to the last
 bit. Kind 2 stores the ordered difference from the prediction; kind 3 stores whether the
 signs agree and the magnitudes' difference, which suits first moments, whose signs flip.
+Both store the coded words of each frame's part of a tensor grouped by the reference word's
+exponent: residuals of one magnitude then sit together, and the block-adaptive coders that
+follow code each group by its own, narrower, statistics.
 
 The words are coded by ``ckptz._native.series_delta``; this module plans: it finds a
 tensor's candidate scales and what each kind costs on a sample of it.
@@ -44,7 +47,7 @@ def apply(
     data: np.ndarray, ref: np.ndarray, kind: int, word: int, mant: int, scale: int, forward: bool
 ) -> None:
     """Code (``forward``) or restore ``data``'s words in place against ``ref``'s (uint8 arrays
-    of equal, whole-word size) as delta kind 1, 2 or 3."""
+    of equal, whole-word size: one frame's part of a tensor) as delta kind 1, 2 or 3."""
     native.series_delta(data, ref, word, kind, mant, scale if kind in SCALED else UNIT_SCALE, forward)
 
 
