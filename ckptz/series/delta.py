@@ -171,19 +171,13 @@ def scaled_costs(ours: bytes, theirs: bytes, word: int, mant: int) -> dict[tuple
     return {(k, c): plane_cost(coded(a, b, k, word, mant, c), word) for k, c in dict.fromkeys(options)}
 
 
-def delta_costs(
-    ours: bytes, theirs: bytes, word: int, is_float: bool, mant: int | None = None
-) -> dict[int, float]:
-    """Order-0 cost in bytes of a sample as plain (key -1) and as each delta kind that applies
-    (with ``mant`` mantissa bits, the scaled kinds too, each at its best scale)."""
+def delta_costs(ours: bytes, theirs: bytes, word: int, is_float: bool) -> dict[int, float]:
+    """Order-0 cost in bytes of a sample as plain (key -1), XOR and (float words) kind 1."""
     a = np.frombuffer(ours, np.uint8)
     b = np.frombuffer(theirs, np.uint8)[: a.size]
     costs = {-1: plane_cost(a, word), XOR: plane_cost(a ^ b, word)}
     if is_float and word in _DIFF_WORDS and a.size % word == 0:
         costs[ORDERED_DIFFERENCE] = plane_cost(diff_forward(a, b, word), word)
-        if mant is not None:
-            for (kind, _), cost in scaled_costs(ours, theirs, word, mant).items():
-                costs[kind] = min(costs.get(kind, cost), cost)
     return costs
 
 
