@@ -7,10 +7,11 @@ write them), every float tensor is coded against its counterpart in the newer ch
 * ``plain``: no delta;
 * ``xor``: the bytes XORed (series delta kind 0);
 * ``diff``: the ordered integer difference, zigzagged (kind 1);
-* ``scaled``: the ordered difference less its per-tensor median: the integer form of
-  predicting ``x ≈ c · reference`` with one scale ``c`` per tensor (for ``exp_avg_sq``,
-  ``β2^k`` over ``k`` steps, plus the new squared gradients' share), measured only;
-* ``best``: per tensor, the smallest of ``plain``, ``xor`` and ``diff`` (what ckptz chooses).
+* ``scaled``: against the prediction ``c · reference``, one scale ``c`` per tensor (for the
+  moments of rows that saw no gradient, ``β^-k`` over ``k`` steps; for weights, their decay),
+  the best of kind 2 (ordered difference) and kind 3 (sign and magnitude) at the candidate
+  scales :func:`ckptz.series.kinds.scale_candidates` finds;
+* ``best``: per tensor, the smallest of all of them (what ckptz chooses, up to its margins).
 
 Cost is the order-0 entropy of the byte planes (what ckptz's plane coders approach), summed
 per component; the ratio is original bytes over that. Usage::
@@ -29,9 +30,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ckptz.series.delta import diff_forward, plane_cost
+from ckptz.series.delta import diff_forward, plane_cost, scaled_costs
 
 KINDS = ("plain", "xor", "diff", "scaled", "best")
+
+
+#: Mantissa bits by element size: the runs this reads hold float32 and bfloat16 tensors.
+MANTISSA = {4: 23, 2: 7}
 
 
 def tensors_of(folder: Path) -> dict[str, tuple[str, np.ndarray, int]]:
@@ -71,20 +76,13 @@ def tensors_of(folder: Path) -> dict[str, tuple[str, np.ndarray, int]]:
 
 def costs(ours: np.ndarray, theirs: np.ndarray, word: int) -> dict[str, float]:
     """Order-0 plane cost of each delta of one tensor."""
-    diff = diff_forward(ours, theirs, word)
-    kind = np.uint16 if word == 2 else np.uint32
-    z = diff.view(kind)
-    signed = (z >> kind(1)).astype(np.int64) * np.where(z & kind(1), -1, 1) - (z & kind(1)).astype(np.int64)
-    bias = int(np.median(signed))
-    shifted = (signed - bias) % (1 << (word * 8))
-    zz = ((shifted << 1) ^ np.where(shifted >> (word * 8 - 1), (1 << (word * 8)) - 1, 0)) % (1 << (word * 8))
     c = {
         "plain": plane_cost(ours, word),
         "xor": plane_cost(ours ^ theirs, word),
-        "diff": plane_cost(diff, word),
-        "scaled": plane_cost(zz.astype(kind).view(np.uint8), word),
+        "diff": plane_cost(diff_forward(ours, theirs, word), word),
+        "scaled": min(scaled_costs(ours.tobytes(), theirs.tobytes(), word, MANTISSA[word]).values()),
     }
-    c["best"] = min(c["plain"], c["xor"], c["diff"])
+    c["best"] = min(c.values())
     return c
 
 

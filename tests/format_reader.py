@@ -173,6 +173,89 @@ def whole_file_digest(data: bytes, source: dict[str, Any]) -> tuple[str, str]:
     return source["xxh3_128"], xxhash.xxh3_128_hexdigest(data)
 
 
+#: Exponent bits of the dtypes series delta kinds 1-3 code (FORMAT.md "Scaled prediction").
+EXPONENT_BITS = {"float32": 8, "complex64": 8, "bfloat16": 8, "float16": 5, "complex32": 5}
+
+
+def _ordered(u: np.ndarray, b: int) -> np.ndarray:
+    t = u.dtype.type
+    return u ^ ((u >> t(b - 1)) * t((1 << (b - 1)) - 1))
+
+
+def _unzigzag(z: np.ndarray, mask: int) -> np.ndarray:
+    t = z.dtype.type
+    return ((z >> t(1)) ^ (t(0) - (z & t(1)))) & t(mask)
+
+
+def predict(r: np.ndarray, c: int, b: int, e_bits: int) -> np.ndarray:
+    """FORMAT.md's P(r, c), steps 1-6, on uint64 copies of the words."""
+    m_bits = b - 1 - e_bits
+    emax = (1 << e_bits) - 1
+    u = r.astype(np.uint64)
+    sign = u & np.uint64(1 << (b - 1))
+    e = ((u >> np.uint64(m_bits)) & np.uint64(emax)).astype(np.int64)
+    m = (u & np.uint64((1 << m_bits) - 1)) | np.uint64(1 << m_bits)
+    q = m * np.uint64((c & ((1 << 23) - 1)) | (1 << 23))
+    wide = (q >= np.uint64(1 << (m_bits + 24))).astype(np.uint64)
+    shift = np.uint64(23) + wide
+    t = (q + (np.uint64(1) << (shift - np.uint64(1))) - np.uint64(1) + ((q >> shift) & np.uint64(1))) >> shift
+    carry = t == np.uint64(2 << m_bits)
+    t = np.where(carry, np.uint64(1 << m_bits), t)
+    k = e + ((c >> 23) & 255) - 127 + wide.astype(np.int64) + carry
+    normal = (
+        sign | (np.clip(k, 0, emax).astype(np.uint64) << np.uint64(m_bits)) | (t - np.uint64(1 << m_bits))
+    )
+    p = np.where(k >= emax, sign | np.uint64(emax << m_bits), np.where(k <= 0, sign, normal))
+    return np.where((e == 0) | (e == emax), u, p).astype(r.dtype)
+
+
+def undo_delta(stored: bytes, ref: bytes, kind: int, scale: int, word: int, dtype: str) -> bytes:
+    """A part of a paired segment (what one frame holds of it): its original bytes from its
+    stored bytes and the reference's (FORMAT.md "Delta kinds", "Scaled prediction")."""
+    if kind == 0:
+        return (np.frombuffer(stored, np.uint8) ^ np.frombuffer(ref, np.uint8)).tobytes()
+    _need(word in (2, 4) and len(stored) % word == 0, f"kind {kind} on a segment of no float words")
+    t = np.dtype({2: np.uint16, 4: np.uint32}[word]).newbyteorder("<")
+    s, r = np.frombuffer(stored, t).astype(t.type), np.frombuffer(ref, t).astype(t.type)
+    b = word * 8
+    if kind == 1:
+        p = r
+    else:
+        _need(dtype in EXPONENT_BITS and EXPONENT_BITS[dtype] < b - 1, f"kind {kind} on a {dtype} segment")
+        _need(0 <= scale < 2**31 and 0 < scale >> 23 < 255, "scale is no positive normal float32")
+        e_bits = EXPONENT_BITS[dtype]
+        p = predict(r, scale, b, e_bits)
+        # Stored grouped by the reference words' exponent field, stably: put each word back.
+        group = (r >> t.type(b - 1 - e_bits)) & t.type((1 << e_bits) - 1)
+        ungrouped = np.empty_like(s)
+        ungrouped[np.argsort(group, kind="stable")] = s
+        s = ungrouped
+    top, low = t.type(1 << (b - 1)), (1 << (b - 1)) - 1
+    if kind == 3:
+        x = ((_unzigzag(s & t.type(low), low) + p) & t.type(low)) | ((s ^ p) & top)
+    else:
+        x = _ordered(_unzigzag(s, (1 << b) - 1) + _ordered(p, b), b)
+    return x.astype(t).tobytes()
+
+
+def _pairs(header: dict[str, Any], lengths: list[int], ref: bytes) -> list[tuple[int, int, int, int]]:
+    spec = header["reference"]
+    _need(spec["size"] == len(ref), "reference size")
+    recorded, computed = whole_file_digest(ref, spec)
+    _need(recorded == computed, "reference digest")
+    out = []
+    for p in spec["pairs"]:
+        _need(len(p) in (2, 3, 4) and all(isinstance(x, int) for x in p), "pair form")
+        kind = p[2] if len(p) > 2 else 0
+        _need(kind in (0, 1, 2, 3), f"delta kind {kind}")
+        _need(len(p) == {0: 2, 1: 3, 2: 4, 3: 4}[kind], f"kind {kind} pair of {len(p)} elements")
+        segment, offset = p[0], p[1]
+        _need(0 <= segment < len(lengths) and 0 <= offset <= len(ref) - lengths[segment], "pair range")
+        out.append((segment, offset, kind, p[3] if len(p) == 4 else 0))
+    _need(len({p[0] for p in out}) == len(out), "pairs name a segment twice")
+    return out
+
+
 @dataclass
 class Container:
     header: dict[str, Any]
@@ -180,8 +263,9 @@ class Container:
     data: bytes
 
 
-def read(blob: bytes) -> Container:
-    """Decode a whole container held in memory; every check of FORMAT.md is made."""
+def read(blob: bytes, reference: bytes | None = None) -> Container:
+    """Decode a whole container held in memory; every check of FORMAT.md is made. A series
+    delta needs ``reference``: the original bytes of the file its header names."""
     _need(len(blob) >= HEADER.size + FOOTER.size, "too short")
     magic, major, minor, flags = HEADER.unpack_from(blob)
     off, isize, raw_size, isum, fmajor, fminor, fflags, end = FOOTER.unpack_from(
@@ -196,7 +280,7 @@ def read(blob: bytes) -> Container:
     _need(len(raw) == raw_size, "index size")
     (jsize,) = struct.unpack_from("<I", raw)
     header = json.loads(raw[4 : 4 + jsize])
-    _need("reference" not in header, "a series delta needs its reference (not read here)")
+    _need("reference" not in header or reference is not None, "a series delta needs its reference")
     counts = header["counts"]
     at = 4 + jsize
     segments = [SEGMENT.unpack_from(raw, at + i * SEGMENT.size) for i in range(counts["segments"])]
@@ -235,11 +319,35 @@ def read(blob: bytes) -> Container:
 
     joined = [b"".join(parts) for parts in decoded]
     _need([len(j) for j in joined] == [s["length"] for s in streams], "stream lengths")
+    cuts: list[list[int]] = [[] for _ in streams]  # where each stream's frames end
+    for stream, _, _, length, _ in frames:
+        cuts[stream].append((cuts[stream][-1] if cuts[stream] else 0) + length)
     cursor = [0] * len(streams)
+    pairs = {}
+    if "reference" in header:
+        assert reference is not None
+        pairs = {p[0]: p[1:] for p in _pairs(header, [length for _, length in segments], reference)}
     out = bytearray()
-    for stream, length in segments:
-        out += joined[stream][cursor[stream] : cursor[stream] + length]
+    for i, (stream, length) in enumerate(segments):
+        part = joined[stream][cursor[stream] : cursor[stream] + length]
         cursor[stream] += length
+        if i in pairs:
+            offset, kind, scale = pairs[i]
+            start = cursor[stream] - length
+            # A delta is undone on each part of the segment one frame holds.
+            edges = [start] + [c for c in cuts[stream] if start < c < start + length] + [start + length]
+            part = b"".join(
+                undo_delta(
+                    part[lo - start : hi - start],
+                    reference[offset + lo - start : offset + hi - start],  # type: ignore[index]
+                    kind,
+                    scale,
+                    streams[stream]["word"],
+                    streams[stream]["dtype"],
+                )
+                for lo, hi in itertools.pairwise(edges)
+            )
+        out += part
     _need(len(out) == header["source"]["size"], "source size")
     recorded, computed = whole_file_digest(bytes(out), header["source"])
     _need(recorded == computed, "whole-file digest")

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from format_reader import FormatViolation, read
+from format_reader import Container, FormatViolation, read
 
 from ckptz import api
 
@@ -27,6 +27,12 @@ def _self_contained(path: Path) -> bool:
         return "reference" not in read_index(f, str(path)).header
 
 
+def _read(name: str) -> Container:
+    """A vector decoded by the spec reader, given its reference's original where it names one."""
+    ref = MANIFEST[name].get("reference")
+    return read((VECTORS / name).read_bytes(), (VECTORS / ref).read_bytes() if ref else None)
+
+
 FROZEN = [
     (version / name, expected)
     for version in sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p != VECTORS)
@@ -40,7 +46,7 @@ def test_the_vectors_cover_every_bitstream_a_cpu_decodes() -> None:
 
     used = set()
     for name in MANIFEST:
-        container = read((VECTORS / name).read_bytes())
+        container = _read(name)
         used |= {int(c) for c in container.header["codecs"]}
     assert used == {b.id for b in TABLE if b.portable}
 
@@ -48,7 +54,7 @@ def test_the_vectors_cover_every_bitstream_a_cpu_decodes() -> None:
 @pytest.mark.parametrize("name", sorted(MANIFEST))
 def test_vector_decodes_to_its_bytes(name: str, tmp_path: Path) -> None:
     expected = MANIFEST[name]
-    container = read((VECTORS / name).read_bytes())
+    container = _read(name)
     original = (VECTORS / name.removesuffix(".ckptz")).read_bytes()
     assert container.data == original
     assert hashlib.sha256(container.data).hexdigest() == expected["sha256"]
@@ -69,3 +75,23 @@ def test_a_flipped_payload_bit_violates_the_format() -> None:
     blob[40] ^= 0x10
     with pytest.raises(FormatViolation):
         read(bytes(blob))
+
+
+def test_the_vectors_cover_every_series_delta_kind() -> None:
+    from ckptz.series.kinds import SCALED_SIGN_MAGNITUDE
+
+    kinds = set()
+    for name in MANIFEST:
+        pairs = _read(name).header.get("reference", {}).get("pairs", [])
+        kinds |= {p[2] if len(p) > 2 else 0 for p in pairs}
+    assert kinds == set(range(SCALED_SIGN_MAGNITUDE + 1))
+
+
+def test_a_delta_read_against_another_reference_violates_the_format() -> None:
+    blob = (VECTORS / "scaled.bin.ckptz").read_bytes()
+    other = bytearray((VECTORS / "scaled-ref.bin").read_bytes())
+    other[100] ^= 1
+    with pytest.raises(FormatViolation, match="reference digest"):
+        read(blob, bytes(other))
+    with pytest.raises(FormatViolation, match="needs its reference"):
+        read(blob)

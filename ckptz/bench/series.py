@@ -3,7 +3,7 @@
 For every file that ``compress --series`` would code against the next newer checkpoint's
 (every member of a track but its newest; keyframes aside), the file is planned exactly as
 that run plans it: the tensors :func:`ckptz.series.delta.choose_pairs` pairs on its sample
-get streams of their own, and their frames are XORed with the counterpart bytes by the same
+get streams of their own, and their frames are coded against the counterpart bytes by the same
 :class:`~ckptz.series.delta.XorDelta` that compression uses. Evenly spaced frames of each
 component are then coded twice by the CPU engine (``--codec auto``), as they are and through
 the delta, and the order-0 bound of their byte planes is computed for both. Nothing is
@@ -49,7 +49,7 @@ class SeriesRow:
         component: component name.
         bytes: its bytes in every checkpoint of the run.
         delta_bytes: its bytes in the files coded against a newer checkpoint.
-        paired_bytes: of those, the bytes of tensors paired with their counterpart (XORed).
+        paired_bytes: of those, the bytes of tensors paired with their counterpart (delta-coded).
         sample_bytes: bytes of the sample coded.
         plain_ratio: the codec's ratio on the sample as it is.
         series_ratio: the codec's ratio on the sample through the delta.

@@ -20,6 +20,8 @@
  *                                       the preceding byte's bucket), or None
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
+ *   series_delta(data, ref, word, kind, mantissa_bits, scale, forward)
+ *                                       a series delta of kind 1-3 applied or undone in place
  *   pickle_scan(data, kinds)            a pickle's opcodes counted to STOP, its largest memo
  *                                       index and protocol (or None: unsure)
  *   pread_many(fd, offsets, sizes)      many small reads of a file, the GIL released once
@@ -83,6 +85,8 @@
  *                       LZ-coded planes come out byte for byte as the binding codes them
  *   gpu_engine.c        nvCOMP decoding batches of chunks on a GPU (CUDA and nvCOMP loaded at run time)
  *   plane_gpu.c         the restore plane with the GPU engine decoding its batches
+ *   series_delta.c      series delta kinds 1-3: words coded against a reference's, or its
+ *                       scaled prediction
  *   module.c            the Python functions above (argument checks, the GIL) and the module
  */
 #define PY_SSIZE_T_CLEAN
@@ -107,6 +111,7 @@
 #include "plane.c"
 #include "compress_plane.c"
 #include "plane_gpu.c"
+#include "series_delta.c"
 
 /* ---------------------------------------------------------------- split and merge */
 
@@ -1185,6 +1190,43 @@ done:
     return result;
 }
 
+/* series_delta(data, ref, word, kind, mantissa_bits, scale, forward): data's words coded
+ * (forward) or restored in place against ref's as series delta kind 1, 2 or 3. */
+static PyObject *native_series_delta(PyObject *self, PyObject *args) {
+    Py_buffer data, ref;
+    int word, kind, mant, forward;
+    unsigned long scale;
+    if (!PyArg_ParseTuple(args, "w*y*iiikp", &data, &ref, &word, &kind, &mant, &scale, &forward)) return NULL;
+    const unsigned long scale_exponent = (scale >> 23) & 0xFFu;
+    PyObject *result = NULL;
+    if (word != 2 && word != 4) {
+        PyErr_Format(PyExc_ValueError, "series deltas of %d-byte words", word);
+    } else if (kind < 1 || kind > 3) {
+        PyErr_Format(PyExc_ValueError, "series delta kind %d", kind);
+    } else if (mant < 1 || mant > word * 8 - 3) {
+        PyErr_Format(PyExc_ValueError, "%d mantissa bits in a %d-byte word", mant, word);
+    } else if (kind != 1 && (scale > 0x7FFFFFFFul || scale_exponent == 0 || scale_exponent == 0xFF)) {
+        PyErr_Format(PyExc_ValueError, "scale 0x%lx is not a positive normal float32", scale);
+    } else if (data.len != ref.len || data.len % word) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes against %zd of %d-byte words", data.len, ref.len, word);
+    } else {
+        uint8_t *room = kind == 1 ? NULL : malloc(data.len ? (size_t)data.len : 1);
+        if (kind != 1 && !room) {
+            PyErr_NoMemory();
+        } else {
+            Py_BEGIN_ALLOW_THREADS;
+            series_delta(data.buf, ref.buf, (size_t)data.len / (size_t)word, word, kind, mant, (uint32_t)scale,
+                         forward, room);
+            Py_END_ALLOW_THREADS;
+            result = Py_NewRef(Py_None);
+        }
+        free(room);
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&ref);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"use_avx2", native_use_avx2, METH_O,
      "use_avx2(on) -> bool: run the AVX2 loops where the CPU has them (on) or the SSE2 ones; returns\n"
@@ -1241,6 +1283,11 @@ static PyMethodDef methods[] = {
      "bitpack_decode(rows, fixed, value, out): bytes from packed rows of varying bits."},
     {"blocked_entropy", native_blocked_entropy, METH_VARARGS,
      "blocked_entropy(src, sub): the order-0 entropies of src's blocks of `sub` bytes, summed, in bytes."},
+    {"series_delta", native_series_delta, METH_VARARGS,
+     "series_delta(data, ref, word, kind, mantissa_bits, scale, forward): data's 2- or 4-byte words coded\n"
+     "(forward) or restored in place against ref's as series delta kind 1, 2 or 3 (scale: the bit\n"
+     "pattern of a positive normal float32, for kinds 2 and 3, which store the words grouped by their\n"
+     "reference word's exponent)."},
     {"order1_encode", native_order1_encode, METH_VARARGS,
      "order1_encode(src, segments): a ckptz.codecs.order1 payload of src, or None."},
     {"order1_decode", native_order1_decode, METH_VARARGS,

@@ -1,15 +1,17 @@
-"""Series deltas: tensors coded as their XOR with the same tensor of a newer checkpoint.
+"""Series deltas: tensors coded against the same tensor of a newer checkpoint.
 
 Consecutive snapshots of a training run differ little: XOR two of them and the exponent and
 high mantissa bits mostly cancel, so the XOR codes far smaller than either. :class:`XorDelta` is the :class:`~ckptz.pipeline.transform.FrameTransform`
-that does it: each *paired* tensor segment of a frame is XORed with its counterpart's bytes
-in the reference file, before the engine codes the frame and after it decodes it. Which
-tensors are paired is decided by :func:`choose_pairs` from a sample of each (XOR only where
-it measures smaller than plain), and written to the container's header::
+that does it: each *paired* tensor segment of a frame is coded against its counterpart's bytes
+in the reference file (XORed, or in value: :mod:`.kinds`), before the engine codes the frame
+and after it decodes it. Which tensors are paired, and how, is decided by :func:`choose_pairs`
+from a sample of each (a delta only where it measures smaller than plain), and written to the
+container's header::
 
     "reference": {"path": "../checkpoint-50/model.safetensors.ckptz", "size": N,
                   "xxh3_tree": {"leaf": 524288, "digest": "<the reference's original digest>"},
-                  "pairs": [[segment index, offset of the counterpart in the reference], ...]}
+                  "pairs": [[segment index, offset of the counterpart in the reference
+                             (, delta kind (, scale))], ...]}
 
 A paired segment and its counterpart have the same length; segments not named are stored
 as they are. The reference's digest is recorded in its own kind (``xxh3_128`` for a 1.0-1.3
@@ -33,6 +35,19 @@ from ckptz.dtypes import lookup
 from ckptz.errors import ContainerError
 from ckptz.formats.layout import FileLayout
 from ckptz.pipeline.plan import Frame
+from ckptz.series.kinds import (
+    ORDERED_DIFFERENCE,
+    SCALED,
+    SCALED_DIFFERENCE,
+    SCALED_SIGN_MAGNITUDE,
+    UNIT_SCALE,
+    XOR,
+    apply,
+    coded,
+    mantissa_bits,
+    scale_candidates,
+    valid_scale,
+)
 from ckptz.series.reference import ReferenceBytes, RefSpec, locate, open_reference
 
 #: A sample of each tensor decides XOR or plain: this many pieces of ``_PIECE`` bytes.
@@ -43,9 +58,8 @@ _MARGIN = 0.98
 #: Tensors smaller than this are not paired (the pair costs more header than it saves).
 MIN_PAIR_BYTES = 256
 
-#: Delta kinds (FORMAT.md "Series deltas"): the bytes XORed with the reference's, or each word
-#: stored as the zigzagged difference of its ordered integer and the reference word's.
-XOR, ORDERED_DIFFERENCE = 0, 1
+#: A pair: (segment, counterpart offset, delta kind, scale bits or 0).
+Pair = tuple[int, int, int, int]
 #: Word sizes the ordered difference is defined for (bf16/fp16 and fp32 words).
 _DIFF_WORDS = {2: np.uint16, 4: np.uint32}
 
@@ -144,8 +158,21 @@ def xor_gain(ours: bytes, theirs: bytes, word: int) -> tuple[float, float]:
     return plane_cost(a, word), plane_cost(a ^ b, word)
 
 
+def scaled_costs(ours: bytes, theirs: bytes, word: int, mant: int) -> dict[tuple[int, int], float]:
+    """Order-0 cost in bytes of a sample as each scaled kind with each candidate scale, keyed
+    by ``(kind, scale bits)``."""
+    a = np.frombuffer(ours, np.uint8)
+    b = np.frombuffer(theirs, np.uint8)[: a.size]
+    if a.size % word or b.size != a.size:
+        return {}
+    scales = scale_candidates(a, b, word, mant)
+    # Unscaled, kind 2 is kind 1 grouped by exponent, and kind 3 codes a flipped sign in one bit.
+    options = [(k, c) for c in [*scales, UNIT_SCALE] for k in sorted(SCALED)]
+    return {(k, c): plane_cost(coded(a, b, k, word, mant, c), word) for k, c in dict.fromkeys(options)}
+
+
 def delta_costs(ours: bytes, theirs: bytes, word: int, is_float: bool) -> dict[int, float]:
-    """Order-0 cost in bytes of a sample as plain (key -1) and as each delta kind that applies."""
+    """Order-0 cost in bytes of a sample as plain (key -1), XOR and (float words) kind 1."""
     a = np.frombuffer(ours, np.uint8)
     b = np.frombuffer(theirs, np.uint8)[: a.size]
     costs = {-1: plane_cost(a, word), XOR: plane_cost(a ^ b, word)}
@@ -159,12 +186,15 @@ def choose_pairs(
     theirs: Iterable[Tensor],
     read_ours: Callable[[int, int], bytes],
     read_theirs: Callable[[int, int], bytes],
-) -> list[tuple[int, int, int]]:
-    """``(segment, counterpart offset, delta kind)`` for each tensor worth coding as a delta.
+) -> list[Pair]:
+    """``(segment, counterpart offset, delta kind, scale)`` for each tensor worth coding as a delta.
 
     A counterpart has the same key paths, dtype and length. Each pair is judged on a sample
-    (:data:`_PIECES` pieces): the kind of least order-0 cost (XOR, or the ordered difference
-    for float words), kept only where it is below plain's.
+    (:data:`_PIECES` pieces): the kind of least order-0 cost (XOR; for float words the
+    ordered difference, or a scaled kind at the best of the sample's candidate scales), kept
+    only where it is below plain's. The scaled kinds win ties with kind 1: they store words
+    grouped by exponent, which the order-0 cost of a sample cannot see but a block-adaptive
+    coder does.
     """
     by_key: dict[tuple[tuple[str, ...], str, int], Tensor] = {}
     for t in theirs:
@@ -176,55 +206,71 @@ def choose_pairs(
             continue
         dt = lookup(t.dtype)
         word = dt.word if t.length % dt.word == 0 else 1
-        totals: dict[int, float] = {}
+        mant = mantissa_bits(dt) if word > 1 else None
+        ours_parts, theirs_parts = [], []
         for at, n in _spans(t.length, word):
             a, b = read_ours(t.offset + at, n), read_theirs(other.offset + at, n)
             if len(a) != n or len(b) != n:
                 break
-            for kind, cost in delta_costs(a, b, word, dt.is_float and word > 1).items():
-                totals[kind] = totals.get(kind, 0.0) + cost
+            ours_parts.append(a)
+            theirs_parts.append(b)
         else:
-            plain = totals.pop(-1)
+            a, b = b"".join(ours_parts), b"".join(theirs_parts)
+            totals = {(k, 0): c for k, c in delta_costs(a, b, word, dt.is_float and word > 1).items()}
+            plain = totals.pop((-1, 0))
             # Ties go to XOR, the kind every 1.2 reader knows.
-            kind = min(totals, key=lambda k: (totals[k], k))
-            if totals[kind] < plain * _MARGIN:
-                pairs.append((t.index, other.offset, kind))
+            kind, scale = min(totals, key=lambda k: (totals[k], k))
+            if mant is not None:
+                scaled = scaled_costs(a, b, word, mant)
+                best = min(scaled, key=lambda k: (scaled[k], k), default=None)
+                # Ties against kind 1, not XOR: grouping pays where residuals vary in magnitude.
+                if best is not None and (
+                    scaled[best] < totals[(kind, scale)]
+                    or (kind == ORDERED_DIFFERENCE and scaled[best] <= totals[(kind, scale)])
+                ):
+                    totals[best] = scaled[best]
+                    kind, scale = best
+            if totals[(kind, scale)] < plain * _MARGIN:
+                pairs.append((t.index, other.offset, kind, scale))
     return pairs
 
 
 class XorDelta:
     """Paired segments coded against their counterparts (a :class:`FrameTransform`): XORed
-    with them, or as ordered differences of their words.
+    with them, or their words coded in value (:mod:`.kinds`).
 
     Args:
         starts: the file offset of every segment of the original file, and its end.
-        pairs: ``(segment, counterpart offset, delta kind)``.
+        pairs: ``(segment, counterpart offset, delta kind, scale)``.
         spec: the reference, as the header names it.
         source: its original bytes.
-        words: the word size of each segment with an ordered-difference pair.
+        formats: ``(word size, mantissa bits)`` of each segment with a pair of kind 1-3.
     """
 
     def __init__(
         self,
         starts: Sequence[int],
-        pairs: Sequence[tuple[int, int, int]],
+        pairs: Sequence[Pair],
         spec: RefSpec,
         source: ReferenceBytes,
-        words: dict[int, int] | None = None,
+        formats: dict[int, tuple[int, int]] | None = None,
     ) -> None:
         self.spec, self.source = spec, source
         self.pairs = sorted(pairs)
-        self.apart = frozenset(seg for seg, _, _ in self.pairs)
-        words = words or {}
-        # (start, end, counterpart start, kind, word) of every paired range, in file order.
-        self._ranges = [(starts[s], starts[s + 1], r, k, words.get(s, 1)) for s, r, k in self.pairs]
+        self.apart = frozenset(p[0] for p in self.pairs)
+        formats = formats or {}
+        # (start, end, counterpart start, kind, scale, word, mantissa bits) of every paired
+        # range, in file order.
+        self._ranges = [
+            (starts[s], starts[s + 1], r, k, c, *formats.get(s, (1, 0))) for s, r, k, c in self.pairs
+        ]
         self._lo = [r[0] for r in self._ranges]
 
     def _apply(self, frame: Frame, data: np.ndarray, forward: bool) -> None:
         for at, within, n in frame.pieces:
             j = max(0, bisect.bisect_right(self._lo, at) - 1)
             while j < len(self._ranges) and self._ranges[j][0] < at + n:
-                lo_seg, hi_seg, ref, kind, word = self._ranges[j]
+                lo_seg, hi_seg, ref, kind, scale, word, mant = self._ranges[j]
                 lo, hi = max(at, lo_seg), min(at + n, hi_seg)
                 if lo < hi:
                     theirs = self.source.read(ref + lo - lo_seg, hi - lo)
@@ -236,9 +282,15 @@ class XorDelta:
                         np.bitwise_xor(part, ref_bytes, out=part)
                     elif (lo - lo_seg) % word or (hi - lo) % word:
                         # Frames hold whole words of a tensor; a cut word means a damaged index.
-                        raise ContainerError("a frame cuts a word of an ordered-difference tensor (damaged)")
+                        raise ContainerError("a frame cuts a word of a tensor coded in value (damaged)")
+                    elif kind in SCALED and not (
+                        (lo == lo_seg or within + lo - at == 0)
+                        and (hi == hi_seg or within + hi - at == frame.length)
+                    ):
+                        # Grouped words are placed within the frame's whole part of the tensor.
+                        raise ValueError("a grouped series delta needs its frame's whole part of the tensor")
                     else:
-                        part[:] = (diff_forward if forward else diff_backward)(part, ref_bytes, word)
+                        apply(part, ref_bytes, kind, word, mant, scale, forward)
                 j += 1
 
     def _touches(self, frame: Frame) -> bool:
@@ -267,8 +319,11 @@ class XorDelta:
         return data
 
     def header(self) -> dict[str, object]:
-        # An XOR pair stays [segment, offset], so a series that uses XOR only reads as before.
-        pairs = [[s, r] if k == XOR else [s, r, k] for s, r, k in self.pairs]
+        # An XOR pair stays [segment, offset], so a series that uses XOR only reads as before;
+        # only the scaled kinds carry a fourth element.
+        pairs = [
+            [s, r] if k == XOR else [s, r, k, c] if k in SCALED else [s, r, k] for s, r, k, c in self.pairs
+        ]
         return {"reference": {**self.spec.to_json(), "pairs": pairs}}
 
     def close(self) -> None:
@@ -288,31 +343,42 @@ def open_delta(index: Index, fd: int, path: str) -> XorDelta:
     starts = [0, *accumulate(lengths)]
     pairs = _parse_pairs(raw, lengths, spec.size, path)
     stream_of = index.segments["stream"].tolist()
-    words = {}
-    for s, _, kind in pairs:
-        if kind == ORDERED_DIFFERENCE:
-            word = lookup(index.streams[stream_of[s]].dtype).word
-            if word not in _DIFF_WORDS or lengths[s] % word:
-                raise ContainerError(
-                    "an ordered-difference pair names a segment of no float words", path=path
-                )
-            words[s] = word
+    formats = {}
+    for s, _, kind, _ in pairs:
+        if kind != XOR:
+            dt = lookup(index.streams[stream_of[s]].dtype)
+            mant = mantissa_bits(dt)
+            if dt.word not in _DIFF_WORDS or lengths[s] % dt.word or (kind in SCALED and mant is None):
+                raise ContainerError(f"a kind-{kind} pair names a segment of no float words", path=path)
+            formats[s] = (dt.word, mant or 0)
     source = open_reference(locate(fd, path), spec, path)
-    return XorDelta(starts, pairs, spec, source, words)
+    return XorDelta(starts, pairs, spec, source, formats)
 
 
-def _parse_pairs(raw: Any, lengths: list[int], ref_size: int, path: str) -> list[tuple[int, int, int]]:
+def _parse_pairs(raw: Any, lengths: list[int], ref_size: int, path: str) -> list[Pair]:
     try:
         items = raw["pairs"]
-        pairs = [(int(p[0]), int(p[1]), int(p[2]) if len(p) == 3 else XOR) for p in items if 2 <= len(p) <= 3]
+        pairs = [
+            (int(p[0]), int(p[1]), int(p[2]) if len(p) >= 3 else XOR, int(p[3]) if len(p) == 4 else 0)
+            for p in items
+            if 2 <= len(p) <= 4
+        ]
         if len(pairs) != len(items):
             raise ValueError
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ContainerError(f"reference pairs unreadable ({type(exc).__name__})", path=path) from None
     seen = set()
-    for s, r, kind in pairs:
-        if kind not in (XOR, ORDERED_DIFFERENCE):
+    for (s, r, kind, scale), item in zip(pairs, items, strict=True):
+        if kind not in (XOR, ORDERED_DIFFERENCE, *SCALED):
             raise ContainerError(f"unknown series delta kind {kind} (a newer ckptz wrote it)", path=path)
+        if (len(item) == 4) != (kind in SCALED):
+            raise ContainerError(
+                f"reference pairs unreadable (a kind-{kind} pair of {len(item)} elements)", path=path
+            )
+        if kind in SCALED and not valid_scale(scale):
+            raise ContainerError(
+                f"a kind-{kind} pair's scale {scale} is no positive normal float32", path=path
+            )
         if not 0 <= s < len(lengths) or s in seen or not 0 <= r <= ref_size - lengths[s]:
             raise ContainerError("reference pairs name impossible segments or offsets", path=path)
         seen.add(s)
@@ -347,15 +413,22 @@ def delta_for(
         source.close()
         return None
     starts = [s.offset for s in layout.segments] + [layout.size]
-    words = {s: lookup(layout.segments[s].dtype).word for s, _, k in pairs if k == ORDERED_DIFFERENCE}
-    return XorDelta(starts, pairs, spec, source, words)
+    formats = {}
+    for s, _, kind, _ in pairs:
+        if kind != XOR:
+            dt = lookup(layout.segments[s].dtype)
+            formats[s] = (dt.word, mantissa_bits(dt) or 0)
+    return XorDelta(starts, pairs, spec, source, formats)
 
 
 __all__ = [
     "MIN_PAIR_BYTES",
     "ORDERED_DIFFERENCE",
+    "SCALED_DIFFERENCE",
+    "SCALED_SIGN_MAGNITUDE",
     "XOR",
     "Keyframe",
+    "Pair",
     "Tensor",
     "XorDelta",
     "choose_pairs",
@@ -367,5 +440,6 @@ __all__ = [
     "layout_tensors",
     "open_delta",
     "plane_cost",
+    "scaled_costs",
     "xor_gain",
 ]
