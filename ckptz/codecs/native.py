@@ -13,7 +13,7 @@ from types import ModuleType
 BUILD_HINT = "ckptz needs a C compiler and Python headers: apt-get install build-essential python3-dev"
 
 try:
-    from ckptz import _native
+    import ckptz._native as _native
 except ImportError as exc:  # pragma: no cover - an install whose build failed
     raise ImportError(
         f"ckptz's C extension ckptz._native is missing ({exc}); {BUILD_HINT}, then reinstall ckptz"
