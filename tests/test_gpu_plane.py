@@ -89,7 +89,7 @@ def test_restores_on_the_gpu_are_byte_exact(
 ) -> None:
     before = _gpu_chunks()
     out = tmp_path / "back.pt"
-    api.decompress(containers[name], out, device=device, processes=1)
+    api.decompress(containers[name], out, device=device)
     assert _sha(out) == _sha(containers["src"])
     assert _gpu_chunks() > before  # decoded by nvCOMP through the native plane
 
@@ -111,7 +111,7 @@ def test_verify_and_discard_decode_on_the_gpu(containers: dict[str, Path], name:
     before = _gpu_chunks()
     assert api.verify(containers[name], containers["src"], device="cuda").ok
     assert api.verify(containers[name], device="cuda").ok
-    api.decompress(containers[name], discard=True, device="cuda", processes=1)
+    api.decompress(containers[name], discard=True, device="cuda")
     assert _gpu_chunks() > before
 
 
@@ -139,7 +139,7 @@ def _flipped(container: Path, tmp_path: Path, codec: int) -> Path:
 
 def _error(container: Path, tmp_path: Path, device: str) -> str:
     with pytest.raises(CorruptionError) as caught:
-        api.decompress(container, tmp_path / "out.pt", device=device, processes=1, force=True)
+        api.decompress(container, tmp_path / "out.pt", device=device, force=True)
     assert not (tmp_path / "out.pt").exists()
     return str(caught.value)
 

@@ -223,7 +223,7 @@ def test_flipped_payload_byte(files: Path, tmp_path: Path, monkeypatch: pytest.M
 
     bad = _flipped(files, tmp_path, middle_of_largest)
     message = _restore_error(bad, "model.safetensors", monkeypatch, lambda i: i)
-    assert "stored" in message and "from offset" in message and "fail their checksum" in message
+    assert "stored" in message and "at offset" in message and "fail their checksum" in message
     done = ckptz("decompress", str(bad), "-o", str(tmp_path / "out.safetensors"), "--device", "cpu")
     assert done.returncode != 0 and "fail their checksum" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out.safetensors").exists() and _temps(tmp_path) == []

@@ -384,14 +384,16 @@ class FrameDecoder:
         return str(keys[0]) if isinstance(keys, list) and keys else None
 
     def _damage(self, offset: int, stream: int) -> str:
-        """What a failed payload checksum spoils, in the original file's terms."""
-        component = self.index.streams[stream].component
-        return f"the stored {component} bytes from offset {offset:,} of the original fail their checksum"
+        """What a failed payload checksum spoils, in the original file's terms (as every engine
+        words it)."""
+        return f"stored bytes of {self._place(offset, stream)} fail their checksum"
 
     def _where(self, i: int) -> str:
         frame = self.frames[i]
-        component = self.index.streams[frame.stream].component
-        return f"{component} data at offset {frame.start:,} of the original"
+        return self._place(frame.start, frame.stream)
+
+    def _place(self, offset: int, stream: int) -> str:
+        return f"{self.index.streams[stream].component} data at offset {offset:,} of the original"
 
     def _payloads(self, chunks: np.ndarray, first: int, tensor: str | None) -> list[memoryview]:
         """Each chunk's payload. The pad after each is read with it and must be zero, as a full
