@@ -62,7 +62,7 @@ ZSTD_ZEROS = 0.2
 #: 2-3x slower (bench/context.py), so a tie goes to the faster bitstream.
 CONTEXT_MARGIN = 0.01
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
-_BLOCK = 8192
+BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
 PACK_SLACK = 0.1
 #: Below this many sampled bits per byte a non-exponent plane may favour Huffman ...
@@ -221,7 +221,7 @@ def encode_plane(
         # tried, which halves the cost of trying huff1.
         ordered = _ORDER1.encode(plane)
         alone = candidates == [_HUFFMAN]
-        if alone and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, _BLOCK):
+        if alone and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, BLOCK):
             return EncodedChunk(_ORDER1.id, size, ordered)
     best_id, best = _RAW.id, b""
     for codec in candidates:
