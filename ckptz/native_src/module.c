@@ -1227,8 +1227,9 @@ static PyMethodDef methods[] = {
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
-     "compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level, rules, threads,\n"
-     "progress, stop, error) -> int: code a whole file into its container's data area (0, or the failure's kind)."},
+     "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
+     "leaf_hashes, level, rules, threads, progress, stop, error) -> int: code a whole file (from a descriptor, or host\n"
+     "memory regions) into its container's data area, at offsets or in order (0, or the failure's kind)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, threads, progress, stop, error) -> int: restore a whole file on native threads without\n"

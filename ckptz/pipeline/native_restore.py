@@ -8,9 +8,16 @@ Progress crosses back as a counter polled here; Ctrl-C and SIGTERM (which raise 
 the main, thread) cross as a stop flag its threads check between frames. The whole-file
 digest is combined here from the leaf hashes and compared by the caller, as on every path.
 
+Where the bytes must come in file order (a stream such as stdout, or an ``xxh3_128`` digest
+of an older container, which hashes the file from its start), :func:`run_in_order` restores
+the file a window of :data:`WINDOW` bytes at a time, each in one native call into one
+buffer: the frames with pieces in the window, restricted to those pieces (a frame reaching
+into the next window is decoded again there).
+
 A failing frame is decoded once more by :class:`~ckptz.pipeline.decoder.FrameDecoder`, so
 that its error reads exactly as the Python loop words it; a frame the native plane cannot
-decode but Python can (a bitstream it lacks) sends the file back to that loop.
+decode but Python can (a bitstream it lacks) sends the file back to that loop (in file
+order, only that window's frames are decoded by Python).
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ckptz import safeio
 from ckptz.codecs.native import native
 from ckptz.codecs.table import BITPACK, CONST, HUFF1, RAW, ZSTD
 from ckptz.container import Index
-from ckptz.digest import Digest, Piecewise, leaf_count
+from ckptz.digest import Digest, Hasher, Piecewise, leaf_count
 from ckptz.errors import CorruptionError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.transform import transformed
@@ -35,6 +43,9 @@ from ckptz.pipeline.transform import transformed
 NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, BITPACK.id, HUFF1.id})
 #: Seconds between polls of the progress counter (and chances to take a signal).
 POLL = 0.05
+#: Bytes of the file restored at once where they must come in file order: large against a
+#: frame's reach in the file, so that few frames are decoded twice.
+WINDOW = 256 << 20
 
 _NO_MEMORY = np.empty(0, np.uint8)
 
@@ -93,11 +104,12 @@ MAX_LEAVES = 1 << 24
 
 def suits(index: Index) -> bool:
     """Whether the native plane may restore a container, from its index alone: not a series
-    delta, a tree digest with a bounded number of leaves, only bitstreams it decodes."""
+    delta, only bitstreams it decodes, and a digest it takes (a tree of a bounded number of
+    leaves, or any in file order: :func:`run_in_order`)."""
     kind = index.source_digest.kind
-    if transformed(index.header) or not kind.tree:
+    if transformed(index.header):
         return False
-    if leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
+    if kind.tree and leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
         return False
     codecs = index.chunks["codec"]
     return not len(codecs) or set(np.unique(codecs).tolist()) <= NATIVE_CODECS
@@ -184,7 +196,102 @@ def run(
     """
     index = decoder.index
     kind = index.source_digest.kind
+    if not kind.tree:
+        return run_in_order(fd, path, decoder, tables, target, threads, progress)
     hashes = np.zeros(leaf_count(index.source_size, kind.leaf), "<u8")
+    failed = _call(fd, tables, target, index.source_size, kind.leaf, hashes, threads, progress)
+    if failed:
+        _raise(*failed, decoder, target, path)
+        return None
+    digest = Piecewise(kind, index.source_size)
+    digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
+    return digest.digest()
+
+
+def run_in_order(
+    fd: int,
+    path: str,
+    decoder: FrameDecoder,
+    tables: Plan,
+    target: Target,
+    threads: int,
+    progress: Callable[[int], None],
+    each: Callable[[memoryview], object] | None = None,
+) -> Digest | None:
+    """:func:`run`, a window of the file at a time in file order: each window's bytes go to
+    ``target`` and to ``each`` (a stream), and the digest of either kind is taken as they
+    come. None where a frame of the first window needs the Python loop; past it (bytes
+    already given to ``each``), that window's frames are decoded by Python instead.
+
+    Raises:
+        what :func:`run` raises.
+    """
+    size = decoder.index.source_size
+    hasher = Hasher(decoder.index.source_digest.kind)
+    pieces = tables.pieces
+    owner = np.repeat(np.arange(len(tables.frames), dtype=np.int64), tables.frames[:, 6])
+    ends = pieces[:, 0] + pieces[:, 2]
+    room = np.empty(min(WINDOW, size), np.uint8) if target.memory is None else None
+    for start in range(0, size, WINDOW):
+        stop = min(start + WINDOW, size)
+        lo, hi = np.maximum(pieces[:, 0], start), np.minimum(ends, stop)
+        keep = np.flatnonzero(hi > lo)
+        frames, first, counts = np.unique(owner[keep], return_index=True, return_counts=True)
+        window = Plan(
+            np.ascontiguousarray(np.column_stack([tables.frames[frames, :5], first, counts]), np.int64),
+            tables.chunks,
+            np.ascontiguousarray(
+                np.column_stack(
+                    [lo[keep] - start, pieces[keep, 1] + lo[keep] - pieces[keep, 0], hi[keep] - lo[keep]]
+                ),
+                np.int64,
+            ),
+        )
+        buf = target.memory[start:stop] if target.memory is not None else room[: stop - start]  # type: ignore[index]
+        failed = _call(fd, window, Target(memory=buf), stop - start, 0, _NO_LEAVES, threads)
+        if failed:
+            kind, frame, detail = failed
+            _raise(kind, int(frames[frame]) if frame >= 0 else frame, detail, decoder, target, path)
+            if start == 0:
+                return None
+            _decode_in_python(decoder, frames, window, buf)
+        _put(target, buf, start, path)
+        hasher.update(buf)
+        if each is not None:
+            each(buf.data)
+        progress(stop - start)
+    return hasher.digest()
+
+
+def _decode_in_python(decoder: FrameDecoder, frames: np.ndarray, window: Plan, buf: np.ndarray) -> None:
+    """A window's frames decoded by the Python decoder (one the native plane lacks a bitstream of)."""
+    for row, i in enumerate(frames.tolist()):
+        data = decoder.decode(i)
+        first, count = window.frames[row, 5:7].tolist()
+        for at, within, n in window.pieces[first : first + count].tolist():
+            buf[at : at + n] = data[within : within + n]
+
+
+def _put(target: Target, buf: np.ndarray, start: int, path: str) -> None:
+    """A restored window's bytes to ``target``'s file, or compared with its checked file."""
+    if target.output >= 0:
+        safeio.pwrite_all(target.output, [buf.data], start)
+    if target.checked >= 0:
+        got = np.frombuffer(os.pread(target.checked, buf.size, start), np.uint8)
+        wrong = np.flatnonzero(got != buf[: got.size])
+        if wrong.size or got.size < buf.size:
+            assert target.differs is not None
+            raise target.differs(start + int(wrong[0]) if wrong.size else start + got.size)
+
+
+_NO_LEAVES = np.zeros(0, "<u8")
+
+
+def _call(
+    fd: int, tables: Plan, target: Target, size: int, leaf: int, hashes: np.ndarray, threads: int,
+    progress: Callable[[int], None] = lambda _: None,
+) -> tuple[int, int, int] | None:  # fmt: skip
+    """One call of the native plane; None, or its failure (kind, frame, detail)."""
     counter = np.zeros(1, np.int64)
     stop = np.zeros(1, np.uint8)
     error = np.zeros(3, np.int64)
@@ -198,8 +305,8 @@ def run(
             tables.frames,
             tables.chunks,
             tables.pieces,
-            index.source_size,
-            kind.leaf,
+            size,
+            leaf,
             hashes,
             lent,
             counter,
@@ -208,11 +315,8 @@ def run(
         )
 
     if call_polled(call, "ckptz-native-restore", counter, stop, threads, progress):
-        _raise(int(error[0]), int(error[1]), int(error[2]), decoder, target, path)
-        return None
-    digest = Piecewise(kind, index.source_size)
-    digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
-    return digest.digest()
+        return int(error[0]), int(error[1]), int(error[2])
+    return None
 
 
 def call_polled(
@@ -281,4 +385,15 @@ def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Ta
     raise RuntimeError(f"native restore stopped (failure {kind})")  # _STOPPED is only ours to set
 
 
-__all__ = ["NATIVE_CODECS", "THREADS", "Plan", "Target", "call_polled", "plan", "run", "suits"]
+__all__ = [
+    "NATIVE_CODECS",
+    "THREADS",
+    "WINDOW",
+    "Plan",
+    "Target",
+    "call_polled",
+    "plan",
+    "run",
+    "run_in_order",
+    "suits",
+]

@@ -228,8 +228,8 @@ def restore(
 
 def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
     """Where the native plane puts the bytes for ``sink``; None for a sink it cannot serve
-    (parts of a file in memory, stdout, a GPU), which the Python loop serves."""
-    if type(sink) is DiscardSink:
+    (parts of a file in memory, a GPU), which the Python loop serves."""
+    if type(sink) is DiscardSink or type(sink) is _Ordered:  # a stream takes them as they come
         return native_restore.Target()
     whole = getattr(sink, "host_file", None)
     if whole is not None:
@@ -268,6 +268,10 @@ def _restore_natively(
     if tables is None:
         return None
     with trace.span("native restore"):
+        if type(sink) is _Ordered:
+            return native_restore.run_in_order(
+                fd, path, decoder, tables, target, engine.threads, progress, sink.write
+            )
         return native_restore.run(fd, path, decoder, tables, target, engine.threads, progress)
 
 
