@@ -198,7 +198,7 @@ static size_t plane_try(coder_t *w, int which, uint8_t *dst, const uint8_t *plan
     return zstd_frame(w->level, dst, cap, plane, n, error);
 }
 
-/* Codes one non-empty plane as frames.encode_plane does (effort 1, no huff1): *out points at
+/* Codes one non-empty plane as frames.encode_plane does: *out points at
  * `slot` (a payload made there, plane_room(n) bytes) or at the plane itself (stored raw).
  * Returns 0 where zstd failed (*error_out: its error code). */
 static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, int context, double bits,
