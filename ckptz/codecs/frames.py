@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptz.codecs import cpu_codec
+from ckptz.codecs import cpu_codec, order1
 from ckptz.codecs.base import Codec
 from ckptz.codecs.bitpack import BitpackCodec, packed_size
 from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
@@ -204,9 +204,13 @@ def encode_plane(
         # no order-0 code (one table per run of blocks) can catch up: if that is the only
         # other candidate (no LZ matching, which can go below, for zero runs), it is not
         # tried, which halves the cost of trying huff1.
-        ordered = _ORDER1.encode(plane)
+        ordered = order1.encode(plane)
         alone = candidates == [_HUFFMAN]
-        if alone and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, BLOCK):
+        if (
+            ordered is not None
+            and alone
+            and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, BLOCK)
+        ):
             return EncodedChunk(_ORDER1.id, size, ordered)
     best_id, best = _RAW.id, b""
     for codec in candidates:
