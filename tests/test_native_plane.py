@@ -209,6 +209,31 @@ def test_cli_stdout_is_byte_exact(files: Path) -> None:
     assert got == (files / "model.pt").read_bytes()
 
 
+@pytest.mark.parametrize("command", ["compress", "decompress"])
+def test_a_stdout_reader_going_away_is_one_line_and_exit_1(files: Path, command: str) -> None:
+    """`ckptz ... -c | head`: a write that the pipe takes only part of is not the end of it."""
+    import subprocess
+    import sys
+
+    from conftest import CLI_ENV
+
+    src = files / ("model.pt" if command == "compress" else "model.pt.ckptz")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "ckptz", command, str(src), "-c", "-q", "--device", "cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=CLI_ENV,
+    )
+    assert run.stdout is not None and run.stderr is not None
+    time.sleep(2)  # the whole output is waiting to be written: more than the pipe holds
+    assert len(run.stdout.read(100)) == 100
+    run.stdout.close()
+    assert run.wait(timeout=120) == 1
+    assert (
+        run.stderr.read().decode().strip() == "ckptz: error: stdout was closed before everything was written"
+    )
+
+
 def _sequential_container(files: Path, tmp_path: Path) -> Path:
     """model.pt coded with an xxh3_128 digest, as containers before the tree digest were."""
     from ckptz.digest import SEQUENTIAL

@@ -379,8 +379,10 @@ class _InOrderOutput:
     def _copy(self) -> None:
         read = self._pipe[0]
         try:
-            while chunk := os.read(read, 1 << 20):
-                self._out.write(chunk)
+            while chunk := memoryview(os.read(read, 1 << 20)):
+                while chunk:  # a file object may take part of it (a pipe whose reader went away)
+                    took = self._out.write(chunk)
+                    chunk = chunk[took if isinstance(took, int) and took > 0 else len(chunk) :]
         except BaseException as exc:
             self._failure.append(exc)
         finally:

@@ -258,9 +258,19 @@ def run_in_order(
         _put(target, buf, start, path)
         hasher.update(buf)
         if each is not None:
-            each(buf.data)
+            _give_all(each, buf.data)
         progress(stop - start)
     return hasher.digest()
+
+
+def _give_all(write: Callable[[memoryview], object], data: memoryview) -> None:
+    """``data`` to a stream's ``write``, again from where it stopped where it took part of
+    it (a pipe whose reader went away: the next write then raises)."""
+    while data:
+        took = write(data)
+        if not isinstance(took, int) or not 0 < took < len(data):
+            return
+        data = data[took:]
 
 
 def _decode_in_python(decoder: FrameDecoder, frames: np.ndarray, window: Plan, buf: np.ndarray) -> None:
