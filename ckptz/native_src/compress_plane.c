@@ -3,17 +3,21 @@
  * pool of native threads, and no Python runs per frame.
  *
  * Python plans (ckptz/pipeline/native_compress.py): a table of frames (plane.c's columns;
- * the checksum column is filled in here) and of their pieces in the file. Each thread takes
- * the next frame, preads its pieces, takes the frame's checksum and hashes the digest's
- * leaves (plane.c's functions, fused in one pass where the pieces come in order), splits the
- * words into planes, codes each plane by ckptz/codecs/frames.py's rules (its thresholds come
- * with the plan) and takes the payloads' checksums into the chunk table. Payloads are placed
- * in frame order, so the data area is the one the Python pipeline writes: a coded frame
- * whose predecessors are not all placed waits in its buffers (a bounded set) while its thread
- * codes another, and the thread that places a frame places the waiting ones after it too and
- * pwrites their payloads (with their padding), or writes nothing for a discarded output. With verify, each frame
- * is decoded back from its payloads before they are written and must give its checksum again,
- * and the payloads are read back once written and must give theirs. LZ-coded zstd planes go
+ * the checksum column is filled in here) and of their pieces in the file, which is read from
+ * a descriptor or from regions of host memory that tile it (ckptz.save's image of the state
+ * being saved). Each thread takes the next frame, reads its pieces, takes the frame's
+ * checksum and hashes the digest's leaves (plane.c's functions, fused in one pass where the
+ * pieces come in order), splits the words into planes, codes each plane by
+ * ckptz/codecs/frames.py's rules (its thresholds come with the plan; exponent planes of
+ * frames so marked are tried in order-1 coding too, order1.c) and takes the payloads'
+ * checksums into the chunk table. Payloads are placed in frame order, so the data area is
+ * the one the Python pipeline writes: a coded frame whose predecessors are not all placed
+ * waits in its buffers (a bounded set) while its thread codes another, and the thread that
+ * places a frame places the waiting ones after it too and pwrites their payloads (with their
+ * padding), or writes them to a pipe in order (before it lets go of the order lock), or
+ * writes nothing for a discarded output. With verify, each frame is decoded back from its
+ * payloads before they are written and must give its checksum again, and the payloads are
+ * read back once written (not from a pipe) and must give theirs. LZ-coded zstd planes go
  * through the zstd vendored beside this file, the very version and calls of the Python
  * binding, so the bytes are the same. Progress is a counter Python polls; a stop flag Python
  * sets ends the threads between frames; the first failure is reported as (kind, frame,
