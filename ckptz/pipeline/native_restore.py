@@ -230,20 +230,24 @@ def run_in_order(
     hasher = Hasher(decoder.index.source_digest.kind)
     pieces = tables.pieces
     owner = np.repeat(np.arange(len(tables.frames), dtype=np.int64), tables.frames[:, 6])
-    ends = pieces[:, 0] + pieces[:, 2]
+    # Pieces cut the file without overlapping: in the order of their starts, their ends are
+    # in order too, and a window's pieces are a run of that order.
+    by_start = np.argsort(pieces[:, 0], kind="stable")
+    starts = pieces[by_start, 0]
+    ends = starts + pieces[by_start, 2]
     room = np.empty(min(WINDOW, size), np.uint8) if target.memory is None else None
     for start in range(0, size, WINDOW):
         stop = min(start + WINDOW, size)
-        lo, hi = np.maximum(pieces[:, 0], start), np.minimum(ends, stop)
-        keep = np.flatnonzero(hi > lo)
+        run = by_start[np.searchsorted(ends, start, "right") : np.searchsorted(starts, stop, "left")]
+        keep = np.sort(run[pieces[run, 2] > 0])  # back in the plan's order: by frame
+        lo = np.maximum(pieces[keep, 0], start)
+        hi = np.minimum(pieces[keep, 0] + pieces[keep, 2], stop)
         frames, first, counts = np.unique(owner[keep], return_index=True, return_counts=True)
         window = Plan(
             np.ascontiguousarray(np.column_stack([tables.frames[frames, :5], first, counts]), np.int64),
             tables.chunks,
             np.ascontiguousarray(
-                np.column_stack(
-                    [lo[keep] - start, pieces[keep, 1] + lo[keep] - pieces[keep, 0], hi[keep] - lo[keep]]
-                ),
+                np.column_stack([lo - start, pieces[keep, 1] + lo - pieces[keep, 0], hi - lo]),
                 np.int64,
             ),
         )
