@@ -8,16 +8,9 @@ Progress crosses back as a counter polled here; Ctrl-C and SIGTERM (which raise 
 the main, thread) cross as a stop flag its threads check between frames. The whole-file
 digest is combined here from the leaf hashes and compared by the caller, as on every path.
 
-Where the bytes must come in file order (a stream such as stdout, or an ``xxh3_128`` digest
-of an older container, which hashes the file from its start), :func:`run_in_order` restores
-the file a window of :data:`WINDOW` bytes at a time, each in one native call into one
-buffer: the frames with pieces in the window, restricted to those pieces (a frame reaching
-into the next window is decoded again there).
-
 A failing frame is decoded once more by :class:`~ckptz.pipeline.decoder.FrameDecoder`, so
 that its error reads exactly as the Python loop words it; a frame the native plane cannot
-decode but Python can (a bitstream it lacks) sends the file back to that loop (in file
-order, only that window's frames are decoded by Python).
+decode but Python can (a bitstream it lacks) sends the file back to that loop.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from ckptz import safeio
 from ckptz.codecs.native import native
 from ckptz.codecs.table import BITPACK, CONST, HUFF1, RAW, ZSTD
 from ckptz.container import Index
-from ckptz.digest import Digest, Hasher, Piecewise, leaf_count
+from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.errors import CorruptionError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.transform import transformed
@@ -104,10 +97,9 @@ MAX_LEAVES = 1 << 24
 
 def suits(index: Index) -> bool:
     """Whether the native plane may restore a container, from its index alone: not a series
-    delta, only bitstreams it decodes, and a digest it takes (a tree of a bounded number of
-    leaves, or any in file order: :func:`run_in_order`)."""
+    delta, a tree digest with a bounded number of leaves, only bitstreams it decodes."""
     kind = index.source_digest.kind
-    if transformed(index.header):
+    if transformed(index.header):  # an xxh3_128 digest is taken in file order: run_in_order
         return False
     if kind.tree and leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
         return False
@@ -172,6 +164,8 @@ class Target:
     memory: np.ndarray | None = None
     #: Raises the error for the first differing byte ``checked`` holds.
     differs: Callable[[int], BaseException] | None = None
+    #: Takes the bytes in file order (stdout's ``write``): :func:`run_in_order`.
+    stream: Callable[[memoryview], object] | None = None
 
 
 def run(
@@ -196,12 +190,33 @@ def run(
     """
     index = decoder.index
     kind = index.source_digest.kind
-    if not kind.tree:
+    if not kind.tree or target.stream is not None:
         return run_in_order(fd, path, decoder, tables, target, threads, progress)
     hashes = np.zeros(leaf_count(index.source_size, kind.leaf), "<u8")
-    failed = _call(fd, tables, target, index.source_size, kind.leaf, hashes, threads, progress)
-    if failed:
-        _raise(*failed, decoder, target, path)
+    counter = np.zeros(1, np.int64)
+    stop = np.zeros(1, np.uint8)
+    error = np.zeros(3, np.int64)
+
+    def call(lent: int) -> int:
+        return native.restore_plan(
+            fd,
+            target.output,
+            target.checked,
+            _NO_MEMORY if target.memory is None else target.memory,
+            tables.frames,
+            tables.chunks,
+            tables.pieces,
+            index.source_size,
+            kind.leaf,
+            hashes,
+            lent,
+            counter,
+            stop,
+            error,
+        )
+
+    if call_polled(call, "ckptz-native-restore", counter, stop, threads, progress):
+        _raise(int(error[0]), int(error[1]), int(error[2]), decoder, target, path)
         return None
     digest = Piecewise(kind, index.source_size)
     digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
@@ -216,16 +231,20 @@ def run_in_order(
     target: Target,
     threads: int,
     progress: Callable[[int], None],
-    each: Callable[[memoryview], object] | None = None,
 ) -> Digest | None:
-    """:func:`run`, a window of the file at a time in file order: each window's bytes go to
-    ``target`` and to ``each`` (a stream), and the digest of either kind is taken as they
-    come. None where a frame of the first window needs the Python loop; past it (bytes
-    already given to ``each``), that window's frames are decoded by Python instead.
+    """:func:`run` where the bytes must come in file order (a stream such as stdout, or the
+    ``xxh3_128`` digest of an older container, which hashes the file from its start): a
+    window of :data:`WINDOW` bytes at a time, each restored in one native call into one
+    buffer (the frames with pieces in the window, restricted to those pieces: a frame
+    reaching into the next window is decoded again there), then given to ``target`` and
+    hashed. None where a frame of the first window needs the Python loop; past it (bytes
+    already given to a stream), that window's frames are decoded by Python instead.
 
     Raises:
         what :func:`run` raises.
     """
+    from ckptz.digest import Hasher  # the digest of either kind, from bytes in order
+
     size = decoder.index.source_size
     hasher = Hasher(decoder.index.source_digest.kind)
     pieces = tables.pieces
@@ -261,8 +280,8 @@ def run_in_order(
             _decode_in_python(decoder, frames, window, buf)
         _put(target, buf, start, path)
         hasher.update(buf)
-        if each is not None:
-            _give_all(each, buf.data)
+        if target.stream is not None:
+            _give_all(target.stream, buf.data)
         progress(stop - start)
     return hasher.digest()
 
@@ -399,15 +418,4 @@ def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Ta
     raise RuntimeError(f"native restore stopped (failure {kind})")  # _STOPPED is only ours to set
 
 
-__all__ = [
-    "NATIVE_CODECS",
-    "THREADS",
-    "WINDOW",
-    "Plan",
-    "Target",
-    "call_polled",
-    "plan",
-    "run",
-    "run_in_order",
-    "suits",
-]
+__all__ = ["NATIVE_CODECS", "THREADS", "Plan", "Target", "call_polled", "plan", "run", "suits"]

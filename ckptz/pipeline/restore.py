@@ -229,8 +229,10 @@ def restore(
 def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
     """Where the native plane puts the bytes for ``sink``; None for a sink it cannot serve
     (parts of a file in memory, a GPU), which the Python loop serves."""
-    if type(sink) is DiscardSink or type(sink) is _Ordered:  # a stream takes them as they come
+    if type(sink) is DiscardSink:
         return native_restore.Target()
+    if type(sink) is _Ordered:
+        return native_restore.Target(stream=sink.write)
     whole = getattr(sink, "host_file", None)
     if whole is not None:
         memory = whole(size)
@@ -268,10 +270,6 @@ def _restore_natively(
     if tables is None:
         return None
     with trace.span("native restore"):
-        if type(sink) is _Ordered:
-            return native_restore.run_in_order(
-                fd, path, decoder, tables, target, engine.threads, progress, sink.write
-            )
         return native_restore.run(fd, path, decoder, tables, target, engine.threads, progress)
 
 
