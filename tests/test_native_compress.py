@@ -201,9 +201,13 @@ def _moments(rows: int, seed: int) -> torch.Tensor:
     )
 
 
-@pytest.mark.parametrize("frame", [None, 64 << 10])
+@pytest.mark.parametrize(("level", "frame"), [(10, None), (10, 64 << 10), (19, None)])
 def test_order1_exponents_are_coded_natively_as_the_python_pipeline_codes_them(
-    tmp_path: Path, frame: int | None, native_calls: list[str], python_pipeline: Callable[[], None]
+    tmp_path: Path,
+    level: int,
+    frame: int | None,
+    native_calls: list[str],
+    python_pipeline: Callable[[], None],
 ) -> None:
     state = {
         i: {"exp_avg_sq": _moments(1500 + 300 * i, i), "exp_avg": torch.randn(4000) * 1e-3} for i in range(3)
@@ -212,7 +216,7 @@ def test_order1_exponents_are_coded_natively_as_the_python_pipeline_codes_them(
     torch.save({"state": state, "param_groups": [{"params": [0, 1, 2]}]}, src)
 
     def engine() -> CpuEngine:
-        made = CpuEngine(2, level=10)
+        made = CpuEngine(2, level=level)
         if frame is not None:
             made.frame_size = made.largest_frame = frame
         return made
