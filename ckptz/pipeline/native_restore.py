@@ -24,7 +24,7 @@ import numpy as np
 
 from ckptz import safeio
 from ckptz.codecs.native import native
-from ckptz.codecs.table import BITPACK, CONST, HUFF1, RAW, ZSTD
+from ckptz.codecs.table import BITPACK, CONST, DEFLATE, HUFF1, RAW, ZSTD
 from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.errors import CorruptionError
@@ -32,8 +32,9 @@ from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.transform import transformed
 
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
-#: libzstd where it is found; else the file goes back to the Python loop).
-NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, BITPACK.id, HUFF1.id})
+#: libzstd, and older containers' deflate through its zlib, where they are found; else the
+#: file goes back to the Python loop).
+NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, DEFLATE.id, BITPACK.id, HUFF1.id})
 #: Seconds between polls of the progress counter (and chances to take a signal).
 POLL = 0.05
 #: Bytes of the file restored at once where they must come in file order: large against a
