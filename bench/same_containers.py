@@ -23,11 +23,14 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
 from make_fixtures import sources as fixture_sources
 
-#: Option sets each source is compressed under (the default, a high level, a coder on one thread).
+#: Option sets each source is compressed under (the default, a high level, the level from
+#: which Adam's second moments try order-1 exponents, a coder on one thread, a pipe).
 OPTIONS: dict[str, list[str]] = {
     "default": [],
     "level9": ["--level", "9"],
+    "level19": ["--level", "19"],
     "threads1": ["-T", "1"],
+    "stdout": ["-c"],
 }
 
 
@@ -70,8 +73,19 @@ def main() -> None:
         for tag, options in OPTIONS.items():
             # A folder becomes a folder of containers (compare those with ``diff -r``).
             dest = f"{out / src.name}.{tag}/" if src.is_dir() else str(out / f"{src.name}.{tag}.ckptz")
-            cmd = [sys.executable, "-m", "ckptz", "compress", str(src), "-o", dest, "--device", "cpu"]
-            subprocess.run([*cmd, *options], check=True, stdout=subprocess.DEVNULL)
+            if tag == "stdout" and src.is_dir():
+                continue  # a folder does not go to a stream
+            cmd = [sys.executable, "-m", "ckptz", "compress", str(src), "--device", "cpu", *options]
+            if tag == "stdout":
+                with open(dest, "wb") as piped:  # through a pipe, as `ckptz compress -c | ...` writes
+                    run = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+                    assert run.stdout is not None
+                    while block := run.stdout.read(1 << 20):
+                        piped.write(block)
+                    if run.wait():
+                        raise subprocess.CalledProcessError(run.returncode, cmd)
+                continue
+            subprocess.run([*cmd, "-o", dest], check=True, stdout=subprocess.DEVNULL)
     print(f"wrote {len(list(out.iterdir()))} containers to {out}")
 
 

@@ -138,8 +138,8 @@ def check_frame(dtype: DType, options: EncodeOptions) -> None:
 def test_frame_conformance(name: str) -> None:
     for options in (
         EncodeOptions(),
-        EncodeOptions(effort=0, level=1),
-        EncodeOptions(effort=2, context_exponents=True),
+        EncodeOptions(level=1),
+        EncodeOptions(level=19, context_exponents=True),
     ):
         check_frame(DTYPES[name], options)
 

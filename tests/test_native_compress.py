@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ from test_jobs import _start, _temps, _wait_for_temp
 from ckptz import api
 from ckptz.codecs import frames as coder
 from ckptz.codecs.native import native
+from ckptz.codecs.table import HUFF1
 from ckptz.container import read_index
 from ckptz.digest import TREE
 from ckptz.engines.cpu import CpuEngine
@@ -189,13 +192,136 @@ def test_in_place_on_tmpfs_keeps_the_data_area(sources: Path, native_calls: list
         shutil.rmtree(work)
 
 
-def test_order1_exponents_stay_on_the_python_pipeline(tmp_path: Path, native_calls: list[str]) -> None:
-    g = torch.Generator().manual_seed(1)
-    state = {0: {"exp_avg_sq": torch.rand(50_000, generator=g) ** 4 * 1e-6}}
-    torch.save({"state": state, "param_groups": [{"params": [0]}]}, tmp_path / "optimizer.pt")
-    with open(tmp_path / "o.ckptz", "wb") as f:
-        compress_file(tmp_path / "optimizer.pt", "optimizer.pt", f, CpuEngine(2, level=10))
-    assert native_calls == []
+def _moments(rows: int, seed: int) -> torch.Tensor:
+    """Adam's second moments: rows of one scale each, where order-1 exponents pay."""
+    rng = np.random.default_rng(seed)
+    scales = np.exp(rng.uniform(-14, -4, rows)).astype(np.float32)
+    return torch.from_numpy(
+        np.abs(rng.standard_normal(rows * 128)).astype(np.float32) * np.repeat(scales, 128)
+    )
+
+
+@pytest.mark.parametrize(("level", "frame"), [(10, None), (10, 64 << 10), (19, None)])
+def test_order1_exponents_are_coded_natively_as_the_python_pipeline_codes_them(
+    tmp_path: Path,
+    level: int,
+    frame: int | None,
+    native_calls: list[str],
+    python_pipeline: Callable[[], None],
+) -> None:
+    state = {
+        i: {"exp_avg_sq": _moments(1500 + 300 * i, i), "exp_avg": torch.randn(4000) * 1e-3} for i in range(3)
+    }
+    src = tmp_path / "optimizer.pt"
+    torch.save({"state": state, "param_groups": [{"params": [0, 1, 2]}]}, src)
+
+    def engine() -> CpuEngine:
+        made = CpuEngine(2, level=level)
+        if frame is not None:
+            made.frame_size = made.largest_frame = frame
+        return made
+
+    natively = _compress(src, tmp_path / "native.ckptz", engine(), verify=True)
+    assert native_calls == ["optimizer.pt"]
+    with open(tmp_path / "native.ckptz", "rb") as f:
+        assert HUFF1.id in read_index(f, "optimizer.pt").chunks["codec"]
+    python_pipeline()
+    assert natively == _compress(src, tmp_path / "python.ckptz", engine(), verify=True)
+    api.decompress(tmp_path / "native.ckptz", tmp_path / "back.pt", device="cpu")
+    assert (tmp_path / "back.pt").read_bytes() == src.read_bytes()
+
+
+class _Appender:
+    """A file object without a descriptor, written in order (as a caller's stream is)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.data += data
+        return len(data)
+
+
+def _to_pipe(src: Path, engine: CpuEngine) -> bytes:
+    """What compressing ``src`` into a pipe writes there."""
+    read, write = os.pipe()
+    got: list[bytes] = []
+    drain = threading.Thread(target=lambda: got.append(b"".join(iter(lambda: os.read(read, 1 << 16), b""))))
+    drain.start()
+    try:
+        with open(write, "wb") as f:
+            compress_file(src, src.name, f, engine)
+    finally:
+        drain.join()
+        os.close(read)
+    return got[0]
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "many.pt", "empty.bin"])
+def test_pipes_and_streams_are_written_natively_in_order(
+    sources: Path, tmp_path: Path, name: str, native_calls: list[str], python_pipeline: Callable[[], None]
+) -> None:
+    src = sources / name
+    piped = _to_pipe(src, _engine(3, 64 << 10))
+    stream = _Appender()
+    compress_file(src, src.name, cast(BinaryIO, stream), _engine(3, 64 << 10), verify=True)
+    assert native_calls == [name, name]
+    python_pipeline()
+    expected = _compress(src, tmp_path / "python.ckptz", _engine(3, 64 << 10))
+    assert piped == expected and bytes(stream.data) == expected
+    assert _to_pipe(src, _engine(3, 64 << 10)) == expected
+
+
+def test_a_stream_whose_write_fails_raises_its_error(sources: Path, native_calls: list[str]) -> None:
+    class Full(_Appender):
+        def write(self, data: bytes | memoryview) -> int:
+            if len(self.data) > 100_000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(data)
+
+    with pytest.raises(OSError) as raised:
+        compress_file(sources / "model.pt", "model.pt", cast(BinaryIO, Full()), _engine(2, 64 << 10))
+    assert raised.value.errno == errno.ENOSPC and native_calls == ["model.pt"]
+
+
+def _but_the_time(container: bytes, scratch: Path) -> tuple[bytes, dict[str, Any], list[list[Any]]]:
+    """A container's data area, header and tables, less the new file's time that its
+    header records (two saves a moment apart differ there)."""
+    start = container.index(b"CKPTZ", 5) if container.startswith(b"before") else 0
+    scratch.write_bytes(container[start:])
+    with open(scratch, "rb") as f:
+        index = read_index(f, "saved")
+    index.header["source"].pop("mtime_ns", None)
+    end = int((index.chunks["offset"] + index.chunks["size"]).max(initial=0))
+    tables = [t.tolist() for t in (index.segments, index.frames, index.chunks)]
+    return container[: start + end], index.header, tables
+
+
+@pytest.mark.parametrize("to", ["path", "stream"])
+def test_saving_in_memory_state_is_coded_natively_from_memory(
+    tmp_path: Path, to: str, native_calls: list[str], python_pipeline: Callable[[], None]
+) -> None:
+    import ckptz
+
+    state = _checkpoint()
+
+    def save(folder: str) -> bytes:
+        if to == "path":  # the same name: torch.save names the archive inside after it
+            (tmp_path / folder).mkdir()
+            ckptz.save(state, tmp_path / folder / "model.pt.ckptz", device="cpu", verify=True)
+            return (tmp_path / folder / "model.pt.ckptz").read_bytes()
+        stream = io.BytesIO()
+        stream.write(b"before")  # written from where the stream stands
+        ckptz.save(state, stream, device="cpu")
+        return stream.getvalue()
+
+    natively = save("native")
+    assert native_calls == ["model.pt" if to == "path" else "<stream>"]
+    python_pipeline()
+    scratch = tmp_path / "scratch.ckptz"
+    assert _but_the_time(natively, scratch) == _but_the_time(save("python"), scratch)
+    back = ckptz.load(io.BytesIO(natively[6:] if to == "stream" else natively), weights_only=True)
+    assert all(torch.equal(back[k], v) for k, v in state.items())
 
 
 def test_progress_reaches_the_total(sources: Path, tmp_path: Path) -> None:
@@ -282,21 +408,23 @@ def _tables(src: Path) -> tuple[native_compress.Plan, int]:
         os.close(fd)
     segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
     frames = frame_map(segments, [s.frame_size for s in plan.streams])
-    return native_compress.plan(frames, plan.streams), layout.size
+    return native_compress.plan(frames, plan.streams, engine), layout.size
 
 
-def _call(src: Path, tables: native_compress.Plan, size: int, stop: int = 0) -> tuple[int, np.ndarray]:
-    assert native is not None
+def _call(
+    src: Path, tables: native_compress.Plan, size: int, stop: int = 0, memory: np.ndarray | None = None
+) -> tuple[int, np.ndarray]:
     counter, error = np.zeros(1, np.int64), np.zeros(3, np.int64)
     hashes = np.zeros(-(-size // TREE.leaf), "<u8")
-    fd = os.open(src, os.O_RDONLY)
+    fd = os.open(src, os.O_RDONLY) if memory is None else -1
     try:
         kind = native.compress_plan(
-            fd, -1, False, -1, 16, tables.frames, tables.chunks, tables.pieces, size, TREE.leaf, hashes, 3,
+            fd, np.zeros((0, 3), np.int64) if memory is None else memory, -1, False, False, -1, 16, tables.frames, tables.chunks, tables.pieces, size, TREE.leaf, hashes, 3,
             native_compress.RULES, 2, counter, np.full(1, stop, np.uint8), error,
         )  # fmt: skip
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
     return kind, counter
 
 
@@ -325,6 +453,18 @@ def test_hostile_plan_is_rejected(sources: Path, edit: Callable[[native_compress
     edit(copy)
     with pytest.raises(ValueError, match="compress plan rejected"):
         _call(sources / "model.pt", copy, size)
+
+
+def test_memory_regions_are_read_where_they_tile_the_file(sources: Path) -> None:
+    """The plane reads memory only through regions that tile the file from its start."""
+    tables, size = _tables(sources / "model.pt")
+    data = np.frombuffer((sources / "model.pt").read_bytes(), np.uint8)
+    half = size // 2
+    regions = native_compress.memory_table([(0, data[:half]), (half, data[half:])])
+    assert _call(sources / "model.pt", tables, size, memory=regions)[0] == 0
+    for wrong in ([(0, data[:half])], [(0, data[:half]), (half + 1, data[half + 1 :])], [(1, data[1:])]):
+        with pytest.raises(ValueError, match="memory regions do not tile the file"):
+            _call(sources / "model.pt", tables, size, memory=native_compress.memory_table(wrong))
 
 
 def test_sigint_stops_a_native_compression(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from test_jobs import _start, _temps, _wait_for_temp
 from ckptz import api
 from ckptz import load as ckptz_load
 from ckptz.codecs.native import native
-from ckptz.codecs.table import HUFF1
+from ckptz.codecs.table import CTX, HUFF1
 from ckptz.container import read_index
 from ckptz.digest import Digest
 from ckptz.engines.cpu import CpuEngine
@@ -31,6 +31,7 @@ from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline import native_restore
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.restore import Comparer, DiscardSink, restore
+from ckptz.pipeline.transform import transformed
 
 pytestmark = pytest.mark.skipif(native is None, reason="the C extension is not built")
 
@@ -157,10 +158,169 @@ def test_every_fixture_restores(
     with open(version / name, "rb") as f:
         index = read_index(f, name)
         tables = native_restore.plan(FrameDecoder(f.fileno(), name, index, CpuEngine(1)))
-    # The native plane restores every container it can plan (tree digest, its bitstreams).
+    # The native plane restores every container it can plan: all but those of bitstreams it
+    # lacks (ctx) and series deltas; deflate, and xxh3_128 digests (in file order), too.
     assert native_calls == ([True] if tables is not None else [])
-    if version.name == "v1.4":
-        assert tables is not None
+    lacks = {CTX.id} & set(index.chunks["codec"].tolist())
+    assert (tables is None) == (bool(lacks) or transformed(index.header))  # or a series delta
+
+
+@pytest.fixture
+def in_order_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each restore in file order's outcome (True: by the native plane), windows of 64 KiB:
+    many, and frames reaching across them."""
+    calls: list[bool] = []
+    real = native_restore.run_in_order
+
+    def run(*args: Any, **kwargs: Any) -> Digest | None:
+        digest = real(*args, **kwargs)
+        calls.append(digest is not None)
+        return digest
+
+    monkeypatch.setattr(native_restore, "run_in_order", run)
+    monkeypatch.setattr(native_restore, "WINDOW", 64 << 10)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "model.pt"])
+def test_a_stream_is_restored_natively_in_file_order(
+    files: Path, name: str, in_order_calls: list[bool]
+) -> None:
+    pieces: list[bytes] = []
+    with open(files / f"{name}.ckptz", "rb") as f:
+        restore(f, name, CpuEngine(3), lambda piece: pieces.append(bytes(piece)))
+    assert in_order_calls == [True]
+    assert b"".join(pieces) == (files / name).read_bytes()
+
+
+def test_cli_stdout_is_byte_exact(files: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import CLI_ENV
+
+    got = subprocess.run(
+        [sys.executable, "-m", "ckptz", "decompress", str(files / "model.pt.ckptz"), "-c", "-q"],
+        capture_output=True,
+        env=CLI_ENV,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert got == (files / "model.pt").read_bytes()
+
+
+@pytest.mark.parametrize("command", ["compress", "decompress"])
+def test_a_stdout_reader_going_away_is_one_line_and_exit_1(files: Path, command: str) -> None:
+    """`ckptz ... -c | head`: a write that the pipe takes only part of is not the end of it."""
+    import subprocess
+    import sys
+
+    from conftest import CLI_ENV
+
+    src = files / ("model.pt" if command == "compress" else "model.pt.ckptz")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "ckptz", command, str(src), "-c", "-q", "--device", "cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=CLI_ENV,
+    )
+    assert run.stdout is not None and run.stderr is not None
+    time.sleep(2)  # the whole output is waiting to be written: more than the pipe holds
+    assert len(run.stdout.read(100)) == 100
+    run.stdout.close()
+    assert run.wait(timeout=120) == 1
+    assert (
+        run.stderr.read().decode().strip() == "ckptz: error: stdout was closed before everything was written"
+    )
+
+
+def _sequential_container(files: Path, tmp_path: Path) -> Path:
+    """model.pt coded with an xxh3_128 digest, as containers before the tree digest were."""
+    from ckptz.digest import SEQUENTIAL
+    from ckptz.pipeline.compress import compress_file
+
+    out = tmp_path / "model.pt.ckptz"
+    with open(out, "wb") as f:
+        compress_file(files / "model.pt", "model.pt", f, CpuEngine(2), digest=SEQUENTIAL)
+    return out
+
+
+def test_xxh3_128_containers_restore_natively_to_every_sink(
+    files: Path, tmp_path: Path, native_calls: list[bool], in_order_calls: list[bool]
+) -> None:
+    container = _sequential_container(files, tmp_path)
+    original = (files / "model.pt").read_bytes()
+    api.decompress(container, tmp_path / "back.pt", device="cpu")
+    assert (tmp_path / "back.pt").read_bytes() == original
+    with open(container, "rb") as c, open(files / "model.pt", "rb") as o:
+        restore(c, "model.pt", CpuEngine(2), Comparer(o, "model.pt"))
+    assert ckptz_load(container, weights_only=True).keys() == torch.load(files / "model.pt").keys()
+    pieces: list[bytes] = []
+    with open(container, "rb") as f:
+        restore(f, "model.pt", CpuEngine(2), lambda piece: pieces.append(bytes(piece)))
+    assert b"".join(pieces) == original
+    assert all(native_calls) and all(in_order_calls) and len(in_order_calls) >= 3
+
+
+def test_xxh3_128_digest_mismatch_and_differences_are_worded_as_before(
+    files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_order_calls: list[bool]
+) -> None:
+    container = _sequential_container(files, tmp_path)
+    changed = tmp_path / "changed.pt"
+    data = bytearray((files / "model.pt").read_bytes())
+    data[200_000] ^= 1
+    changed.write_bytes(bytes(data))
+    messages = []
+    for _ in range(2):
+        with open(container, "rb") as c, open(changed, "rb") as o, pytest.raises(MismatchError) as differs:
+            restore(c, "model.pt", CpuEngine(2), Comparer(o, "model.pt"))
+        with open(container, "rb") as f:
+            index = read_index(f, "model.pt")
+            index.header["source"]["xxh3_128"] = "0" * 32
+            with pytest.raises(CorruptionError) as wrong:
+                restore(f, "model.pt", CpuEngine(2), DiscardSink(), index=index)
+        messages.append((str(differs.value), str(wrong.value)))
+        _python_loop(monkeypatch)
+    assert in_order_calls == [True]  # the comparison raised from inside it
+    assert messages[0] == messages[1] and "at byte 200000" in messages[0][0]
+
+
+def test_a_window_of_a_bitstream_the_plane_lacks_is_decoded_by_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_order_calls: list[bool]
+) -> None:
+    """Past the first window (bytes already given to a stream), frames the plane turns down
+    (as a zstd frame with matches where libzstd is missing; here an older container's
+    ``ctx`` exponents, let through) are decoded by Python, window by window."""
+    from ckptz.codecs import frames
+    from ckptz.codecs.ctx import CtxCodec
+    from ckptz.pipeline import native_compress
+    from ckptz.pipeline.compress import compress_file
+
+    src = tmp_path / "model.pt"
+    torch.save({"w": torch.randn(40_000, generator=torch.Generator().manual_seed(1)) * 0.02}, src)
+    container = tmp_path / "model.pt.ckptz"
+    with monkeypatch.context() as old_coder:  # exponents coded ctx, as older versions did
+        old_coder.setattr(frames, "_HUFFMAN", CtxCodec())
+        old_coder.setattr(native_compress, "suits", lambda *args, **kwargs: False)
+        with open(container, "wb") as f:
+            index = compress_file(src, "model.pt", f, CpuEngine(2)).index
+    assert CTX.id in index.chunks["codec"] and index.chunks["codec"][0] != CTX.id
+    monkeypatch.setattr(native_restore, "NATIVE_CODECS", native_restore.NATIVE_CODECS | {CTX.id})
+    with open(container, "rb") as f:  # the first window ends where the ctx-coded bytes begin
+        decoder = FrameDecoder(f.fileno(), "model.pt", index, CpuEngine(1))
+        _, first, counts, _ = decoder.layout()
+        coded = index.chunks["codec"]
+        starts = [
+            min(at for at, _, _ in frame.pieces)
+            for frame, a, n in zip(decoder.frames, first, counts, strict=True)
+            if CTX.id in coded[a : a + n]
+        ]
+    monkeypatch.setattr(native_restore, "WINDOW", min(starts))
+    pieces: list[bytes] = []
+    with open(container, "rb") as f:
+        restore(f, "model.pt", CpuEngine(2), lambda piece: pieces.append(bytes(piece)))
+    assert b"".join(pieces) == src.read_bytes()
+    assert in_order_calls == [True]
 
 
 def test_order1_and_level_10_restore_natively(tmp_path: Path, native_calls: list[bool]) -> None:

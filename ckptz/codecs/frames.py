@@ -11,18 +11,19 @@ This is the CPU frame coder. Per plane, cheapest first:
    :class:`~ckptz.codecs.cpu.HuffmanZstd`, zstd frames of Huffman-coded literal blocks
    whose ends follow the plane's statistics, 0.2-1.6% smaller than deflate and decoded
    2-3x faster. Where the sample is at least 20% zeros (a fine-tune's unseen rows)
-   level-``level`` zstd is tried as well; at ``effort >= 2``, deflate too. With
+   level-``level`` zstd is tried as well. With
    ``context_exponents`` (the CPU engine sets it for Adam's moments),
    ``huff1`` is tried too: each exponent coded given the bucket of the one before it
    (:mod:`ckptz.codecs.order1`);
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
    entropy (sign bits of bf16-exact fp32, ``exp_avg_sq``'s low plane) is ``bitpack``-ed;
 5. any other plane (zero runs, 7-bit mantissas) gets ``zstd``; a low-entropy one that is
-   not mostly zeros (sign bits) Huffman-coded zstd too; at ``effort >= 2``, ``deflate`` as well;
+   not mostly zeros (sign bits) Huffman-coded zstd too;
 
 and any coded chunk not smaller than its plane is stored ``raw`` instead. The ``ctx``
 bitstream (neighbour-context coding) still decodes but is no longer chosen: on trained
-data it saved < 1% over block-adaptive Huffman at a third of the speed.
+data it saved < 1% over block-adaptive Huffman at a third of the speed; nor is
+``deflate``, which older containers hold.
 """
 
 from __future__ import annotations
@@ -31,11 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptz.codecs import cpu_codec
+from ckptz.codecs import cpu_codec, order1
 from ckptz.codecs.base import Codec
 from ckptz.codecs.bitpack import BitpackCodec, packed_size
 from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
-from ckptz.codecs.deflate import DeflateCodec
 from ckptz.codecs.native import native
 from ckptz.codecs.order1 import Order1Codec
 from ckptz.codecs.planes import merge, scratch, split_owned, split_sampled
@@ -62,7 +62,7 @@ ZSTD_ZEROS = 0.2
 #: 2-3x slower (bench/context.py), so a tie goes to the faster bitstream.
 CONTEXT_MARGIN = 0.01
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
-_BLOCK = 8192
+BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
 PACK_SLACK = 0.1
 #: Below this many sampled bits per byte a non-exponent plane may favour Huffman ...
@@ -73,18 +73,15 @@ RUN_SHARE = 0.75
 
 @dataclass(frozen=True, slots=True)
 class EncodeOptions:
-    """How hard to try.
+    """How hard to try (a second coder is tried only where the sample says it may win).
 
     Attributes:
         level: zstd level for the planes worth coding (1-22).
-        effort: 1 (default) tries a second coder only where the sample says it may
-            win; 2 tries both ``deflate`` and ``zstd`` on every plane worth coding.
         context_exponents: also try ``huff1`` (each exponent coded
             given the one before it) on exponent planes and keep the smaller payload.
     """
 
     level: int = 3
-    effort: int = 1
     context_exponents: bool = False
 
 
@@ -101,7 +98,6 @@ _RAW = RawCodec()
 _CONST = ConstCodec()
 _ZSTD: dict[int, ZstdCodec] = {}
 _HUFFMAN = HuffmanZstd()
-_DEFLATE = DeflateCodec()
 _BITPACK = BitpackCodec()
 _ORDER1 = Order1Codec()
 
@@ -185,15 +181,9 @@ def encode_plane(
     context = False
     zstd = _zstd(options.level)
     if exponent:
-        candidates: list[Codec]
-        if options.effort >= 2:
-            candidates = [_HUFFMAN, _DEFLATE, zstd]
-        elif zeros >= ZSTD_ZEROS:
-            # Zero runs: level-3 matching wins where they fill whole rows (optimizer states
-            # of a fine-tune).
-            candidates = [_HUFFMAN, zstd]
-        else:
-            candidates = [_HUFFMAN]
+        # Zero runs: level-3 matching wins where they fill whole rows (optimizer states of a
+        # fine-tune).
+        candidates: list[Codec] = [_HUFFMAN, zstd] if zeros >= ZSTD_ZEROS else [_HUFFMAN]
         context = options.context_exponents
     else:
         fixed = stats.fixed
@@ -206,12 +196,7 @@ def encode_plane(
         # A low-entropy plane without long zero runs (the sign bits of bf16-exact fp32) is
         # where zstd's short LZ matches cost more than Huffman's one bit per byte: literal
         # zstd is within 0.3% of deflate there, at twice its speed.
-        if options.effort >= 2:
-            candidates = [zstd, _HUFFMAN, _DEFLATE]
-        elif bits < LOW_BITS and zeros < RUN_SHARE:
-            candidates = [zstd, _HUFFMAN]
-        else:
-            candidates = [zstd]
+        candidates = [zstd, _HUFFMAN] if bits < LOW_BITS and zeros < RUN_SHARE else [zstd]
     ordered = None
     if context:
         # huff1 decodes at a third to half the speed of Huffman-coded zstd, so it must save
@@ -219,9 +204,13 @@ def encode_plane(
         # no order-0 code (one table per run of blocks) can catch up: if that is the only
         # other candidate (no LZ matching, which can go below, for zero runs), it is not
         # tried, which halves the cost of trying huff1.
-        ordered = _ORDER1.encode(plane)
+        ordered = order1.encode(plane)
         alone = candidates == [_HUFFMAN]
-        if alone and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, _BLOCK):
+        if (
+            ordered is not None
+            and alone
+            and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, BLOCK)
+        ):
             return EncodedChunk(_ORDER1.id, size, ordered)
     best_id, best = _RAW.id, b""
     for codec in candidates:

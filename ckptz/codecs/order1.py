@@ -40,8 +40,9 @@ The encoder chooses the buckets by dynamic programming over the plane's pair cou
 range's cost: the order-0 entropy of the bytes that follow it, plus a fixed cost per
 group); the C extension (``ckptz/native_src/order1.c``) writes and reads the payload
 without the GIL, and its frame decoder (``native.decode_frame``) decodes ``huff1`` planes
-in the same single call as the others. Where the C writer declines a plane, or the C reader
-a payload (a group with libzstd matches), numpy and the zstandard binding do the same, slowly.
+in the same single call as the others. A plane the C writer declines is not coded
+``huff1``; a payload the C reader declines (a group with libzstd matches, which older
+writers made) is read by numpy and the zstandard binding, slowly.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ import struct
 import numpy as np
 
 from ckptz.codecs.base import Codec
-from ckptz.codecs.cpu import HuffmanZstd, ZstdCodec
+from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.native import native
 from ckptz.errors import CodecError
 
@@ -63,11 +64,6 @@ MAX_SEGMENTS = 8
 #: interleaved walks decode ~1.5x as fast as four and 5x as fast as one; each costs
 #: 4 header bytes per group.
 SEGMENTS = ((1 << 17, 8), (1 << 15, 4), (0, 1))
-#: A group's own cost (bytes) in the bucket search: frame and block headers, tables.
-_GROUP_COST = 160.0
-_UNITS = 64
-
-_HUFFMAN = HuffmanZstd()
 _ZSTD = ZstdCodec()
 
 
@@ -81,58 +77,14 @@ def _segments(n: int, segments: int) -> list[tuple[int, int]]:
     return [(min(s * length, n), min((s + 1) * length, n)) for s in range(segments)]
 
 
-def _contexts(data: np.ndarray, segments: int) -> np.ndarray:
-    """The byte before each byte, 0 at each segment's start."""
-    prev = np.empty_like(data)
-    if data.size:
-        prev[1:] = data[:-1]
-        for start, end in _segments(data.size, segments):
-            if start < end:
-                prev[start] = 0
-    return prev
-
-
-def _group_cost(counts: np.ndarray) -> np.ndarray:
-    """Estimated bytes of coding each row of ``counts`` as one group."""
-    total = counts.sum(axis=-1).astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = counts.astype(np.float64)
-        xlogx = np.where(c > 0, c * np.log2(np.where(c > 0, c, 1)), 0.0).sum(axis=-1)
-        bits = np.where(total > 0, total * np.log2(np.where(total > 0, total, 1)) - xlogx, 0.0)
-    coded = bits / 8 + _GROUP_COST + 0.6 * (counts > 0).sum(axis=-1)
-    raw = total + 16
-    cost = np.where((total < 1024) | (raw < coded), raw, coded)
-    return np.where(total > 0, cost, 0.0)
-
-
-def choose_buckets(pairs: np.ndarray) -> list[int]:
-    """Bucket starts (the first 0) for a 256x256 pair count (row: the preceding byte)."""
-    rows = pairs.sum(axis=1)
-    present = np.flatnonzero(rows)
-    if present.size <= 1:
-        return [0]
-    per = -(-present.size // _UNITS)
-    first = [*range(0, present.size, per), present.size]
-    unit_counts = np.stack([pairs[present[a:b]].sum(axis=0) for a, b in itertools.pairwise(first)])
-    units = unit_counts.shape[0]
-    inf = float("inf")
-    best = np.full((MAX_BUCKETS + 1, units + 1), inf)
-    best[0, 0] = 0.0
-    came = np.zeros((MAX_BUCKETS + 1, units + 1), np.int64)
-    for i in range(units):
-        # the costs of groups of units i..j-1, for every j > i at once
-        cost = _group_cost(np.cumsum(unit_counts[i:], axis=0))
-        cand = best[:MAX_BUCKETS, i, None] + cost[None, :]
-        target = best[1:, i + 1 :]
-        better = cand < target
-        target[better] = cand[better]
-        came[1:, i + 1 :][better] = i
-    buckets = int(np.argmin(best[1:, units])) + 1
-    unit = [0] * (buckets + 1)
-    unit[buckets] = units
-    for k in range(buckets, 0, -1):
-        unit[k - 1] = int(came[k, unit[k]])
-    return [0] + [int(present[first[unit[k]]]) for k in range(1, buckets)]
+def encode(data: np.ndarray) -> bytes | None:
+    """``data``'s payload, or None where the C writer declines it (a group whose Huffman
+    table a zstd frame cannot describe): the coders then leave ``huff1`` out, the Python
+    pipeline and the native plane alike."""
+    data = np.ascontiguousarray(data, dtype=np.uint8)
+    segments = next(s for least, s in SEGMENTS if data.size >= least)
+    payload: bytes | None = native.order1_encode(data, segments)
+    return payload
 
 
 class Order1Codec(Codec):
@@ -140,32 +92,10 @@ class Order1Codec(Codec):
     (see module docs)."""
 
     def encode(self, data: np.ndarray) -> bytes:
-        data = np.ascontiguousarray(data, dtype=np.uint8)
-        segments = next(s for least, s in SEGMENTS if data.size >= least)
-        payload: bytes | None = native.order1_encode(data, segments)
-        return payload if payload is not None else self._encode_numpy(data, segments)
-
-    def _encode_numpy(self, data: np.ndarray, segments: int) -> bytes:
-        prev = _contexts(data, segments)
-        pairs = np.bincount(prev.astype(np.int64) * 256 + data, minlength=65536).reshape(256, 256)
-        starts = choose_buckets(pairs)
-        bucket = np.searchsorted(np.asarray(starts[1:]), prev, side="right").astype(np.uint8)
-        order = np.argsort(bucket, kind="stable")
-        counts = np.bincount(bucket, minlength=len(starts))
-        grouped = data[order]
-        frames, at = [], 0
-        for count in counts.tolist():
-            frames.append(_HUFFMAN.encode(grouped[at : at + count]) if count else b"")
-            at += count
-        seg_counts = [
-            np.bincount(bucket[a:b], minlength=len(starts)) for a, b in _segments(data.size, segments)[:-1]
-        ]
-        head = struct.pack("<BBBB", _VERSION, len(starts), segments, 0) + bytes(starts[1:])
-        head += struct.pack(f"<{len(starts)}I", *counts.tolist())
-        head += struct.pack(f"<{len(starts)}I", *(len(f) for f in frames))
-        for sc in seg_counts:
-            head += struct.pack(f"<{len(starts)}I", *sc.tolist())
-        return head + b"".join(frames)
+        payload = encode(data)
+        if payload is None:
+            raise CodecError("huff1 cannot code this plane (a group's Huffman table)", codec=self.name)
+        return payload
 
     def decode(self, payload: bytes | memoryview, size: int) -> np.ndarray:
         return self.decode_into(payload, size, None)

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ckptz.library.torch_skeleton import Skeleton, crc32_combine, serialization_id
 
 if TYPE_CHECKING:
@@ -138,6 +140,21 @@ class Image:
         if not isinstance(part, bytearray) or at + len(data) > end:
             raise AssertionError("a CRC-32 or the serialization id lies outside the structure")
         part[at - start : at - start + len(data)] = data
+
+    def host_regions(self) -> list[tuple[int, np.ndarray]] | None:
+        """The image as arrays over its structure and its host tensors' bytes, each with its
+        offset (the native plane copies from them); None where a tensor is on a GPU."""
+        if any(not isinstance(part, bytearray) and part.device.type != "cpu" for _, _, part in self._regions):
+            return None
+        return [
+            (
+                start,
+                (np.frombuffer(part, np.uint8) if isinstance(part, bytearray) else part.numpy())[
+                    : end - start
+                ],
+            )
+            for start, end, part in self._regions
+        ]
 
     def read_at(self, offset: int, n: int) -> bytes:
         """Up to ``n`` of the image's bytes from ``offset``."""

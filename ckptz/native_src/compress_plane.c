@@ -3,17 +3,21 @@
  * pool of native threads, and no Python runs per frame.
  *
  * Python plans (ckptz/pipeline/native_compress.py): a table of frames (plane.c's columns;
- * the checksum column is filled in here) and of their pieces in the file. Each thread takes
- * the next frame, preads its pieces, takes the frame's checksum and hashes the digest's
- * leaves (plane.c's functions, fused in one pass where the pieces come in order), splits the
- * words into planes, codes each plane by ckptz/codecs/frames.py's rules (its thresholds come
- * with the plan) and takes the payloads' checksums into the chunk table. Payloads are placed
- * in frame order, so the data area is the one the Python pipeline writes: a coded frame
- * whose predecessors are not all placed waits in its buffers (a bounded set) while its thread
- * codes another, and the thread that places a frame places the waiting ones after it too and
- * pwrites their payloads (with their padding), or writes nothing for a discarded output. With verify, each frame
- * is decoded back from its payloads before they are written and must give its checksum again,
- * and the payloads are read back once written and must give theirs. LZ-coded zstd planes go
+ * the checksum column is filled in here) and of their pieces in the file, which is read from
+ * a descriptor or from regions of host memory that tile it (ckptz.save's image of the state
+ * being saved). Each thread takes the next frame, reads its pieces, takes the frame's
+ * checksum and hashes the digest's leaves (plane.c's functions, fused in one pass where the
+ * pieces come in order), splits the words into planes, codes each plane by
+ * ckptz/codecs/frames.py's rules (its thresholds come with the plan; exponent planes of
+ * frames so marked are tried in order-1 coding too, order1.c) and takes the payloads'
+ * checksums into the chunk table. Payloads are placed in frame order, so the data area is
+ * the one the Python pipeline writes: a coded frame whose predecessors are not all placed
+ * waits in its buffers (a bounded set) while its thread codes another, and the thread that
+ * places a frame places the waiting ones after it too and pwrites their payloads (with their
+ * padding), or writes them to a pipe in order (before it lets go of the order lock), or
+ * writes nothing for a discarded output. With verify, each frame is decoded back from its
+ * payloads before they are written and must give its checksum again, and the payloads are
+ * read back once written (not from a pipe) and must give theirs. LZ-coded zstd planes go
  * through the zstd vendored beside this file, the very version and calls of the Python
  * binding, so the bytes are the same. Progress is a counter Python polls; a stop flag Python
  * sets ends the threads between frames; the first failure is reported as (kind, frame,
@@ -42,11 +46,22 @@ enum { CC_OFFSET, CC_SIZE, CC_RAW, CC_CHECKSUM, CC_CODEC, CC_PLANE, CC_COLS };
 /* ckptz/codecs/frames.py's thresholds, in the order native_compress.py passes them: the
  * plane's choices follow them to the bit, and they are written down once, there. */
 enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PACK_SLACK, RULE_LOW_BITS,
-       RULE_RUN_SHARE, RULE_COUNT };
+       RULE_RUN_SHARE, RULE_CONTEXT_MARGIN, RULE_BLOCK, RULE_COUNT };
+
+/* A frame's FR_ROTATE column here: bit 0, its words are floats; bit 1, its exponents are
+ * also tried in order-1 coding (frames.py's context_exponents). */
+enum { ROTATE_FLOAT = 1, ROTATE_CONTEXT = 2 };
+
+/* Columns of the memory table: the source's bytes as regions of host memory that tile it
+ * in file order (file offset, length, address). */
+enum { MR_AT, MR_SIZE, MR_ADDRESS, MR_COLS };
 
 typedef struct {
     restore_plan_t leaves; /* the digest's leaves and the frame and piece tables, as plane.c reads them */
     int source, output;    /* descriptors; output -1 to write nothing */
+    const int64_t *memory; /* MR_COLS per region: the source in host memory, where source is -1 */
+    int64_t memory_count;
+    int in_order;          /* output is a pipe: payloads written in order, by write() */
     int verify;            /* decode every frame back from its payloads ... */
     int checked;           /* ... and read them back from here once written (-1: not) */
     int64_t *frames;       /* writable: each frame's checksum goes in */
@@ -89,6 +104,7 @@ typedef struct {
     held_t **placing;     /* the frames this thread places at once */
     ZSTD_CCtx *level, *literal;
     uint8_t *decoded, *merged, *written; /* with verify */
+    uint8_t *groups;                     /* with verify: order-1 planes' groups */
     dtable_t *dt;
     ZSTD_DCtx *dctx;
 } coder_t;
@@ -186,11 +202,11 @@ static size_t plane_try(coder_t *w, int which, uint8_t *dst, const uint8_t *plan
     return zstd_frame(w->level, dst, cap, plane, n, error);
 }
 
-/* Codes one non-empty plane as frames.encode_plane does (effort 1, no huff1): *out points at
+/* Codes one non-empty plane as frames.encode_plane does: *out points at
  * `slot` (a payload made there, plane_room(n) bytes) or at the plane itself (stored raw).
  * Returns 0 where zstd failed (*error_out: its error code). */
-static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, double bits, double zeros,
-                      uint8_t ones, uint8_t any, uint8_t *slot, payload_t *out, int64_t *error_out) {
+static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, int context, double bits,
+                      double zeros, uint8_t ones, uint8_t any, uint8_t *slot, payload_t *out, int64_t *error_out) {
     const double *rule = w->plan->rules;
     if (ones == any) {
         slot[0] = ones;
@@ -219,6 +235,24 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
         tries[count++] = TRY_ZSTD;
         if (bits < rule[RULE_LOW_BITS] && zeros < rule[RULE_RUN_SHARE]) tries[count++] = TRY_HUFFMAN;
     }
+    /* Order-1 exponents as frames.encode_plane tries them: they decode slower, so they must
+     * save the margin; against Huffman coding alone, a saving below the entropy of the
+     * plane's blocks is one no order-0 code reaches, and the others are not tried. A plane
+     * order1.c declines is coded as if huff1 had lost. */
+    uint8_t *ordered = NULL;
+    size_t ordered_size = 0;
+    double keep = 1 - rule[RULE_CONTEXT_MARGIN];
+    if (context) {
+        int segments = n >= (1u << 17) ? 8 : n >= (1u << 15) ? 4 : 1;
+        ordered_size = order1_encode(plane, n, segments, &ordered);
+        if (ordered_size && count == 1 &&
+            (double)ordered_size < keep * blocked_entropy(plane, n, (size_t)rule[RULE_BLOCK])) {
+            memcpy(slot, ordered, ordered_size);
+            free(ordered);
+            *out = (payload_t){CODEC_HUFF1, slot, ordered_size};
+            return 1;
+        }
+    }
     size_t best = 0;
     for (int t = 0; t < count; t++) {
         size_t error = 0;
@@ -226,13 +260,19 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
          * spare and copied over where it wins. */
         uint8_t *dst = best ? w->spare : slot;
         size_t size = plane_try(w, tries[t], dst, plane, n, &error);
-        if (!size) return *error_out = error, 0;
+        if (!size) return free(ordered), *error_out = error, 0;
         if (size < (best ? best : n)) {
             if (dst != slot) memcpy(slot, dst, size);
             best = size;
         }
     }
-    *out = best ? (payload_t){CODEC_ZSTD, slot, best} : (payload_t){CODEC_RAW, plane, n};
+    if (ordered_size && (double)ordered_size < keep * (double)(best ? best : n)) {
+        memcpy(slot, ordered, ordered_size);
+        *out = (payload_t){CODEC_HUFF1, slot, ordered_size};
+    } else {
+        *out = best ? (payload_t){CODEC_ZSTD, slot, best} : (payload_t){CODEC_RAW, plane, n};
+    }
+    free(ordered);
     return 1;
 }
 
@@ -259,6 +299,11 @@ static int decodes_back(coder_t *w, const payload_t *payloads, int word, int rot
         } else if (c->codec == CODEC_BITPACK) {
             int bits[8], count = varying_list(c->bytes[0], bits);
             unpack_rows(c->bytes + 2, (n + 7) / 8, bits, count, c->bytes[1], into, n);
+        } else if (c->codec == CODEC_HUFF1) {
+            if (!w->groups && !(w->groups = malloc(n ? n : 1))) return 0;
+            if (!order1_usable(c->bytes, c->len, n, w->dt) ||
+                !order1_decode(c->bytes, c->len, into, n, w->groups, w->dt))
+                return 0;
         }
     }
     const uint8_t *bytes = planes[0].bytes;
@@ -309,19 +354,64 @@ static int pwritev_fully(int fd, struct iovec *iov, int count, int64_t at) {
     return 0;
 }
 
+/* Writes iov in order where the descriptor stands (a pipe): 0, or the errno. */
+static int writev_fully(int fd, struct iovec *iov, int count) {
+    while (count > 0) {
+        ssize_t put = writev(fd, iov, count);
+        if (put < 0 && errno == EINTR) continue;
+        if (put < 0) return errno;
+        if (put == 0) return EIO;
+        while (count > 0 && (size_t)put >= iov->iov_len) {
+            put -= (ssize_t)iov->iov_len;
+            iov++;
+            count--;
+        }
+        if (count > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + put;
+            iov->iov_len -= (size_t)put;
+        }
+    }
+    return 0;
+}
+
+/* Copies n bytes of the source from file offset `at` out of its memory regions (which
+ * compress_check proved tile the file). */
+static void memory_read(const compress_plan_t *p, uint8_t *dst, int64_t n, int64_t at) {
+    int64_t lo = 0, hi = p->memory_count - 1;
+    while (lo < hi) { /* the last region starting at or before `at` */
+        int64_t mid = (lo + hi + 1) / 2;
+        if (p->memory[mid * MR_COLS + MR_AT] <= at) lo = mid;
+        else hi = mid - 1;
+    }
+    for (int64_t r = lo; n > 0; r++) {
+        const int64_t *region = p->memory + r * MR_COLS;
+        int64_t within = at - region[MR_AT], take = region[MR_SIZE] - within;
+        if (take > n) take = n;
+        memcpy(dst, (const uint8_t *)(uintptr_t)region[MR_ADDRESS] + within, (size_t)take);
+        dst += take;
+        at += take;
+        n -= take;
+    }
+}
+
 static const uint8_t zero_padding[PLANE_ALIGN];
 
 /* Codes frame i into `held`: 1 if it went through, else 0 with the failure recorded. */
 static int code_frame(coder_t *w, held_t *held, int64_t i) {
     compress_plan_t *p = w->plan;
     int64_t *f = p->frames + i * FR_COLS;
-    int word = (int)f[FR_WORD], is_float = (int)f[FR_ROTATE];
+    int word = (int)f[FR_WORD], is_float = (int)(f[FR_ROTATE] & ROTATE_FLOAT);
+    int context = (int)(f[FR_ROTATE] & ROTATE_CONTEXT) != 0;
     int64_t length = f[FR_LENGTH];
     /* Single bytes are their own plane: read where the planes go. */
     uint8_t *raw = word == 1 ? held->planes : w->raw;
     const int64_t *pc = p->leaves.pieces + f[FR_PIECE] * PC_COLS;
     for (int64_t j = 0; j < f[FR_PIECES]; j++) {
         const int64_t *piece = pc + j * PC_COLS;
+        if (p->memory_count) {
+            memory_read(p, raw + piece[PC_WITHIN], piece[PC_SIZE], piece[PC_AT]);
+            continue;
+        }
         int error = 0;
         int64_t got = pread_fully(p->source, (char *)raw + piece[PC_WITHIN], piece[PC_SIZE], piece[PC_AT], &error);
         if (error) return compress_fail(p, PLANE_READ, i, error), 0;
@@ -358,7 +448,7 @@ static int code_frame(coder_t *w, held_t *held, int64_t i) {
         int64_t error = 0;
         if (!n) {
             payloads[k] = (payload_t){CODEC_RAW, planes[k], 0};
-        } else if (!plane_code(w, planes[k], n, is_float && k == word - 1, bits[k], zeros[k], ones[k], any[k],
+        } else if (!plane_code(w, planes[k], n, is_float && k == word - 1, context, bits[k], zeros[k], ones[k], any[k],
                                held->out + (size_t)k * room, &payloads[k], &error)) {
             return compress_fail(p, PLANE_CODER, i, error), 0;
         }
@@ -378,9 +468,10 @@ static int code_frame(coder_t *w, held_t *held, int64_t i) {
     return 1;
 }
 
-/* Writes a placed frame's payloads (and reads them back, with verify): 1 if it went
- * through, else 0 with the failure recorded. */
-static int write_frame_payloads(coder_t *w, const held_t *held) {
+/* Writes a placed frame's payloads (and reads them back, with verify): PLANE_OK if it went
+ * through, else the failure's kind (*detail: its errno), for the caller to record once it
+ * holds no lock. */
+static int write_frame_payloads(coder_t *w, const held_t *held, int64_t *detail) {
     compress_plan_t *p = w->plan;
     const int64_t *f = p->frames + held->frame * FR_COLS;
     int word = (int)f[FR_WORD];
@@ -395,16 +486,16 @@ static int write_frame_payloads(coder_t *w, const held_t *held) {
         if (pad) iov[count++] = (struct iovec){(void *)zero_padding, pad};
     }
     if (p->output >= 0 && count) {
-        int error = pwritev_fully(p->output, iov, count, held->at);
-        if (error) return compress_fail(p, PLANE_WRITE, held->frame, error), 0;
+        int error = p->in_order ? writev_fully(p->output, iov, count) : pwritev_fully(p->output, iov, count, held->at);
+        if (error) return *detail = error, PLANE_WRITE;
     }
     if (p->checked >= 0 && held->need) {
         int error = 0;
         if (!reads_back(w, p->chunks + f[FR_CHUNK] * CC_COLS, word, held->at, held->need, &error))
-            return compress_fail(p, error ? PLANE_CHECK_READ : PLANE_PAYLOAD, held->frame, error), 0;
+            return *detail = error, error ? PLANE_CHECK_READ : PLANE_PAYLOAD;
     }
     __atomic_add_fetch(p->progress, f[FR_LENGTH], __ATOMIC_RELAXED);
-    return 1;
+    return PLANE_OK;
 }
 
 /* A free set of frame buffers (waits for one), or NULL once the run failed. */
@@ -457,11 +548,18 @@ static void *compress_work(void *arg) {
             p->placed++;
             w->placing[count++] = next;
         }
+        /* A pipe takes the payloads in their order: they are written before the next
+         * frames can be placed. */
+        int kind = PLANE_OK, k = 0;
+        int64_t detail = 0;
+        if (p->in_order)
+            for (; kind == PLANE_OK && k < count; k++) kind = write_frame_payloads(w, w->placing[k], &detail);
         pthread_mutex_unlock(&p->order_lock);
-        int ok = 1;
-        for (int k = 0; ok && k < count; k++) ok = write_frame_payloads(w, w->placing[k]);
+        if (!p->in_order)
+            for (; kind == PLANE_OK && k < count; k++) kind = write_frame_payloads(w, w->placing[k], &detail);
+        if (kind != PLANE_OK) compress_fail(p, kind, w->placing[k - 1]->frame, detail);
         if (count) give_held(p, w->placing, count);
-        if (!ok) break;
+        if (kind != PLANE_OK) break;
     }
     return NULL;
 }
@@ -489,6 +587,7 @@ static void coder_free(coder_t *w) {
     free(w->decoded);
     free(w->merged);
     free(w->written);
+    free(w->groups);
     free(w->dt);
     ZSTD_freeDCtx(w->dctx);
     ZSTD_freeCCtx(w->level);
@@ -503,13 +602,23 @@ static const char *compress_check(compress_plan_t *p) {
     if (l->source_size < 0 || l->leaf < 0 || (l->leaf && l->leaf_count != (l->source_size + l->leaf - 1) / l->leaf))
         return "leaf table does not match the file's size";
     if (p->level < -(1 << 17) || p->level > 22) return "zstd level out of range";
+    if (p->in_order && p->checked >= 0) return "a pipe cannot be read back";
+    if (!(p->rules[RULE_BLOCK] >= 1 && p->rules[RULE_BLOCK] <= (double)(1 << 30))) return "block size out of range";
+    for (int64_t r = 0, at = 0; r < p->memory_count; r++) {
+        const int64_t *region = p->memory + r * MR_COLS;
+        if (region[MR_AT] != at || region[MR_SIZE] <= 0 || !region[MR_ADDRESS]) return "memory regions do not tile the file";
+        at += region[MR_SIZE];
+        if (r + 1 == p->memory_count && at != l->source_size) return "memory regions do not tile the file";
+    }
+    if (p->memory_count ? p->source >= 0 : p->source < 0) return "neither a descriptor nor memory to read";
     if (!(p->rules[RULE_SAMPLE] >= 1 && p->rules[RULE_SAMPLE] <= (double)(1 << 30))) return "sample size out of range";
     int64_t chunk = 0;
     p->spare_room = p->out_room = 1;
     for (int64_t i = 0; i < l->frame_count; i++) {
         const int64_t *f = p->frames + i * FR_COLS;
         int64_t word = f[FR_WORD], length = f[FR_LENGTH];
-        if ((word != 1 && word != 2 && word != 4 && word != 8) || (f[FR_ROTATE] != 0 && f[FR_ROTATE] != 1))
+        if ((word != 1 && word != 2 && word != 4 && word != 8) || f[FR_ROTATE] < 0 ||
+            f[FR_ROTATE] > (ROTATE_FLOAT | ROTATE_CONTEXT))
             return "frame of an unknown word size";
         if (f[FR_CHUNK] != chunk || chunk > l->chunk_count - word) return "frame's chunks out of order";
         chunk += word;

@@ -1127,26 +1127,30 @@ done:
     return result;
 }
 
-/* compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level,
- * rules, threads, progress, stop, error) -> int: compress_plane.c's coding of one file. */
+/* compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,
+ * leaf_hashes, level, rules, threads, progress, stop, error) -> int: compress_plane.c's coding of one file, read
+ * from the descriptor `source` or (source -1) the host memory regions of `memory`, whose buffers the caller keeps
+ * alive. */
 static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
-    Py_buffer frames, chunks, pieces, hashes, rules, progress, stop, error;
+    Py_buffer memory, frames, chunks, pieces, hashes, rules, progress, stop, error;
     compress_plan_t plan;
     int threads;
     memset(&plan, 0, sizeof plan);
     restore_plan_t *l = &plan.leaves;
-    if (!PyArg_ParseTuple(args, "iipiLw*w*y*LLw*iy*iw*w*w*", &plan.source, &plan.output, &plan.verify, &plan.checked, &plan.end,
-                          &frames, &chunks, &pieces, &l->source_size, &l->leaf, &hashes, &plan.level, &rules, &threads,
-                          &progress, &stop, &error))
+    if (!PyArg_ParseTuple(args, "iy*ippiLw*w*y*LLw*iy*iw*w*w*", &plan.source, &memory, &plan.output, &plan.in_order,
+                          &plan.verify, &plan.checked, &plan.end, &frames, &chunks, &pieces, &l->source_size, &l->leaf,
+                          &hashes, &plan.level, &rules, &threads, &progress, &stop, &error))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
     l->frame_count = plan_rows(&frames, FR_COLS, "frames");
     l->chunk_count = l->frame_count < 0 ? -1 : plan_rows(&chunks, CC_COLS, "chunks");
     l->piece_count = l->chunk_count < 0 ? -1 : plan_rows(&pieces, PC_COLS, "pieces");
-    if (l->piece_count < 0) goto done;
-    if (hashes.len % 8 || progress.len < 8 || stop.len < 1 || error.len < 24 || threads < 1 || plan.source < 0 ||
-        plan.end < 0 || rules.len != sizeof plan.rules) {
+    plan.memory_count = l->piece_count < 0 ? -1 : plan_rows(&memory, MR_COLS, "memory");
+    if (plan.memory_count < 0) goto done;
+    plan.memory = memory.buf;
+    if (hashes.len % 8 || progress.len < 8 || stop.len < 1 || error.len < 24 || threads < 1 || plan.end < 0 ||
+        rules.len != sizeof plan.rules) {
         PyErr_SetString(PyExc_ValueError, "compress_plan: malformed leaf, progress, stop or error buffer");
         goto done;
     }
@@ -1179,6 +1183,7 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     ((int64_t *)error.buf)[0] = kind;
     result = PyLong_FromLong(kind);
 done:
+    PyBuffer_Release(&memory);
     PyBuffer_Release(&frames);
     PyBuffer_Release(&chunks);
     PyBuffer_Release(&pieces);
@@ -1293,8 +1298,9 @@ static PyMethodDef methods[] = {
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
-     "compress_plan(source, output, verify, checked, start, frames, chunks, pieces, source_size, leaf, leaf_hashes, level, rules, threads,\n"
-     "progress, stop, error) -> int: code a whole file into its container's data area (0, or the failure's kind)."},
+     "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
+     "leaf_hashes, level, rules, threads, progress, stop, error) -> int: code a whole file (from a descriptor, or host\n"
+     "memory regions) into its container's data area, at offsets or in order (0, or the failure's kind)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, threads, progress, stop, error, gpu=None) -> int: restore a whole file on native threads\n"

@@ -77,6 +77,65 @@ static int zstd_available(void) {
     return zstd_api.loaded;
 }
 
+/* ---------------------------------------------------------------- zlib, at run time */
+
+/* Older containers' deflate planes, which only this plane inflates (frame.c's decode_frame
+ * leaves them to Python), through the system's zlib, loaded like libzstd. */
+enum { CODEC_DEFLATE = 5 };
+
+/* zlib's z_stream, whose layout its ABI has kept since 1.0. */
+typedef struct {
+    const uint8_t *next_in;
+    unsigned avail_in;
+    unsigned long total_in;
+    uint8_t *next_out;
+    unsigned avail_out;
+    unsigned long total_out;
+    const char *msg;
+    void *state, *zalloc, *zfree, *opaque;
+    int data_type;
+    unsigned long adler, reserved;
+} zlib_stream_t;
+
+static struct {
+    int (*init)(zlib_stream_t *, int, const char *, int);
+    int (*inflate)(zlib_stream_t *, int);
+    int (*end)(zlib_stream_t *);
+    const char *(*version)(void);
+    int loaded;
+} zlib_api;
+static pthread_once_t zlib_once = PTHREAD_ONCE_INIT;
+
+static void zlib_load(void) {
+    void *lib = dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    zlib_api.init = (int (*)(zlib_stream_t *, int, const char *, int))dlsym(lib, "inflateInit2_");
+    zlib_api.inflate = (int (*)(zlib_stream_t *, int))dlsym(lib, "inflate");
+    zlib_api.end = (int (*)(zlib_stream_t *))dlsym(lib, "inflateEnd");
+    zlib_api.version = (const char *(*)(void))dlsym(lib, "zlibVersion");
+    zlib_api.loaded = zlib_api.init && zlib_api.inflate && zlib_api.end && zlib_api.version;
+}
+
+/* Inflates a raw deflate stream (codecs/deflate.py's payload) that must give exactly n
+ * bytes and end; 0 where it does not, or where zlib is not found (Python decodes it then). */
+static int deflate_decode(const uint8_t *in, size_t len, uint8_t *into, size_t n) {
+    enum { Z_FINISH = 4, Z_STREAM_END = 1, RAW_WINDOW = -15 };
+    pthread_once(&zlib_once, zlib_load);
+    if (!zlib_api.loaded || len > 0xFFFFFFFFu || n > 0xFFFFFFFFu) return 0;
+    uint8_t spare; /* an empty plane's stream must still end: somewhere to write nothing */
+    zlib_stream_t z;
+    memset(&z, 0, sizeof z);
+    if (zlib_api.init(&z, RAW_WINDOW, zlib_api.version(), (int)sizeof z)) return 0;
+    z.next_in = in;
+    z.avail_in = (unsigned)len;
+    z.next_out = n ? into : &spare;
+    z.avail_out = n ? (unsigned)n : 1;
+    int status = zlib_api.inflate(&z, Z_FINISH);
+    int ok = status == Z_STREAM_END && z.total_out == n;
+    zlib_api.end(&z);
+    return ok;
+}
+
 /* ---------------------------------------------------------------- the plan and its state */
 
 typedef struct {
@@ -158,6 +217,11 @@ static int plane_decode_one(worker_t *w, const uint8_t *in, size_t len, int code
         if (declared == 0ULL - 2 || (declared != 0ULL - 1 && declared != n)) return 0;
         size_t got = zstd_api.decompress(w->zstd, into, n, in, len);
         return !zstd_api.is_error(got) && got == n;
+    }
+    if (codec == CODEC_DEFLATE) {
+        plane->bytes = into;
+        plane->value = 0;
+        return deflate_decode(in, len, into, n);
     }
     if (codec != CODEC_RAW && codec != CODEC_CONST && codec != CODEC_BITPACK && codec != CODEC_HUFF1) return 0;
     if (!frame_chunk_usable(&chunk, n, n, into, plane)) return 0;

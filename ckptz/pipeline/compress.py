@@ -1,8 +1,8 @@
 """Compressing one file: read → code → write, every stage in parallel.
 
-On the CPU, a file read from its own bytes into an output written at offsets (or none) is
-coded in one native call instead (:mod:`ckptz.pipeline.native_compress`), to the same bytes;
-what follows is the pipeline every other file takes (a GPU, a series delta, a pipe).
+On the CPU, a file (read from itself or from host memory, into a file, a pipe or nowhere)
+is coded in one native call instead (:mod:`ckptz.pipeline.native_compress`), to the same
+bytes; what follows is the pipeline every other file takes (a GPU, a series delta).
 
 Frames (:func:`ckptz.pipeline.plan.frame_map`) flow through three stages that run at once,
 a run of consecutive frames at a time (:func:`~ckptz.pipeline.plan.frame_runs`: up to the
@@ -146,6 +146,11 @@ class Source(Protocol):
         """Up to ``n`` bytes from ``offset`` (the stream plan's samples)."""
         ...
 
+    def host_regions(self) -> list[tuple[int, np.ndarray]] | None:
+        """The bytes as uint8 arrays in host memory that tile them in order, each with its
+        offset (the native plane reads them there); None where some are elsewhere (a GPU)."""
+        ...
+
 
 class _FileSource:
     def __init__(self, fd: int) -> None:
@@ -156,6 +161,9 @@ class _FileSource:
 
     def read_at(self, offset: int, n: int) -> bytes:
         return os.pread(self.fd, n, offset)
+
+    def host_regions(self) -> list[tuple[int, np.ndarray]] | None:
+        return None
 
 
 class _Places:
@@ -240,13 +248,25 @@ def compress_file(
                     change.apart if change else frozenset(),
                     engine.largest_frame if largest_frame is None else largest_frame,
                 )
-            plain = change is None and digest.tree and source is None and (out is None or _regular(out))
+            regions = None if source is None else source.host_regions()
+            plain = change is None and (source is None or regions is not None)
             natively = native_compress.suits(engine, plan.streams, layout.size, digest, plain=plain)
         _plans_first.wait()
         if natively:
             assert isinstance(engine, CpuEngine)
             return _compress_natively(
-                fd, relpath, layout, plan, out, engine, progress, verify, digest, source_fields or {}
+                fd,
+                reader,
+                regions,
+                relpath,
+                layout,
+                plan,
+                out,
+                engine,
+                progress,
+                verify,
+                digest,
+                source_fields or {},
             )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         run = _Compression(
@@ -260,6 +280,8 @@ def compress_file(
 
 def _compress_natively(
     fd: int,
+    reader: Source,
+    regions: list[tuple[int, np.ndarray]] | None,
     relpath: str,
     layout: FileLayout,
     plan: StreamPlan,
@@ -270,11 +292,27 @@ def _compress_natively(
     digest: Kind,
     source_fields: Mapping[str, object],
 ) -> WrittenContainer:
-    """Compress the file open as ``fd`` in one native call (:mod:`ckptz.pipeline.native_compress`);
-    with ``verify``, the plane decodes every frame back and reads every payload back, and
-    the index is read back here."""
+    """Compress the file open as ``fd`` (-1: the host memory ``regions``) in one native call
+    (:mod:`ckptz.pipeline.native_compress`); with ``verify``, the plane decodes every frame
+    back and reads every payload back, and the index is read back here (not from a pipe)."""
     segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
     frames = frame_map(segments, [s.frame_size for s in plan.streams])
+    memory = native_compress.memory_table(regions or [])
+    if out is not None and not _regular(out):  # a pipe, or a file object written in order
+        out.write(PREFIX)
+        with _InOrderOutput(out) as out_fd:
+            coded = native_compress.code(
+                fd, out_fd, relpath, frames, plan.streams, layout.size, digest, engine, progress, verify,
+                memory=memory, in_order=True,
+            )  # fmt: skip
+        if reader.read_at(layout.size, 1):
+            raise FormatError("file grew while being read", path=relpath)
+        index, tail = _make_index(
+            relpath, layout, plan, segments, engine, None, coded.digest, coded.frames, coded.chunks, coded.end,
+            source_fields,
+        )  # fmt: skip
+        out.write(tail)
+        return WrittenContainer(layout, index, coded.end + len(tail))
     out_fd = -1 if out is None else out.fileno()
     written = _reopen(out_fd, getattr(out, "name", None)) if verify and out is not None else -1
     try:
@@ -291,8 +329,9 @@ def _compress_natively(
                 progress,
                 verify,
                 written,
+                memory=memory,
             )
-        if os.pread(fd, 1, layout.size):
+        if reader.read_at(layout.size, 1):
             raise FormatError("file grew while being read", path=relpath)
         with trace.span("index"):
             index, tail = _make_index(
@@ -311,6 +350,51 @@ def _compress_natively(
     finally:
         if written >= 0:
             os.close(written)
+
+
+class _InOrderOutput:
+    """A descriptor the native plane writes a stream's payloads to in order: the stream's
+    own (flushed first) where it has one, else a pipe whose bytes a thread hands to its
+    ``write`` (a file object of the caller's, written from where it stands)."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._relay: threading.Thread | None = None
+        self._pipe = (-1, -1)
+        self._failure: list[BaseException] = []
+
+    def __enter__(self) -> int:
+        try:
+            fd = self._out.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = -1
+        if fd >= 0:
+            self._out.flush()
+            return fd
+        self._pipe = os.pipe()
+        self._relay = threading.Thread(target=self._copy, name="ckptz-relay", daemon=True)
+        self._relay.start()
+        return self._pipe[1]
+
+    def _copy(self) -> None:
+        read = self._pipe[0]
+        try:
+            while chunk := memoryview(os.read(read, 1 << 20)):
+                while chunk:  # a file object may take part of it (a pipe whose reader went away)
+                    took = self._out.write(chunk)
+                    chunk = chunk[took if isinstance(took, int) and took > 0 else len(chunk) :]
+        except BaseException as exc:
+            self._failure.append(exc)
+        finally:
+            os.close(read)  # the plane's next write fails (EPIPE) where this one did
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if self._relay is None:
+            return
+        os.close(self._pipe[1])
+        self._relay.join()
+        if self._failure:  # what the caller's write raised, not the plane's broken pipe
+            raise self._failure[0]
 
 
 class _Compression:

@@ -10,12 +10,13 @@ order, so the container is byte for byte the one the Python pipeline
 (:mod:`ckptz.pipeline.compress`) writes. Progress crosses back as a counter polled here;
 Ctrl-C and SIGTERM cross as a stop flag its threads check between frames.
 
-Whether a file takes this path is decided up front (:func:`suits`): the CPU engine, a plain
-file read from its own bytes, a tree digest, an output written at offsets (or discarded),
-and no option the plane does not code (a series delta, order-1 exponents). ``--verify``
-runs in the plane too: each frame decoded back before its payloads are written, and the
-payloads read back once they are.
-Everything else goes through the Python pipeline.
+The bytes are read from the file, or from host memory (``ckptz.save``'s image of the state
+being saved, :mod:`ckptz.library.torch_image`); the payloads go to an output written at
+offsets, to a pipe in order, or nowhere. Whether a file takes this path is decided up front
+(:func:`suits`): the CPU engine, a tree digest, and no series delta. ``--verify`` runs in
+the plane too: each frame decoded back before its payloads are written, and the payloads
+read back once they are (not from a pipe).
+Everything else (a GPU engine, a series delta) goes through the Python pipeline.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from ckptz.pipeline.plan import Frame
 
 #: Word sizes the plane splits (every dtype ckptz knows has one of them).
 WORDS = frozenset({1, 2, 4, 8})
+#: A frame's rotate column: its words are floats; its exponents are tried in order-1 coding too.
+_FLOAT, _CONTEXT = 1, 2
+_NO_MEMORY = np.zeros((0, 3), np.int64)
 
 #: frames.py's thresholds, in the order compress_plane.c reads them: the plane chooses each
 #: plane's bitstream by the very numbers the Python coder uses.
@@ -49,6 +53,8 @@ RULES = np.array(
         coder.PACK_SLACK,
         coder.LOW_BITS,
         coder.RUN_SHARE,
+        coder.CONTEXT_MARGIN,
+        coder.BLOCK,
     ],
     np.float64,
 )
@@ -58,14 +64,12 @@ _PAYLOAD, _FRAME, _READ, _WRITE, _STOPPED, _NOMEM, _CHECK_READ, _SHORT, _CODER =
 
 
 def suits(engine: object, streams: Sequence[StreamInfo], size: int, digest: Kind, *, plain: bool) -> bool:
-    """Whether the native plane may code a file: ``plain`` (no transform, read from the
-    file itself, an output written at offsets or none) with the CPU engine, a tree digest of
-    a bounded number of leaves, and streams it splits with options it codes."""
+    """Whether the native plane may code a file: ``plain`` (no transform, bytes read from
+    the file or host memory) with the CPU engine, a tree digest of a bounded number of
+    leaves, and streams of words it splits."""
     if not plain or type(engine) is not CpuEngine or not digest.tree:
         return False
-    if leaf_count(size, digest.leaf) > MAX_LEAVES or engine.options.effort != 1:
-        return False
-    return all(s.word in WORDS and not engine.options_for(s).context_exponents for s in streams)
+    return leaf_count(size, digest.leaf) <= MAX_LEAVES and all(s.word in WORDS for s in streams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +89,14 @@ class Plan:
     chunks: np.ndarray
 
 
-def plan(frames: Sequence[Frame], streams: Sequence[StreamInfo]) -> Plan:
+def plan(frames: Sequence[Frame], streams: Sequence[StreamInfo], engine: CpuEngine) -> Plan:
     """The tables for ``frames`` (in the order their payloads are placed)."""
     words = np.array([streams[f.stream].word for f in frames], np.int64)
-    floats = np.array([streams[f.stream].rotate for f in frames], np.int64)
+    rotate = [
+        (_FLOAT if s.rotate else 0) | (_CONTEXT if engine.options_for(s).context_exponents else 0)
+        for s in streams
+    ]
+    floats = np.array([rotate[f.stream] for f in frames], np.int64)
     lengths = np.array([f.length for f in frames], np.int64)
     counts = np.array([len(f.pieces) for f in frames], np.int64)
     first_chunk = np.cumsum(words) - words
@@ -110,6 +118,13 @@ class Coded:
     digest: Digest
 
 
+def memory_table(regions: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
+    """The plane's memory table for ``regions`` (file offset, bytes) that tile a source in
+    order; the arrays must stay alive while the plane reads them."""
+    rows = [(at, part.nbytes, part.ctypes.data) for at, part in regions if part.nbytes]
+    return np.array(rows, np.int64).reshape(-1, 3)
+
+
 def code(
     fd: int,
     out: int,
@@ -122,11 +137,16 @@ def code(
     progress: Callable[[int], None],
     verify: bool = False,
     written: int = -1,
+    *,
+    memory: np.ndarray = _NO_MEMORY,
+    in_order: bool = False,
 ) -> Coded:
-    """Code every frame of the file open as ``fd`` into the data area of the container open
-    as ``out`` (-1: write nothing); what was written. With ``verify``, every frame is
-    decoded back from its payloads before they are written, and they are read back from
-    ``written`` (the container open for reading; -1: not) once they are.
+    """Code every frame of the file open as ``fd`` (-1: of the host memory regions of
+    ``memory``, a :func:`memory_table`) into the data area of the container open as ``out``
+    (-1: write nothing; ``in_order``: a pipe, written where it stands, its prefix already
+    written); what was written. With ``verify``, every frame is decoded back from its
+    payloads before they are written, and they are read back from ``written`` (the
+    container open for reading; -1: not) once they are.
 
     Raises:
         FormatError: the file ended early (it changed while being read).
@@ -136,7 +156,7 @@ def code(
         OSError: reading the file or writing the container failed.
         KeyboardInterrupt: (or any error a signal handler raises) the compression was stopped.
     """
-    tables = plan(frames, streams)
+    tables = plan(frames, streams, engine)
     hashes = np.zeros(leaf_count(size, digest.leaf), "<u8")
     counter = np.zeros(1, np.int64)
     stop = np.zeros(1, np.uint8)
@@ -145,7 +165,9 @@ def code(
     def call(lent: int) -> int:
         return native.compress_plan(
             fd,
+            memory,
             out,
+            in_order,
             verify,
             written,
             len(PREFIX),
@@ -196,4 +218,4 @@ def _raise(kind: int, frame: int, detail: int, relpath: str) -> None:
     raise RuntimeError(f"native compression stopped (failure {kind})")  # _STOPPED is only ours to set
 
 
-__all__ = ["WORDS", "Coded", "Plan", "code", "plan", "suits"]
+__all__ = ["WORDS", "Coded", "Plan", "code", "memory_table", "plan", "suits"]

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ckptz import safeio
 from ckptz.codecs.native import native
-from ckptz.codecs.table import ANS, BITPACK, CONST, HUFF1, RAW, ZSTD
+from ckptz.codecs.table import ANS, BITPACK, CONST, DEFLATE, HUFF1, RAW, ZSTD
 from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.errors import CorruptionError, DeviceError
@@ -36,12 +37,16 @@ from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.transform import transformed
 
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
-#: libzstd where it is found; else the file goes back to the Python loop).
-NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, BITPACK.id, HUFF1.id})
+#: libzstd, and older containers' deflate through its zlib, where they are found; else the
+#: file goes back to the Python loop).
+NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, DEFLATE.id, BITPACK.id, HUFF1.id})
 #: Bitstreams the native plane decodes with a GPU: the GPU-only ``ans`` besides.
 NATIVE_GPU_CODECS = NATIVE_CODECS | {ANS.id}
 #: Seconds between polls of the progress counter (and chances to take a signal).
 POLL = 0.05
+#: Bytes of the file restored at once where they must come in file order: large against a
+#: frame's reach in the file, so that few frames are decoded twice.
+WINDOW = 256 << 20
 
 _NO_MEMORY = np.empty(0, np.uint8)
 
@@ -149,9 +154,9 @@ def suits(index: Index, gpu: bool = False) -> bool:
     delta, a tree digest with a bounded number of leaves, only bitstreams it decodes (with
     a GPU where ``gpu`` is set)."""
     kind = index.source_digest.kind
-    if transformed(index.header) or not kind.tree:
+    if transformed(index.header):  # an xxh3_128 digest is taken in file order: run_in_order
         return False
-    if leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
+    if kind.tree and leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
         return False
     codecs = index.chunks["codec"]
     return not len(codecs) or set(np.unique(codecs).tolist()) <= (NATIVE_GPU_CODECS if gpu else NATIVE_CODECS)
@@ -214,6 +219,8 @@ class Target:
     memory: np.ndarray | None = None
     #: Raises the error for the first differing byte ``checked`` holds.
     differs: Callable[[int], BaseException] | None = None
+    #: Takes the bytes in file order (stdout's ``write``): :func:`run_in_order`.
+    stream: Callable[[memoryview], object] | None = None
 
 
 def run(
@@ -241,6 +248,9 @@ def run(
     """
     index = decoder.index
     kind = index.source_digest.kind
+    if not kind.tree or target.stream is not None:
+        # Windows in file order run on the CPU threads alone: a GPU's file goes to the loop.
+        return None if gpu is not None else run_in_order(fd, path, decoder, tables, target, threads, progress)
     hashes = np.zeros(leaf_count(index.source_size, kind.leaf), "<u8")
     counter = np.zeros(1, np.int64)
     stop = np.zeros(1, np.uint8)
@@ -284,6 +294,135 @@ def run(
     digest = Piecewise(kind, index.source_size)
     digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
     return digest.digest()
+
+
+def run_in_order(
+    fd: int,
+    path: str,
+    decoder: FrameDecoder,
+    tables: Plan,
+    target: Target,
+    threads: int,
+    progress: Callable[[int], None],
+) -> Digest | None:
+    """:func:`run` where the bytes must come in file order (a stream such as stdout, or the
+    ``xxh3_128`` digest of an older container, which hashes the file from its start): a
+    window of :data:`WINDOW` bytes at a time, each restored in one native call into one
+    buffer (the frames with pieces in the window, restricted to those pieces: a frame
+    reaching into the next window is decoded again there), then given to ``target`` and
+    hashed. None where a frame of the first window needs the Python loop; past it (bytes
+    already given to a stream), that window's frames are decoded by Python instead.
+
+    Raises:
+        what :func:`run` raises.
+    """
+    from ckptz.digest import Hasher  # the digest of either kind, from bytes in order
+
+    size = decoder.index.source_size
+    hasher = Hasher(decoder.index.source_digest.kind)
+    pieces = tables.pieces
+    owner = np.repeat(np.arange(len(tables.frames), dtype=np.int64), tables.frames[:, 6])
+    # Pieces cut the file without overlapping: in the order of their starts, their ends are
+    # in order too, and a window's pieces are a run of that order.
+    by_start = np.argsort(pieces[:, 0], kind="stable")
+    starts = pieces[by_start, 0]
+    ends = starts + pieces[by_start, 2]
+    room = np.empty(min(WINDOW, size), np.uint8) if target.memory is None else None
+    for start in range(0, size, WINDOW):
+        stop = min(start + WINDOW, size)
+        run = by_start[np.searchsorted(ends, start, "right") : np.searchsorted(starts, stop, "left")]
+        keep = np.sort(run[pieces[run, 2] > 0])  # back in the plan's order: by frame
+        lo = np.maximum(pieces[keep, 0], start)
+        hi = np.minimum(pieces[keep, 0] + pieces[keep, 2], stop)
+        frames, first, counts = np.unique(owner[keep], return_index=True, return_counts=True)
+        window = Plan(
+            np.ascontiguousarray(np.column_stack([tables.frames[frames, :5], first, counts]), np.int64),
+            tables.chunks,
+            np.ascontiguousarray(
+                np.column_stack([lo - start, pieces[keep, 1] + lo - pieces[keep, 0], hi - lo]),
+                np.int64,
+            ),
+        )
+        buf = target.memory[start:stop] if target.memory is not None else room[: stop - start]  # type: ignore[index]
+        failed = _call(fd, window, Target(memory=buf), stop - start, 0, _NO_LEAVES, threads)
+        if failed:
+            kind, frame, detail = failed
+            _raise(kind, int(frames[frame]) if frame >= 0 else frame, detail, decoder, target, path)
+            if start == 0:
+                return None
+            _decode_in_python(decoder, frames, window, buf)
+        _put(target, buf, start, path)
+        hasher.update(buf)
+        if target.stream is not None:
+            _give_all(target.stream, buf.data)
+        progress(stop - start)
+    return hasher.digest()
+
+
+def _give_all(write: Callable[[memoryview], object], data: memoryview) -> None:
+    """``data`` to a stream's ``write``, again from where it stopped where it took part of
+    it (a pipe whose reader went away: the next write then raises)."""
+    while data:
+        took = write(data)
+        if not isinstance(took, int) or not 0 < took < len(data):
+            return
+        data = data[took:]
+
+
+def _decode_in_python(decoder: FrameDecoder, frames: np.ndarray, window: Plan, buf: np.ndarray) -> None:
+    """A window's frames decoded by the Python decoder (one the native plane lacks a bitstream of)."""
+    for row, i in enumerate(frames.tolist()):
+        data = decoder.decode(i)
+        first, count = window.frames[row, 5:7].tolist()
+        for at, within, n in window.pieces[first : first + count].tolist():
+            buf[at : at + n] = data[within : within + n]
+
+
+def _put(target: Target, buf: np.ndarray, start: int, path: str) -> None:
+    """A restored window's bytes to ``target``'s file, or compared with its checked file."""
+    if target.output >= 0:
+        safeio.pwrite_all(target.output, [buf.data], start)
+    if target.checked >= 0:
+        got = np.frombuffer(os.pread(target.checked, buf.size, start), np.uint8)
+        wrong = np.flatnonzero(got != buf[: got.size])
+        if wrong.size or got.size < buf.size:
+            assert target.differs is not None
+            raise target.differs(start + int(wrong[0]) if wrong.size else start + got.size)
+
+
+_NO_LEAVES = np.zeros(0, "<u8")
+
+
+def _call(
+    fd: int, tables: Plan, target: Target, size: int, leaf: int, hashes: np.ndarray, threads: int,
+    progress: Callable[[int], None] = lambda _: None,
+) -> tuple[int, int, int] | None:  # fmt: skip
+    """One call of the native plane; None, or its failure (kind, frame, detail)."""
+    counter = np.zeros(1, np.int64)
+    stop = np.zeros(1, np.uint8)
+    error = np.zeros(3, np.int64)
+
+    def call(lent: int) -> int:
+        return native.restore_plan(
+            fd,
+            target.output,
+            target.checked,
+            _NO_MEMORY if target.memory is None else target.memory,
+            tables.frames,
+            tables.chunks,
+            tables.pieces,
+            size,
+            leaf,
+            hashes,
+            lent,
+            counter,
+            stop,
+            error,
+        )
+
+    if call_polled(call, "ckptz-native-restore", counter, stop, threads, progress):
+        return int(error[0]), int(error[1]), int(error[2])
+    return None
 
 
 def call_polled(

@@ -236,9 +236,11 @@ def restore(
 
 def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
     """Where the native plane puts the bytes for ``sink``; None for a sink it cannot serve
-    (parts of a file in memory, stdout, a GPU), which the Python loop serves."""
+    (parts of a file in memory, a GPU), which the Python loop serves."""
     if type(sink) is DiscardSink:
         return native_restore.Target()
+    if type(sink) is _Ordered:
+        return native_restore.Target(stream=sink.write)
     whole = getattr(sink, "host_file", None)
     if whole is not None:
         memory = whole(size)
