@@ -5,7 +5,7 @@ then (by stage) xxh3s it and codes it with ``encode_frame`` and the CPU engine's
 the given dtype: GB/s of input for each thread count and frame size, beside a plain memory
 copy's. Then, on one thread, where one frame's coding goes (split into planes, each plane's
 bitstream). Compare with the pipeline's own rate (``bench/e2e.py``'s discarded cpu rows) to
-see what the pipeline adds; BENCHMARKS.md, session 36.
+see what the pipeline adds.
 
     python bench/cpu_scaling.py optimizer.pt [--dtype float32] [--threads 1 4 16] [--mib 4 16]
 """
@@ -112,7 +112,6 @@ def planes(fd: int, frames: list[tuple[int, int]], dtype: str) -> None:
                 plane,
                 options,
                 exponent=kind.is_float and k == top,
-                literal=True,
                 stats=fr.PlaneStats(*stats) if stats is not None else None,
             )
             name = f"plane {k} {fr.cpu_codec(chunk.codec).name}"
