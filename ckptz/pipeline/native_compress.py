@@ -33,7 +33,7 @@ from ckptz.container import ALIGN, PREFIX, StreamInfo
 from ckptz.digest import Digest, Kind, Piecewise, leaf_count
 from ckptz.engines.cpu import CpuEngine
 from ckptz.errors import CodecError, CorruptionError, FormatError
-from ckptz.pipeline.native_restore import MAX_LEAVES, call_polled
+from ckptz.pipeline.native_call import MAX_LEAVES, call_polled
 from ckptz.pipeline.plan import Frame
 
 #: Word sizes the plane splits (every dtype ckptz knows has one of them).

@@ -34,6 +34,7 @@ from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.errors import CorruptionError, DeviceError
 from ckptz.pipeline.decoder import FrameDecoder
+from ckptz.pipeline.native_call import MAX_LEAVES, call_polled
 from ckptz.pipeline.transform import transformed
 
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
@@ -42,39 +43,12 @@ from ckptz.pipeline.transform import transformed
 NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, DEFLATE.id, BITPACK.id, HUFF1.id})
 #: Bitstreams the native plane decodes with a GPU: the GPU-only ``ans`` besides.
 NATIVE_GPU_CODECS = NATIVE_CODECS | {ANS.id}
-#: Seconds between polls of the progress counter (and chances to take a signal).
-POLL = 0.05
 #: Bytes of the file restored at once where they must come in file order: large against a
 #: frame's reach in the file, so that few frames are decoded twice.
 WINDOW = 256 << 20
 
 _NO_MEMORY = np.empty(0, np.uint8)
 
-
-class _Threads:
-    """Native threads lent to the native calls running at once (files in parallel):
-    together they stay within the engine's thread count, so several files in flight do
-    not multiply the threads and their per-thread buffers."""
-
-    def __init__(self) -> None:
-        self._lent = 0
-        self._changed = threading.Condition()
-
-    def borrow(self, limit: int) -> int:
-        """At least one thread and at most what ``limit`` leaves free (waits for one)."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._lent < limit)
-            granted = limit - self._lent
-            self._lent += granted
-            return granted
-
-    def give_back(self, n: int) -> None:
-        with self._changed:
-            self._lent -= n
-            self._changed.notify_all()
-
-
-THREADS = _Threads()
 
 # Failure kinds, as plane.c numbers them.
 _TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME = 1, 2, 3, 4, 5
@@ -141,12 +115,6 @@ class Plan:
     frames: np.ndarray
     chunks: np.ndarray
     pieces: np.ndarray
-
-
-#: Most digest leaves the native plane holds the hashes of at once (128 MiB of them): a
-#: container may declare any size with tiny leaves, and the Python loop, which hashes as it
-#: goes, restores those in bounded memory.
-MAX_LEAVES = 1 << 24
 
 
 def suits(index: Index, gpu: bool = False) -> bool:
@@ -425,54 +393,6 @@ def _call(
     return None
 
 
-def call_polled(
-    call: Callable[[int], int],
-    name: str,
-    counter: np.ndarray,
-    stop: np.ndarray,
-    threads: int,
-    progress: Callable[[int], None],
-) -> int:
-    """Run ``call`` (one native call, given the threads lent to it) on a thread of its own
-    and hand its progress ``counter`` to ``progress`` until it returns; its result.
-
-    Raises:
-        what ``call`` raised (a plan it rejected), or what ``progress`` or a signal handler
-        raised in this thread: then ``stop`` is set and the call waited for first.
-    """
-    result: list[int] = []
-    failure: list[BaseException] = []
-
-    def run(lent: int) -> None:
-        try:
-            result.append(call(lent))
-        except BaseException as exc:  # a rejected plan: raised in the caller's thread
-            failure.append(exc)
-
-    reported = 0
-    lent = THREADS.borrow(max(1, threads))
-    worker = threading.Thread(target=run, args=(lent,), name=name, daemon=True)
-    try:
-        worker.start()
-        while worker.is_alive():
-            worker.join(POLL)
-            done = int(counter[0])
-            progress(done - reported)  # also where a stop set by a signal is noticed
-            reported = done
-    except BaseException:
-        stop[0] = 1  # the native threads end between frames; nothing more is written
-        worker.join()
-        raise
-    finally:
-        THREADS.give_back(lent)
-    done = int(counter[0])
-    if done > reported:
-        progress(done - reported)
-    if failure:
-        raise failure[0]
-    return result[0]
-
-
 def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Target, path: str) -> None:
     """Raise the error for a failure of the native plane; return where the Python loop must
     restore the file instead."""
@@ -494,11 +414,9 @@ def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Ta
 __all__ = [
     "NATIVE_CODECS",
     "NATIVE_GPU_CODECS",
-    "THREADS",
     "Gpu",
     "Plan",
     "Target",
-    "call_polled",
     "gpu_totals",
     "plan",
     "run",

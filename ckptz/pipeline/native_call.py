@@ -1,0 +1,99 @@
+"""One native call at a time per file, polled: what the compress and restore planes share.
+
+A native call runs on a thread of its own with the GIL released; this thread polls its
+progress counter and is where Ctrl-C and SIGTERM raise, which set the call's stop flag. The
+threads a call may use are lent from one budget, so several files in flight stay within
+the engine's thread count.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+#: Seconds between polls of the progress counter (and chances to take a signal).
+POLL = 0.05
+
+#: Most digest leaves the native plane holds the hashes of at once (128 MiB of them): a
+#: container may declare any size with tiny leaves, and the Python loop, which hashes as it
+#: goes, restores those in bounded memory.
+MAX_LEAVES = 1 << 24
+
+
+class _Threads:
+    """Native threads lent to the native calls running at once (files in parallel):
+    together they stay within the engine's thread count, so several files in flight do
+    not multiply the threads and their per-thread buffers."""
+
+    def __init__(self) -> None:
+        self._lent = 0
+        self._changed = threading.Condition()
+
+    def borrow(self, limit: int) -> int:
+        """At least one thread and at most what ``limit`` leaves free (waits for one)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._lent < limit)
+            granted = limit - self._lent
+            self._lent += granted
+            return granted
+
+    def give_back(self, n: int) -> None:
+        with self._changed:
+            self._lent -= n
+            self._changed.notify_all()
+
+
+THREADS = _Threads()
+
+
+def call_polled(
+    call: Callable[[int], int],
+    name: str,
+    counter: np.ndarray,
+    stop: np.ndarray,
+    threads: int,
+    progress: Callable[[int], None],
+) -> int:
+    """Run ``call`` (one native call, given the threads lent to it) on a thread of its own
+    and hand its progress ``counter`` to ``progress`` until it returns; its result.
+
+    Raises:
+        what ``call`` raised (a plan it rejected), or what ``progress`` or a signal handler
+        raised in this thread: then ``stop`` is set and the call waited for first.
+    """
+    result: list[int] = []
+    failure: list[BaseException] = []
+
+    def run(lent: int) -> None:
+        try:
+            result.append(call(lent))
+        except BaseException as exc:  # a rejected plan: raised in the caller's thread
+            failure.append(exc)
+
+    reported = 0
+    lent = THREADS.borrow(max(1, threads))
+    worker = threading.Thread(target=run, args=(lent,), name=name, daemon=True)
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(POLL)
+            done = int(counter[0])
+            progress(done - reported)  # also where a stop set by a signal is noticed
+            reported = done
+    except BaseException:
+        stop[0] = 1  # the native threads end between frames; nothing more is written
+        worker.join()
+        raise
+    finally:
+        THREADS.give_back(lent)
+    done = int(counter[0])
+    if done > reported:
+        progress(done - reported)
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+__all__ = ["MAX_LEAVES", "POLL", "THREADS", "call_polled"]
