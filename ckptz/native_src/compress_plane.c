@@ -110,14 +110,7 @@ typedef struct {
 } coder_t;
 
 static void compress_fail(compress_plan_t *p, int kind, int64_t frame, int64_t detail) {
-    pthread_mutex_lock(&p->error_lock);
-    if (!p->failed) {
-        p->error[0] = kind;
-        p->error[1] = frame;
-        p->error[2] = detail;
-        __atomic_store_n(&p->failed, 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&p->error_lock);
+    keep_first_failure(&p->error_lock, &p->failed, p->error, kind, frame, detail);
     /* Threads waiting for a free set of buffers must see it and leave. */
     pthread_mutex_lock(&p->order_lock);
     pthread_cond_broadcast(&p->order_turn);
@@ -328,6 +321,19 @@ static int reads_back(coder_t *w, const int64_t *row, int word, int64_t at, int6
 
 /* ---------------------------------------------------------------- one frame */
 
+/* Moves past the first `put` bytes of iov, which a short write took. */
+static void skip_written(struct iovec **iov, int *count, size_t put) {
+    while (*count > 0 && put >= (*iov)->iov_len) {
+        put -= (*iov)->iov_len;
+        (*iov)++;
+        (*count)--;
+    }
+    if (*count > 0) {
+        (*iov)->iov_base = (uint8_t *)(*iov)->iov_base + put;
+        (*iov)->iov_len -= put;
+    }
+}
+
 static int pwritev_fully(int fd, struct iovec *iov, int count, int64_t at) {
     int64_t total = 0;
     for (int k = 0; k < count; k++) total += (int64_t)iov[k].iov_len;
@@ -338,15 +344,7 @@ static int pwritev_fully(int fd, struct iovec *iov, int count, int64_t at) {
         if (put < 0) return errno;
         if (put == 0) return EIO;
         at += put;
-        while (count > 0 && (size_t)put >= iov->iov_len) {
-            put -= (ssize_t)iov->iov_len;
-            iov++;
-            count--;
-        }
-        if (count > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + put;
-            iov->iov_len -= (size_t)put;
-        }
+        skip_written(&iov, &count, (size_t)put);
     }
 #ifdef POSIX_FADV_DONTNEED
     if (total >= PLANE_WRITEBACK_MIN) posix_fadvise(fd, (off_t)first, (off_t)total, POSIX_FADV_DONTNEED);
@@ -361,15 +359,7 @@ static int writev_fully(int fd, struct iovec *iov, int count) {
         if (put < 0 && errno == EINTR) continue;
         if (put < 0) return errno;
         if (put == 0) return EIO;
-        while (count > 0 && (size_t)put >= iov->iov_len) {
-            put -= (ssize_t)iov->iov_len;
-            iov++;
-            count--;
-        }
-        if (count > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + put;
-            iov->iov_len -= (size_t)put;
-        }
+        skip_written(&iov, &count, (size_t)put);
     }
     return 0;
 }

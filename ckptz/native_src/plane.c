@@ -172,15 +172,21 @@ typedef struct {
     void *zstd;
 } worker_t;
 
-static void plane_fail(restore_plan_t *p, int kind, int64_t frame, int64_t detail) {
-    pthread_mutex_lock(&p->error_lock);
-    if (!p->failed) {
-        p->error[0] = kind;
-        p->error[1] = frame;
-        p->error[2] = detail;
-        __atomic_store_n(&p->failed, 1, __ATOMIC_RELEASE);
+/* Keep a native call's first failure for Python to word: later ones follow from it. */
+static void keep_first_failure(pthread_mutex_t *lock, int *failed, int64_t *error, int kind, int64_t frame,
+                               int64_t detail) {
+    pthread_mutex_lock(lock);
+    if (!*failed) {
+        error[0] = kind;
+        error[1] = frame;
+        error[2] = detail;
+        __atomic_store_n(failed, 1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&p->error_lock);
+    pthread_mutex_unlock(lock);
+}
+
+static void plane_fail(restore_plan_t *p, int kind, int64_t frame, int64_t detail) {
+    keep_first_failure(&p->error_lock, &p->failed, p->error, kind, frame, detail);
 }
 
 /* Writes at least this large ask the kernel to start their writeback at once (safeio.py's
