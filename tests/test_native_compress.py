@@ -28,11 +28,13 @@ from ckptz.codecs.table import HUFF1
 from ckptz.container import read_index
 from ckptz.digest import TREE
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import FormatError
+from ckptz.engines.hybrid import HybridEngine
+from ckptz.errors import DeviceError, FormatError
 from ckptz.formats import read_layout
-from ckptz.pipeline import native_compress
+from ckptz.pipeline import native_compress, native_restore
 from ckptz.pipeline.compress import compress_file
 from ckptz.pipeline.plan import frame_map, plan_streams
+from ckptz.pipeline.restore import restore
 
 pytestmark = pytest.mark.skipif(native is None, reason="the C extension is not built")
 
@@ -491,3 +493,41 @@ def test_sigint_stops_a_native_compression(tmp_path: Path) -> None:
     if out.exists():
         with open(out, "rb") as f:
             assert read_index(f, "big").source_size == (work / "big.safetensors").stat().st_size
+
+
+def test_a_hybrid_engine_codes_each_file_natively_until_its_gpu_joins(
+    sources: Path, tmp_path: Path, native_calls: list[str], python_pipeline: Callable[[], None]
+) -> None:
+    """``--device auto`` on a machine with nvCOMP opens a hybrid engine: until its GPU joins,
+    whole files go through the native planes both ways, and count towards the GPU joining."""
+    started: list[bool] = []
+
+    def start_gpu() -> CpuEngine:
+        started.append(True)
+        raise DeviceError("no GPU in this test")
+
+    hybrid = HybridEngine(CpuEngine(2), start_gpu, required=False)
+    src = sources / "model.pt"
+    with open(tmp_path / "hybrid.ckptz", "wb+") as f:
+        compress_file(src, src.name, f, hybrid)
+    assert native_calls == ["model.pt"] and not started
+    restored: list[str] = []
+    real_run = native_restore.run
+
+    def run(fd: int, path: str, *args: Any, **kwargs: Any) -> Any:
+        restored.append(path)
+        return real_run(fd, path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native_restore, "run", run)
+        with open(tmp_path / "hybrid.ckptz", "rb") as container, open(tmp_path / "back", "wb") as out:
+            restore(container, "hybrid.ckptz", hybrid, out.write)
+    assert restored == ["hybrid.ckptz"]
+    assert (tmp_path / "back").read_bytes() == src.read_bytes()
+    python_pipeline()
+    assert (tmp_path / "hybrid.ckptz").read_bytes() == _compress(src, tmp_path / "python.ckptz", CpuEngine(2))
+    hybrid.join_after = 1  # a long job: the next file's bytes bring the GPU up
+    with open(tmp_path / "again.ckptz", "wb+") as f:
+        compress_file(src, src.name, f, hybrid)
+    hybrid.wait_for_gpu(5)
+    assert started == [True]

@@ -185,6 +185,15 @@ class HybridEngine:
             self._limit = min(gpu.look_ahead * gpu.frame_size, self.look_ahead * self.frame_size // 4)
         self._up.set()
 
+    def cpu_alone(self, nbytes: int) -> CpuEngine | None:
+        """The CPU engine, where a whole file of ``nbytes`` may be coded on the CPU threads
+        alone (in the native plane): the GPU is not up. The file's bytes count towards
+        bringing the GPU up for the files after it, as frames coded here do."""
+        if self.required or self._gpu is not None:
+            return None
+        self._count(nbytes)
+        return self.cpu
+
     @property
     def gpu(self) -> Engine | None:
         """The GPU engine, once it is up."""

@@ -73,6 +73,7 @@ from ckptz.engines.base import (
     StoredSpan,
 )
 from ckptz.engines.cpu import CpuEngine
+from ckptz.engines.hybrid import HybridEngine
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
@@ -250,10 +251,14 @@ def compress_file(
                 )
             regions = None if source is None else source.host_regions()
             plain = change is None and (source is None or regions is not None)
-            natively = native_compress.suits(engine, plan.streams, layout.size, digest, plain=plain)
+            # A hybrid engine whose GPU has not joined codes a whole file on its CPU threads.
+            coder = engine.cpu if isinstance(engine, HybridEngine) else engine
+            natively = native_compress.suits(coder, plan.streams, layout.size, digest, plain=plain)
+            if natively and isinstance(engine, HybridEngine):
+                natively = engine.cpu_alone(layout.size) is not None
         _plans_first.wait()
         if natively:
-            assert isinstance(engine, CpuEngine)
+            assert isinstance(coder, CpuEngine)
             return _compress_natively(
                 fd,
                 reader,
@@ -262,7 +267,7 @@ def compress_file(
                 layout,
                 plan,
                 out,
-                engine,
+                coder,
                 progress,
                 verify,
                 digest,

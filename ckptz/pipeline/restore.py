@@ -221,10 +221,14 @@ def restore(
     if isinstance(target, Comparer):
         target.expect_size(index.source_size)
     # The CPU engine itself (an engine derived from it codes or hashes its own way: the loop),
-    # or the GPU engine, whose nvCOMP bitstreams the native plane decodes on its GPU.
+    # a hybrid engine whose GPU has not joined, or the GPU engine, whose nvCOMP bitstreams
+    # the native plane decodes on its GPU.
     gpu = _native_gpu(engine, index)
-    if type(engine) is CpuEngine or gpu is not None:
-        digest = _restore_natively(container, path, index, engine, target, progress, gpu)
+    coder = engine
+    if type(engine) is HybridEngine and gpu is None and native_restore.suits(index):
+        coder = engine.cpu_alone(index.source_size) or engine
+    if type(coder) is CpuEngine or gpu is not None:
+        digest = _restore_natively(container, path, index, coder, target, progress, gpu)
         if digest is not None:
             conclude(digest, index, path, target)
             return index
