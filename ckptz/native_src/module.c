@@ -1,6 +1,10 @@
 /*
- * ckptz._native: the CPU coder's inner loops in C (an optional speed-up; ckptz.codecs.native
- * falls back to numpy and the zstd/deflate bindings where this module is not built).
+ * ckptz._native: where ckptz's bytes move, in C (required: ckptz does not import without
+ * it). The compress and restore planes code or restore a whole file in one call on threads
+ * of their own (compress_plan, restore_plan); the functions below serve the planes, the
+ * Python pipeline that GPU engines and series deltas still take, and the format readers.
+ *
+ *   compress_plan(...), restore_plan(...)  a whole file, on native threads, GIL released
  *
  *   split(src, dst, word, rotate, sample)  words -> byte planes, one pass (ckptz.codecs.planes),
  *                                       with each plane's statistics (ckptz.codecs.frames)

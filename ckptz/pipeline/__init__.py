@@ -1,9 +1,11 @@
-"""The pipeline: a file's bytes through planning, parallel reads, an engine and parallel writes.
+"""The pipeline: a file's bytes through planning, coding and writing, into or out of a container.
 
-:mod:`.plan` says which bytes form each stream and frame; :mod:`.compress` and
-:mod:`.restore` run a file's frames through reader threads, an engine
-(:mod:`ckptz.engines`) and writer threads (:mod:`.workers`), and into or out of a
-container (:mod:`ckptz.container`).
+:mod:`.plan` says which bytes form each stream and frame. On the CPU a whole file is then
+coded or restored in one native call (:mod:`.native_compress`, :mod:`.native_restore`);
+GPU engines and series deltas take :mod:`.compress` and :mod:`.restore`'s per-frame
+pipeline, which runs frames through reader threads, an engine (:mod:`ckptz.engines`) and
+writer threads (:mod:`.workers`). Either way the container is written by
+:mod:`ckptz.container`'s rules.
 """
 
 from ckptz.pipeline.compress import WrittenContainer, compress_file
