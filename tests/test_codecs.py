@@ -287,16 +287,19 @@ def test_garbage_payloads_fail_cleanly(payload: bytes, size: int, codec_id: int)
     assert out.size == size
 
 
-def test_cpu_engine_tries_order1_exponents_on_second_moments_only() -> None:
-    """Order-1 exponents only from CONTEXT_LEVEL, and only on the second moments."""
+def test_cpu_engine_tries_order1_exponents_on_every_float_stream_from_context_level() -> None:
+    """Order-1 exponents only from CONTEXT_LEVEL, on every float stream whatever its
+    component (the planes' measured sizes decide), never on integer streams."""
 
-    def stream(component: str) -> StreamInfo:
-        return StreamInfo(0, component, "float32", 4, True, 1 << 20, 0, 0)
+    def stream(component: str, dtype: str = "float32", rotate: bool = True) -> StreamInfo:
+        return StreamInfo(0, component, dtype, 4, rotate, 1 << 20, 0, 0)
 
     with CpuEngine(1) as engine:
         assert not engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
-    with CpuEngine(1, level=CONTEXT_LEVEL) as engine:
-        assert engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
-        assert not engine.options_for(stream("optimizer.exp_avg")).context_exponents
-        assert not engine.options_for(stream("gradients")).context_exponents
         assert not engine.options_for(stream("weights")).context_exponents
+    with CpuEngine(1, level=CONTEXT_LEVEL - 1) as engine:
+        assert not engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
+    with CpuEngine(1, level=CONTEXT_LEVEL) as engine:
+        for component in ("optimizer.exp_avg_sq", "optimizer.exp_avg", "gradients", "weights", "other"):
+            assert engine.options_for(stream(component)).context_exponents, component
+        assert not engine.options_for(stream("other", "int32", rotate=False)).context_exponents
