@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptz.codecs import cpu_codec
+from ckptz.codecs import cpu_codec, order1
 from ckptz.codecs.base import Codec
 from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
@@ -230,6 +230,19 @@ def test_context_exponents_policy() -> None:
     plane = _exponent_plane(moments)
     chosen_chunk = encode_plane(plane, options, exponent=True)
     assert len(chosen_chunk.payload) <= len(ZstdCodec(3).encode(plane))
+
+
+def test_order1_declines_exponents_without_context_when_asked() -> None:
+    """i.i.d. exponents (dense weights) choose one bucket: a coder trying huff1 on every
+    float plane is spared its coding there, while moments rows still get their payload."""
+    weights = _exponent_plane(_floats(1 << 18))
+    assert order1.encode(weights, contextual_only=True) is None
+    assert order1.encode(weights) is not None  # the codec itself still writes one bucket
+    rows = 4096
+    scales = np.exp(RNG.uniform(-14, -4, rows)).astype(np.float32)
+    moments = np.abs(RNG.standard_normal(rows * 128)).astype(np.float32) * np.repeat(scales, 128)
+    plane = _exponent_plane(moments)
+    assert order1.encode(plane, contextual_only=True) == order1.encode(plane)
 
 
 def test_frame_rejects_wrong_plane_count() -> None:

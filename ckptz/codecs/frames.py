@@ -204,7 +204,9 @@ def encode_plane(
         # no order-0 code (one table per run of blocks) can catch up: if that is the only
         # other candidate (no LZ matching, which can go below, for zero runs), it is not
         # tried, which halves the cost of trying huff1.
-        ordered = order1.encode(plane)
+        # A plane whose pair counts choose no context split (dense weights) is declined
+        # before it is coded: huff1 would tie with Huffman coding there at twice the time.
+        ordered = order1.encode(plane, contextual_only=True)
         alone = candidates == [_HUFFMAN]
         if (
             ordered is not None

@@ -136,8 +136,10 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
 
 /* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its size,
  * or 0 if a group's frame cannot be written (a table zstd cannot describe) or memory ran
- * out. `segments` is 1 to O1_MAX_SEGMENTS. */
-static size_t order1_encode(const uint8_t *src, size_t n, int segments, uint8_t **out) {
+ * out. `segments` is 1 to O1_MAX_SEGMENTS. With `contextual_only`, also 0 where the pair
+ * counts choose one bucket: no context pays there (dense weights), and declining before the
+ * grouping and coding spares a coder that tries huff1 on every float most of its cost. */
+static size_t order1_encode(const uint8_t *src, size_t n, int segments, int contextual_only, uint8_t **out) {
     *out = NULL;
     if (n > 0xFFFFFFFFu || segments < 1 || segments > O1_MAX_SEGMENTS) return 0;
     uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
@@ -168,6 +170,7 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, uint8_t 
     }
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
     int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, n ? (float)sampled / (float)n : 1, segments, starts);
+    if (contextual_only && buckets == 1) goto done;
     for (int v = 0, k = 0; v < 256; v++) {
         while (k + 1 < buckets && v >= starts[k + 1]) k++;
         map[v] = (uint8_t)k;
