@@ -390,7 +390,14 @@ def compress(
     include: Include = None,
     exclude: Exclude = None,
     level: Annotated[
-        int, typer.Option("--level", help="zstd level for coded planes (1-22).", min=1, max=22, metavar="N")
+        int,
+        typer.Option(
+            "--level",
+            help="zstd level for coded planes (1-22). From 10 the CPU also tries order-1 exponents on floats: slower, and smaller where they pay (Adam's second moments).",
+            min=1,
+            max=22,
+            metavar="N",
+        ),
     ] = 3,
     threads: Threads = None,
     device: Device = None,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptz.codecs import cpu_codec
+from ckptz.codecs import cpu_codec, order1
 from ckptz.codecs.base import Codec
 from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame, encode_plane, looks_like_noise
@@ -232,6 +232,19 @@ def test_context_exponents_policy() -> None:
     assert len(chosen_chunk.payload) <= len(ZstdCodec(3).encode(plane))
 
 
+def test_order1_declines_exponents_without_context_when_asked() -> None:
+    """i.i.d. exponents (dense weights) choose one bucket: a coder trying huff1 on every
+    float plane is spared its coding there, while moments rows still get their payload."""
+    weights = _exponent_plane(_floats(1 << 18))
+    assert order1.encode(weights, contextual_only=True) is None
+    assert order1.encode(weights) is not None  # the codec itself still writes one bucket
+    rows = 4096
+    scales = np.exp(RNG.uniform(-14, -4, rows)).astype(np.float32)
+    moments = np.abs(RNG.standard_normal(rows * 128)).astype(np.float32) * np.repeat(scales, 128)
+    plane = _exponent_plane(moments)
+    assert order1.encode(plane, contextual_only=True) == order1.encode(plane)
+
+
 def test_frame_rejects_wrong_plane_count() -> None:
     with pytest.raises(CodecError):
         decode_frame([(RAW.id, 4, b"abcd")], DTYPES["float32"])
@@ -287,16 +300,19 @@ def test_garbage_payloads_fail_cleanly(payload: bytes, size: int, codec_id: int)
     assert out.size == size
 
 
-def test_cpu_engine_tries_order1_exponents_on_second_moments_only() -> None:
-    """Order-1 exponents only from CONTEXT_LEVEL, and only on the second moments."""
+def test_cpu_engine_tries_order1_exponents_on_every_float_stream_from_context_level() -> None:
+    """Order-1 exponents only from CONTEXT_LEVEL, on every float stream whatever its
+    component (the planes' measured sizes decide), never on integer streams."""
 
-    def stream(component: str) -> StreamInfo:
-        return StreamInfo(0, component, "float32", 4, True, 1 << 20, 0, 0)
+    def stream(component: str, dtype: str = "float32", rotate: bool = True) -> StreamInfo:
+        return StreamInfo(0, component, dtype, 4, rotate, 1 << 20, 0, 0)
 
     with CpuEngine(1) as engine:
         assert not engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
-    with CpuEngine(1, level=CONTEXT_LEVEL) as engine:
-        assert engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
-        assert not engine.options_for(stream("optimizer.exp_avg")).context_exponents
-        assert not engine.options_for(stream("gradients")).context_exponents
         assert not engine.options_for(stream("weights")).context_exponents
+    with CpuEngine(1, level=CONTEXT_LEVEL - 1) as engine:
+        assert not engine.options_for(stream("optimizer.exp_avg_sq")).context_exponents
+    with CpuEngine(1, level=CONTEXT_LEVEL) as engine:
+        for component in ("optimizer.exp_avg_sq", "optimizer.exp_avg", "gradients", "weights", "other"):
+            assert engine.options_for(stream(component)).context_exponents, component
+        assert not engine.options_for(stream("other", "int32", rotate=False)).context_exponents

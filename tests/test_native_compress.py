@@ -19,6 +19,7 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import pytest
 import torch
+from test_cli import second_moments_of_a_short_training_run
 from test_jobs import _start, _temps, _wait_for_temp
 
 from ckptz import api
@@ -231,6 +232,44 @@ def test_order1_exponents_are_coded_natively_as_the_python_pipeline_codes_them(
     assert natively == _compress(src, tmp_path / "python.ckptz", engine(), verify=True)
     api.decompress(tmp_path / "native.ckptz", tmp_path / "back.pt", device="cpu")
     assert (tmp_path / "back.pt").read_bytes() == src.read_bytes()
+
+
+def _row_patterned_mantissas() -> torch.Tensor:
+    """fp32 whose third plane (an exponent bit and the mantissa's top bits) repeats along
+    rows: zstd's matches code it far below any order-0 or order-1 coder."""
+    rng = np.random.default_rng(0)
+    rows = 4000
+    top = rng.integers(0, 128, rows)[:, None] | rng.integers(0, 3, (rows, 256))
+    words = (rng.integers(100, 102, rows)[:, None] << 23) | (top << 16)
+    return torch.from_numpy(words.astype(np.uint32).view(np.float32).reshape(-1))
+
+
+@pytest.mark.parametrize("case", ["plain names", "row patterns"])
+def test_order1_choice_by_measured_size_is_the_python_pipelines(
+    tmp_path: Path, case: str, native_calls: list[str], python_pipeline: Callable[[], None]
+) -> None:
+    """At level 19 every float stream's exponents try order-1 coding, whatever its keys:
+    real second moments under parameter names take it, and the plane keeps it to exponent
+    planes as the Python coder does (a mantissa plane that zstd codes smaller stays zstd)."""
+    from safetensors.torch import save_file
+
+    if case == "plain names":
+        tensors = second_moments_of_a_short_training_run()
+    else:
+        tensors = {"optimizer.state.0.exp_avg_sq": _row_patterned_mantissas()}
+    src = tmp_path / "state.safetensors"
+    save_file(tensors, str(src))
+    natively = _compress(src, tmp_path / "native.ckptz", CpuEngine(2, level=19), verify=True)
+    assert native_calls == ["state.safetensors"]
+    with open(tmp_path / "native.ckptz", "rb") as f:
+        chunks = read_index(f, "state.safetensors").chunks
+    exponents = chunks["codec"][chunks["plane"] == 3]
+    assert (HUFF1.id in exponents) == (case == "plain names")
+    assert HUFF1.id not in chunks["codec"][chunks["plane"] != 3]
+    python_pipeline()
+    assert natively == _compress(src, tmp_path / "python.ckptz", CpuEngine(2, level=19), verify=True)
+    api.decompress(tmp_path / "native.ckptz", tmp_path / "back.safetensors", device="cpu")
+    assert (tmp_path / "back.safetensors").read_bytes() == src.read_bytes()
 
 
 class _Appender:

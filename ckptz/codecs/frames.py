@@ -12,7 +12,7 @@ This is the CPU frame coder. Per plane, cheapest first:
    whose ends follow the plane's statistics, 0.2-1.6% smaller than deflate and decoded
    2-3x faster. Where the sample is at least 20% zeros (a fine-tune's unseen rows)
    level-``level`` zstd is tried as well. With
-   ``context_exponents`` (the CPU engine sets it for Adam's moments),
+   ``context_exponents`` (the CPU engine sets it on float streams from ``--level`` 10),
    ``huff1`` is tried too: each exponent coded given the bucket of the one before it
    (:mod:`ckptz.codecs.order1`);
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
@@ -204,7 +204,9 @@ def encode_plane(
         # no order-0 code (one table per run of blocks) can catch up: if that is the only
         # other candidate (no LZ matching, which can go below, for zero runs), it is not
         # tried, which halves the cost of trying huff1.
-        ordered = order1.encode(plane)
+        # A plane whose pair counts choose no context split (dense weights) is declined
+        # before it is coded: huff1 would tie with Huffman coding there at twice the time.
+        ordered = order1.encode(plane, contextual_only=True)
         alone = candidates == [_HUFFMAN]
         if (
             ordered is not None

@@ -77,13 +77,14 @@ def _segments(n: int, segments: int) -> list[tuple[int, int]]:
     return [(min(s * length, n), min((s + 1) * length, n)) for s in range(segments)]
 
 
-def encode(data: np.ndarray) -> bytes | None:
+def encode(data: np.ndarray, contextual_only: bool = False) -> bytes | None:
     """``data``'s payload, or None where the C writer declines it (a group whose Huffman
-    table a zstd frame cannot describe): the coders then leave ``huff1`` out, the Python
-    pipeline and the native plane alike."""
+    table a zstd frame cannot describe; with ``contextual_only``, also a plane whose sampled
+    pair counts choose a single bucket, where no context pays): the coders then leave
+    ``huff1`` out, the Python pipeline and the native plane alike."""
     data = np.ascontiguousarray(data, dtype=np.uint8)
     segments = next(s for least, s in SEGMENTS if data.size >= least)
-    payload: bytes | None = native.order1_encode(data, segments)
+    payload: bytes | None = native.order1_encode(data, segments, contextual_only)
     return payload
 
 

@@ -54,15 +54,14 @@ CPU_LARGEST_FRAME = 16 << 20
 #: Components whose exponent planes keep deflate's smaller code (see ckptz.codecs.frames):
 #: dense weights, where ZipNN sits at the order-0 bound and every 0.01% counts.
 DENSE_COMPONENTS = frozenset({"weights", "master_weights"})
-#: Components whose exponent planes also try ``huff1`` (each exponent coded given the one
-#: before it) from :data:`CONTEXT_LEVEL`: Adam's second moments, 0.5-0.7% smaller
-#: (bench/context.py, BENCHMARKS.md). ``exp_avg`` and weights gain nothing over
-#: block-adaptive Huffman there, so they are not tried.
-CONTEXT_COMPONENTS = frozenset({"optimizer.exp_avg_sq"})
-#: ``--level`` from which :data:`CONTEXT_COMPONENTS` try ``huff1``. Not by default: those
-#: frames code and decode ~45% slower for 0.5-0.7% of their size, and the CPU path (3.6 GB/s
-#: on 16 cores) is slower than the storage users write to (5-26 GB/s per node), so by
-#: default the time costs more than the bytes save.
+#: ``--level`` from which every float stream's exponent planes also try ``huff1`` (each
+#: exponent coded given the bucket of the one before it), kept per plane only where it saves
+#: :data:`~ckptz.codecs.frames.CONTEXT_MARGIN`: Adam's second moments come out 0.5-0.7%
+#: smaller (bench/context.py, BENCHMARKS.md) whatever their keys are named, and weights keep
+#: block-adaptive Huffman. Not by default: those frames code and decode ~45% slower for
+#: 0.5-0.7% of their size, and the CPU path (3.6 GB/s on 16 cores) is slower than the
+#: storage users write to (5-26 GB/s per node), so by default the time costs more than the
+#: bytes save.
 CONTEXT_LEVEL = 10
 
 
@@ -96,8 +95,10 @@ class CpuEngine:
         return self.look_ahead
 
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
-        """Order-1 exponents tried too on :data:`CONTEXT_COMPONENTS` from :data:`CONTEXT_LEVEL`."""
-        return self._context if stream.component in CONTEXT_COMPONENTS else self.options
+        """Order-1 exponents tried too on float streams from :data:`CONTEXT_LEVEL`: the
+        measured sizes of each plane decide, not the component its key names, which the
+        same tensor saved under other keys would not share."""
+        return self._context if stream.rotate else self.options
 
     def _encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> EncodedFrame:
         with trace.span("encode"):
@@ -165,4 +166,4 @@ def _now(fn: Callable[..., _T], *args: object) -> Future[_T]:
     return fut
 
 
-__all__ = ["CONTEXT_COMPONENTS", "CONTEXT_LEVEL", "DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]
+__all__ = ["CONTEXT_LEVEL", "DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]

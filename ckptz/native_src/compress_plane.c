@@ -235,9 +235,9 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
     uint8_t *ordered = NULL;
     size_t ordered_size = 0;
     double keep = 1 - rule[RULE_CONTEXT_MARGIN];
-    if (context) {
+    if (exponent && context) { /* exponent planes only, as in frames.encode_plane */
         int segments = n >= (1u << 17) ? 8 : n >= (1u << 15) ? 4 : 1;
-        ordered_size = order1_encode(plane, n, segments, &ordered);
+        ordered_size = order1_encode(plane, n, segments, 1, &ordered);
         if (ordered_size && count == 1 &&
             (double)ordered_size < keep * blocked_entropy(plane, n, (size_t)rule[RULE_BLOCK])) {
             memcpy(slot, ordered, ordered_size);

@@ -20,7 +20,8 @@
  *   literals_scan(host, at, sizes, ...) such frames cut into the rows the GPU decodes
  *   bitpack_encode(src, fixed, value)   a ckptz.codecs.bitpack payload (8x8 bit transposes)
  *   bitpack_decode(rows, fixed, value, out)
- *   order1_encode(src, segments)        a ckptz.codecs.order1 payload (exponents grouped by
+ *   order1_encode(src, segments, contextual_only)
+ *                                       a ckptz.codecs.order1 payload (exponents grouped by
  *                                       the preceding byte's bucket), or None
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
@@ -418,12 +419,12 @@ done:
 
 /* ---------------------------------------------------------------- order-1 exponents */
 
-/* order1_encode(src, segments) -> a ckptz.codecs.order1 payload, or None if a group's
- * table cannot be described. */
+/* order1_encode(src, segments, contextual_only=False) -> a ckptz.codecs.order1 payload, or
+ * None if a group's table cannot be described (or, contextual_only, if one bucket is chosen). */
 static PyObject *native_order1_encode(PyObject *self, PyObject *args) {
     Py_buffer src;
-    int segments;
-    if (!PyArg_ParseTuple(args, "y*i", &src, &segments)) return NULL;
+    int segments, contextual_only = 0;
+    if (!PyArg_ParseTuple(args, "y*i|p", &src, &segments, &contextual_only)) return NULL;
     PyObject *result = NULL;
     if (segments < 1 || segments > O1_MAX_SEGMENTS || (size_t)src.len > 0xFFFFFFFFu) {
         PyErr_Format(PyExc_ValueError, "%d segments of %zd bytes: expected 1 to %d, under 4 GiB", segments, src.len,
@@ -433,7 +434,7 @@ static PyObject *native_order1_encode(PyObject *self, PyObject *args) {
     uint8_t *buf;
     size_t size;
     Py_BEGIN_ALLOW_THREADS;
-    size = order1_encode(src.buf, (size_t)src.len, segments, &buf);
+    size = order1_encode(src.buf, (size_t)src.len, segments, contextual_only, &buf);
     Py_END_ALLOW_THREADS;
     result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
     free(buf);
@@ -1298,7 +1299,7 @@ static PyMethodDef methods[] = {
      "pattern of a positive normal float32, for kinds 2 and 3, which store the words grouped by their\n"
      "reference word's exponent)."},
     {"order1_encode", native_order1_encode, METH_VARARGS,
-     "order1_encode(src, segments): a ckptz.codecs.order1 payload of src, or None."},
+     "order1_encode(src, segments, contextual_only=False): a ckptz.codecs.order1 payload of src, or None."},
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"compress_plan", native_compress_plan, METH_VARARGS,

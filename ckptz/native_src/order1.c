@@ -28,6 +28,10 @@
 /* Pair counts for the bucket search: runs of O1_RUN bytes, one in O1_SAMPLE. */
 #define O1_RUN 1024
 #define O1_SAMPLE 4
+/* Least estimated saving over one bucket for which a contextual_only encoder codes the
+ * groups: half of the 1% huff1 must save to be chosen (frames.CONTEXT_MARGIN), since the
+ * estimate comes from a sample of the pairs. */
+#define O1_LEAST_SAVING 0.005f
 
 /* Little-endian u32s. */
 static uint32_t o1_get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
@@ -57,9 +61,12 @@ static float o1_group_cost(float sum_xlogx, uint32_t total, uint32_t distinct, f
 }
 
 /* Chooses bucket starts (starts[0] = 0, ascending) from the pair counts `pairs` (row:
- * preceding byte, column: byte), sampled at `scale`; returns the number of buckets.
+ * preceding byte, column: byte), sampled at `scale`; returns the number of buckets, and in
+ * *saving the share of one bucket's estimated cost that they save (0 for one bucket).
  * `rows` are each row's totals; a bucket's header fields grow with `segments`. */
-static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float scale, int segments, uint8_t *starts) {
+static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float scale, int segments, uint8_t *starts,
+                     float *saving) {
+    *saving = 0;
     /* units: consecutive runs of present preceding values, at most O1_UNITS of them */
     int present[256], m = 0;
     for (int v = 0; v < 256; v++)
@@ -125,6 +132,7 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
     int buckets = 1;
     for (int k = 2; k <= O1_MAX_BUCKETS; k++)
         if (best[k][units] < best[buckets][units]) buckets = k;
+    if (best[1][units] > 0) *saving = 1 - best[buckets][units] / best[1][units];
     int unit[O1_MAX_BUCKETS + 1]; /* the first unit of each bucket */
     unit[buckets] = units;
     for (int k = buckets; k > 0; k--) unit[k - 1] = from[k][unit[k]];
@@ -136,8 +144,11 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
 
 /* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its size,
  * or 0 if a group's frame cannot be written (a table zstd cannot describe) or memory ran
- * out. `segments` is 1 to O1_MAX_SEGMENTS. */
-static size_t order1_encode(const uint8_t *src, size_t n, int segments, uint8_t **out) {
+ * out. `segments` is 1 to O1_MAX_SEGMENTS. With `contextual_only`, also 0 where the pair
+ * counts estimate a saving below O1_LEAST_SAVING: no context pays there (dense weights, and
+ * frames of several weight tensors), and declining before the grouping and coding spares a
+ * coder that tries huff1 on every float most of its cost. */
+static size_t order1_encode(const uint8_t *src, size_t n, int segments, int contextual_only, uint8_t **out) {
     *out = NULL;
     if (n > 0xFFFFFFFFu || segments < 1 || segments > O1_MAX_SEGMENTS) return 0;
     uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
@@ -167,7 +178,10 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, uint8_t 
         sampled += t;
     }
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
-    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, n ? (float)sampled / (float)n : 1, segments, starts);
+    float saving;
+    int buckets =
+        o1_choose((const uint32_t(*)[256])pairs, rows, n ? (float)sampled / (float)n : 1, segments, starts, &saving);
+    if (contextual_only && saving < O1_LEAST_SAVING) goto done;
     for (int v = 0, k = 0; v < 256; v++) {
         while (k + 1 < buckets && v >= starts[k + 1]) k++;
         map[v] = (uint8_t)k;
