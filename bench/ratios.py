@@ -47,7 +47,6 @@ from make_checkpoints import generate, load_components
 from ckptz.codecs.frames import EncodedChunk, EncodeOptions, decode_frame, encode_frame
 from ckptz.codecs.planes import split
 from ckptz.dtypes import DTYPES, DType
-from ckptz.engines.cpu import DENSE_COMPONENTS
 from ckptz.pipeline import sampled_class
 
 _ZIPNN_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -81,7 +80,7 @@ def order0_bits(raw: np.ndarray, dtype: DType) -> float:
 
 
 def ckptz_encode(
-    raw: np.ndarray, dtype: DType, bounds: list[int], frame: int, pool: ThreadPoolExecutor, dense: bool
+    raw: np.ndarray, dtype: DType, bounds: list[int], frame: int, pool: ThreadPoolExecutor
 ) -> list[list[EncodedChunk]]:
     """Encode streams (``raw[bounds[i]:bounds[i + 1]]``) frame by frame on the pool, with
     the CPU engine's options for the component."""
@@ -131,8 +130,6 @@ def bench_component(
     """
     import zipnn
 
-    # What CpuEngine does for the component ("ft weights fp32" is the weights component).
-    dense = name.removeprefix("ft ").split()[0] in DENSE_COMPONENTS
     zdt = _ZIPNN_DTYPE.get(dtype.name)
     z = zipnn.ZipNN(input_format="byte", bytearray_dtype=zdt, threads=args.threads) if zdt else None
     original = raw.tobytes()
@@ -144,7 +141,7 @@ def bench_component(
     comp = b""
     with ThreadPoolExecutor(args.threads) as pool:
         for _ in range(args.runs):
-            t, frames = timed(ckptz_encode, raw, dtype, bounds, args.frame, pool, dense)  # type: ignore[assignment]
+            t, frames = timed(ckptz_encode, raw, dtype, bounds, args.frame, pool)  # type: ignore[assignment]
             times["c"].append(t)
             if z is not None:
                 private = bytearray(original)  # ZipNN reorders its input in place

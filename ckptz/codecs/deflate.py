@@ -2,14 +2,10 @@
 
 The payload is one raw deflate stream (RFC 1951: no zlib or gzip wrapper), ending in a
 final block, that inflates to exactly the chunk's size. Any valid deflate stream is a
-valid payload; ckptz writes Huffman-only streams (zlib strategy ``Z_HUFFMAN_ONLY``,
-window bits -15, memory level 8): dynamic-Huffman blocks of ~16 K literals each, so the
-code adapts within a plane the way ZipNN's per-chunk Huffman tables do, and an exponent
-byte costs within ~1% of the plane's chunk-local order-0 entropy. zstd cannot be told to
-skip LZ matching, and its short matches cost more than they save on exponent planes
-(measured: 3.3 bits per exponent at level 3 against 2.6 for Huffman on trained weights;
-~0.013 bits more even with literal-mostly parameters, see ``ZstdCodec(literal=True)``),
-so the frame coder keeps deflate for the exponents of dense fp32/fp64 weights.
+valid payload. ckptz no longer writes this bitstream (Huffman-coded zstd frames code the
+same planes as small and decode faster); it reads it in older containers, and
+:meth:`DeflateCodec.encode` writes Huffman-only streams (zlib strategy ``Z_HUFFMAN_ONLY``,
+window bits -15, memory level 8) for tests and conformance vectors.
 
 nvCOMP's Deflate with ``bitstream_kind=RAW`` reads and writes the same bitstream, so a GPU
 can decode these chunks (its decoder wants 4-byte aligned input: the container aligns

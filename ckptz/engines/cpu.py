@@ -51,9 +51,6 @@ CPU_FRAME_SIZE = 4 << 20
 #: many threads sharing one GIL code faster both ways.
 CPU_LARGEST_FRAME = 16 << 20
 
-#: Components whose exponent planes keep deflate's smaller code (see ckptz.codecs.frames):
-#: dense weights, where ZipNN sits at the order-0 bound and every 0.01% counts.
-DENSE_COMPONENTS = frozenset({"weights", "master_weights"})
 #: ``--level`` from which every float stream's exponent planes also try ``huff1`` (each
 #: exponent coded given the bucket of the one before it), kept per plane only where it saves
 #: :data:`~ckptz.codecs.frames.CONTEXT_MARGIN`: Adam's second moments come out 0.5-0.7%
@@ -166,4 +163,4 @@ def _now(fn: Callable[..., _T], *args: object) -> Future[_T]:
     return fut
 
 
-__all__ = ["CONTEXT_LEVEL", "DENSE_COMPONENTS", "CpuEngine", "decode_chunks"]
+__all__ = ["CONTEXT_LEVEL", "CpuEngine", "decode_chunks"]
