@@ -220,44 +220,21 @@ def run(
         # Windows in file order run on the CPU threads alone: a GPU's file goes to the loop.
         return None if gpu is not None else run_in_order(fd, path, decoder, tables, target, threads, progress)
     hashes = np.zeros(leaf_count(index.source_size, kind.leaf), "<u8")
-    counter = np.zeros(1, np.int64)
-    stop = np.zeros(1, np.uint8)
-    error = np.zeros(3, np.int64)
     stats = np.zeros(3, np.int64)
     why = bytearray(256)
     settings = None
     if gpu is not None:
         zstd = ZSTD.id if gpu.zstd else -1
         settings = (gpu.library, gpu.device, gpu.batch_bytes, gpu.workers, ANS.id, zstd, stats, why)
-
-    def call(lent: int) -> int:
-        return native.restore_plan(
-            fd,
-            target.output,
-            target.checked,
-            _NO_MEMORY if target.memory is None else target.memory,
-            tables.frames,
-            tables.chunks,
-            tables.pieces,
-            index.source_size,
-            kind.leaf,
-            hashes,
-            lent,
-            counter,
-            stop,
-            error,
-            settings,
-        )
-
     try:
-        failed = call_polled(call, "ckptz-native-restore", counter, stop, threads, progress)
+        failed = _call(fd, tables, target, index.source_size, kind.leaf, hashes, threads, progress, settings)
     finally:
         _GPU_TOTALS.add(stats)
-    if failed == _GPU:
+    if failed is not None and failed[0] == _GPU:
         message = bytes(why).split(b"\0", 1)[0].decode(errors="replace")
         raise DeviceError(f"the GPU could not decode it: {message}", path=path, hint="use --device cpu")
-    if failed:
-        _raise(int(error[0]), int(error[1]), int(error[2]), decoder, target, path)
+    if failed is not None:
+        _raise(*failed, decoder, target, path)
         return None
     digest = Piecewise(kind, index.source_size)
     digest.hashes.set_many(np.arange(hashes.size, dtype=np.int64), hashes)
@@ -363,9 +340,10 @@ _NO_LEAVES = np.zeros(0, "<u8")
 
 def _call(
     fd: int, tables: Plan, target: Target, size: int, leaf: int, hashes: np.ndarray, threads: int,
-    progress: Callable[[int], None] = lambda _: None,
+    progress: Callable[[int], None] = lambda _: None, gpu: tuple[object, ...] | None = None,
 ) -> tuple[int, int, int] | None:  # fmt: skip
-    """One call of the native plane; None, or its failure (kind, frame, detail)."""
+    """One call of the native plane (decoding on a GPU with ``gpu``'s settings); None, or its
+    failure (kind, frame, detail)."""
     counter = np.zeros(1, np.int64)
     stop = np.zeros(1, np.uint8)
     error = np.zeros(3, np.int64)
@@ -386,6 +364,7 @@ def _call(
             counter,
             stop,
             error,
+            gpu,
         )
 
     if call_polled(call, "ckptz-native-restore", counter, stop, threads, progress):
