@@ -48,27 +48,30 @@ class _Threads:
 THREADS = _Threads()
 
 
+#: One native call: given the threads lent to it, its progress counter, its stop flag and
+#: the row it fills with its first failure (kind, frame, detail); returns 0 or that kind.
+NativeCall = Callable[[int, np.ndarray, np.ndarray, np.ndarray], int]
+
+
 def call_polled(
-    call: Callable[[int], int],
-    name: str,
-    counter: np.ndarray,
-    stop: np.ndarray,
-    threads: int,
-    progress: Callable[[int], None],
-) -> int:
-    """Run ``call`` (one native call, given the threads lent to it) on a thread of its own
-    and hand its progress ``counter`` to ``progress`` until it returns; its result.
+    call: NativeCall, name: str, threads: int, progress: Callable[[int], None]
+) -> tuple[int, np.ndarray]:
+    """Run ``call`` on a thread of its own and hand its progress counter to ``progress``
+    until it returns; its result, and its failure row (kind, frame, detail).
 
     Raises:
         what ``call`` raised (a plan it rejected), or what ``progress`` or a signal handler
-        raised in this thread: then ``stop`` is set and the call waited for first.
+        raised in this thread: then its stop flag is set and the call waited for first.
     """
+    counter = np.zeros(1, np.int64)
+    stop = np.zeros(1, np.uint8)
+    error = np.zeros(3, np.int64)
     result: list[int] = []
     failure: list[BaseException] = []
 
     def run(lent: int) -> None:
         try:
-            result.append(call(lent))
+            result.append(call(lent, counter, stop, error))
         except BaseException as exc:  # a rejected plan: raised in the caller's thread
             failure.append(exc)
 
@@ -93,7 +96,7 @@ def call_polled(
         progress(done - reported)
     if failure:
         raise failure[0]
-    return result[0]
+    return result[0], error
 
 
-__all__ = ["MAX_LEAVES", "POLL", "THREADS", "call_polled"]
+__all__ = ["MAX_LEAVES", "POLL", "THREADS", "NativeCall", "call_polled"]

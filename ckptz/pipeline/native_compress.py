@@ -158,11 +158,8 @@ def code(
     """
     tables = plan(frames, streams, engine)
     hashes = np.zeros(leaf_count(size, digest.leaf), "<u8")
-    counter = np.zeros(1, np.int64)
-    stop = np.zeros(1, np.uint8)
-    error = np.zeros(3, np.int64)
 
-    def call(lent: int) -> int:
+    def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
         return native.compress_plan(
             fd,
             memory,
@@ -185,7 +182,7 @@ def code(
             error,
         )
 
-    failed = call_polled(call, "ckptz-native-compress", counter, stop, engine.threads, progress)
+    failed, error = call_polled(call, "ckptz-native-compress", engine.threads, progress)
     if failed:
         _raise(failed, int(error[1]), int(error[2]), relpath)
     whole = Piecewise(digest, size)

@@ -344,11 +344,8 @@ def _call(
 ) -> tuple[int, int, int] | None:  # fmt: skip
     """One call of the native plane (decoding on a GPU with ``gpu``'s settings); None, or its
     failure (kind, frame, detail)."""
-    counter = np.zeros(1, np.int64)
-    stop = np.zeros(1, np.uint8)
-    error = np.zeros(3, np.int64)
 
-    def call(lent: int) -> int:
+    def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
         return native.restore_plan(
             fd,
             target.output,
@@ -367,7 +364,8 @@ def _call(
             gpu,
         )
 
-    if call_polled(call, "ckptz-native-restore", counter, stop, threads, progress):
+    failed, error = call_polled(call, "ckptz-native-restore", threads, progress)
+    if failed:
         return int(error[0]), int(error[1]), int(error[2])
     return None
 
