@@ -918,7 +918,7 @@ def test_cpu_threads_take_decode_backs_of_the_portable_bitstream_off_the_queue()
     engine._jobs, engine._cv, engine._flush = gpu_engine.deque(), threading.Condition(), True
     stream = StreamInfo(0, "weights", "float32", 4, True, 1 << 20, 2 << 20, 1)
     cpu = CpuEngine(1)
-    engine._host = cpu  # the engine's CPU coder, which decodes there
+    engine.host_coder = cpu  # the engine's CPU coder, which decodes there
     originals = [_trained_bytes("float32", 1 << 18, seed) for seed in (1, 2)]
 
     def frame(data: np.ndarray, *, lie: bool = False) -> SpanFrame:

@@ -302,6 +302,12 @@ Place = Callable[[int, Any], None]
 #: parallelism and of checksums.
 FRAME_SIZE = 1 << 20
 
+#: Components whose frames a GPU engine leaves to its CPU coder: pickles, zip and JSON
+#: headers and generator states, whose repeats zstd's matches find and no order-0 coder
+#: does, so the CPU's frames are several times smaller; they are a sliver of a checkpoint's
+#: bytes.
+HOST_COMPONENTS = frozenset({"metadata", "rng_state"})
+
 
 class Engine(Protocol):
     """The frame coder on one device; every coding method returns at once with a future.

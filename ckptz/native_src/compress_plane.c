@@ -49,8 +49,12 @@ enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PAC
        RULE_RUN_SHARE, RULE_CONTEXT_MARGIN, RULE_BLOCK, RULE_COUNT };
 
 /* A frame's FR_ROTATE column here: bit 0, its words are floats; bit 1, its exponents are
- * also tried in order-1 coding (frames.py's context_exponents). */
-enum { ROTATE_FLOAT = 1, ROTATE_CONTEXT = 2 };
+ * also tried in order-1 coding (frames.py's context_exponents); bit 2, its planes are coded
+ * on the GPU (compress_gpu.c; the others of a GPU run are coded here, as on the CPU). */
+enum { ROTATE_FLOAT = 1, ROTATE_CONTEXT = 2, ROTATE_GPU = 4 };
+
+/* nvCOMP ANS codes chunks of at most this many bytes. */
+#define GPU_LARGEST_PLANE ((int64_t)16 << 20)
 
 /* Columns of the memory table: the source's bytes as regions of host memory that tile it
  * in file order (file offset, length, address). */
@@ -82,6 +86,14 @@ typedef struct {
     int failed;
     pthread_mutex_t error_lock;
     int64_t error[3]; /* kind, frame, detail */
+    /* Coding on a GPU (compress_gpu.c), where gpu is set: the planes of frames marked
+     * ROTATE_GPU go to nvCOMP ANS (bitstream gpu_ans) in batches of about gpu_batch bytes. */
+    int gpu, gpu_device, gpu_workers, gpu_ans;
+    int64_t gpu_batch;
+    const char *gpu_library; /* nvCOMP's shared library */
+    int64_t *gpu_stats;      /* batches, chunks and input bytes coded on the GPU */
+    char *gpu_why;           /* why the GPU engine failed */
+    size_t gpu_why_room;
 } compress_plan_t;
 
 typedef struct {
@@ -386,15 +398,10 @@ static void memory_read(const compress_plan_t *p, uint8_t *dst, int64_t n, int64
 
 static const uint8_t zero_padding[PLANE_ALIGN];
 
-/* Codes frame i into `held`: 1 if it went through, else 0 with the failure recorded. */
-static int code_frame(coder_t *w, held_t *held, int64_t i) {
-    compress_plan_t *p = w->plan;
+/* Reads frame i's pieces into raw, takes its checksum (into the frame table) and hashes the
+ * digest's leaves: 1 if it went through, else 0 with the failure recorded. */
+static int read_frame(compress_plan_t *p, int64_t i, uint8_t *raw) {
     int64_t *f = p->frames + i * FR_COLS;
-    int word = (int)f[FR_WORD], is_float = (int)(f[FR_ROTATE] & ROTATE_FLOAT);
-    int context = (int)(f[FR_ROTATE] & ROTATE_CONTEXT) != 0;
-    int64_t length = f[FR_LENGTH];
-    /* Single bytes are their own plane: read where the planes go. */
-    uint8_t *raw = word == 1 ? held->planes : w->raw;
     const int64_t *pc = p->leaves.pieces + f[FR_PIECE] * PC_COLS;
     for (int64_t j = 0; j < f[FR_PIECES]; j++) {
         const int64_t *piece = pc + j * PC_COLS;
@@ -414,46 +421,97 @@ static int code_frame(coder_t *w, held_t *held, int64_t i) {
         if (!plane_leaves(&p->leaves, raw + piece[PC_WITHIN], piece[PC_AT], piece[PC_SIZE], fused))
             return compress_fail(p, PLANE_NOMEM, i, 0), 0;
     }
-    size_t n = (size_t)length / (size_t)word, room = plane_room(n);
+    return 1;
+}
+
+/* A frame's planes and what the coder's choice reads of each. */
+typedef struct {
     const uint8_t *planes[8];
-    uint8_t ones[8], any[8];
-    double bits[8], zeros[8];
+    uint8_t ones[8], any[8]; /* the AND and the OR of each plane's bytes */
+    double bits[8], zeros[8]; /* sampled order-0 entropy and share of zeros (with `sampled`) */
+    size_t n;                 /* bytes per plane */
+} split_t;
+
+/* Splits frame f's words in raw into planes at into + k * stride (a frame of single bytes is
+ * its own plane: raw itself), with each plane's AND and OR and, where `sampled`, the
+ * statistics of ckptz/codecs/frames.py's sample. */
+static void split_frame(const compress_plan_t *p, const int64_t *f, const uint8_t *raw, uint8_t *into, size_t stride,
+                        int sampled, split_t *s) {
+    int word = (int)f[FR_WORD];
+    size_t n = s->n = (size_t)f[FR_LENGTH] / (size_t)word, sample = (size_t)p->rules[RULE_SAMPLE];
     if (word == 1) {
-        planes[0] = raw;
-        if (n) plane_stats(raw, n, (size_t)p->rules[RULE_SAMPLE], &ones[0], &any[0], &bits[0], &zeros[0]);
-    } else {
-        uint8_t *into[8];
-        uint64_t and_word = 0, or_word = 0;
-        for (int k = 0; k < word; k++) planes[k] = into[k] = held->planes + (size_t)k * n;
-        split_words(raw, into, n, word, is_float, &and_word, &or_word);
-        for (int k = 0; k < word; k++) {
-            sample_stats(planes[k], n, (size_t)p->rules[RULE_SAMPLE], &bits[k], &zeros[k]);
-            ones[k] = (uint8_t)(and_word >> (8 * k));
-            any[k] = (uint8_t)(or_word >> (8 * k));
-        }
+        s->planes[0] = raw;
+        s->bits[0] = s->zeros[0] = 0;
+        if (n) plane_stats(raw, n, sample, &s->ones[0], &s->any[0], &s->bits[0], &s->zeros[0]);
+        return;
     }
-    payload_t *payloads = held->payloads;
-    held->need = 0;
+    uint8_t *to[8] = {NULL};
+    uint64_t and_word = 0, or_word = 0;
+    for (int k = 0; k < word; k++) s->planes[k] = to[k] = into + (size_t)k * stride;
+    split_words(raw, to, n, word, (int)(f[FR_ROTATE] & ROTATE_FLOAT), &and_word, &or_word);
+    for (int k = 0; k < word; k++) {
+        s->bits[k] = s->zeros[k] = 0;
+        if (sampled) sample_stats(s->planes[k], n, sample, &s->bits[k], &s->zeros[k]);
+        s->ones[k] = (uint8_t)(and_word >> (8 * k));
+        s->any[k] = (uint8_t)(or_word >> (8 * k));
+    }
+}
+
+/* Codes frame i's planes by frames.py's rules into payloads (candidates made at out +
+ * k * plane_room(n)): 1, or 0 with the failure recorded. */
+static int code_planes(coder_t *w, int64_t i, const split_t *s, uint8_t *out, payload_t *payloads) {
+    const int64_t *f = w->plan->frames + i * FR_COLS;
+    int word = (int)f[FR_WORD], is_float = (int)(f[FR_ROTATE] & ROTATE_FLOAT);
+    int context = (int)(f[FR_ROTATE] & ROTATE_CONTEXT) != 0;
+    size_t n = s->n, room = plane_room(n);
     for (int k = 0; k < word; k++) {
         int64_t error = 0;
         if (!n) {
-            payloads[k] = (payload_t){CODEC_RAW, planes[k], 0};
-        } else if (!plane_code(w, planes[k], n, is_float && k == word - 1, context, bits[k], zeros[k], ones[k], any[k],
-                               held->out + (size_t)k * room, &payloads[k], &error)) {
-            return compress_fail(p, PLANE_CODER, i, error), 0;
+            payloads[k] = (payload_t){CODEC_RAW, s->planes[k], 0};
+        } else if (!plane_code(w, s->planes[k], n, is_float && k == word - 1, context, s->bits[k], s->zeros[k],
+                               s->ones[k], s->any[k], out + (size_t)k * room, &payloads[k], &error)) {
+            return compress_fail(w->plan, PLANE_CODER, i, error), 0;
         }
-        held->need += (int64_t)payloads[k].len + (-(int64_t)payloads[k].len & (PLANE_ALIGN - 1));
     }
-    if (p->verify && !decodes_back(w, payloads, word, is_float, n, length, (uint64_t)f[FR_CHECKSUM]))
-        return compress_fail(p, PLANE_FRAME, i, 0), 0;
+    return 1;
+}
+
+/* Fills frame f's rows of the chunk table but their offsets: sizes, checksums, bitstreams. */
+static void chunk_rows(compress_plan_t *p, const int64_t *f, const payload_t *payloads, size_t n) {
     int64_t *row = p->chunks + f[FR_CHUNK] * CC_COLS;
-    for (int k = 0; k < word; k++, row += CC_COLS) {
+    for (int k = 0; k < (int)f[FR_WORD]; k++, row += CC_COLS) {
         row[CC_SIZE] = (int64_t)payloads[k].len;
         row[CC_RAW] = (int64_t)n;
         row[CC_CHECKSUM] = (int64_t)CKPTZ_XXH3_64(payloads[k].bytes, payloads[k].len);
         row[CC_CODEC] = payloads[k].codec;
         row[CC_PLANE] = k;
     }
+}
+
+/* Bytes a frame's payloads take in the data area, each padded to the alignment. */
+static int64_t payload_bytes(const payload_t *payloads, int word) {
+    int64_t need = 0;
+    for (int k = 0; k < word; k++) need += (int64_t)payloads[k].len + (-(int64_t)payloads[k].len & (PLANE_ALIGN - 1));
+    return need;
+}
+
+/* Codes frame i into `held`: 1 if it went through, else 0 with the failure recorded. */
+static int code_frame(coder_t *w, held_t *held, int64_t i) {
+    compress_plan_t *p = w->plan;
+    const int64_t *f = p->frames + i * FR_COLS;
+    int word = (int)f[FR_WORD];
+    /* Single bytes are their own plane: read where the planes go. */
+    uint8_t *raw = word == 1 ? held->planes : w->raw;
+    if (!read_frame(p, i, raw)) return 0;
+    split_t s;
+    size_t n = (size_t)f[FR_LENGTH] / (size_t)word;
+    split_frame(p, f, raw, held->planes, n, 1, &s);
+    if (!code_planes(w, i, &s, held->out, held->payloads)) return 0;
+    held->need = payload_bytes(held->payloads, word);
+    if (p->verify && !decodes_back(w, held->payloads, word, (int)(f[FR_ROTATE] & ROTATE_FLOAT), n, f[FR_LENGTH],
+                                   (uint64_t)f[FR_CHECKSUM]))
+        return compress_fail(p, PLANE_FRAME, i, 0), 0;
+    chunk_rows(p, f, held->payloads, n);
     held->frame = i;
     return 1;
 }
@@ -593,6 +651,7 @@ static const char *compress_check(compress_plan_t *p) {
         return "leaf table does not match the file's size";
     if (p->level < -(1 << 17) || p->level > 22) return "zstd level out of range";
     if (p->in_order && p->checked >= 0) return "a pipe cannot be read back";
+    if (p->gpu && (p->in_order || p->verify || p->checked >= 0 || p->gpu_batch < 1)) return "the GPU codes to a file, without verify";
     if (!(p->rules[RULE_BLOCK] >= 1 && p->rules[RULE_BLOCK] <= (double)(1 << 30))) return "block size out of range";
     for (int64_t r = 0, at = 0; r < p->memory_count; r++) {
         const int64_t *region = p->memory + r * MR_COLS;
@@ -608,8 +667,9 @@ static const char *compress_check(compress_plan_t *p) {
         const int64_t *f = p->frames + i * FR_COLS;
         int64_t word = f[FR_WORD], length = f[FR_LENGTH];
         if ((word != 1 && word != 2 && word != 4 && word != 8) || f[FR_ROTATE] < 0 ||
-            f[FR_ROTATE] > (ROTATE_FLOAT | ROTATE_CONTEXT))
+            f[FR_ROTATE] > (ROTATE_FLOAT | ROTATE_CONTEXT | (p->gpu ? ROTATE_GPU : 0)))
             return "frame of an unknown word size";
+        if ((f[FR_ROTATE] & ROTATE_GPU) && length / word > GPU_LARGEST_PLANE) return "plane too large for nvCOMP ANS";
         if (f[FR_CHUNK] != chunk || chunk > l->chunk_count - word) return "frame's chunks out of order";
         chunk += word;
         if (length < 0 || length > limit || length % word) return "frame length out of range";
@@ -633,6 +693,9 @@ static const char *compress_check(compress_plan_t *p) {
     return NULL;
 }
 
+/* Runs a GPU's plan on the coders' threads and the GPU's workers (compress_gpu.c). */
+static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads);
+
 /* Runs the plan on `threads` threads (this one among them); the failure kind, or PLANE_OK. */
 static int compress_run(compress_plan_t *p, int threads) {
     int result = PLANE_NOMEM;
@@ -652,10 +715,10 @@ static int compress_run(compress_plan_t *p, int threads) {
     if (!coders || !ids) goto done;
     /* Half as many sets again as threads: a slow frame holds back the placing of those
      * after it, and the others code on meanwhile. */
-    p->held_count = threads + threads / 2 + 1;
-    p->held = calloc((size_t)p->held_count, sizeof(held_t));
-    p->free_held = malloc((size_t)p->held_count * sizeof(held_t *));
-    p->waiting = calloc((size_t)p->held_count, sizeof(held_t *));
+    p->held_count = p->gpu ? 0 : threads + threads / 2 + 1;
+    p->held = calloc((size_t)p->held_count + 1, sizeof(held_t));
+    p->free_held = malloc(((size_t)p->held_count + 1) * sizeof(held_t *));
+    p->waiting = calloc((size_t)p->held_count + 1, sizeof(held_t *));
     if (!p->held || !p->free_held || !p->waiting) goto done;
     for (; p->free_count < p->held_count; p->free_count++) {
         held_t *h = &p->held[p->free_count];
@@ -670,10 +733,14 @@ static int compress_run(compress_plan_t *p, int threads) {
             ready++;
             goto done;
         }
-    for (int t = 1; t < threads; t++, started++)
-        if (pthread_create(&ids[t], NULL, compress_work, &coders[t])) break;
-    compress_work(&coders[0]);
-    for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+    if (p->gpu) {
+        compress_gpu_run(p, coders, threads);
+    } else {
+        for (int t = 1; t < threads; t++, started++)
+            if (pthread_create(&ids[t], NULL, compress_work, &coders[t])) break;
+        compress_work(&coders[0]);
+        for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+    }
     result = p->failed ? (int)p->error[0] : PLANE_OK;
 done:
     for (int t = 0; t < ready; t++) coder_free(&coders[t]);

@@ -1,12 +1,14 @@
 /*
  * The GPU engine of the native data plane (gpu_engine.h): one batch of chunks, pinned host
- * memory in and out, decoded by nvCOMP on one CUDA stream per worker.
+ * memory in and out, coded or decoded by nvCOMP on one CUDA stream per worker.
  *
  * A batch goes up in two copies (its payloads, and one table of every chunk's pointers and
  * sizes), is decoded with one nvCOMP call per bitstream, and comes back in two (the decoded
  * bytes, and every chunk's decoded size and status); the worker then sleeps on an event. The
  * plane runs two workers, each with its own stream and device memory, so one batch's copies
- * overlap the other's decoding. Workers and pinned buffers are kept in pools for the next
+ * overlap the other's decoding. Coding is the same in the other direction, except that a
+ * payload's size is known only once it is coded: the sizes come back first, then only the
+ * payloads smaller than their input (the others are stored raw). Workers and pinned buffers are kept in pools for the next
  * file: pinning and device allocation cost more than a small file's restore.
  */
 #include "gpu_engine.h"
@@ -50,6 +52,14 @@ static struct {
     gpu_result_t (*zstd_temp)(size_t, size_t, nvcomp_zstd_opts_t, size_t *, size_t, void *);
     gpu_result_t (*zstd_decode)(const void *const *, const size_t *, const size_t *, size_t *, size_t, void *, size_t,
                                 void *const *, nvcomp_zstd_opts_t, gpu_result_t *, void *);
+    gpu_result_t (*ans_code_temp)(size_t, size_t, nvcomp_ans_code_opts_t, size_t *, size_t, void *);
+    gpu_result_t (*ans_code_bound)(size_t, nvcomp_ans_code_opts_t, size_t *);
+    gpu_result_t (*ans_code)(const void *const *, const size_t *, size_t, size_t, void *, size_t, void *const *,
+                             size_t *, nvcomp_ans_code_opts_t, gpu_result_t *, void *);
+    gpu_result_t (*zstd_code_temp)(size_t, size_t, nvcomp_zstd_code_opts_t, size_t *, size_t, void *);
+    gpu_result_t (*zstd_code_bound)(size_t, nvcomp_zstd_code_opts_t, size_t *);
+    gpu_result_t (*zstd_code)(const void *const *, const size_t *, size_t, size_t, void *, size_t, void *const *,
+                              size_t *, nvcomp_zstd_code_opts_t, gpu_result_t *, void *);
     int loaded;
     void *context[GPU_MAX_DEVICES];
 } gpu_api;
@@ -112,6 +122,12 @@ static int gpu_load(const char *nvcomp_path, char *why, size_t room) {
     GPU_SYM(nvcomp, "nvCOMP", ans_decode, "nvcompBatchedANSDecompressAsync");
     GPU_SYM(nvcomp, "nvCOMP", zstd_temp, "nvcompBatchedZstdDecompressGetTempSize");
     GPU_SYM(nvcomp, "nvCOMP", zstd_decode, "nvcompBatchedZstdDecompressAsync");
+    GPU_SYM(nvcomp, "nvCOMP", ans_code_temp, "nvcompBatchedANSCompressGetTempSize");
+    GPU_SYM(nvcomp, "nvCOMP", ans_code_bound, "nvcompBatchedANSCompressGetMaxOutputChunkSize");
+    GPU_SYM(nvcomp, "nvCOMP", ans_code, "nvcompBatchedANSCompressAsync");
+    GPU_SYM(nvcomp, "nvCOMP", zstd_code_temp, "nvcompBatchedZstdCompressGetTempSize");
+    GPU_SYM(nvcomp, "nvCOMP", zstd_code_bound, "nvcompBatchedZstdCompressGetMaxOutputChunkSize");
+    GPU_SYM(nvcomp, "nvCOMP", zstd_code, "nvcompBatchedZstdCompressAsync");
     gpu_result_t r = gpu_api.init(0);
     if (r) return gpu_say(why, room, "cuInit", r), -1;
     return 0;
@@ -352,5 +368,173 @@ static int gpu_decode(gpu_engine_t *g, const gpu_batch_t *b, int64_t *bad, char 
             result = 1;
         }
     free(order);
+    return result;
+}
+
+/* ---------------------------------------------------------------- coding */
+
+/* The options ckptz codes with (nvcomp_codecs.py's): ANS on bytes, Zstd's defaults. */
+static nvcomp_ans_code_opts_t gpu_ans_code_opts(void) {
+    nvcomp_ans_code_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.data_type = 1; /* NVCOMP_TYPE_UCHAR */
+    return o;
+}
+
+static nvcomp_zstd_code_opts_t gpu_zstd_code_opts(void) {
+    nvcomp_zstd_code_opts_t o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+/* The power-of-two size class a chunk is coded in (nvcomp_codecs.py's _pow2_at_least). */
+static int64_t gpu_size_class(int64_t size) {
+    int64_t c = 1 << 16;
+    while (c < size) c <<= 1;
+    return c;
+}
+
+static int64_t gpu_code_bound(int zstd, int64_t size) {
+    size_t bound = 0;
+    size_t cls = (size_t)gpu_size_class(size);
+    gpu_result_t r = zstd ? gpu_api.zstd_code_bound(cls, gpu_zstd_code_opts(), &bound)
+                          : gpu_api.ans_code_bound(cls, gpu_ans_code_opts(), &bound);
+    if (r) return 0;
+    return (int64_t)((bound + 15) & ~(size_t)15);
+}
+
+/* Chunk order for a batch: by bitstream, then size class (one nvCOMP call each). */
+typedef struct {
+    int64_t chunk, cls;
+    int zstd;
+} gpu_code_row_t;
+
+static int gpu_code_row_order(const void *a, const void *b) {
+    const gpu_code_row_t *x = a, *y = b;
+    if (x->zstd != y->zstd) return x->zstd - y->zstd;
+    if (x->cls != y->cls) return x->cls < y->cls ? -1 : 1;
+    return x->chunk < y->chunk ? -1 : x->chunk > y->chunk;
+}
+
+static int gpu_code(gpu_engine_t *g, const gpu_code_batch_t *b, char *why, size_t room) {
+    int64_t n = b->count;
+    if (n <= 0) return 0;
+    size_t up = (size_t)n * 24, down = (size_t)n * 12;
+    gpu_result_t r;
+    if (g->host_room < up + down) {
+        if (g->host_table) gpu_api.host_free(g->host_table);
+        g->host_table = NULL;
+        g->host_room = 0;
+        size_t want = (up + down) * 2;
+        if ((r = gpu_api.host_alloc((void **)&g->host_table, want, GPU_PORTABLE_PINNED)))
+            return gpu_say(why, room, "pinning the chunk table", r), -1;
+        g->host_room = want;
+    }
+    if ((r = gpu_room(&g->in, &g->in_room, b->in_bytes ? b->in_bytes : 16)) ||
+        (r = gpu_room(&g->out, &g->out_room, b->out_bytes ? b->out_bytes : 16)) ||
+        (r = gpu_room(&g->table, &g->table_room, up + down)))
+        return gpu_say(why, room, "allocating GPU memory", r), -1;
+    gpu_code_row_t *rows = malloc((size_t)n * sizeof *rows);
+    if (!rows) return snprintf(why, room, "no memory for a batch's table"), -1;
+    for (int64_t c = 0; c < n; c++) {
+        if (b->codec[c] != b->ans_id && b->codec[c] != b->zstd_id) {
+            free(rows);
+            return snprintf(why, room, "a chunk of a bitstream the GPU engine does not code"), -1;
+        }
+        rows[c] = (gpu_code_row_t){c, gpu_size_class(b->in_size[c]), b->codec[c] == b->zstd_id};
+    }
+    qsort(rows, (size_t)n, sizeof *rows, gpu_code_row_order);
+    /* The chunks' input goes up where it lies in the host buffer, in runs of adjacent chunks
+     * (planes between them that are not coded here stay behind). */
+    int64_t run_at = -1, run_end = -1;
+    for (int64_t c = 0; c <= n; c++) {
+        int64_t at = c < n ? b->in_at[c] : -1, end = c < n ? at + b->in_size[c] : -1;
+        if (c < n && run_at >= 0 && at >= run_end && at <= ((run_end + 15) & ~(int64_t)15)) {
+            run_end = end;
+            continue;
+        }
+        if (run_at >= 0 && (r = gpu_api.to_device(g->in + (uint64_t)run_at, b->in + run_at, (size_t)(run_end - run_at),
+                                                  g->stream))) {
+            free(rows);
+            return gpu_say(why, room, "copying a batch to the GPU", r), -1;
+        }
+        run_at = at, run_end = end;
+    }
+    uint64_t *in_ptr = (uint64_t *)g->host_table, *in_size = in_ptr + n, *out_ptr = in_size + n;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t c = rows[k].chunk;
+        in_ptr[k] = g->in + (uint64_t)b->in_at[c];
+        in_size[k] = (uint64_t)b->in_size[c];
+        out_ptr[k] = g->out + (uint64_t)b->out_at[c];
+    }
+    const uint64_t dev_in_ptr = g->table, dev_in_size = dev_in_ptr + n * 8, dev_out_ptr = dev_in_size + n * 8,
+                   dev_sizes = dev_out_ptr + n * 8, dev_status = dev_sizes + n * 8;
+    if ((r = gpu_api.to_device(g->table, g->host_table, up, g->stream))) {
+        free(rows);
+        return gpu_say(why, room, "copying a batch to the GPU", r), -1;
+    }
+    nvcomp_ans_code_opts_t ans = gpu_ans_code_opts();
+    nvcomp_zstd_code_opts_t zstd = gpu_zstd_code_opts();
+    /* One call per bitstream and size class, all on the stream, sharing the scratch memory. */
+    for (int64_t first = 0; first < n;) {
+        int64_t last = first, total = 0;
+        while (last < n && rows[last].zstd == rows[first].zstd && rows[last].cls == rows[first].cls)
+            total += b->in_size[rows[last++].chunk];
+        size_t count = (size_t)(last - first), cls = (size_t)rows[first].cls, temp = 0;
+        r = rows[first].zstd ? gpu_api.zstd_code_temp(count, cls, zstd, &temp, (size_t)total, g->stream)
+                             : gpu_api.ans_code_temp(count, cls, ans, &temp, (size_t)total, g->stream);
+        if (!r && (r = gpu_room(&g->temp, &g->temp_room, temp ? temp : 16))) {
+            free(rows);
+            return gpu_say(why, room, "allocating GPU memory", r), -1;
+        }
+        if (!r) {
+            const void *const *ptrs = (const void *const *)(uintptr_t)(dev_in_ptr + first * 8);
+            const size_t *sizes = (const size_t *)(uintptr_t)(dev_in_size + first * 8);
+            void *const *outs = (void *const *)(uintptr_t)(dev_out_ptr + first * 8);
+            size_t *got = (size_t *)(uintptr_t)(dev_sizes + first * 8);
+            gpu_result_t *status = (gpu_result_t *)(uintptr_t)(dev_status + first * 4);
+            void *scratch = (void *)(uintptr_t)g->temp;
+            r = rows[first].zstd ? gpu_api.zstd_code(ptrs, sizes, cls, count, scratch, temp, outs, got, zstd, status,
+                                                     g->stream)
+                                 : gpu_api.ans_code(ptrs, sizes, cls, count, scratch, temp, outs, got, ans, status,
+                                                    g->stream);
+        }
+        if (r) {
+            snprintf(why, room, "nvCOMP %s compression failed (nvCOMP status %d)", rows[first].zstd ? "Zstd" : "ANS", r);
+            free(rows);
+            return -1;
+        }
+        first = last;
+    }
+    uint8_t *back = g->host_table + up;
+    if ((r = gpu_api.to_host(back, dev_sizes, down, g->stream)) || (r = gpu_api.event_record(g->done, g->stream)) ||
+        (r = gpu_api.event_sync(g->done))) {
+        free(rows);
+        return gpu_say(why, room, "coding a batch on the GPU", r), -1;
+    }
+    const uint64_t *coded = (const uint64_t *)back;
+    const gpu_result_t *status = (const gpu_result_t *)(back + (size_t)n * 8);
+    int result = 0;
+    for (int64_t k = 0; k < n && !result; k++) {
+        int64_t c = rows[k].chunk;
+        if (status[k] != 0) {
+            snprintf(why, room, "nvCOMP could not code a chunk (nvCOMP status %d)", status[k]);
+            result = -1;
+            break;
+        }
+        b->out_size[c] = (int64_t)coded[k];
+        /* Only a payload smaller than its input is kept; the others are stored raw. */
+        if (b->out_size[c] < b->in_size[c] &&
+            (r = gpu_api.to_host(b->out + b->out_at[c], g->out + (uint64_t)b->out_at[c], (size_t)coded[k], g->stream))) {
+            gpu_say(why, room, "copying a batch from the GPU", r);
+            result = -1;
+        }
+    }
+    /* Waited for even after a failure: copies queued before it still write to the batch. */
+    if (((r = gpu_api.event_record(g->done, g->stream)) || (r = gpu_api.event_sync(g->done))) && !result) {
+        gpu_say(why, room, "coding a batch on the GPU", r);
+        result = -1;
+    }
+    free(rows);
     return result;
 }

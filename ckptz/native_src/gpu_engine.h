@@ -1,6 +1,6 @@
 /*
- * The GPU engine of the native data plane: nvCOMP decodes a batch of chunks from pinned host
- * memory into pinned host memory (gpu_engine.c). The CUDA driver and nvCOMP are loaded at
+ * The GPU engine of the native data plane: nvCOMP codes or decodes a batch of chunks from
+ * pinned host memory into pinned host memory (gpu_engine.c). The CUDA driver and nvCOMP are loaded at
  * run time, so the extension builds without their headers and imports without a GPU; the
  * few types and prototypes it calls are declared here, matching the driver's stable ABI and
  * nvCOMP 6.0's (include/nvcomp/ans.h, zstd.h of the nvidia-libnvcomp-cu12 wheel).
@@ -26,7 +26,18 @@ typedef struct {
     int backend;
     char reserved[60];
 } nvcomp_zstd_opts_t;
-_Static_assert(sizeof(nvcomp_ans_opts_t) == 64 && sizeof(nvcomp_zstd_opts_t) == 64, "nvCOMP 6.0 options");
+/* Its compression options: ANS on bytes (data_type 1, NVCOMP_TYPE_UCHAR), Zstd's defaults. */
+typedef struct {
+    int type, data_type;
+    uint8_t max_sub_chunk_count, states_per_lane, histogram_reduction_log2;
+    char reserved[53];
+} nvcomp_ans_code_opts_t;
+typedef struct {
+    char reserved[64];
+} nvcomp_zstd_code_opts_t;
+_Static_assert(sizeof(nvcomp_ans_opts_t) == 64 && sizeof(nvcomp_zstd_opts_t) == 64 &&
+                   sizeof(nvcomp_ans_code_opts_t) == 64 && sizeof(nvcomp_zstd_code_opts_t) == 64,
+               "nvCOMP 6.0 options");
 
 /* A batch of chunks to decode: chunk c's payload is in_size[c] bytes at in + in_at[c], and
  * decodes to exactly out_size[c] bytes at out + out_at[c] (offsets 16-byte aligned; `in` and
@@ -41,6 +52,21 @@ typedef struct {
     int ans_id, zstd_id;
 } gpu_batch_t;
 
+/* A batch of chunks to code: chunk c is in_size[c] bytes at in + in_at[c] (pinned, 16-byte
+ * aligned) and is coded by nvCOMP as `codec[c]` (ans_id or zstd_id) into out + out_at[c]
+ * (pinned), which has room for gpu_code_bound(codec[c], in_size[c]) bytes. in_bytes covers
+ * every chunk's input; out_size[c] gets each payload's size, which is only copied back where
+ * it is smaller than its input (a larger one is stored raw anyway). */
+typedef struct {
+    const uint8_t *in;
+    uint8_t *out;
+    size_t in_bytes, out_bytes;
+    int64_t count;
+    const int64_t *in_at, *in_size, *out_at, *codec;
+    int64_t *out_size;
+    int ans_id, zstd_id;
+} gpu_code_batch_t;
+
 /* Loads libcuda and nvCOMP (from nvcomp_path) once per process and retains device's primary
  * context; 0, or else a message in why. */
 static int gpu_open(const char *nvcomp_path, int device, char *why, size_t room);
@@ -53,6 +79,13 @@ static void gpu_engine_give(gpu_engine_t *g);
 /* Decodes a batch; 0 on success, else -1 with why set (the CUDA or nvCOMP call that failed),
  * or 1 with *bad the first chunk nvCOMP did not decode to its size. */
 static int gpu_decode(gpu_engine_t *g, const gpu_batch_t *b, int64_t *bad, char *why, size_t room);
+/* Codes a batch; 0 on success, else -1 with why set (the CUDA or nvCOMP call that failed,
+ * or a chunk nvCOMP could not code). */
+static int gpu_code(gpu_engine_t *g, const gpu_code_batch_t *b, char *why, size_t room);
+/* Room one chunk of `size` bytes may need when coded as `zstd` (else ANS), 16-byte aligned;
+ * 0 where nvCOMP cannot say. Chunks are coded in power-of-two size classes, and this is the
+ * bound of the chunk's class. */
+static int64_t gpu_code_bound(int zstd, int64_t size);
 /* Pinned host memory of at least size bytes (from a pool kept for the next call), or NULL. */
 static uint8_t *gpu_host_alloc(size_t size, size_t *got);
 /* Gives pinned memory back to the pool. */

@@ -88,8 +88,10 @@
  *   compress_plane.c    the compress data plane: a whole file coded on native threads
  *   zstd/               zstd 1.5.7 as python-zstandard vendors it (its own compilation unit):
  *                       LZ-coded planes come out byte for byte as the binding codes them
- *   gpu_engine.c        nvCOMP decoding batches of chunks on a GPU (CUDA and nvCOMP loaded at run time)
+ *   gpu_engine.c        nvCOMP coding and decoding batches of chunks on a GPU (CUDA and nvCOMP loaded
+ *                       at run time)
  *   plane_gpu.c         the restore plane with the GPU engine decoding its batches
+ *   compress_gpu.c      the compress plane with the GPU engine coding its batches
  *   series_delta.c      series delta kinds 1-3: words coded against a reference's, or its
  *                       scaled prediction
  *   module.c            the Python functions above (argument checks, the GIL) and the module
@@ -116,6 +118,7 @@
 #include "plane.c"
 #include "compress_plane.c"
 #include "plane_gpu.c"
+#include "compress_gpu.c"
 #include "series_delta.c"
 
 /* ---------------------------------------------------------------- split and merge */
@@ -1133,21 +1136,38 @@ done:
 }
 
 /* compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,
- * leaf_hashes, level, rules, threads, progress, stop, error) -> int: compress_plane.c's coding of one file, read
- * from the descriptor `source` or (source -1) the host memory regions of `memory`, whose buffers the caller keeps
- * alive. */
+ * leaf_hashes, level, rules, threads, progress, stop, error, gpu=None) -> int: compress_plane.c's coding of one
+ * file, read from the descriptor `source` or (source -1) the host memory regions of `memory`, whose buffers the
+ * caller keeps alive; gpu = (nvcomp_library, device, batch_bytes, workers, ans_id, stats, why) codes the frames
+ * marked for it there (compress_gpu.c). */
 static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
-    Py_buffer memory, frames, chunks, pieces, hashes, rules, progress, stop, error;
+    Py_buffer memory, frames, chunks, pieces, hashes, rules, progress, stop, error, stats = {0}, why = {0};
     compress_plan_t plan;
     int threads;
+    PyObject *gpu = Py_None;
     memset(&plan, 0, sizeof plan);
     restore_plan_t *l = &plan.leaves;
-    if (!PyArg_ParseTuple(args, "iy*ippiLw*w*y*LLw*iy*iw*w*w*", &plan.source, &memory, &plan.output, &plan.in_order,
+    if (!PyArg_ParseTuple(args, "iy*ippiLw*w*y*LLw*iy*iw*w*w*|O", &plan.source, &memory, &plan.output, &plan.in_order,
                           &plan.verify, &plan.checked, &plan.end, &frames, &chunks, &pieces, &l->source_size, &l->leaf,
-                          &hashes, &plan.level, &rules, &threads, &progress, &stop, &error))
+                          &hashes, &plan.level, &rules, &threads, &progress, &stop, &error, &gpu))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
+    if (gpu != Py_None) {
+        long long batch;
+        if (!PyArg_ParseTuple(gpu, "siLiiw*w*", &plan.gpu_library, &plan.gpu_device, &batch, &plan.gpu_workers,
+                              &plan.gpu_ans, &stats, &why))
+            goto done;
+        if (stats.len < 24 || why.len < 2 || batch < 1 || plan.gpu_workers < 1) {
+            PyErr_SetString(PyExc_ValueError, "compress_plan: malformed GPU settings");
+            goto done;
+        }
+        plan.gpu = 1;
+        plan.gpu_batch = batch;
+        plan.gpu_stats = stats.buf;
+        plan.gpu_why = why.buf;
+        plan.gpu_why_room = (size_t)why.len;
+    }
     l->frame_count = plan_rows(&frames, FR_COLS, "frames");
     l->chunk_count = l->frame_count < 0 ? -1 : plan_rows(&chunks, CC_COLS, "chunks");
     l->piece_count = l->chunk_count < 0 ? -1 : plan_rows(&pieces, PC_COLS, "pieces");
@@ -1197,6 +1217,8 @@ done:
     PyBuffer_Release(&progress);
     PyBuffer_Release(&stop);
     PyBuffer_Release(&error);
+    if (stats.obj) PyBuffer_Release(&stats);
+    if (why.obj) PyBuffer_Release(&why);
     return result;
 }
 
@@ -1304,8 +1326,9 @@ static PyMethodDef methods[] = {
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
      "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
-     "leaf_hashes, level, rules, threads, progress, stop, error) -> int: code a whole file (from a descriptor, or host\n"
-     "memory regions) into its container's data area, at offsets or in order (0, or the failure's kind)."},
+     "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None) -> int: code a whole file (from a descriptor,\n"
+     "or host memory regions) into its container's data area, at offsets or in order (0, or the failure's kind); gpu:\n"
+     "(nvcomp_library, device, batch_bytes, workers, ans_id, stats, why) codes the frames marked for it there."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, threads, progress, stop, error, gpu=None) -> int: restore a whole file on native threads\n"

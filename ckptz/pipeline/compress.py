@@ -72,7 +72,6 @@ from ckptz.engines.base import (
     Ranges,
     StoredSpan,
 )
-from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.hybrid import HybridEngine
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
@@ -253,12 +252,14 @@ def compress_file(
             plain = change is None and (source is None or regions is not None)
             # A hybrid engine whose GPU has not joined codes a whole file on its CPU threads.
             coder = engine.cpu if isinstance(engine, HybridEngine) else engine
-            natively = native_compress.suits(coder, plan.streams, layout.size, digest, plain=plain)
+            to_file = out is None or _regular(out)
+            natively = native_compress.suits(
+                coder, plan.streams, layout.size, digest, plain=plain, to_file=to_file, verify=verify
+            )
             if natively and isinstance(engine, HybridEngine):
                 natively = engine.cpu_alone(layout.size) is not None
         _plans_first.wait()
         if natively:
-            assert isinstance(coder, CpuEngine)
             return _compress_natively(
                 fd,
                 reader,
@@ -291,7 +292,7 @@ def _compress_natively(
     layout: FileLayout,
     plan: StreamPlan,
     out: BinaryIO | None,
-    engine: CpuEngine,
+    engine: Engine,
     progress: Progress,
     verify: bool,
     digest: Kind,
@@ -301,13 +302,14 @@ def _compress_natively(
     (:mod:`ckptz.pipeline.native_compress`); with ``verify``, the plane decodes every frame
     back and reads every payload back, and the index is read back here (not from a pipe)."""
     segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
+    coder, gpu = native_compress.coders(engine)
     frames = frame_map(segments, [s.frame_size for s in plan.streams])
     memory = native_compress.memory_table(regions or [])
     if out is not None and not _regular(out):  # a pipe, or a file object written in order
         out.write(PREFIX)
         with _InOrderOutput(out) as out_fd:
             coded = native_compress.code(
-                fd, out_fd, relpath, frames, plan.streams, layout.size, digest, engine, progress, verify,
+                fd, out_fd, relpath, frames, plan.streams, layout.size, digest, coder, progress, verify,
                 memory=memory, in_order=True,
             )  # fmt: skip
         if reader.read_at(layout.size, 1):
@@ -330,11 +332,13 @@ def _compress_natively(
                 plan.streams,
                 layout.size,
                 digest,
-                engine,
+                coder,
                 progress,
                 verify,
                 written,
                 memory=memory,
+                gpu=gpu,
+                threads=engine.threads,
             )
         if reader.read_at(layout.size, 1):
             raise FormatError("file grew while being read", path=relpath)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,6 +47,45 @@ class _Threads:
 
 
 THREADS = _Threads()
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """The GPU on which a native plane codes or decodes nvCOMP's bitstreams.
+
+    Attributes:
+        device: the CUDA device's index.
+        library: nvCOMP's shared library (the ``nvidia-libnvcomp`` wheel's).
+        batch_bytes: bytes the GPU takes per call (and room for what comes back).
+        workers: GPU worker threads, each with its own CUDA stream and device memory, so that
+            one batch's copies overlap another's coding.
+        zstd: (restores) whether the portable ``zstd`` chunks go to the GPU too (else the CPU
+            threads decode them, and only ``ans`` chunks go there).
+    """
+
+    device: int
+    library: str
+    batch_bytes: int
+    workers: int = 2
+    zstd: bool = True
+
+
+class GpuTotals:
+    """Batches, chunks and bytes a native plane sent to a GPU in this process (what tests
+    and benchmarks read to know the GPU did the work)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals = [0, 0, 0]
+
+    def add(self, stats: np.ndarray) -> None:
+        with self._lock:
+            self._totals = [a + int(b) for a, b in zip(self._totals, stats.tolist(), strict=True)]
+
+    def get(self) -> tuple[int, int, int]:
+        with self._lock:
+            batches, chunks, nbytes = self._totals
+            return batches, chunks, nbytes
 
 
 #: One native call: given the threads lent to it, its progress counter, its stop flag and

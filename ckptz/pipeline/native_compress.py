@@ -16,30 +16,49 @@ offsets, to a pipe in order, or nowhere. Whether a file takes this path is decid
 (:func:`suits`): the CPU engine, a tree digest, and no series delta. ``--verify`` runs in
 the plane too: each frame decoded back before its payloads are written, and the payloads
 read back once they are (not from a pipe).
-Everything else (a GPU engine, a series delta) goes through the Python pipeline.
+
+The GPU engine's ``ans`` bitstream takes the same call with a :class:`Gpu`: the plane's
+threads read and split the frames into pinned batches, nvCOMP codes each batch's planes on
+the GPU (``ckptz/native_src/compress_gpu.c``), and the threads write the payloads; the
+frames of :data:`~ckptz.engines.base.HOST_COMPONENTS` are coded by the CPU coder on
+the way, as the GPU engine codes them. That covers a file (or nothing) written at offsets,
+without ``--verify``.
+Everything else (the GPU's portable bitstream, a series delta) goes through the Python pipeline.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from ckptz.codecs import frames as coder
 from ckptz.codecs.native import native
+from ckptz.codecs.table import ANS
 from ckptz.container import ALIGN, PREFIX, StreamInfo
 from ckptz.digest import Digest, Kind, Piecewise, leaf_count
+from ckptz.engines.base import HOST_COMPONENTS, Engine
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import CodecError, CorruptionError, FormatError
-from ckptz.pipeline.native_call import MAX_LEAVES, call_polled
+from ckptz.errors import CodecError, CorruptionError, DeviceError, FormatError
+from ckptz.pipeline.native_call import MAX_LEAVES, Gpu, GpuTotals, call_polled
 from ckptz.pipeline.plan import Frame
+
+if TYPE_CHECKING:
+    from ckptz.engines.gpu.engine import GpuEngine
 
 #: Word sizes the plane splits (every dtype ckptz knows has one of them).
 WORDS = frozenset({1, 2, 4, 8})
-#: A frame's rotate column: its words are floats; its exponents are tried in order-1 coding too.
-_FLOAT, _CONTEXT = 1, 2
+#: A frame's rotate column: its words are floats; its exponents are tried in order-1 coding
+#: too; its planes are coded on the GPU.
+_FLOAT, _CONTEXT, _ON_GPU = 1, 2, 4
+#: Whether the GPU engine's ``ans`` compressions run in the plane (else the Python pipeline).
+GPU_PLANE = True
+#: nvCOMP ANS codes planes of at most this many bytes (the GPU engine's frames stay below it).
+_LARGEST_GPU_PLANE = 16 << 20
 _NO_MEMORY = np.zeros((0, 3), np.int64)
 
 #: frames.py's thresholds, in the order compress_plane.c reads them: the plane chooses each
@@ -60,16 +79,65 @@ RULES = np.array(
 )
 
 # Failure kinds, as plane.c and compress_plane.c number them.
-_PAYLOAD, _FRAME, _READ, _WRITE, _STOPPED, _NOMEM, _CHECK_READ, _SHORT, _CODER = 3, 5, 6, 7, 9, 10, 11, 13, 14
+_PAYLOAD, _FRAME, _READ, _WRITE, _STOPPED, _NOMEM, _CHECK_READ, _GPU, _SHORT, _CODER = (
+    3,
+    5,
+    6,
+    7,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+)
 
 
-def suits(engine: object, streams: Sequence[StreamInfo], size: int, digest: Kind, *, plain: bool) -> bool:
+def suits(
+    engine: object,
+    streams: Sequence[StreamInfo],
+    size: int,
+    digest: Kind,
+    *,
+    plain: bool,
+    to_file: bool = True,
+    verify: bool = False,
+) -> bool:
     """Whether the native plane may code a file: ``plain`` (no transform, bytes read from
-    the file or host memory) with the CPU engine, a tree digest of a bounded number of
-    leaves, and streams of words it splits."""
-    if not plain or type(engine) is not CpuEngine or not digest.tree:
+    the file or host memory) with the CPU engine, or with the GPU engine's ``ans``
+    bitstream written at offsets (``to_file``: a file or nothing) without ``verify``; a tree
+    digest of a bounded number of leaves, and streams of words it splits."""
+    if not plain or not digest.tree or not _codes(engine, streams, to_file=to_file, verify=verify):
         return False
     return leaf_count(size, digest.leaf) <= MAX_LEAVES and all(s.word in WORDS for s in streams)
+
+
+def _gpu_engine(engine: object) -> GpuEngine | None:
+    """``engine`` where it is the GPU engine (whose module is only loaded where one exists)."""
+    module = sys.modules.get("ckptz.engines.gpu.engine")
+    return cast("GpuEngine", engine) if module is not None and type(engine) is module.GpuEngine else None
+
+
+def coders(engine: Engine) -> tuple[CpuEngine, Gpu | None]:
+    """What the plane codes with for ``engine`` (one :func:`suits` took): the CPU coder, and
+    the GPU that codes the rest (the GPU engine's; None for the CPU engine)."""
+    gpu = _gpu_engine(engine)
+    if gpu is None:
+        return cast(CpuEngine, engine), None
+    from ckptz.engines.gpu.nvcomp_codecs import library_path
+
+    return gpu.host_coder, Gpu(gpu.index, library_path() or "", gpu.batch_bytes, gpu.workers)
+
+
+def _codes(engine: object, streams: Sequence[StreamInfo], *, to_file: bool, verify: bool) -> bool:
+    """Whether the plane codes for ``engine``: the CPU engine, or the GPU engine's ``ans``
+    bitstream to a file (or nothing) without ``verify``, in planes nvCOMP ANS takes."""
+    if type(engine) is CpuEngine:
+        return True
+    gpu = _gpu_engine(engine)
+    if not GPU_PLANE or gpu is None or gpu.codec_id != ANS.id or not to_file or verify:
+        return False
+    return all(s.frame_size // max(1, s.word) <= _LARGEST_GPU_PLANE for s in streams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +157,17 @@ class Plan:
     chunks: np.ndarray
 
 
-def plan(frames: Sequence[Frame], streams: Sequence[StreamInfo], engine: CpuEngine) -> Plan:
-    """The tables for ``frames`` (in the order their payloads are placed)."""
+def plan(
+    frames: Sequence[Frame], streams: Sequence[StreamInfo], coder: CpuEngine, on_gpu: bool = False
+) -> Plan:
+    """The tables for ``frames`` (in the order their payloads are placed), coded by
+    ``coder`` or, ``on_gpu``, every frame but those of the components the GPU engine leaves
+    to its CPU coder (:data:`~ckptz.engines.base.HOST_COMPONENTS`) on the GPU."""
     words = np.array([streams[f.stream].word for f in frames], np.int64)
     rotate = [
-        (_FLOAT if s.rotate else 0) | (_CONTEXT if engine.options_for(s).context_exponents else 0)
+        (_FLOAT if s.rotate else 0)
+        | (_ON_GPU if on_gpu and s.component not in HOST_COMPONENTS else 0)
+        | (_CONTEXT if coder.options_for(s).context_exponents else 0)
         for s in streams
     ]
     floats = np.array([rotate[f.stream] for f in frames], np.int64)
@@ -133,31 +207,42 @@ def code(
     streams: Sequence[StreamInfo],
     size: int,
     digest: Kind,
-    engine: CpuEngine,
+    coder: CpuEngine,
     progress: Callable[[int], None],
     verify: bool = False,
     written: int = -1,
     *,
     memory: np.ndarray = _NO_MEMORY,
     in_order: bool = False,
+    gpu: Gpu | None = None,
+    threads: int | None = None,
 ) -> Coded:
     """Code every frame of the file open as ``fd`` (-1: of the host memory regions of
     ``memory``, a :func:`memory_table`) into the data area of the container open as ``out``
     (-1: write nothing; ``in_order``: a pipe, written where it stands, its prefix already
-    written); what was written. With ``verify``, every frame is decoded back from its
-    payloads before they are written, and they are read back from ``written`` (the
-    container open for reading; -1: not) once they are.
+    written); what was written. ``coder`` codes the frames on the CPU, and with ``gpu``
+    (:func:`coders`) that GPU codes all but the CPU coder's components as ``ans``, on
+    ``threads`` (default: the coder's). With
+    ``verify``, every frame is decoded back from its payloads before they are written, and
+    they are read back from ``written`` (the container open for reading; -1: not) once
+    they are.
 
     Raises:
         FormatError: the file ended early (it changed while being read).
         CodecError: zstd refused a plane.
         CorruptionError: (with ``verify``) a frame did not decode back to its bytes, or a
             payload read back differs from the one written.
+        DeviceError: the GPU failed (CUDA or nvCOMP).
         OSError: reading the file or writing the container failed.
         KeyboardInterrupt: (or any error a signal handler raises) the compression was stopped.
     """
-    tables = plan(frames, streams, engine)
+    tables = plan(frames, streams, coder, on_gpu=gpu is not None)
     hashes = np.zeros(leaf_count(size, digest.leaf), "<u8")
+    why = bytearray(256)
+    stats = np.zeros(3, np.int64)
+    settings = None
+    if gpu is not None:
+        settings = (gpu.library, gpu.device, gpu.batch_bytes, gpu.workers, ANS.id, stats, why)
 
     def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
         return native.compress_plan(
@@ -174,15 +259,22 @@ def code(
             size,
             digest.leaf,
             hashes,
-            engine.options.level,
+            coder.options.level,
             RULES,
             lent,
             counter,
             stop,
             error,
+            settings,
         )
 
-    failed, error = call_polled(call, "ckptz-native-compress", engine.threads, progress)
+    try:
+        failed, error = call_polled(call, "ckptz-native-compress", threads or coder.threads, progress)
+    finally:
+        _CODED.add(stats)
+    if failed == _GPU:
+        message = bytes(why).split(b"\0", 1)[0].decode(errors="replace")
+        raise DeviceError(f"the GPU could not code it: {message}", path=relpath, hint="use --device cpu")
     if failed:
         _raise(failed, int(error[1]), int(error[2]), relpath)
     whole = Piecewise(digest, size)
@@ -194,6 +286,14 @@ def code(
     end = len(PREFIX) + int((sizes + (-sizes % ALIGN)).sum())
     cols = [chunks[:, 0], sizes, chunks[:, 2], chunks[:, 3].view(np.uint64), chunks[:, 4], chunks[:, 5]]
     return Coded(rows, list(zip(*(c.tolist() for c in cols), strict=True)), end, whole.digest())
+
+
+_CODED = GpuTotals()
+
+
+def gpu_totals() -> tuple[int, int, int]:
+    """(batches, chunks, input bytes) the native plane has coded on a GPU in this process."""
+    return _CODED.get()
 
 
 def _raise(kind: int, frame: int, detail: int, relpath: str) -> None:
@@ -215,4 +315,15 @@ def _raise(kind: int, frame: int, detail: int, relpath: str) -> None:
     raise RuntimeError(f"native compression stopped (failure {kind})")  # _STOPPED is only ours to set
 
 
-__all__ = ["WORDS", "Coded", "Plan", "code", "memory_table", "plan", "suits"]
+__all__ = [
+    "GPU_PLANE",
+    "WORDS",
+    "Coded",
+    "Plan",
+    "code",
+    "coders",
+    "gpu_totals",
+    "memory_table",
+    "plan",
+    "suits",
+]

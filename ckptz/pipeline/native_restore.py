@@ -21,7 +21,6 @@ decode but Python can (a bitstream it lacks) sends the file back to that loop.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.errors import CorruptionError, DeviceError
 from ckptz.pipeline.decoder import FrameDecoder
-from ckptz.pipeline.native_call import MAX_LEAVES, call_polled
+from ckptz.pipeline.native_call import MAX_LEAVES, Gpu, GpuTotals, call_polled
 from ckptz.pipeline.transform import transformed
 
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
@@ -55,50 +54,12 @@ _TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME = 1, 2, 3, 4, 5
 _READ, _WRITE, _DIFFERS, _STOPPED, _NOMEM, _CHECK_READ, _GPU = 6, 7, 8, 9, 10, 11, 12
 
 
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    """The GPU on which the native plane decodes nvCOMP's bitstreams.
-
-    Attributes:
-        device: the CUDA device's index.
-        library: nvCOMP's shared library (the ``nvidia-libnvcomp`` wheel's).
-        batch_bytes: payload bytes the GPU decodes per call (and room for what they decode).
-        workers: GPU worker threads, each with its own CUDA stream and device memory, so that
-            one batch's copies overlap another's decoding.
-        zstd: whether the portable ``zstd`` chunks go to the GPU too (else the CPU threads
-            decode them, and only ``ans`` chunks go there).
-    """
-
-    device: int
-    library: str
-    batch_bytes: int
-    workers: int = 2
-    zstd: bool = True
-
-
-class _GpuTotals:
-    """Batches, chunks and payload bytes the native plane decoded on a GPU in this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._totals = [0, 0, 0]
-
-    def add(self, stats: np.ndarray) -> None:
-        with self._lock:
-            self._totals = [a + int(b) for a, b in zip(self._totals, stats.tolist(), strict=True)]
-
-    def get(self) -> tuple[int, int, int]:
-        with self._lock:
-            batches, chunks, nbytes = self._totals
-            return batches, chunks, nbytes
-
-
-_GPU_TOTALS = _GpuTotals()
+_DECODED = GpuTotals()
 
 
 def gpu_totals() -> tuple[int, int, int]:
     """(batches, chunks, payload bytes) the native plane has decoded on a GPU in this process."""
-    return _GPU_TOTALS.get()
+    return _DECODED.get()
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +190,7 @@ def run(
     try:
         failed = _call(fd, tables, target, index.source_size, kind.leaf, hashes, threads, progress, settings)
     finally:
-        _GPU_TOTALS.add(stats)
+        _DECODED.add(stats)
     if failed is not None and failed[0] == _GPU:
         message = bytes(why).split(b"\0", 1)[0].decode(errors="replace")
         raise DeviceError(f"the GPU could not decode it: {message}", path=path, hint="use --device cpu")

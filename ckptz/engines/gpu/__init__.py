@@ -36,7 +36,7 @@ def open_gpu_engine(
     """Open the GPU engine on ``want`` (``auto``, ``cuda`` or ``cuda:N``).
 
     ``auto`` and ``cuda`` take the first device where CUDA and nvCOMP work. ``level`` is the
-    CPU coder's, which codes the metadata frames (:data:`~ckptz.engines.gpu.engine.HOST_COMPONENTS`).
+    CPU coder's, which codes the metadata frames (:data:`~ckptz.engines.base.HOST_COMPONENTS`).
 
     Raises:
         UsageError: the codec has no GPU implementation.

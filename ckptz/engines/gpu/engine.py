@@ -57,6 +57,7 @@ from ckptz.codecs.frames import EncodedChunk
 from ckptz.container import StreamInfo
 from ckptz.engines.base import (
     FRAME_SIZE,
+    HOST_COMPONENTS,
     DecodedSpan,
     EncodedFrame,
     EncodedSpan,
@@ -96,11 +97,6 @@ ANS_FRAME_SIZE = 4 << 20
 LITERAL_FRAME_SIZE = 16 << 20
 MIN_BATCH = 1 << 20
 MAX_BATCH = 256 << 20
-#: Components whose frames the CPU coder codes, on the engine's CPU threads: pickles, zip
-#: and JSON headers and generator states, whose repeats zstd's matches find and no order-0
-#: coder does, so the CPU's frames are several times smaller; they are a sliver of a
-#: checkpoint's bytes.
-HOST_COMPONENTS = frozenset({"metadata", "rng_state"})
 #: How long a worker waits for a batch to fill before running what is queued.
 BATCH_WAIT_S = 0.02
 #: One CPU thread for a compression's decode-backs of the portable bitstream per this many
@@ -175,6 +171,7 @@ class GpuEngine:
     ) -> None:
         self.index = device_index
         self.device = f"cuda:{device_index}"
+        self.workers = workers
         self.inline = False
         self.codec_id = ANS_ID if codec == "ans" else ZSTD_ID
         self.memory = memory or DEFAULT_MEMORY
@@ -214,7 +211,7 @@ class GpuEngine:
             max(1, self.threads // CHECKERS_PER), thread_name_prefix="ckptz-gpu-check"
         )
         #: The CPU coder of :data:`HOST_COMPONENTS`' frames.
-        self._host = CpuEngine(1, level)
+        self.host_coder = CpuEngine(1, level)
         self._pinned = pinned.pool()
         # Stream, scratch and kernels for :meth:`leaf_hashes` (made on first use).
         self._side: tuple[cuda.Stream, DeviceScratch, kernels.CudaOps] | None = None
@@ -236,7 +233,7 @@ class GpuEngine:
     def encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> Future[EncodedFrame]:
         """Queue one frame for coding (on the CPU threads: :data:`HOST_COMPONENTS`)."""
         if stream.component in HOST_COMPONENTS:
-            return self._cpu.submit(lambda: self._host.encode(stream, data, checksum).result())
+            return self._cpu.submit(lambda: self.host_coder.encode(stream, data, checksum).result())
         job = _EncodeJob([FrameToCode(stream, data, checksum)], None, data.size)
         self._put(job)
         out: Future[EncodedFrame] = Future()
@@ -282,7 +279,7 @@ class GpuEngine:
         """The span's frames of :data:`HOST_COMPONENTS` coded here (the CPU coder), and the
         span's ``leaves`` hashed."""
         coded = [
-            self._host.encode(
+            self.host_coder.encode(
                 f.stream, f.data, xxh3_64(f.data) if f.checksum is None else f.checksum
             ).result()
             for f, h in zip(frames, host, strict=True)
@@ -353,7 +350,7 @@ class GpuEngine:
             if not self._jobs:
                 self._flush = False  # as when a worker takes the last job
         with trace.span("check on cpu"):  # the CPU coder decodes in this thread, frame by frame
-            decoded = self._host.decode_span(job.span)
+            decoded = self.host_coder.decode_span(job.span)
         try:
             job.future.set_result(decoded.result())
         except BaseException as exc:
@@ -390,7 +387,7 @@ class GpuEngine:
             "zstd": {
                 "implementation": "ckptz-gpu-literals",
                 "block": literals.BLOCK,
-                "also": self._host.codec_config()["zstd"],
+                "also": self.host_coder.codec_config()["zstd"],
             },
             "ans": {"implementation": "nvcomp", "data_type": "|u1", "nvcomp": nvcomp_version()},
         }

@@ -1,0 +1,164 @@
+"""The native compress plane with the GPU engine (ckptz/native_src/compress_gpu.c, gpu_engine.c):
+the plane's threads read and split frames into pinned batches, nvCOMP ANS codes them, and the
+threads write the payloads.
+
+On a GPU (``-m gpu``): containers byte for byte those of the Python GPU pipeline, over
+files of many dtypes, constant and noisy tensors, metadata the CPU coder codes, and many
+small batches (the plane's counter of chunks coded there proves it ran); they restore
+byte-exact, and the CLI verifies them. Everywhere: a GPU plan on a machine without a CUDA
+driver fails with one clear line, and malformed GPU settings are refused.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ckptz
+
+from ckptz import api
+from ckptz.digest import TREE
+from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import DeviceError
+from ckptz.formats import read_layout
+from ckptz.pipeline import native_compress
+from ckptz.pipeline.native_call import Gpu
+from ckptz.pipeline.plan import frame_map, plan_streams
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+gpu = pytest.mark.gpu
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _trained(path: Path) -> Path:
+    """Trained-like fp32 and bf16 weights, a zero tensor and a step count (a pickle)."""
+    g = torch.Generator().manual_seed(5)
+    torch.save(
+        {
+            "w": torch.randn(2_500_000, generator=g) * 0.02,
+            "h": (torch.randn(1_300_001, generator=g) * 0.02).bfloat16(),
+            "z": torch.zeros(70_000),
+            "step": 7,
+        },
+        path,
+    )
+    return path
+
+
+def _mixed(path: Path) -> Path:
+    """Every dtype family: noise (stored raw), constants, integers, bools, an empty tensor
+    and one of three elements."""
+    g = torch.Generator().manual_seed(6)
+    tensors = {
+        "half": torch.randn(600_000, generator=g).half(),
+        "noise32": torch.randint(-(2**31), 2**31 - 1, (400_000,), generator=g, dtype=torch.int64)
+        .to(torch.int32)
+        .view(torch.float32),
+        "bytes": torch.randint(0, 256, (300_000,), generator=g, dtype=torch.uint8),
+        "const": torch.full((200_000,), 7, dtype=torch.uint8),
+        "ids": torch.arange(250_000, dtype=torch.int64),
+        "mask": torch.rand(100_000, generator=g) > 0.5,
+        "empty": torch.zeros(0),
+        "tiny": torch.tensor([1.0, -2.0, 3.5]),
+    }
+    safetensors_torch.save_file(tensors, str(path), metadata={"note": "mixed"})
+    return path
+
+
+_INPUTS = {"trained.pt": _trained, "mixed.safetensors": _mixed}
+
+
+def _coded_chunks() -> int:
+    return native_compress.gpu_totals()[1]
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(_INPUTS))
+@pytest.mark.parametrize("memory", [None, 32 << 20])
+def test_the_plane_writes_the_python_gpu_pipelines_containers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, memory: int | None
+) -> None:
+    """Small budgets make batches of a frame or two: many batches through every slot."""
+    src = _INPUTS[name](tmp_path / name)
+    before = _coded_chunks()
+    native = tmp_path / "native.ckptz"
+    api.compress(src, native, device="cuda", codec="ans", memory=memory)
+    assert _coded_chunks() > before
+    monkeypatch.setattr(native_compress, "GPU_PLANE", False)
+    python = tmp_path / "python.ckptz"
+    api.compress(src, python, device="cuda", codec="ans", memory=memory)
+    assert native.read_bytes() == python.read_bytes()
+    back = tmp_path / "back"
+    api.decompress(native, back, device="cuda")
+    assert _sha(back) == _sha(src)
+
+
+@gpu
+def test_the_cli_compresses_on_the_gpu_and_verifies(tmp_path: Path) -> None:
+    src = _mixed(tmp_path / "m.safetensors")
+    out = tmp_path / "m.ckptz"
+    done = ckptz("compress", str(src), "-o", str(out), "--device", "cuda", "--codec", "ans", "-q")
+    assert done.returncode == 0, done.stderr
+    checked = ckptz("verify", str(out), "--against", str(src), "--device", "cuda")
+    assert checked.returncode == 0, checked.stderr
+
+
+@gpu
+def test_discarded_output_codes_on_the_gpu(tmp_path: Path) -> None:
+    src = _trained(tmp_path / "m.pt")
+    before = native_compress.gpu_totals()
+    api.compress(src, device="cuda", codec="ans", discard=True)
+    after = native_compress.gpu_totals()
+    assert after[1] > before[1] and after[2] - before[2] > src.stat().st_size // 2
+
+
+# ---------------------------------------------------------------- without a GPU
+
+
+def _code_on(src: Path, settings: Gpu) -> native_compress.Coded:
+    """Compress ``src`` to nothing in the native plane, with ``settings`` for its GPU."""
+    layout = read_layout(src, src.name)
+    coder = CpuEngine(2)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        plan = plan_streams(layout, coder.frame_size, fd, frozenset(), coder.largest_frame)
+        segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
+        frames = frame_map(segments, [s.frame_size for s in plan.streams])
+        return native_compress.code(
+            fd, -1, src.name, frames, plan.streams, layout.size, TREE, coder, lambda n: None, gpu=settings
+        )
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="this machine has a CUDA driver")
+def test_a_gpu_compression_without_a_cuda_driver_is_one_clear_error(tmp_path: Path) -> None:
+    src = _trained(tmp_path / "m.pt")
+    with pytest.raises(DeviceError, match="the GPU could not code it: no CUDA driver on this machine"):
+        _code_on(src, Gpu(0, "", 1 << 20))
+
+
+@pytest.mark.parametrize("settings", [Gpu(0, "", 0), Gpu(0, "", 1 << 20, workers=0)])
+def test_malformed_gpu_settings_are_refused(tmp_path: Path, settings: Gpu) -> None:
+    src = _trained(tmp_path / "m.pt")
+    with pytest.raises(ValueError, match="malformed GPU settings"):
+        _code_on(src, settings)
+
+
+def test_the_plane_never_takes_a_gpu_verify_or_pipe() -> None:
+    """--verify and pipes of the GPU engine stay on the Python pipeline, which checks them
+    on the GPU; the CPU engine's run in the plane either way."""
+    streams: list = []
+    cpu = CpuEngine(1)
+    for to_file, verify in ((True, True), (False, False)):
+        assert native_compress.suits(cpu, streams, 10, TREE, plain=True, to_file=to_file, verify=verify)
+    assert not native_compress.suits(object(), streams, 10, TREE, plain=True)
+    np.testing.assert_equal(native_compress.coders(cpu)[1], None)
