@@ -1,15 +1,17 @@
-"""GPU restore: the native plane (nvCOMP driven from C) against the Python GPU loop, A/B.
+"""The GPU engine's native planes (nvCOMP driven from C) against its Python pipeline, A/B.
 
 Makes a checkpoint of trained-like fp32 and bf16 tensors (``--gib`` of them, half each) in
-``--dir``, compresses it on the GPU with ``ans`` and with the portable default, then restores
-each container with each path, writes discarded and to a file beside it: the median of
-``--repeat`` runs (after one that warms the page cache), in GB/s of original bytes.
+``--dir``. Compresses it on the GPU with ``ans`` through the native plane and through the
+Python pipeline (writes discarded, and to a file; the two containers must be byte for byte
+the same), then with the portable default, and restores each container with each path,
+writes discarded and to a file beside it: the median of ``--repeat`` runs (after one that
+warms the page cache), in GB/s of original bytes.
 
 Paths: ``python loop`` (the GPU engine's span pipeline), ``native gpu`` (the native plane,
 nvCOMP decoding ``ans`` and ``zstd`` chunks), ``native gpu, zstd on cpu`` (nvCOMP decoding
 ``ans`` only), and ``cpu plane`` (the CPU engine, portable containers only).
 
-    python bench/gpu_restore.py [--gib 2] [--repeat 3] [--dir /dev/shm]
+    python bench/gpu_planes.py [--gib 2] [--repeat 3] [--dir /dev/shm]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ckptz.container import read_index
 from ckptz.engines import Engine
 from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.gpu import open_gpu_engine
-from ckptz.pipeline import native_restore
+from ckptz.pipeline import native_compress, native_restore
 from ckptz.pipeline.restore import DiscardSink, FileSink, restore
 
 #: The module (``ckptz.pipeline`` exports a function of its name).
@@ -69,6 +71,42 @@ def once(container: Path, out: Path | None, engine: Engine) -> float:
     return time.perf_counter() - start
 
 
+def compress_once(src: Path, out: Path | None) -> float:
+    """Seconds for one ``ans`` compression on the GPU (to ``out``, or discarded)."""
+    start = time.perf_counter()
+    if out is None:
+        api.compress(src, device="cuda", codec="ans", discard=True)
+    else:
+        api.compress(src, out, device="cuda", codec="ans", force=True)
+    return time.perf_counter() - start
+
+
+def compress_rows(src: Path, root: Path, repeat: int) -> list[str]:
+    """The ``ans`` compression through each path, discarded and to a file."""
+    rows, made = [], {}
+    size = src.stat().st_size
+    for sink in ("discard", "file"):
+        for name, plane in (("python pipeline", False), ("native gpu", True)):
+            native_compress.GPU_PLANE = plane
+            out = None if sink == "discard" else root / f"compressed-{plane}.ckptz"
+            before = native_compress.gpu_totals()[1]
+            compress_once(src, out)
+            took = statistics.median(compress_once(src, out) for _ in range(repeat))
+            on_gpu = native_compress.gpu_totals()[1] - before
+            rows.append(
+                f"ans   compress {sink:8s} {name:24s} {size / took / 1e9:6.2f} GB/s  "
+                f"({took:.3f} s, {on_gpu} chunks via the native GPU plane)"
+            )
+            print(rows[-1], flush=True)
+            if out is not None:
+                made[plane] = out
+    native_compress.GPU_PLANE = True
+    same = made[True].read_bytes() == made[False].read_bytes()
+    rows.append(f"ans   containers of the two paths byte-identical: {same}")
+    print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=2.0)
@@ -80,6 +118,7 @@ def main() -> None:
         root = Path(tmp)
         src = make(root, args.gib)
         size = src.stat().st_size
+        rows += compress_rows(src, root, args.repeat)
         containers = {}
         for codec in ("ans", "zstd"):
             containers[codec] = root / f"{codec}.ckptz"
