@@ -1,8 +1,10 @@
 """The native compress plane with the GPU engine (ckptz/native_src/compress_gpu.c, gpu_engine.c):
-the plane's threads read and split frames into pinned batches, nvCOMP ANS codes them, and the
-threads write the payloads.
+the plane's threads read and split frames into pinned batches, nvCOMP ANS codes them (or, for
+the portable bitstream, the threads plan each plane's frame and ckptz's kernels write it),
+and the threads write the payloads.
 
-On a GPU (``-m gpu``): containers byte for byte those of the Python GPU pipeline, over
+On a GPU (``-m gpu``): containers byte for byte those of the Python GPU pipeline, both
+bitstreams, over
 files of many dtypes, constant and noisy tensors, metadata the CPU coder codes, and many
 small batches (the plane's counter of chunks coded there proves it ran); they restore
 byte-exact, and the CLI verifies them. Everywhere: a GPU plan on a machine without a CUDA
@@ -81,20 +83,22 @@ def _coded_chunks() -> int:
 
 
 @gpu
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
 @pytest.mark.parametrize("name", sorted(_INPUTS))
 @pytest.mark.parametrize("memory", [None, 32 << 20])
 def test_the_plane_writes_the_python_gpu_pipelines_containers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, memory: int | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str, name: str, memory: int | None
 ) -> None:
-    """Small budgets make batches of a frame or two: many batches through every slot."""
+    """Both bitstreams the GPU writes; small budgets make batches of a frame or two: many
+    batches through every slot."""
     src = _INPUTS[name](tmp_path / name)
     before = _coded_chunks()
     native = tmp_path / "native.ckptz"
-    api.compress(src, native, device="cuda", codec="ans", memory=memory)
+    api.compress(src, native, device="cuda", codec=codec, memory=memory)
     assert _coded_chunks() > before
     monkeypatch.setattr(native_compress, "GPU_PLANE", False)
     python = tmp_path / "python.ckptz"
-    api.compress(src, python, device="cuda", codec="ans", memory=memory)
+    api.compress(src, python, device="cuda", codec=codec, memory=memory)
     assert native.read_bytes() == python.read_bytes()
     back = tmp_path / "back"
     api.decompress(native, back, device="cuda")

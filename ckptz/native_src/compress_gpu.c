@@ -1,7 +1,8 @@
 /*
  * The compress plane with a GPU (compress_plane.c's plan, where plan->gpu is set): the
- * planes of frames marked ROTATE_GPU are coded by nvCOMP ANS in batches (gpu_engine.c);
- * every other step is the CPU plane's, on the same threads.
+ * planes of frames marked ROTATE_GPU are coded on the GPU in batches (gpu_engine.c), by
+ * nvCOMP ANS or as the portable bitstream; every other step is the CPU plane's, on the same
+ * threads.
  *
  * The frames are cut into batches of consecutive frames of about gpu_batch bytes. A batch
  * lives in a slot: pinned memory for its planes and for what the GPU codes. The plane's
@@ -9,7 +10,11 @@
  * slot's planes: a constant plane becomes `const`, one that looks like noise by the GPU
  * coder's sample is stored raw, and the frames of components the GPU leaves to the CPU
  * (metadata) are coded there and then by the CPU coder. A GPU worker thread then codes the
- * rest of the batch in one call and keeps each payload smaller than its plane. Batches are
+ * rest of the batch in one call and keeps each payload smaller than its plane. For the
+ * portable bitstream the threads also count each plane's bytes and plan its literal-only
+ * zstd frame (or bit pack) as they read it (literals_plan.c), so its size is known there
+ * and the GPU's kernels only write the bits (ckptz/engines/gpu/literals.py's steps, with
+ * the counting and planning moved to the threads that read). Batches are
  * placed in the data area in order as soon as their sizes are known; then the threads fill
  * each frame's chunk rows (the payloads' checksums) and write its payloads at their place.
  * Threads finish frames before they read new ones, which frees slots soonest. The choices
@@ -30,6 +35,8 @@ enum { CG_FREE, CG_READING, CG_READ, CG_CODING, CG_CODED, CG_PLACED };
  * bytes (ckptz/engines/gpu/transform.py's SAMPLE_BLOCK and SAMPLE_EVERY). */
 #define CG_SAMPLE_BLOCK 4096
 #define CG_SAMPLE_EVERY 8
+/* Input bytes per zstd block of the portable bitstream on the GPU (literals.py's BLOCK). */
+#define CG_LITERAL_BLOCK (64 << 10)
 
 typedef struct {
     int64_t batch; /* the batch it holds */
@@ -38,6 +45,10 @@ typedef struct {
     uint8_t *planes, *coded; /* pinned: the batch's planes, and what the GPU coded */
     uint8_t *cpu;           /* candidates of the frames the CPU codes */
     size_t planes_size, coded_size;
+    /* The portable bitstream's plans: rows, tables and head bytes, room for each block. */
+    int64_t *plan;
+    uint32_t (*tables)[256];
+    uint8_t *blob;
 } cg_slot_t;
 
 typedef struct {
@@ -55,11 +66,17 @@ typedef struct {
     payload_t *payloads;          /* per chunk: what is written */
     int64_t *need, *at;           /* per frame: bytes of its payloads, and their place */
     int64_t largest_chunks;       /* most chunks the GPU may code in a batch */
+    /* The portable bitstream: per chunk, its first block in its batch's plan, the rows its
+     * plan has, and its bit pack (-1: none); per batch, its blocks. */
+    int portable;
+    int64_t *block_at, *rows, *packs, *batch_blocks;
+    int64_t largest_blocks, largest_plane;
 } cg_plane_t;
 
 typedef struct {
     cg_plane_t *g;
     coder_t *w;           /* a CPU thread's */
+    uint16_t *counts;     /* a CPU thread's: the byte counts of a plane's blocks' quarters */
     gpu_engine_t *engine; /* a GPU worker's */
 } cg_thread_t;
 
@@ -100,8 +117,13 @@ static int cg_plan_batches(cg_plane_t *g, char *why, size_t room) {
     g->plane_at = malloc(((size_t)chunks + 1) * sizeof(int64_t));
     g->coded_at = malloc(((size_t)chunks + 1) * sizeof(int64_t));
     g->payloads = calloc((size_t)chunks + 1, sizeof(payload_t));
+    g->block_at = calloc((size_t)chunks + 1, sizeof(int64_t));
+    g->rows = calloc((size_t)chunks + 1, sizeof(int64_t));
+    g->packs = calloc((size_t)chunks + 1, sizeof(int64_t));
+    g->batch_blocks = calloc((size_t)n + 1, sizeof(int64_t));
     if (!g->batch_first || !g->batch_planes || !g->batch_coded || !g->batch_cpu || !g->batch_chunks || !g->cpu_at ||
-        !g->need || !g->at || !g->plane_at || !g->coded_at || !g->payloads)
+        !g->need || !g->at || !g->plane_at || !g->coded_at || !g->payloads || !g->block_at || !g->rows || !g->packs ||
+        !g->batch_blocks)
         return snprintf(why, room, "no memory for the batches' tables"), 0;
     int64_t b = -1, bound_size = -1, bound = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -109,11 +131,15 @@ static int cg_plan_batches(cg_plane_t *g, char *why, size_t room) {
         int64_t word = f[FR_WORD], plane = f[FR_LENGTH] / word, stride = cg_aligned(plane);
         int gpu = (f[FR_ROTATE] & ROTATE_GPU) != 0;
         int64_t planes = word * stride, coded = 0, cpu = gpu ? 0 : word * (int64_t)plane_room((size_t)plane);
+        int64_t blocks = g->portable ? (plane + CG_LITERAL_BLOCK - 1) / CG_LITERAL_BLOCK : 0;
         if (gpu && plane) {
-            if (plane != bound_size && !(bound = gpu_code_bound(0, plane)))
+            /* A literal frame larger than its plane is never kept (literals.py's max_frame_size). */
+            if (g->portable) bound = cg_aligned(plane + 32);
+            else if (plane != bound_size && !(bound = gpu_code_bound(0, plane)))
                 return snprintf(why, room, "nvCOMP cannot bound a coded plane of %lld bytes", (long long)plane), 0;
             bound_size = plane;
             coded = word * bound;
+            if (plane > g->largest_plane) g->largest_plane = plane;
         }
         if (b < 0 || (i > g->batch_first[b] && (g->batch_planes[b] + planes > p->gpu_batch ||
                                                  g->batch_coded[b] + coded > p->gpu_batch + p->gpu_batch / 2)))
@@ -123,7 +149,12 @@ static int cg_plan_batches(cg_plane_t *g, char *why, size_t room) {
             int64_t c = f[FR_CHUNK] + k;
             g->plane_at[c] = g->batch_planes[b] + k * stride;
             g->coded_at[c] = gpu && plane ? g->batch_coded[b] + k * bound : -1;
+            if (gpu && plane) {
+                g->block_at[c] = g->batch_blocks[b];
+                g->batch_blocks[b] += blocks;
+            }
         }
+        if (g->batch_blocks[b] > g->largest_blocks) g->largest_blocks = g->batch_blocks[b];
         g->batch_planes[b] += planes;
         g->batch_coded[b] += coded;
         g->batch_cpu[b] += cpu;
@@ -158,8 +189,46 @@ static cg_slot_t *cg_slot_in(cg_plane_t *g, int state, int untaken) {
     return best;
 }
 
+/* Plans chunk c's portable payload from its plane (n bytes) as literals.py's encode does: the
+ * byte counts of each block's quarters, then literals_plan.c's choice. A chunk the GPU is to
+ * write gets its bitstream and size now (CG_PENDING marks it for the GPU), with its plan's
+ * rows numbered into the slot's tables and head bytes; any other is stored raw. */
+static void cg_plan_literals(cg_thread_t *t, cg_slot_t *slot, int64_t c, const uint8_t *plane, size_t n,
+                             payload_t *payload) {
+    cg_plane_t *g = t->g;
+    int64_t size = (int64_t)n, blocks = (size + CG_LITERAL_BLOCK - 1) / CG_LITERAL_BLOCK;
+    uint16_t(*counts)[256] = (uint16_t(*)[256])t->counts;
+    memset(counts, 0, (size_t)blocks * 4 * 256 * sizeof(uint16_t));
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t m = size - b * CG_LITERAL_BLOCK < CG_LITERAL_BLOCK ? size - b * CG_LITERAL_BLOCK : CG_LITERAL_BLOCK;
+        int64_t seg = (m + 3) / 4;
+        const uint8_t *block = plane + b * CG_LITERAL_BLOCK;
+        for (int k = 0; k < 4; k++) {
+            int64_t lo = k * seg < m ? k * seg : m, hi = k < 3 ? ((k + 1) * seg < m ? (k + 1) * seg : m) : m;
+            uint16_t *q = counts[b * 4 + k];
+            for (int64_t j = lo; j < hi; j++) q[block[j]]++;
+        }
+    }
+    int64_t first = g->block_at[c], src = g->plane_at[c], dst = g->coded_at[c], cap = cg_aligned(size + 32);
+    int64_t got = -1, pack = -1, tables = 0, used = 0;
+    int64_t *rows = slot->plan + first * GPU_PLAN_FIELDS;
+    g->rows[c] = plan_literals((const uint16_t(*)[256])counts, &size, &src, &dst, &cap, 1, CG_LITERAL_BLOCK, &got,
+                               &pack, rows, slot->tables + first, &tables, slot->blob + first * LP_HEAD_MAX, &used);
+    for (int64_t r = 0; r < g->rows[c]; r++) {
+        rows[r * GPU_PLAN_FIELDS + LP_TABLE] += first;
+        rows[r * GPU_PLAN_FIELDS + LP_HEAD] += first * LP_HEAD_MAX;
+    }
+    g->packs[c] = pack;
+    if (got >= 0 && got < size)
+        *payload = (payload_t){CG_PENDING, slot->coded + dst, (size_t)got};
+    else
+        *payload = (payload_t){CODEC_RAW, plane, n};
+}
+
 /* Reads frame i into its slot and decides every plane but those the GPU is to code. */
-static int cg_read_frame(coder_t *w, cg_plane_t *g, cg_slot_t *slot, int64_t i) {
+static int cg_read_frame(cg_thread_t *t, cg_slot_t *slot, int64_t i) {
+    cg_plane_t *g = t->g;
+    coder_t *w = t->w;
     compress_plan_t *p = g->p;
     const int64_t *f = p->frames + i * FR_COLS;
     int word = (int)f[FR_WORD];
@@ -177,6 +246,8 @@ static int cg_read_frame(coder_t *w, cg_plane_t *g, cg_slot_t *slot, int64_t i) 
             payloads[k] = (payload_t){CODEC_CONST, s.planes[k], 1};
         else if (!n || cg_noise(s.planes[k], n, p->rules))
             payloads[k] = (payload_t){CODEC_RAW, s.planes[k], n};
+        else if (g->portable)
+            cg_plan_literals(t, slot, f[FR_CHUNK] + k, s.planes[k], n, &payloads[k]);
         else
             payloads[k] = (payload_t){CG_PENDING, s.planes[k], n};
     }
@@ -255,7 +326,7 @@ static void *cg_work(void *arg) {
         }
         int64_t i = g->batch_first[slot->batch] + slot->next++;
         pthread_mutex_unlock(&g->lock);
-        int ok = reading ? cg_read_frame(t->w, g, slot, i) : cg_finish_frame(t->w, g, i);
+        int ok = reading ? cg_read_frame(t, slot, i) : cg_finish_frame(t->w, g, i);
         pthread_mutex_lock(&g->lock);
         if (!ok) break;
         if (++slot->done == cg_frames(g, slot->batch)) {
@@ -286,6 +357,53 @@ static void cg_gpu_fail(compress_plan_t *p, int64_t frame, const char *why) {
     compress_fail(p, PLANE_GPU, frame, 0);
 }
 
+/* Writes the planned portable payloads of a slot's batch on the GPU (their sizes known);
+ * 1, or 0 with why set. */
+static int cg_write_literals(cg_thread_t *t, cg_slot_t *slot, int64_t *table, int64_t *plan, int64_t *pack_rows,
+                             char *why, size_t room) {
+    cg_plane_t *g = t->g;
+    compress_plan_t *p = g->p;
+    int64_t rows = g->largest_chunks ? g->largest_chunks : 1;
+    int64_t *in_at = table, *in_size = table + rows, *out_at = table + 2 * rows, *out_size = table + 3 * rows;
+    int64_t n = 0, bytes = 0, planned = 0, packs = 0, largest_pack = 0;
+    for (int64_t i = g->batch_first[slot->batch]; i < g->batch_first[slot->batch + 1]; i++) {
+        const int64_t *f = p->frames + i * FR_COLS;
+        for (int64_t c = f[FR_CHUNK]; c < f[FR_CHUNK] + f[FR_WORD]; c++) {
+            payload_t *payload = &g->payloads[c];
+            if (payload->codec != CG_PENDING) continue;
+            int64_t plane = f[FR_LENGTH] / f[FR_WORD];
+            in_at[n] = g->plane_at[c];
+            in_size[n] = plane;
+            out_at[n] = g->coded_at[c];
+            out_size[n] = (int64_t)payload->len;
+            if (g->packs[c] >= 0) {
+                int64_t *row = pack_rows + packs++ * 4;
+                row[0] = g->plane_at[c], row[1] = plane, row[2] = g->coded_at[c], row[3] = g->packs[c];
+                if (plane > largest_pack) largest_pack = plane;
+                payload->codec = CODEC_BITPACK;
+            } else {
+                memcpy(plan + planned * GPU_PLAN_FIELDS, slot->plan + g->block_at[c] * GPU_PLAN_FIELDS,
+                       (size_t)g->rows[c] * GPU_PLAN_FIELDS * sizeof(int64_t));
+                planned += g->rows[c];
+                payload->codec = CODEC_ZSTD;
+            }
+            bytes += plane;
+            n++;
+        }
+    }
+    gpu_code_batch_t batch = {slot->planes, slot->coded, (size_t)g->batch_planes[slot->batch],
+                              (size_t)g->batch_coded[slot->batch], n, in_at, in_size, out_at, NULL, out_size,
+                              -1, CODEC_ZSTD};
+    size_t blocks = (size_t)g->batch_blocks[slot->batch];
+    gpu_literals_t literals = {plan, planned, (const uint32_t *)slot->tables, blocks * 256 * sizeof(uint32_t),
+                               slot->blob, blocks * LP_HEAD_MAX, pack_rows, packs, largest_pack};
+    if (gpu_write_literals(t->engine, &batch, &literals, why, room)) return 0;
+    __atomic_add_fetch(&p->gpu_stats[0], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&p->gpu_stats[1], n, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&p->gpu_stats[2], bytes, __ATOMIC_RELAXED);
+    return 1;
+}
+
 /* Codes the pending planes of a slot's batch on the GPU; 1, or 0 with why set. */
 static int cg_code(cg_thread_t *t, cg_slot_t *slot, int64_t *table, char *why, size_t room) {
     cg_plane_t *g = t->g;
@@ -301,7 +419,7 @@ static int cg_code(cg_thread_t *t, cg_slot_t *slot, int64_t *table, char *why, s
                 in_at[n] = g->plane_at[c];
                 in_size[n] = (int64_t)g->payloads[c].len;
                 out_at[n] = g->coded_at[c];
-                codec[n] = p->gpu_ans;
+                codec[n] = p->gpu_codec;
                 out_size[n] = -1;
                 chunk[n] = c;
                 bytes += in_size[n];
@@ -310,12 +428,12 @@ static int cg_code(cg_thread_t *t, cg_slot_t *slot, int64_t *table, char *why, s
     }
     gpu_code_batch_t batch = {slot->planes,  slot->coded, (size_t)g->batch_planes[slot->batch],
                               (size_t)g->batch_coded[slot->batch], n, in_at, in_size, out_at, codec, out_size,
-                              p->gpu_ans,    -1};
+                              p->gpu_codec,  -1};
     if (gpu_code(t->engine, &batch, why, room)) return 0;
     for (int64_t k = 0; k < n; k++) {
         payload_t *payload = &g->payloads[chunk[k]];
         if (out_size[k] >= 0 && out_size[k] < in_size[k])
-            *payload = (payload_t){p->gpu_ans, slot->coded + out_at[k], (size_t)out_size[k]};
+            *payload = (payload_t){p->gpu_codec, slot->coded + out_at[k], (size_t)out_size[k]};
         else
             payload->codec = CODEC_RAW;
     }
@@ -332,10 +450,14 @@ static void *cg_gpu(void *arg) {
     char why[CG_WHY];
     int64_t rows = g->largest_chunks ? g->largest_chunks : 1;
     int64_t *table = malloc((size_t)rows * 6 * sizeof(int64_t));
-    if (!table || gpu_enter(p->gpu_device, why, sizeof why)) {
-        if (!table) snprintf(why, sizeof why, "no memory for a batch's table");
+    int64_t *plan = g->portable ? malloc(((size_t)g->largest_blocks + 1) * GPU_PLAN_FIELDS * sizeof(int64_t)) : NULL;
+    int64_t *pack_rows = g->portable ? malloc((size_t)rows * 4 * sizeof(int64_t)) : NULL;
+    if (!table || (g->portable && (!plan || !pack_rows)) || gpu_enter(p->gpu_device, why, sizeof why)) {
+        if (!table || (g->portable && (!plan || !pack_rows))) snprintf(why, sizeof why, "no memory for a batch's table");
         cg_gpu_fail(p, -1, why);
         free(table);
+        free(plan);
+        free(pack_rows);
         return NULL;
     }
     pthread_mutex_lock(&g->lock);
@@ -349,7 +471,8 @@ static void *cg_gpu(void *arg) {
         }
         slot->state = CG_CODING;
         pthread_mutex_unlock(&g->lock);
-        int ok = cg_code(t, slot, table, why, sizeof why);
+        int ok = g->portable ? cg_write_literals(t, slot, table, plan, pack_rows, why, sizeof why)
+                             : cg_code(t, slot, table, why, sizeof why);
         if (ok) cg_settle(g, slot);
         pthread_mutex_lock(&g->lock);
         if (!ok) {
@@ -366,6 +489,8 @@ static void *cg_gpu(void *arg) {
     pthread_cond_broadcast(&g->changed);
     pthread_mutex_unlock(&g->lock);
     free(table);
+    free(plan);
+    free(pack_rows);
     return NULL;
 }
 
@@ -374,6 +499,7 @@ static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads) {
     cg_plane_t g;
     memset(&g, 0, sizeof g);
     g.p = p;
+    g.portable = p->gpu_codec == CODEC_ZSTD;
     int engines = p->gpu_workers < 1 ? 1 : p->gpu_workers > CG_MAX_WORKERS ? CG_MAX_WORKERS : p->gpu_workers;
     cg_thread_t *args = calloc((size_t)(threads + engines), sizeof(cg_thread_t));
     pthread_t *ids = calloc((size_t)(threads + engines), sizeof(pthread_t));
@@ -385,6 +511,7 @@ static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads) {
         goto done;
     }
     if (gpu_open(p->gpu_library, p->gpu_device, why, sizeof why) || gpu_enter(p->gpu_device, why, sizeof why) ||
+        (g.portable && gpu_kernels(p->gpu_device, p->gpu_kernels, why, sizeof why)) ||
         !cg_plan_batches(&g, why, sizeof why)) {
         cg_gpu_fail(p, -1, why);
         goto done;
@@ -402,8 +529,23 @@ static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads) {
         slot->planes = gpu_host_alloc(planes_room, &slot->planes_size);
         slot->coded = gpu_host_alloc(coded_room, &slot->coded_size);
         slot->cpu = malloc(cpu_room);
-        if (!slot->planes || !slot->coded || !slot->cpu) {
+        size_t blocks = (size_t)g.largest_blocks + 1;
+        if (g.portable) {
+            slot->plan = malloc(blocks * GPU_PLAN_FIELDS * sizeof(int64_t));
+            slot->tables = malloc(blocks * sizeof *slot->tables);
+            slot->blob = malloc(blocks * LP_HEAD_MAX);
+        }
+        if (!slot->planes || !slot->coded || !slot->cpu || (g.portable && (!slot->plan || !slot->tables || !slot->blob))) {
             cg_gpu_fail(p, -1, "pinning host memory for the GPU's batches failed");
+            goto done;
+        }
+    }
+    size_t counts = ((size_t)(g.largest_plane + CG_LITERAL_BLOCK - 1) / CG_LITERAL_BLOCK + 1) * 4 * 256;
+    for (int t = 0; t < threads; t++) {
+        args[t].g = &g;
+        args[t].w = &coders[t];
+        if (g.portable && !(args[t].counts = malloc(counts * sizeof(uint16_t)))) {
+            compress_fail(p, PLANE_NOMEM, -1, 0);
             goto done;
         }
     }
@@ -417,10 +559,7 @@ static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads) {
     for (int e = 0; e < engines; e++, gpu_started++)
         if (pthread_create(&ids[threads + e], NULL, cg_gpu, &args[threads + e])) break;
     if (!gpu_started) cg_gpu_fail(p, -1, "no thread for the GPU worker");
-    for (int t = 0; t < threads; t++) {
-        args[t].g = &g;
-        args[t].w = &coders[t];
-    }
+
     for (int t = 1; t < threads; t++, cpu_started++)
         if (pthread_create(&ids[t], NULL, cg_work, &args[t])) break;
     cg_work(&args[0]);
@@ -436,7 +575,11 @@ done:
         gpu_host_free(g.slots[s].planes, g.slots[s].planes_size);
         gpu_host_free(g.slots[s].coded, g.slots[s].coded_size);
         free(g.slots[s].cpu);
+        free(g.slots[s].plan);
+        free(g.slots[s].tables);
+        free(g.slots[s].blob);
     }
+    for (int t = 0; args && t < threads; t++) free(args[t].counts);
     pthread_cond_destroy(&g.changed);
     pthread_mutex_destroy(&g.lock);
     free(g.batch_first);
@@ -450,6 +593,10 @@ done:
     free(g.plane_at);
     free(g.coded_at);
     free(g.payloads);
+    free(g.block_at);
+    free(g.rows);
+    free(g.packs);
+    free(g.batch_blocks);
     free(args);
     free(ids);
 }

@@ -87,10 +87,12 @@ typedef struct {
     pthread_mutex_t error_lock;
     int64_t error[3]; /* kind, frame, detail */
     /* Coding on a GPU (compress_gpu.c), where gpu is set: the planes of frames marked
-     * ROTATE_GPU go to nvCOMP ANS (bitstream gpu_ans) in batches of about gpu_batch bytes. */
-    int gpu, gpu_device, gpu_workers, gpu_ans;
+     * ROTATE_GPU go to the GPU in batches of about gpu_batch bytes, coded as gpu_codec: by
+     * nvCOMP ANS, or as the portable bitstream by ckptz's kernels (gpu_kernels: their cubin). */
+    int gpu, gpu_device, gpu_workers, gpu_codec;
     int64_t gpu_batch;
     const char *gpu_library; /* nvCOMP's shared library */
+    const uint8_t *gpu_kernels;
     int64_t *gpu_stats;      /* batches, chunks and input bytes coded on the GPU */
     char *gpu_why;           /* why the GPU engine failed */
     size_t gpu_why_room;
@@ -652,6 +654,7 @@ static const char *compress_check(compress_plan_t *p) {
     if (p->level < -(1 << 17) || p->level > 22) return "zstd level out of range";
     if (p->in_order && p->checked >= 0) return "a pipe cannot be read back";
     if (p->gpu && (p->in_order || p->verify || p->checked >= 0 || p->gpu_batch < 1)) return "the GPU codes to a file, without verify";
+    if (p->gpu && p->gpu_codec == CODEC_ZSTD && !p->gpu_kernels) return "the portable bitstream needs the kernels";
     if (!(p->rules[RULE_BLOCK] >= 1 && p->rules[RULE_BLOCK] <= (double)(1 << 30))) return "block size out of range";
     for (int64_t r = 0, at = 0; r < p->memory_count; r++) {
         const int64_t *region = p->memory + r * MR_COLS;
@@ -669,7 +672,8 @@ static const char *compress_check(compress_plan_t *p) {
         if ((word != 1 && word != 2 && word != 4 && word != 8) || f[FR_ROTATE] < 0 ||
             f[FR_ROTATE] > (ROTATE_FLOAT | ROTATE_CONTEXT | (p->gpu ? ROTATE_GPU : 0)))
             return "frame of an unknown word size";
-        if ((f[FR_ROTATE] & ROTATE_GPU) && length / word > GPU_LARGEST_PLANE) return "plane too large for nvCOMP ANS";
+        if ((f[FR_ROTATE] & ROTATE_GPU) && p->gpu_codec != CODEC_ZSTD && length / word > GPU_LARGEST_PLANE)
+            return "plane too large for nvCOMP ANS";
         if (f[FR_CHUNK] != chunk || chunk > l->chunk_count - word) return "frame's chunks out of order";
         chunk += word;
         if (length < 0 || length > limit || length % word) return "frame length out of range";

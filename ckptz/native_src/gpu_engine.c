@@ -25,6 +25,8 @@
 #define GPU_NON_BLOCKING_STREAM 0x1 /* CU_STREAM_NON_BLOCKING */
 #define GPU_PORTABLE_PINNED 0x1     /* CU_MEMHOSTALLOC_PORTABLE */
 #define GPU_ANY_ANS_TYPE 0xFF       /* NVCOMP_TYPE_BITS: the data type is read from the bitstream */
+#define GPU_THREADS 256             /* threads of a block of every kernel (kernels.py's _THREADS) */
+#define GPU_MAX_Y 65535             /* CUDA's limit on a grid's second dimension */
 
 /* The driver's and nvCOMP's functions, loaded once. nvCOMP's options structs are passed by
  * value, so each algorithm gets a thin caller below that passes its own struct. */
@@ -46,6 +48,10 @@ static struct {
     gpu_result_t (*to_device)(gpu_dptr_t, const void *, size_t, void *);
     gpu_result_t (*to_host)(void *, gpu_dptr_t, size_t, void *);
     gpu_result_t (*error_string)(gpu_result_t, const char **);
+    gpu_result_t (*module_load)(void **, const void *);
+    gpu_result_t (*function)(void **, void *, const char *);
+    gpu_result_t (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                           void **, void **);
     gpu_result_t (*ans_temp)(size_t, size_t, nvcomp_ans_opts_t, size_t *, size_t, void *);
     gpu_result_t (*ans_decode)(const void *const *, const size_t *, const size_t *, size_t *, size_t, void *, size_t,
                                void *const *, nvcomp_ans_opts_t, gpu_result_t *, void *);
@@ -62,7 +68,11 @@ static struct {
                               size_t *, nvcomp_zstd_code_opts_t, gpu_result_t *, void *);
     int loaded;
     void *context[GPU_MAX_DEVICES];
+    void *kernels[GPU_MAX_DEVICES][GPU_KERNELS]; /* ckptz's kernels, once loaded on a device */
 } gpu_api;
+
+/* The kernels the planes launch, by index (names as in ckptz/engines/gpu/cuda_src/). */
+static const char *const gpu_kernel_names[GPU_KERNELS] = {"literals_encode", "bitpack_encode"};
 
 static pthread_mutex_t gpu_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -118,6 +128,9 @@ static int gpu_load(const char *nvcomp_path, char *why, size_t room) {
     GPU_SYM(cuda, "libcuda", to_device, "cuMemcpyHtoDAsync_v2");
     GPU_SYM(cuda, "libcuda", to_host, "cuMemcpyDtoHAsync_v2");
     GPU_SYM(cuda, "libcuda", error_string, "cuGetErrorString");
+    GPU_SYM(cuda, "libcuda", module_load, "cuModuleLoadData");
+    GPU_SYM(cuda, "libcuda", function, "cuModuleGetFunction");
+    GPU_SYM(cuda, "libcuda", launch, "cuLaunchKernel");
     GPU_SYM(nvcomp, "nvCOMP", ans_temp, "nvcompBatchedANSDecompressGetTempSize");
     GPU_SYM(nvcomp, "nvCOMP", ans_decode, "nvcompBatchedANSDecompressAsync");
     GPU_SYM(nvcomp, "nvCOMP", zstd_temp, "nvcompBatchedZstdDecompressGetTempSize");
@@ -416,6 +429,25 @@ static int gpu_code_row_order(const void *a, const void *b) {
     return x->chunk < y->chunk ? -1 : x->chunk > y->chunk;
 }
 
+/* Queues the copy of the chunks' input to where it lies in the host buffer, in runs of
+ * adjacent chunks (planes between them that are not coded here stay behind). */
+static gpu_result_t gpu_upload(gpu_engine_t *g, const gpu_code_batch_t *b) {
+    int64_t run_at = -1, run_end = -1;
+    for (int64_t c = 0; c <= b->count; c++) {
+        int64_t at = c < b->count ? b->in_at[c] : -1, end = c < b->count ? at + b->in_size[c] : -1;
+        if (c < b->count && run_at >= 0 && at >= run_end && at <= ((run_end + 15) & ~(int64_t)15)) {
+            run_end = end;
+            continue;
+        }
+        gpu_result_t r = 0;
+        if (run_at >= 0)
+            r = gpu_api.to_device(g->in + (uint64_t)run_at, b->in + run_at, (size_t)(run_end - run_at), g->stream);
+        if (r) return r;
+        run_at = at, run_end = end;
+    }
+    return 0;
+}
+
 static int gpu_code(gpu_engine_t *g, const gpu_code_batch_t *b, char *why, size_t room) {
     int64_t n = b->count;
     if (n <= 0) return 0;
@@ -444,21 +476,9 @@ static int gpu_code(gpu_engine_t *g, const gpu_code_batch_t *b, char *why, size_
         rows[c] = (gpu_code_row_t){c, gpu_size_class(b->in_size[c]), b->codec[c] == b->zstd_id};
     }
     qsort(rows, (size_t)n, sizeof *rows, gpu_code_row_order);
-    /* The chunks' input goes up where it lies in the host buffer, in runs of adjacent chunks
-     * (planes between them that are not coded here stay behind). */
-    int64_t run_at = -1, run_end = -1;
-    for (int64_t c = 0; c <= n; c++) {
-        int64_t at = c < n ? b->in_at[c] : -1, end = c < n ? at + b->in_size[c] : -1;
-        if (c < n && run_at >= 0 && at >= run_end && at <= ((run_end + 15) & ~(int64_t)15)) {
-            run_end = end;
-            continue;
-        }
-        if (run_at >= 0 && (r = gpu_api.to_device(g->in + (uint64_t)run_at, b->in + run_at, (size_t)(run_end - run_at),
-                                                  g->stream))) {
-            free(rows);
-            return gpu_say(why, room, "copying a batch to the GPU", r), -1;
-        }
-        run_at = at, run_end = end;
+    if ((r = gpu_upload(g, b))) {
+        free(rows);
+        return gpu_say(why, room, "copying a batch to the GPU", r), -1;
     }
     uint64_t *in_ptr = (uint64_t *)g->host_table, *in_size = in_ptr + n, *out_ptr = in_size + n;
     for (int64_t k = 0; k < n; k++) {
@@ -536,5 +556,78 @@ static int gpu_code(gpu_engine_t *g, const gpu_code_batch_t *b, char *why, size_
         result = -1;
     }
     free(rows);
+    return result;
+}
+
+/* ---------------------------------------------------------------- the portable bitstream */
+
+static int gpu_kernels(int device, const uint8_t *image, char *why, size_t room) {
+    int result = 0;
+    pthread_mutex_lock(&gpu_lock);
+    if (!gpu_api.kernels[device][0]) {
+        void *module = NULL;
+        gpu_result_t r = gpu_api.module_load(&module, image);
+        if (r) {
+            gpu_say(why, room, "loading ckptz's CUDA kernels", r);
+            result = -1;
+        }
+        for (int k = 0; k < GPU_KERNELS && !result; k++)
+            if ((r = gpu_api.function(&gpu_api.kernels[device][k], module, gpu_kernel_names[k]))) {
+                gpu_say(why, room, gpu_kernel_names[k], r);
+                result = -1;
+            }
+        if (result) memset(gpu_api.kernels[device], 0, sizeof gpu_api.kernels[device]);
+    }
+    pthread_mutex_unlock(&gpu_lock);
+    return result;
+}
+
+/* Queues kernel k on the worker's stream: a grid of x by y blocks of GPU_THREADS threads. */
+static gpu_result_t gpu_launch(gpu_engine_t *g, int k, unsigned x, unsigned y, void **args) {
+    return gpu_api.launch(gpu_api.kernels[g->device][k], x, y, 1, GPU_THREADS, 1, 1, 0, g->stream, args, NULL);
+}
+
+static int gpu_write_literals(gpu_engine_t *g, const gpu_code_batch_t *b, const gpu_literals_t *lit, char *why,
+                              size_t room) {
+    if (b->count <= 0) return 0;
+    size_t plan_bytes = (size_t)lit->rows * GPU_PLAN_FIELDS * 8, pack_bytes = (size_t)lit->packs * 32;
+    size_t tables_at = (plan_bytes + 255) & ~(size_t)255, blob_at = (tables_at + lit->tables_bytes + 255) & ~(size_t)255,
+           packs_at = (blob_at + lit->blob_bytes + 255) & ~(size_t)255, total = packs_at + pack_bytes + 16;
+    gpu_result_t r;
+    if ((r = gpu_room(&g->in, &g->in_room, b->in_bytes ? b->in_bytes : 16)) ||
+        (r = gpu_room(&g->out, &g->out_room, b->out_bytes ? b->out_bytes : 16)) ||
+        (r = gpu_room(&g->table, &g->table_room, total)))
+        return gpu_say(why, room, "allocating GPU memory", r), -1;
+    if ((r = gpu_upload(g, b)) || (plan_bytes && (r = gpu_api.to_device(g->table, lit->plan, plan_bytes, g->stream))) ||
+        (lit->tables_bytes && (r = gpu_api.to_device(g->table + tables_at, lit->tables, lit->tables_bytes, g->stream))) ||
+        (lit->blob_bytes && (r = gpu_api.to_device(g->table + blob_at, lit->blob, lit->blob_bytes, g->stream))) ||
+        (pack_bytes && (r = gpu_api.to_device(g->table + packs_at, lit->pack_rows, pack_bytes, g->stream))))
+        return gpu_say(why, room, "copying a batch to the GPU", r), -1;
+    gpu_dptr_t src = g->in, dst = g->out, plan = g->table, tables = g->table + tables_at, blob = g->table + blob_at;
+    if (lit->rows) {
+        void *args[] = {&src, &dst, &plan, &tables, &blob};
+        if ((r = gpu_launch(g, GPU_LITERALS_ENCODE, (unsigned)lit->rows, 1, args)))
+            return gpu_say(why, room, "writing literal blocks on the GPU", r), -1;
+    }
+    for (int64_t first = 0; first < lit->packs; first += GPU_MAX_Y) {
+        int64_t count = lit->packs - first < GPU_MAX_Y ? lit->packs - first : GPU_MAX_Y;
+        gpu_dptr_t rows = g->table + packs_at + (uint64_t)first * 32;
+        unsigned groups = (unsigned)((lit->largest_pack + 7) / 8), x = (groups + GPU_THREADS - 1) / GPU_THREADS;
+        void *args[] = {&src, &dst, &rows};
+        if ((r = gpu_launch(g, GPU_BITPACK_ENCODE, x < 1 ? 1 : x > 1024 ? 1024 : x, (unsigned)count, args)))
+            return gpu_say(why, room, "bit-packing on the GPU", r), -1;
+    }
+    int result = 0;
+    for (int64_t c = 0; c < b->count && !result; c++)
+        if ((r = gpu_api.to_host(b->out + b->out_at[c], g->out + (uint64_t)b->out_at[c], (size_t)b->out_size[c],
+                                 g->stream))) {
+            gpu_say(why, room, "copying a batch from the GPU", r);
+            result = -1;
+        }
+    /* Waited for even after a failure: copies queued before it still write to the batch. */
+    if (((r = gpu_api.event_record(g->done, g->stream)) || (r = gpu_api.event_sync(g->done))) && !result) {
+        gpu_say(why, room, "writing literal blocks on the GPU", r);
+        result = -1;
+    }
     return result;
 }

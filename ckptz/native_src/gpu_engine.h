@@ -67,6 +67,23 @@ typedef struct {
     int ans_id, zstd_id;
 } gpu_code_batch_t;
 
+/* What ckptz's kernels write of the portable bitstream for a gpu_code_batch_t whose
+ * payload sizes are known (out_size): literal-only zstd frames from a plan (literals_plan.c's
+ * rows, GPU_PLAN_FIELDS each, offsets in the batch's `in` and `out`; its tables and head
+ * bytes), and bit packs (4 int64 a chunk: input offset, size, output offset, pack). */
+#define GPU_PLAN_FIELDS 16
+enum { GPU_LITERALS_ENCODE, GPU_BITPACK_ENCODE, GPU_KERNELS };
+typedef struct {
+    const int64_t *plan;
+    int64_t rows;
+    const uint32_t *tables;
+    size_t tables_bytes;
+    const uint8_t *blob;
+    size_t blob_bytes;
+    const int64_t *pack_rows;
+    int64_t packs, largest_pack; /* bit-packed chunks, and the largest's input bytes */
+} gpu_literals_t;
+
 /* Loads libcuda and nvCOMP (from nvcomp_path) once per process and retains device's primary
  * context; 0, or else a message in why. */
 static int gpu_open(const char *nvcomp_path, int device, char *why, size_t room);
@@ -82,6 +99,13 @@ static int gpu_decode(gpu_engine_t *g, const gpu_batch_t *b, int64_t *bad, char 
 /* Codes a batch; 0 on success, else -1 with why set (the CUDA or nvCOMP call that failed,
  * or a chunk nvCOMP could not code). */
 static int gpu_code(gpu_engine_t *g, const gpu_code_batch_t *b, char *why, size_t room);
+/* Loads ckptz's kernels from `image` (a cubin for the device) once per device; 0, or -1
+ * with why set. The device's context must be current. */
+static int gpu_kernels(int device, const uint8_t *image, char *why, size_t room);
+/* Writes a batch's portable payloads with ckptz's kernels (gpu_literals_t) and copies each
+ * chunk's out_size[c] bytes back; 0, or -1 with why set. */
+static int gpu_write_literals(gpu_engine_t *g, const gpu_code_batch_t *b, const gpu_literals_t *lit, char *why,
+                              size_t room);
 /* Room one chunk of `size` bytes may need when coded as `zstd` (else ANS), 16-byte aligned;
  * 0 where nvCOMP cannot say. Chunks are coded in power-of-two size classes, and this is the
  * bound of the chunk's class. */

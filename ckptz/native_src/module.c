@@ -1138,10 +1138,11 @@ done:
 /* compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,
  * leaf_hashes, level, rules, threads, progress, stop, error, gpu=None) -> int: compress_plane.c's coding of one
  * file, read from the descriptor `source` or (source -1) the host memory regions of `memory`, whose buffers the
- * caller keeps alive; gpu = (nvcomp_library, device, batch_bytes, workers, ans_id, stats, why) codes the frames
- * marked for it there (compress_gpu.c). */
+ * caller keeps alive; gpu = (nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why) codes the
+ * frames marked for it there as `codec` (ans, or zstd with ckptz's kernels: their cubin) (compress_gpu.c). */
 static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
-    Py_buffer memory, frames, chunks, pieces, hashes, rules, progress, stop, error, stats = {0}, why = {0};
+    Py_buffer memory, frames, chunks, pieces, hashes, rules, progress, stop, error, stats = {0}, why = {0},
+                                                                                  kernels = {0};
     compress_plan_t plan;
     int threads;
     PyObject *gpu = Py_None;
@@ -1155,9 +1156,10 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     const char *wrong = NULL;
     if (gpu != Py_None) {
         long long batch;
-        if (!PyArg_ParseTuple(gpu, "siLiiw*w*", &plan.gpu_library, &plan.gpu_device, &batch, &plan.gpu_workers,
-                              &plan.gpu_ans, &stats, &why))
+        if (!PyArg_ParseTuple(gpu, "siLiiy*w*w*", &plan.gpu_library, &plan.gpu_device, &batch, &plan.gpu_workers,
+                              &plan.gpu_codec, &kernels, &stats, &why))
             goto done;
+        plan.gpu_kernels = kernels.len ? kernels.buf : NULL;
         if (stats.len < 24 || why.len < 2 || batch < 1 || plan.gpu_workers < 1) {
             PyErr_SetString(PyExc_ValueError, "compress_plan: malformed GPU settings");
             goto done;
@@ -1219,6 +1221,7 @@ done:
     PyBuffer_Release(&error);
     if (stats.obj) PyBuffer_Release(&stats);
     if (why.obj) PyBuffer_Release(&why);
+    if (kernels.obj) PyBuffer_Release(&kernels);
     return result;
 }
 
@@ -1328,7 +1331,7 @@ static PyMethodDef methods[] = {
      "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None) -> int: code a whole file (from a descriptor,\n"
      "or host memory regions) into its container's data area, at offsets or in order (0, or the failure's kind); gpu:\n"
-     "(nvcomp_library, device, batch_bytes, workers, ans_id, stats, why) codes the frames marked for it there."},
+     "(nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why) codes the frames marked for it there."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, threads, progress, stop, error, gpu=None) -> int: restore a whole file on native threads\n"

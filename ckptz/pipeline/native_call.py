@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ckptz.codecs.table import ANS
+
 #: Seconds between polls of the progress counter (and chances to take a signal).
 POLL = 0.05
 
@@ -61,6 +63,9 @@ class Gpu:
             one batch's copies overlap another's coding.
         zstd: (restores) whether the portable ``zstd`` chunks go to the GPU too (else the CPU
             threads decode them, and only ``ans`` chunks go there).
+        codec: (compressions) the bitstream the GPU codes: ``ans`` (nvCOMP ANS) or ``zstd``
+            (the portable bitstream, written by ckptz's kernels).
+        kernels: (compressions of ``zstd``) the cubin of ckptz's kernels for the device.
     """
 
     device: int
@@ -68,6 +73,8 @@ class Gpu:
     batch_bytes: int
     workers: int = 2
     zstd: bool = True
+    codec: int = ANS.id
+    kernels: bytes = b""
 
 
 class GpuTotals:

@@ -17,13 +17,15 @@ offsets, to a pipe in order, or nowhere. Whether a file takes this path is decid
 the plane too: each frame decoded back before its payloads are written, and the payloads
 read back once they are (not from a pipe).
 
-The GPU engine's ``ans`` bitstream takes the same call with a :class:`Gpu`: the plane's
-threads read and split the frames into pinned batches, nvCOMP codes each batch's planes on
-the GPU (``ckptz/native_src/compress_gpu.c``), and the threads write the payloads; the
-frames of :data:`~ckptz.engines.base.HOST_COMPONENTS` are coded by the CPU coder on
-the way, as the GPU engine codes them. That covers a file (or nothing) written at offsets,
-without ``--verify``.
-Everything else (the GPU's portable bitstream, a series delta) goes through the Python pipeline.
+The GPU engine takes the same call with a :class:`Gpu`: the plane's threads read and split
+the frames into pinned batches, the GPU codes each batch's planes
+(``ckptz/native_src/compress_gpu.c``): nvCOMP ANS for ``ans``; for the portable bitstream
+the threads plan each plane's literal-only zstd frame as they read it and ckptz's kernels
+write the bits. The threads then write the payloads; the frames of
+:data:`~ckptz.engines.base.HOST_COMPONENTS` are coded by the CPU coder on the way, as the
+GPU engine codes them. That covers a file (or nothing) written at offsets, without
+``--verify``.
+Everything else (a GPU's ``--verify`` or pipe, a series delta) goes through the Python pipeline.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import numpy as np
 
 from ckptz.codecs import frames as coder
 from ckptz.codecs.native import native
-from ckptz.codecs.table import ANS
+from ckptz.codecs.table import ZSTD
 from ckptz.container import ALIGN, PREFIX, StreamInfo
 from ckptz.digest import Digest, Kind, Piecewise, leaf_count
 from ckptz.engines.base import HOST_COMPONENTS, Engine
@@ -55,7 +57,7 @@ WORDS = frozenset({1, 2, 4, 8})
 #: A frame's rotate column: its words are floats; its exponents are tried in order-1 coding
 #: too; its planes are coded on the GPU.
 _FLOAT, _CONTEXT, _ON_GPU = 1, 2, 4
-#: Whether the GPU engine's ``ans`` compressions run in the plane (else the Python pipeline).
+#: Whether the GPU engine's compressions run in the plane (else the Python pipeline).
 GPU_PLANE = True
 #: nvCOMP ANS codes planes of at most this many bytes (the GPU engine's frames stay below it).
 _LARGEST_GPU_PLANE = 16 << 20
@@ -104,9 +106,9 @@ def suits(
     verify: bool = False,
 ) -> bool:
     """Whether the native plane may code a file: ``plain`` (no transform, bytes read from
-    the file or host memory) with the CPU engine, or with the GPU engine's ``ans``
-    bitstream written at offsets (``to_file``: a file or nothing) without ``verify``; a tree
-    digest of a bounded number of leaves, and streams of words it splits."""
+    the file or host memory) with the CPU engine, or with the GPU engine written at offsets
+    (``to_file``: a file or nothing) without ``verify``; a tree digest of a bounded number
+    of leaves, and streams of words it splits."""
     if not plain or not digest.tree or not _codes(engine, streams, to_file=to_file, verify=verify):
         return False
     return leaf_count(size, digest.leaf) <= MAX_LEAVES and all(s.word in WORDS for s in streams)
@@ -124,20 +126,27 @@ def coders(engine: Engine) -> tuple[CpuEngine, Gpu | None]:
     gpu = _gpu_engine(engine)
     if gpu is None:
         return cast(CpuEngine, engine), None
+    from ckptz.engines.gpu import kernels
     from ckptz.engines.gpu.nvcomp_codecs import library_path
 
-    return gpu.host_coder, Gpu(gpu.index, library_path() or "", gpu.batch_bytes, gpu.workers)
+    image = kernels.image(gpu.index) if gpu.codec_id == ZSTD.id else b""
+    settings = Gpu(
+        gpu.index, library_path() or "", gpu.batch_bytes, gpu.workers, codec=gpu.codec_id, kernels=image
+    )
+    return gpu.host_coder, settings
 
 
 def _codes(engine: object, streams: Sequence[StreamInfo], *, to_file: bool, verify: bool) -> bool:
-    """Whether the plane codes for ``engine``: the CPU engine, or the GPU engine's ``ans``
-    bitstream to a file (or nothing) without ``verify``, in planes nvCOMP ANS takes."""
+    """Whether the plane codes for ``engine``: the CPU engine, or the GPU engine to a file
+    (or nothing) without ``verify``, in planes nvCOMP ANS takes where it codes ``ans``."""
     if type(engine) is CpuEngine:
         return True
     gpu = _gpu_engine(engine)
-    if not GPU_PLANE or gpu is None or gpu.codec_id != ANS.id or not to_file or verify:
+    if not GPU_PLANE or gpu is None or not to_file or verify:
         return False
-    return all(s.frame_size // max(1, s.word) <= _LARGEST_GPU_PLANE for s in streams)
+    return gpu.codec_id == ZSTD.id or all(
+        s.frame_size // max(1, s.word) <= _LARGEST_GPU_PLANE for s in streams
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +230,7 @@ def code(
     ``memory``, a :func:`memory_table`) into the data area of the container open as ``out``
     (-1: write nothing; ``in_order``: a pipe, written where it stands, its prefix already
     written); what was written. ``coder`` codes the frames on the CPU, and with ``gpu``
-    (:func:`coders`) that GPU codes all but the CPU coder's components as ``ans``, on
+    (:func:`coders`) that GPU codes all but the CPU coder's components, on
     ``threads`` (default: the coder's). With
     ``verify``, every frame is decoded back from its payloads before they are written, and
     they are read back from ``written`` (the container open for reading; -1: not) once
@@ -242,7 +251,7 @@ def code(
     stats = np.zeros(3, np.int64)
     settings = None
     if gpu is not None:
-        settings = (gpu.library, gpu.device, gpu.batch_bytes, gpu.workers, ANS.id, stats, why)
+        settings = (gpu.library, gpu.device, gpu.batch_bytes, gpu.workers, gpu.codec, gpu.kernels, stats, why)
 
     def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
         return native.compress_plan(

@@ -94,6 +94,8 @@ SOURCE = _DEFINES + "".join(cuda_src.read(name) for name in cuda_src.FILES)
 ARCHITECTURES = ("sm_80", "sm_90", "sm_100")
 
 _MODULES: dict[int, cuda.Module | str] = {}
+#: The cubin each device's module was loaded from (the native planes load it too).
+_IMAGES: dict[int, bytes] = {}
 _LOCK = threading.Lock()
 
 
@@ -194,13 +196,25 @@ def _module(index: int) -> cuda.Module:
             try:
                 cuda.use_device(index)
                 major, minor = cuda.capability(index)
-                found = cuda.Module(_image(f"sm_{major}{minor}"), NAMES)
+                _IMAGES[index] = _image(f"sm_{major}{minor}")
+                found = cuda.Module(_IMAGES[index], NAMES)
             except (OSError, RuntimeError) as exc:
                 found = f"{type(exc).__name__}: {exc}"
             _MODULES[index] = found
     if isinstance(found, str):
         raise RuntimeError(found)
     return found
+
+
+def image(index: int) -> bytes:
+    """The kernels' cubin for device ``index``, as loaded there (compiled on first use per
+    machine).
+
+    Raises:
+        RuntimeError: the kernels cannot run there (:func:`available` says why).
+    """
+    _module(index)
+    return _IMAGES[index]
 
 
 def available(index: int) -> str | None:
