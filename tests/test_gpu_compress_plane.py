@@ -18,7 +18,6 @@ import hashlib
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import ckptz
 
@@ -116,6 +115,25 @@ def test_the_cli_compresses_on_the_gpu_and_verifies(tmp_path: Path) -> None:
 
 
 @gpu
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_verify_and_in_place_run_in_the_plane(tmp_path: Path, codec: str) -> None:
+    """--verify decodes every frame back (nvCOMP decoding what it coded) before writing, and
+    an in-place run (which verifies) replaces the file only with a container that restores
+    to it."""
+    src = _trained(tmp_path / "m.pt")
+    original = src.read_bytes()
+    before = _coded_chunks()
+    api.compress(src, tmp_path / "v.ckptz", device="cuda", codec=codec, verify=True)
+    api.compress(src, device="cuda", codec=codec, in_place=True)
+    assert _coded_chunks() > before
+    assert not src.exists()
+    back = tmp_path / "back.pt"
+    api.decompress(tmp_path / "m.pt.ckptz", back, device="cuda")
+    assert back.read_bytes() == original
+    assert (tmp_path / "v.ckptz").read_bytes() == (tmp_path / "m.pt.ckptz").read_bytes()
+
+
+@gpu
 def test_discarded_output_codes_on_the_gpu(tmp_path: Path) -> None:
     src = _trained(tmp_path / "m.pt")
     before = native_compress.gpu_totals()
@@ -157,12 +175,10 @@ def test_malformed_gpu_settings_are_refused(tmp_path: Path, settings: Gpu) -> No
         _code_on(src, settings)
 
 
-def test_the_plane_never_takes_a_gpu_verify_or_pipe() -> None:
-    """--verify and pipes of the GPU engine stay on the Python pipeline, which checks them
-    on the GPU; the CPU engine's run in the plane either way."""
-    streams: list = []
+def test_the_cpu_engine_takes_the_plane_to_a_file_or_a_pipe() -> None:
+    """(A GPU engine's pipes stay on the Python pipeline, which writes in order.)"""
     cpu = CpuEngine(1)
-    for to_file, verify in ((True, True), (False, False)):
-        assert native_compress.suits(cpu, streams, 10, TREE, plain=True, to_file=to_file, verify=verify)
-    assert not native_compress.suits(object(), streams, 10, TREE, plain=True)
-    np.testing.assert_equal(native_compress.coders(cpu)[1], None)
+    for to_file in (True, False):
+        assert native_compress.suits(cpu, [], 10, TREE, plain=True, to_file=to_file)
+    assert not native_compress.suits(object(), [], 10, TREE, plain=True)
+    assert native_compress.coders(cpu) == (cpu, None)

@@ -17,6 +17,9 @@
  * the counting and planning moved to the threads that read). Batches are
  * placed in the data area in order as soon as their sizes are known; then the threads fill
  * each frame's chunk rows (the payloads' checksums) and write its payloads at their place.
+ * With verify, the GPU decodes back what nvCOMP ANS coded, and the threads merge each frame
+ * from its payloads (decoding the others as the CPU plane does) and check its checksum
+ * before writing, then read the payloads back once written.
  * Threads finish frames before they read new ones, which frees slots soonest. The choices
  * are the Python GPU engine's (ckptz/engines/gpu/coder.py), so the containers are the same.
  */
@@ -43,8 +46,9 @@ typedef struct {
     int state;
     int64_t next, done;     /* frames of the batch taken and done in this state */
     uint8_t *planes, *coded; /* pinned: the batch's planes, and what the GPU coded */
+    uint8_t *decoded;        /* pinned, with verify: what the GPU decoded back (planes' places) */
     uint8_t *cpu;           /* candidates of the frames the CPU codes */
-    size_t planes_size, coded_size;
+    size_t planes_size, coded_size, decoded_size;
     /* The portable bitstream's plans: rows, tables and head bytes, room for each block. */
     int64_t *plan;
     uint32_t (*tables)[256];
@@ -280,8 +284,9 @@ static void cg_place(cg_plane_t *g) {
     }
 }
 
-/* Fills frame i's chunk rows and writes its payloads at their place. */
-static int cg_finish_frame(coder_t *w, cg_plane_t *g, int64_t i) {
+/* Fills frame i's chunk rows and writes its payloads at their place (with verify, once
+ * they decode back to the frame's checksum). */
+static int cg_finish_frame(coder_t *w, cg_plane_t *g, cg_slot_t *slot, int64_t i) {
     compress_plan_t *p = g->p;
     const int64_t *f = p->frames + i * FR_COLS;
     int word = (int)f[FR_WORD];
@@ -290,7 +295,16 @@ static int cg_finish_frame(coder_t *w, cg_plane_t *g, int64_t i) {
     held.frame = i;
     held.at = g->at[i];
     held.need = g->need[i];
-    chunk_rows(p, f, held.payloads, (size_t)f[FR_LENGTH] / (size_t)word);
+    size_t n = (size_t)f[FR_LENGTH] / (size_t)word;
+    if (p->verify) {
+        const uint8_t *decoded[8] = {NULL};
+        for (int k = 0; k < word && !g->portable; k++)
+            if (held.payloads[k].codec == p->gpu_codec) decoded[k] = slot->decoded + g->plane_at[f[FR_CHUNK] + k];
+        if (!decodes_back(w, held.payloads, word, (int)(f[FR_ROTATE] & ROTATE_FLOAT), n, f[FR_LENGTH],
+                          (uint64_t)f[FR_CHECKSUM], decoded))
+            return compress_fail(p, PLANE_FRAME, i, 0), 0;
+    }
+    chunk_rows(p, f, held.payloads, n);
     int64_t detail = 0;
     int kind = write_frame_payloads(w, &held, &detail);
     if (kind != PLANE_OK) return compress_fail(p, kind, i, detail), 0;
@@ -326,7 +340,7 @@ static void *cg_work(void *arg) {
         }
         int64_t i = g->batch_first[slot->batch] + slot->next++;
         pthread_mutex_unlock(&g->lock);
-        int ok = reading ? cg_read_frame(t, slot, i) : cg_finish_frame(t->w, g, i);
+        int ok = reading ? cg_read_frame(t, slot, i) : cg_finish_frame(t->w, g, slot, i);
         pthread_mutex_lock(&g->lock);
         if (!ok) break;
         if (++slot->done == cg_frames(g, slot->batch)) {
@@ -404,8 +418,10 @@ static int cg_write_literals(cg_thread_t *t, cg_slot_t *slot, int64_t *table, in
     return 1;
 }
 
-/* Codes the pending planes of a slot's batch on the GPU; 1, or 0 with why set. */
-static int cg_code(cg_thread_t *t, cg_slot_t *slot, int64_t *table, char *why, size_t room) {
+/* Codes the pending planes of a slot's batch on the GPU (with verify, and decodes back
+ * what it keeps); 1, or 0 with why set, or *failed the frame whose payload did not decode
+ * back. */
+static int cg_code(cg_thread_t *t, cg_slot_t *slot, int64_t *table, int64_t *failed, char *why, size_t room) {
     cg_plane_t *g = t->g;
     compress_plan_t *p = g->p;
     int64_t rows = g->largest_chunks ? g->largest_chunks : 1;
@@ -430,12 +446,34 @@ static int cg_code(cg_thread_t *t, cg_slot_t *slot, int64_t *table, char *why, s
                               (size_t)g->batch_coded[slot->batch], n, in_at, in_size, out_at, codec, out_size,
                               p->gpu_codec,  -1};
     if (gpu_code(t->engine, &batch, why, room)) return 0;
+    /* With verify, what is kept is decoded back by nvCOMP into the planes' places. */
+    int64_t *back_in_at = table + 6 * rows, *back_in_size = table + 7 * rows, *back_out_at = table + 8 * rows,
+            *back_out_size = table + 9 * rows, *back_codec = table + 10 * rows, kept = 0;
     for (int64_t k = 0; k < n; k++) {
         payload_t *payload = &g->payloads[chunk[k]];
-        if (out_size[k] >= 0 && out_size[k] < in_size[k])
+        if (out_size[k] >= 0 && out_size[k] < in_size[k]) {
             *payload = (payload_t){p->gpu_codec, slot->coded + out_at[k], (size_t)out_size[k]};
-        else
+            back_in_at[kept] = out_at[k], back_in_size[kept] = out_size[k];
+            back_out_at[kept] = g->plane_at[chunk[k]], back_out_size[kept] = in_size[k];
+            back_codec[kept++] = p->gpu_codec;
+        } else {
             payload->codec = CODEC_RAW;
+        }
+    }
+    if (p->verify && kept) {
+        int64_t bad = -1;
+        gpu_batch_t back = {slot->coded, slot->decoded, (size_t)g->batch_coded[slot->batch],
+                            (size_t)g->batch_planes[slot->batch], kept, back_in_at, back_in_size, back_out_at,
+                            back_out_size, back_codec, p->gpu_codec, -1};
+        int result = gpu_decode(t->engine, &back, &bad, why, room);
+        if (result < 0) return 0;
+        if (result > 0) { /* the frame of the chunk that did not decode to its size */
+            for (int64_t i = g->batch_first[slot->batch]; i < g->batch_first[slot->batch + 1]; i++) {
+                const int64_t *f = p->frames + i * FR_COLS;
+                if (g->plane_at[f[FR_CHUNK]] <= back_out_at[bad]) *failed = i;
+            }
+            return 0;
+        }
     }
     __atomic_add_fetch(&p->gpu_stats[0], 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&p->gpu_stats[1], n, __ATOMIC_RELAXED);
@@ -449,7 +487,7 @@ static void *cg_gpu(void *arg) {
     compress_plan_t *p = g->p;
     char why[CG_WHY];
     int64_t rows = g->largest_chunks ? g->largest_chunks : 1;
-    int64_t *table = malloc((size_t)rows * 6 * sizeof(int64_t));
+    int64_t *table = malloc((size_t)rows * 11 * sizeof(int64_t));
     int64_t *plan = g->portable ? malloc(((size_t)g->largest_blocks + 1) * GPU_PLAN_FIELDS * sizeof(int64_t)) : NULL;
     int64_t *pack_rows = g->portable ? malloc((size_t)rows * 4 * sizeof(int64_t)) : NULL;
     if (!table || (g->portable && (!plan || !pack_rows)) || gpu_enter(p->gpu_device, why, sizeof why)) {
@@ -471,13 +509,17 @@ static void *cg_gpu(void *arg) {
         }
         slot->state = CG_CODING;
         pthread_mutex_unlock(&g->lock);
+        int64_t failed = -1;
         int ok = g->portable ? cg_write_literals(t, slot, table, plan, pack_rows, why, sizeof why)
-                             : cg_code(t, slot, table, why, sizeof why);
+                             : cg_code(t, slot, table, &failed, why, sizeof why);
         if (ok) cg_settle(g, slot);
         pthread_mutex_lock(&g->lock);
         if (!ok) {
             pthread_mutex_unlock(&g->lock);
-            cg_gpu_fail(p, g->batch_first[slot->batch], why);
+            if (failed >= 0)
+                compress_fail(p, PLANE_FRAME, failed, 0);
+            else
+                cg_gpu_fail(p, g->batch_first[slot->batch], why);
             pthread_mutex_lock(&g->lock);
         } else {
             slot->state = CG_CODED;
@@ -529,13 +571,15 @@ static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads) {
         slot->planes = gpu_host_alloc(planes_room, &slot->planes_size);
         slot->coded = gpu_host_alloc(coded_room, &slot->coded_size);
         slot->cpu = malloc(cpu_room);
+        if (p->verify && !g.portable) slot->decoded = gpu_host_alloc(planes_room, &slot->decoded_size);
         size_t blocks = (size_t)g.largest_blocks + 1;
         if (g.portable) {
             slot->plan = malloc(blocks * GPU_PLAN_FIELDS * sizeof(int64_t));
             slot->tables = malloc(blocks * sizeof *slot->tables);
             slot->blob = malloc(blocks * LP_HEAD_MAX);
         }
-        if (!slot->planes || !slot->coded || !slot->cpu || (g.portable && (!slot->plan || !slot->tables || !slot->blob))) {
+        if (!slot->planes || !slot->coded || !slot->cpu || (g.portable && (!slot->plan || !slot->tables || !slot->blob)) ||
+            (p->verify && !g.portable && !slot->decoded)) {
             cg_gpu_fail(p, -1, "pinning host memory for the GPU's batches failed");
             goto done;
         }
@@ -574,6 +618,7 @@ done:
     for (int s = 0; s < 2 * CG_MAX_WORKERS; s++) {
         gpu_host_free(g.slots[s].planes, g.slots[s].planes_size);
         gpu_host_free(g.slots[s].coded, g.slots[s].coded_size);
+        gpu_host_free(g.slots[s].decoded, g.slots[s].decoded_size);
         free(g.slots[s].cpu);
         free(g.slots[s].plan);
         free(g.slots[s].tables);

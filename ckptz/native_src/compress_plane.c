@@ -286,12 +286,17 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
 /* ---------------------------------------------------------------- verify */
 
 /* Whether a frame's payloads decode back to bytes of its checksum (`length` bytes of
- * `word`-byte words, planes of n bytes): what --verify proves before a payload is written. */
+ * `word`-byte words, planes of n bytes): what --verify proves before a payload is written.
+ * `decoded` (or NULL) gives planes already decoded from their payloads elsewhere. */
 static int decodes_back(coder_t *w, const payload_t *payloads, int word, int rotate, size_t n, int64_t length,
-                        uint64_t checksum) {
-    plane_t planes[8];
+                        uint64_t checksum, const uint8_t *const *decoded) {
+    plane_t planes[8] = {{NULL, 0}};
     for (int k = 0; k < word; k++) {
         const payload_t *c = &payloads[k];
+        if (decoded && decoded[k]) { /* decoded back elsewhere (on the GPU) */
+            planes[k] = (plane_t){decoded[k], 0};
+            continue;
+        }
         chunk_t chunk = {c->codec, c->bytes, c->len};
         uint8_t *into = w->decoded + (size_t)k * n;
         if (!frame_chunk_usable(&chunk, n, n, into, &planes[k])) return 0;
@@ -511,7 +516,7 @@ static int code_frame(coder_t *w, held_t *held, int64_t i) {
     if (!code_planes(w, i, &s, held->out, held->payloads)) return 0;
     held->need = payload_bytes(held->payloads, word);
     if (p->verify && !decodes_back(w, held->payloads, word, (int)(f[FR_ROTATE] & ROTATE_FLOAT), n, f[FR_LENGTH],
-                                   (uint64_t)f[FR_CHECKSUM]))
+                                   (uint64_t)f[FR_CHECKSUM], NULL))
         return compress_fail(p, PLANE_FRAME, i, 0), 0;
     chunk_rows(p, f, held->payloads, n);
     held->frame = i;
@@ -653,7 +658,7 @@ static const char *compress_check(compress_plan_t *p) {
         return "leaf table does not match the file's size";
     if (p->level < -(1 << 17) || p->level > 22) return "zstd level out of range";
     if (p->in_order && p->checked >= 0) return "a pipe cannot be read back";
-    if (p->gpu && (p->in_order || p->verify || p->checked >= 0 || p->gpu_batch < 1)) return "the GPU codes to a file, without verify";
+    if (p->gpu && (p->in_order || p->gpu_batch < 1)) return "the GPU codes to a file";
     if (p->gpu && p->gpu_codec == CODEC_ZSTD && !p->gpu_kernels) return "the portable bitstream needs the kernels";
     if (!(p->rules[RULE_BLOCK] >= 1 && p->rules[RULE_BLOCK] <= (double)(1 << 30))) return "block size out of range";
     for (int64_t r = 0, at = 0; r < p->memory_count; r++) {

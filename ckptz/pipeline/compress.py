@@ -254,7 +254,7 @@ def compress_file(
             coder = engine.cpu if isinstance(engine, HybridEngine) else engine
             to_file = out is None or _regular(out)
             natively = native_compress.suits(
-                coder, plan.streams, layout.size, digest, plain=plain, to_file=to_file, verify=verify
+                coder, plan.streams, layout.size, digest, plain=plain, to_file=to_file
             )
             if natively and isinstance(engine, HybridEngine):
                 natively = engine.cpu_alone(layout.size) is not None
