@@ -16,10 +16,12 @@ from __future__ import annotations
 import ctypes.util
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import ckptz
+from conftest import CLI_ENV, ckptz
 
 from ckptz import api
 from ckptz.digest import TREE
@@ -134,6 +136,21 @@ def test_verify_and_in_place_run_in_the_plane(tmp_path: Path, codec: str) -> Non
 
 
 @gpu
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_a_pipe_takes_the_gpus_payloads_in_order(tmp_path: Path, codec: str) -> None:
+    """``compress -c`` writes the container to stdout in order: the same bytes as a file."""
+    src = _mixed(tmp_path / "m.safetensors")
+    out = tmp_path / "m.ckptz"
+    args = ["--device", "cuda", "--codec", codec, "--memory", "32MiB", "-q"]
+    assert ckptz("compress", str(src), "-o", str(out), *args).returncode == 0
+    piped = subprocess.run(
+        [sys.executable, "-m", "ckptz", "compress", str(src), "-c", *args], capture_output=True, env=CLI_ENV
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == out.read_bytes()
+
+
+@gpu
 def test_discarded_output_codes_on_the_gpu(tmp_path: Path) -> None:
     src = _trained(tmp_path / "m.pt")
     before = native_compress.gpu_totals()
@@ -175,10 +192,9 @@ def test_malformed_gpu_settings_are_refused(tmp_path: Path, settings: Gpu) -> No
         _code_on(src, settings)
 
 
-def test_the_cpu_engine_takes_the_plane_to_a_file_or_a_pipe() -> None:
-    """(A GPU engine's pipes stay on the Python pipeline, which writes in order.)"""
+def test_only_the_cpu_and_gpu_engines_take_the_plane() -> None:
     cpu = CpuEngine(1)
-    for to_file in (True, False):
-        assert native_compress.suits(cpu, [], 10, TREE, plain=True, to_file=to_file)
+    assert native_compress.suits(cpu, [], 10, TREE, plain=True)
+    assert not native_compress.suits(cpu, [], 10, TREE, plain=False)
     assert not native_compress.suits(object(), [], 10, TREE, plain=True)
     assert native_compress.coders(cpu) == (cpu, None)

@@ -20,7 +20,8 @@
  * With verify, the GPU decodes back what nvCOMP ANS coded, and the threads merge each frame
  * from its payloads (decoding the others as the CPU plane does) and check its checksum
  * before writing, then read the payloads back once written.
- * Threads finish frames before they read new ones, which frees slots soonest. The choices
+ * To a pipe, the thread that finishes a batch writes it, once the batches before it are
+ * written. Threads finish frames before they read new ones, which frees slots soonest. The choices
  * are the Python GPU engine's (ckptz/engines/gpu/coder.py), so the containers are the same.
  */
 #include "native.h"
@@ -29,7 +30,7 @@
 #include <stdio.h>
 #include <time.h>
 
-enum { CG_FREE, CG_READING, CG_READ, CG_CODING, CG_CODED, CG_PLACED };
+enum { CG_FREE, CG_READING, CG_READ, CG_CODING, CG_CODED, CG_PLACED, CG_WRITING };
 
 #define CG_MAX_WORKERS 4
 #define CG_WHY 240
@@ -62,6 +63,7 @@ typedef struct {
     cg_slot_t slots[2 * CG_MAX_WORKERS];
     int slot_count;
     int64_t batch_count, next_batch, coded_batches, placed_batches, finished;
+    int64_t written_batches; /* to a pipe: batches written, in order */
     int64_t *batch_first; /* per batch: its first frame; then the frame count */
     /* Per batch: bytes of each region of its slot, and the chunks the GPU may code. */
     int64_t *batch_planes, *batch_coded, *batch_cpu, *batch_chunks;
@@ -305,9 +307,28 @@ static int cg_finish_frame(coder_t *w, cg_plane_t *g, cg_slot_t *slot, int64_t i
             return compress_fail(p, PLANE_FRAME, i, 0), 0;
     }
     chunk_rows(p, f, held.payloads, n);
+    if (p->in_order) return 1; /* written with its batch, in order (cg_write_batch) */
     int64_t detail = 0;
     int kind = write_frame_payloads(w, &held, &detail);
     if (kind != PLANE_OK) return compress_fail(p, kind, i, detail), 0;
+    return 1;
+}
+
+/* Writes a finished batch's payloads to a pipe, frame after frame: 1, or 0 with the
+ * failure recorded. The caller holds no lock, and every batch before it is written. */
+static int cg_write_batch(coder_t *w, cg_plane_t *g, const cg_slot_t *slot) {
+    compress_plan_t *p = g->p;
+    for (int64_t i = g->batch_first[slot->batch]; i < g->batch_first[slot->batch + 1]; i++) {
+        const int64_t *f = p->frames + i * FR_COLS;
+        held_t held;
+        memcpy(held.payloads, g->payloads + f[FR_CHUNK], (size_t)f[FR_WORD] * sizeof(payload_t));
+        held.frame = i;
+        held.at = g->at[i];
+        held.need = g->need[i];
+        int64_t detail = 0;
+        int kind = write_frame_payloads(w, &held, &detail);
+        if (kind != PLANE_OK) return compress_fail(p, kind, i, detail), 0;
+    }
     return 1;
 }
 
@@ -345,6 +366,17 @@ static void *cg_work(void *arg) {
         if (!ok) break;
         if (++slot->done == cg_frames(g, slot->batch)) {
             slot->next = slot->done = 0;
+            if (!reading && p->in_order) {
+                /* A pipe takes the batches in their order. */
+                slot->state = CG_WRITING;
+                while (g->written_batches != slot->batch && !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) cg_wait(g);
+                if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
+                pthread_mutex_unlock(&g->lock);
+                ok = cg_write_batch(t->w, g, slot);
+                pthread_mutex_lock(&g->lock);
+                if (!ok) break;
+                g->written_batches++;
+            }
             if (!reading) {
                 slot->state = CG_FREE;
                 g->finished++;

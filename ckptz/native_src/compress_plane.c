@@ -658,7 +658,7 @@ static const char *compress_check(compress_plan_t *p) {
         return "leaf table does not match the file's size";
     if (p->level < -(1 << 17) || p->level > 22) return "zstd level out of range";
     if (p->in_order && p->checked >= 0) return "a pipe cannot be read back";
-    if (p->gpu && (p->in_order || p->gpu_batch < 1)) return "the GPU codes to a file";
+    if (p->gpu && p->gpu_batch < 1) return "GPU batch size out of range";
     if (p->gpu && p->gpu_codec == CODEC_ZSTD && !p->gpu_kernels) return "the portable bitstream needs the kernels";
     if (!(p->rules[RULE_BLOCK] >= 1 && p->rules[RULE_BLOCK] <= (double)(1 << 30))) return "block size out of range";
     for (int64_t r = 0, at = 0; r < p->memory_count; r++) {

@@ -252,10 +252,7 @@ def compress_file(
             plain = change is None and (source is None or regions is not None)
             # A hybrid engine whose GPU has not joined codes a whole file on its CPU threads.
             coder = engine.cpu if isinstance(engine, HybridEngine) else engine
-            to_file = out is None or _regular(out)
-            natively = native_compress.suits(
-                coder, plan.streams, layout.size, digest, plain=plain, to_file=to_file
-            )
+            natively = native_compress.suits(coder, plan.streams, layout.size, digest, plain=plain)
             if natively and isinstance(engine, HybridEngine):
                 natively = engine.cpu_alone(layout.size) is not None
         _plans_first.wait()
@@ -310,7 +307,7 @@ def _compress_natively(
         with _InOrderOutput(out) as out_fd:
             coded = native_compress.code(
                 fd, out_fd, relpath, frames, plan.streams, layout.size, digest, coder, progress, verify,
-                memory=memory, in_order=True,
+                memory=memory, in_order=True, gpu=gpu, threads=engine.threads,
             )  # fmt: skip
         if reader.read_at(layout.size, 1):
             raise FormatError("file grew while being read", path=relpath)

@@ -24,9 +24,9 @@ the threads plan each plane's literal-only zstd frame as they read it and ckptz'
 write the bits. The threads then write the payloads; the frames of
 :data:`~ckptz.engines.base.HOST_COMPONENTS` are coded by the CPU coder on the way, as the
 GPU engine codes them. With ``--verify``, the GPU decodes back what nvCOMP ANS coded and
-the threads check every frame as on the CPU. That covers a file (or nothing) written at
-offsets.
-Everything else (a GPU's pipe, a series delta) goes through the Python pipeline.
+the threads check every frame as on the CPU.
+Everything else (a series delta, the hybrid engine once its GPU joins) goes through the
+Python pipeline.
 """
 
 from __future__ import annotations
@@ -103,13 +103,11 @@ def suits(
     digest: Kind,
     *,
     plain: bool,
-    to_file: bool = True,
 ) -> bool:
     """Whether the native plane may code a file: ``plain`` (no transform, bytes read from
-    the file or host memory) with the CPU engine, or with the GPU engine written at offsets
-    (``to_file``: a file or nothing); a tree digest of a bounded number of leaves, and
-    streams of words it splits."""
-    if not plain or not digest.tree or not _codes(engine, streams, to_file=to_file):
+    the file or host memory) with the CPU engine or the GPU engine, a tree digest of a
+    bounded number of leaves, and streams of words it splits."""
+    if not plain or not digest.tree or not _codes(engine, streams):
         return False
     return leaf_count(size, digest.leaf) <= MAX_LEAVES and all(s.word in WORDS for s in streams)
 
@@ -136,13 +134,13 @@ def coders(engine: Engine) -> tuple[CpuEngine, Gpu | None]:
     return gpu.host_coder, settings
 
 
-def _codes(engine: object, streams: Sequence[StreamInfo], *, to_file: bool) -> bool:
-    """Whether the plane codes for ``engine``: the CPU engine, or the GPU engine to a file
-    (or nothing), in planes nvCOMP ANS takes where it codes ``ans``."""
+def _codes(engine: object, streams: Sequence[StreamInfo]) -> bool:
+    """Whether the plane codes for ``engine``: the CPU engine, or the GPU engine in planes
+    nvCOMP ANS takes where it codes ``ans``."""
     if type(engine) is CpuEngine:
         return True
     gpu = _gpu_engine(engine)
-    if not GPU_PLANE or gpu is None or not to_file:
+    if not GPU_PLANE or gpu is None:
         return False
     return gpu.codec_id == ZSTD.id or all(
         s.frame_size // max(1, s.word) <= _LARGEST_GPU_PLANE for s in streams
