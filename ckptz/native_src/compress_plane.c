@@ -640,16 +640,7 @@ static int compress_run(compress_plan_t *p, int threads) {
     coder_t *coders = calloc((size_t)threads, sizeof(coder_t));
     pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
     int started = 0, ready = 0;
-    if (l->leaf_count) {
-        l->leaf_left = malloc((size_t)l->leaf_count * sizeof(int64_t));
-        l->leaf_parts = calloc((size_t)l->leaf_count, sizeof(uint8_t *));
-        if (!l->leaf_left || !l->leaf_parts) goto done;
-        for (int64_t k = 0; k < l->leaf_count; k++) {
-            int64_t lo = k * l->leaf, hi = lo + l->leaf < l->source_size ? lo + l->leaf : l->source_size;
-            l->leaf_left[k] = hi - lo;
-        }
-    }
-    if (!coders || !ids) goto done;
+    if (!leaf_streams_init(l) || !coders || !ids) goto done;
     /* Half as many sets again as threads: a slow frame holds back the placing of those
      * after it, and the others code on meanwhile. */
     p->held_count = threads + threads / 2 + 1;
@@ -684,12 +675,7 @@ done:
     free(p->held);
     free(p->free_held);
     free(p->waiting);
-    if (l->leaf_parts)
-        for (int64_t k = 0; k < l->leaf_count; k++) free(l->leaf_parts[k]);
-    free(l->leaf_parts);
-    free(l->leaf_left);
-    l->leaf_parts = NULL;
-    l->leaf_left = NULL;
+    leaf_streams_free(l);
     free(coders);
     free(ids);
     return result;
