@@ -557,8 +557,8 @@ static void *compress_work(void *arg) {
 static int coder_init(coder_t *w, compress_plan_t *p) {
     memset(w, 0, sizeof *w);
     w->plan = p;
-    w->raw = malloc(p->frame_room ? p->frame_room : 1);
-    w->spare = malloc(p->spare_room);
+    w->raw = plane_buffer(p->frame_room);
+    w->spare = plane_buffer(p->spare_room);
     w->placing = malloc((size_t)p->held_count * sizeof(held_t *));
     if (p->verify) {
         w->decoded = malloc(p->frame_room ? p->frame_room : 1);
@@ -571,8 +571,8 @@ static int coder_init(coder_t *w, compress_plan_t *p) {
 }
 
 static void coder_free(coder_t *w) {
-    free(w->raw);
-    free(w->spare);
+    plane_buffer_free(w->raw, w->plan->frame_room);
+    plane_buffer_free(w->spare, w->plan->spare_room);
     free(w->placing);
     free(w->decoded);
     free(w->merged);
@@ -651,8 +651,8 @@ static int compress_run(compress_plan_t *p, int threads) {
     for (; p->free_count < p->held_count; p->free_count++) {
         held_t *h = &p->held[p->free_count];
         h->frame = -1;
-        h->planes = malloc(p->frame_room ? p->frame_room : 1);
-        h->out = malloc(p->out_room);
+        h->planes = plane_buffer(p->frame_room);
+        h->out = plane_buffer(p->out_room);
         if (!h->planes || !h->out) goto done;
         p->free_held[p->free_count] = h;
     }
@@ -669,8 +669,8 @@ static int compress_run(compress_plan_t *p, int threads) {
 done:
     for (int t = 0; t < ready; t++) coder_free(&coders[t]);
     for (int k = 0; p->held && k < p->held_count; k++) {
-        free(p->held[k].planes);
-        free(p->held[k].out);
+        plane_buffer_free(p->held[k].planes, p->frame_room);
+        plane_buffer_free(p->held[k].out, p->out_room);
     }
     free(p->held);
     free(p->free_held);
