@@ -194,8 +194,8 @@ static void plane_fail(restore_plan_t *p, int kind, int64_t frame, int64_t detai
 #define PLANE_WRITEBACK_MIN (256 << 10)
 
 /* Buffers from this size up are mapped on their own, in huge pages where the kernel offers
- * them (MADV_HUGEPAGE): a plane's frame buffers are new to each call, and in 4 KiB pages each
- * is faulted in a page at a time, which on many threads cost more than a tenth of a run. */
+ * them (MADV_HUGEPAGE): a plane's frame buffers are new to each call, and in 4 KiB pages
+ * every thread faults each of them in a page at a time, on every call. */
 #define PLANE_HUGE ((size_t)2 << 20)
 
 static size_t plane_buffer_room(size_t size) { return (size + PLANE_HUGE - 1) / PLANE_HUGE * PLANE_HUGE; }
