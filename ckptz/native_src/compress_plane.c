@@ -622,8 +622,8 @@ static void *compress_work(void *arg) {
 static int coder_init(coder_t *w, compress_plan_t *p) {
     memset(w, 0, sizeof *w);
     w->plan = p;
-    w->raw = malloc(p->frame_room ? p->frame_room : 1);
-    w->spare = malloc(p->spare_room);
+    w->raw = plane_buffer(p->frame_room);
+    w->spare = plane_buffer(p->spare_room);
     w->placing = malloc((size_t)p->held_count * sizeof(held_t *));
     if (p->verify) {
         w->decoded = malloc(p->frame_room ? p->frame_room : 1);
@@ -636,8 +636,8 @@ static int coder_init(coder_t *w, compress_plan_t *p) {
 }
 
 static void coder_free(coder_t *w) {
-    free(w->raw);
-    free(w->spare);
+    plane_buffer_free(w->raw, w->plan->frame_room);
+    plane_buffer_free(w->spare, w->plan->spare_room);
     free(w->placing);
     free(w->decoded);
     free(w->merged);
@@ -712,16 +712,7 @@ static int compress_run(compress_plan_t *p, int threads) {
     coder_t *coders = calloc((size_t)threads, sizeof(coder_t));
     pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
     int started = 0, ready = 0;
-    if (l->leaf_count) {
-        l->leaf_left = malloc((size_t)l->leaf_count * sizeof(int64_t));
-        l->leaf_parts = calloc((size_t)l->leaf_count, sizeof(uint8_t *));
-        if (!l->leaf_left || !l->leaf_parts) goto done;
-        for (int64_t k = 0; k < l->leaf_count; k++) {
-            int64_t lo = k * l->leaf, hi = lo + l->leaf < l->source_size ? lo + l->leaf : l->source_size;
-            l->leaf_left[k] = hi - lo;
-        }
-    }
-    if (!coders || !ids) goto done;
+    if (!leaf_streams_init(l) || !coders || !ids) goto done;
     /* Half as many sets again as threads: a slow frame holds back the placing of those
      * after it, and the others code on meanwhile. */
     p->held_count = p->gpu ? 0 : threads + threads / 2 + 1;
@@ -732,8 +723,8 @@ static int compress_run(compress_plan_t *p, int threads) {
     for (; p->free_count < p->held_count; p->free_count++) {
         held_t *h = &p->held[p->free_count];
         h->frame = -1;
-        h->planes = malloc(p->frame_room ? p->frame_room : 1);
-        h->out = malloc(p->out_room);
+        h->planes = plane_buffer(p->frame_room);
+        h->out = plane_buffer(p->out_room);
         if (!h->planes || !h->out) goto done;
         p->free_held[p->free_count] = h;
     }
@@ -754,18 +745,13 @@ static int compress_run(compress_plan_t *p, int threads) {
 done:
     for (int t = 0; t < ready; t++) coder_free(&coders[t]);
     for (int k = 0; p->held && k < p->held_count; k++) {
-        free(p->held[k].planes);
-        free(p->held[k].out);
+        plane_buffer_free(p->held[k].planes, p->frame_room);
+        plane_buffer_free(p->held[k].out, p->out_room);
     }
     free(p->held);
     free(p->free_held);
     free(p->waiting);
-    if (l->leaf_parts)
-        for (int64_t k = 0; k < l->leaf_count; k++) free(l->leaf_parts[k]);
-    free(l->leaf_parts);
-    free(l->leaf_left);
-    l->leaf_parts = NULL;
-    l->leaf_left = NULL;
+    leaf_streams_free(l);
     free(coders);
     free(ids);
     return result;

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* What stopped a restore (ckptz/pipeline/native_restore.py names each). */
@@ -145,9 +146,8 @@ typedef struct {
     int64_t frame_count, chunk_count, piece_count, source_size, leaf;
     uint64_t *leaf_hashes; /* leaf_count(source_size, leaf) of them; none where leaf is 0 */
     int64_t leaf_count;
-    int64_t *leaf_left;    /* bytes of each leaf not yet given (leaves that straddle pieces) */
-    uint8_t **leaf_parts;  /* a straddling leaf's bytes as its pieces come */
-    pthread_mutex_t leaf_lock;
+    struct leaf_stream **leaf_streams; /* the leaves that straddle pieces, while their parts come */
+    pthread_mutex_t leaf_lock;         /* guards leaf_streams */
     volatile int64_t *progress;
     volatile uint8_t *stop;
     size_t payload_room, frame_room; /* per-thread buffer sizes: the largest frame's */
@@ -192,6 +192,35 @@ static void plane_fail(restore_plan_t *p, int kind, int64_t frame, int64_t detai
 /* Writes at least this large ask the kernel to start their writeback at once (safeio.py's
  * WRITEBACK_MIN): else the whole file is written back inside the fsync before its rename. */
 #define PLANE_WRITEBACK_MIN (256 << 10)
+
+/* Buffers from this size up are mapped on their own, in huge pages where the kernel offers
+ * them (MADV_HUGEPAGE): a plane's frame buffers are new to each call, and in 4 KiB pages
+ * every thread faults each of them in a page at a time, on every call. */
+#define PLANE_HUGE ((size_t)2 << 20)
+
+static size_t plane_buffer_room(size_t size) { return (size + PLANE_HUGE - 1) / PLANE_HUGE * PLANE_HUGE; }
+
+/* A buffer of `size` bytes for a plane's frames (free it with plane_buffer_free and the same
+ * size), or NULL. */
+static void *plane_buffer(size_t size) {
+    if (size < PLANE_HUGE) return malloc(size ? size : 1);
+    size_t room = plane_buffer_room(size), mapped = room + PLANE_HUGE;
+    uint8_t *map = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return NULL;
+    /* Huge pages need 2 MiB-aligned addresses: keep the aligned room, give back the rest. */
+    uint8_t *at = (uint8_t *)(((uintptr_t)map + PLANE_HUGE - 1) & ~(uintptr_t)(PLANE_HUGE - 1));
+    if (at > map) munmap(map, (size_t)(at - map));
+    if (map + mapped > at + room) munmap(at + room, (size_t)(map + mapped - (at + room)));
+#ifdef MADV_HUGEPAGE
+    madvise(at, room, MADV_HUGEPAGE);
+#endif
+    return at;
+}
+
+static void plane_buffer_free(void *buffer, size_t size) {
+    if (size < PLANE_HUGE) free(buffer);
+    else if (buffer) munmap(buffer, plane_buffer_room(size));
+}
 
 static int plane_pwrite(int fd, const uint8_t *src, int64_t n, int64_t at) {
     int64_t put = 0;
@@ -243,9 +272,86 @@ static int plane_decode_one(worker_t *w, const uint8_t *in, size_t len, int code
     return 1;
 }
 
+/* A part of a straddling leaf that came before the bytes ahead of it: a copy, in a list by
+ * offset in the leaf. */
+typedef struct leaf_part {
+    struct leaf_part *next;
+    int64_t lo, hi;
+    uint8_t bytes[];
+} leaf_part_t;
+
+/* A leaf that straddles pieces, while its parts come from the frames that hold them. Its
+ * bytes are streamed into its hash in file order, and only a part that comes before the
+ * bytes ahead of it waits as a copy: frames come roughly in file order, so most parts are
+ * hashed where they lie, and the leaves a first frame of headers opens (one per tensor)
+ * hold a header's bytes each, not a leaf's. */
+typedef struct leaf_stream {
+    XXH3_state_t state;
+    pthread_mutex_t lock;   /* guards the state, streamed and waiting */
+    int64_t streamed, size; /* bytes hashed so far from the leaf's start; the leaf's bytes */
+    leaf_part_t *waiting;
+    int users, hashed; /* under leaf_lock: threads giving parts now; whether it is out of the table */
+} leaf_stream_t;
+
+static void leaf_stream_free(leaf_stream_t *s) {
+    while (s->waiting) {
+        leaf_part_t *part = s->waiting;
+        s->waiting = part->next;
+        free(part);
+    }
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+/* The straddling leaves' table, before a run. */
+static int leaf_streams_init(restore_plan_t *p) {
+    p->leaf_streams = p->leaf_count ? calloc((size_t)p->leaf_count, sizeof(leaf_stream_t *)) : NULL;
+    return !p->leaf_count || p->leaf_streams;
+}
+
+/* Frees what is left of the straddling leaves after a run (leaves a failure left open). */
+static void leaf_streams_free(restore_plan_t *p) {
+    if (p->leaf_streams)
+        for (int64_t k = 0; k < p->leaf_count; k++)
+            if (p->leaf_streams[k]) leaf_stream_free(p->leaf_streams[k]);
+    free(p->leaf_streams);
+    p->leaf_streams = NULL;
+}
+
+/* Gives bytes [lo, hi) of a straddling leaf (offsets in the leaf) with its lock held: hashes
+ * them if they come next, and the waiting parts they let through, else keeps a copy. A part
+ * that overlaps bytes already given (only a hostile plan's pieces overlap) is dropped, and
+ * the digest's check finds the leaf's hash wrong. 0 where no memory was left for a copy. */
+static int leaf_stream_give(leaf_stream_t *s, const uint8_t *bytes, int64_t lo, int64_t hi) {
+    if (lo == s->streamed) {
+        CKPTZ_XXH3_64_UPDATE(&s->state, bytes, (size_t)(hi - lo));
+        s->streamed = hi;
+        while (s->waiting && s->waiting->lo == s->streamed) {
+            leaf_part_t *part = s->waiting;
+            CKPTZ_XXH3_64_UPDATE(&s->state, part->bytes, (size_t)(part->hi - part->lo));
+            s->streamed = part->hi;
+            s->waiting = part->next;
+            free(part);
+        }
+        return 1;
+    }
+    if (lo < s->streamed) return 1;
+    leaf_part_t **at = &s->waiting;
+    while (*at && (*at)->hi <= lo) at = &(*at)->next;
+    if (*at && (*at)->lo < hi) return 1;
+    leaf_part_t *part = malloc(sizeof *part + (size_t)(hi - lo));
+    if (!part) return 0;
+    part->lo = lo;
+    part->hi = hi;
+    part->next = *at;
+    memcpy(part->bytes, bytes, (size_t)(hi - lo));
+    *at = part;
+    return 1;
+}
+
 /* Hashes the digest's leaves that piece [at, at + n) of the file (its bytes at `bytes`)
  * holds whole, and gives its part of those it straddles; a straddling leaf is hashed by the
- * thread that gives its last part. */
+ * threads that give its parts, in file order (leaf_stream_t). */
 static int plane_leaves(restore_plan_t *p, const uint8_t *bytes, int64_t at, int64_t n, int whole_hashed) {
     if (!p->leaf || n <= 0) return 1;
     int64_t L = p->leaf, end = at + n;
@@ -257,18 +363,35 @@ static int plane_leaves(restore_plan_t *p, const uint8_t *bytes, int64_t at, int
             continue;
         }
         pthread_mutex_lock(&p->leaf_lock);
-        if (!p->leaf_parts[k]) p->leaf_parts[k] = malloc((size_t)(hi - lo));
-        uint8_t *part = p->leaf_parts[k];
-        pthread_mutex_unlock(&p->leaf_lock);
-        if (!part) return 0;
-        memcpy(part + (a - lo), bytes + (a - at), (size_t)(b - a));
-        if (__atomic_sub_fetch(&p->leaf_left[k], b - a, __ATOMIC_ACQ_REL) == 0) {
-            p->leaf_hashes[k] = CKPTZ_XXH3_64(part, (size_t)(hi - lo));
-            pthread_mutex_lock(&p->leaf_lock);
-            p->leaf_parts[k] = NULL;
-            pthread_mutex_unlock(&p->leaf_lock);
-            free(part);
+        leaf_stream_t *s = p->leaf_streams[k];
+        void *room = NULL;
+        if (!s && !posix_memalign(&room, 64, sizeof *s)) { /* XXH3_state_t wants 64-byte alignment */
+            s = room;
+            memset(s, 0, sizeof *s);
+            XXH3_64bits_reset(&s->state);
+            pthread_mutex_init(&s->lock, NULL);
+            s->size = hi - lo;
+            p->leaf_streams[k] = s;
         }
+        if (s) s->users++;
+        pthread_mutex_unlock(&p->leaf_lock);
+        if (!s) return 0;
+        pthread_mutex_lock(&s->lock);
+        int64_t before = s->streamed;
+        int ok = leaf_stream_give(s, bytes + (a - at), a - lo, b - lo);
+        /* The part that completes the leaf hashes it; no later part changes the state. */
+        int complete = before < s->size && s->streamed == s->size;
+        if (complete) p->leaf_hashes[k] = XXH3_64bits_digest(&s->state);
+        pthread_mutex_unlock(&s->lock);
+        pthread_mutex_lock(&p->leaf_lock);
+        if (complete) {
+            p->leaf_streams[k] = NULL;
+            s->hashed = 1;
+        }
+        int last = --s->users == 0 && s->hashed;
+        pthread_mutex_unlock(&p->leaf_lock);
+        if (last) leaf_stream_free(s);
+        if (!ok) return 0;
     }
     return 1;
 }
@@ -420,20 +543,19 @@ static void *plane_work(void *arg) {
 static int worker_init(worker_t *w, restore_plan_t *p) {
     memset(w, 0, sizeof *w);
     w->plan = p;
-    size_t frame = p->frame_room ? p->frame_room : 1;
     /* On a GPU the payloads are read into the batches' pinned memory instead. */
-    w->payloads = malloc(p->payload_room && !p->gpu ? p->payload_room : 1);
-    w->room = malloc(frame);
-    w->out = malloc(frame);
-    w->check = p->checked >= 0 ? malloc(frame) : NULL;
+    w->payloads = plane_buffer(p->gpu ? 0 : p->payload_room);
+    w->room = plane_buffer(p->frame_room);
+    w->out = plane_buffer(p->frame_room);
+    w->check = p->checked >= 0 ? malloc(p->frame_room ? p->frame_room : 1) : NULL;
     w->dt = malloc(sizeof(dtable_t));
     return w->payloads && w->room && w->out && w->dt && (p->checked < 0 || w->check);
 }
 
 static void worker_free(worker_t *w) {
-    free(w->payloads);
-    free(w->room);
-    free(w->out);
+    plane_buffer_free(w->payloads, w->plan->gpu ? 0 : w->plan->payload_room);
+    plane_buffer_free(w->room, w->plan->frame_room);
+    plane_buffer_free(w->out, w->plan->frame_room);
     free(w->groups);
     free(w->check);
     free(w->dt);
@@ -488,16 +610,7 @@ static int plane_run(restore_plan_t *p, int threads) {
     worker_t *workers = calloc((size_t)threads, sizeof(worker_t));
     pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
     int started = 0, ready = 0;
-    if (p->leaf_count) {
-        p->leaf_left = malloc((size_t)p->leaf_count * sizeof(int64_t));
-        p->leaf_parts = calloc((size_t)p->leaf_count, sizeof(uint8_t *));
-        if (!p->leaf_left || !p->leaf_parts) goto done;
-        for (int64_t k = 0; k < p->leaf_count; k++) {
-            int64_t lo = k * p->leaf, hi = lo + p->leaf < p->source_size ? lo + p->leaf : p->source_size;
-            p->leaf_left[k] = hi - lo;
-        }
-    }
-    if (!workers || !ids) goto done;
+    if (!leaf_streams_init(p) || !workers || !ids) goto done;
     for (; ready < threads; ready++)
         if (!worker_init(&workers[ready], p)) {
             ready++;
@@ -514,10 +627,7 @@ static int plane_run(restore_plan_t *p, int threads) {
     result = p->failed ? (int)p->error[0] : PLANE_OK;
 done:
     for (int t = 0; t < ready; t++) worker_free(&workers[t]);
-    if (p->leaf_parts)
-        for (int64_t k = 0; k < p->leaf_count; k++) free(p->leaf_parts[k]);
-    free(p->leaf_parts);
-    free(p->leaf_left);
+    leaf_streams_free(p);
     free(workers);
     free(ids);
     return result;
