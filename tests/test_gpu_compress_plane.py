@@ -18,6 +18,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +173,9 @@ def test_discarded_output_codes_on_the_gpu(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- without a GPU
 
 
-def _code_on(src: Path, settings: Gpu) -> native_compress.Coded:
+def _code_on(
+    src: Path, settings: Gpu, progress: Callable[[int], None] = lambda n: None
+) -> native_compress.Coded:
     """Compress ``src`` to nothing in the native plane, with ``settings`` for its GPU."""
     layout = read_layout(src, src.name)
     coder = CpuEngine(2)
@@ -182,10 +185,33 @@ def _code_on(src: Path, settings: Gpu) -> native_compress.Coded:
         segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
         frames = frame_map(segments, [s.frame_size for s in plan.streams])
         return native_compress.code(
-            fd, -1, src.name, frames, plan.streams, layout.size, TREE, coder, lambda n: None, gpu=settings
+            fd, -1, src.name, frames, plan.streams, layout.size, TREE, coder, progress, gpu=settings
         )
     finally:
         os.close(fd)
+
+
+@gpu
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_ctrl_c_stops_a_gpu_compression_between_frames(tmp_path: Path, codec: str) -> None:
+    """Ctrl-C (here: the progress callback raising it) sets the plane's stop flag; the call
+    returns and the interrupt reaches the caller."""
+    from ckptz.engines.gpu import open_gpu_engine
+
+    src = _trained(tmp_path / "m.pt")
+    engine = open_gpu_engine("cuda", codec=codec, memory=32 << 20)
+    try:
+        _, settings = native_compress.coders(engine)
+        assert settings is not None
+        assert _code_on(src, settings).end > 0
+
+        def interrupt(n: int) -> None:
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            _code_on(src, settings, interrupt)
+    finally:
+        engine.close()
 
 
 @pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="this machine has a CUDA driver")
