@@ -23,9 +23,9 @@
 /* Sampled positions per width: O2_PROBES in runs of O2_RUN for every width, then
  * O2_FINE_PROBES for the O2_FINALISTS best. */
 #define O2_RUN 16
-#define O2_PROBES 1024
+#define O2_PROBES 256
 #define O2_FINE_PROBES 16384
-#define O2_FINALISTS 8
+#define O2_FINALISTS 16
 /* The best width's summed residual must be below this share of the left neighbour's
  * alone for the plane to be coded: dense weights and first moments reach 0.95-1.0 (no row
  * structure), second moments 0.6-0.8. */
@@ -45,7 +45,7 @@ static inline uint8_t o2_predict(const uint8_t *x, size_t j, size_t width) {
 
 /* Summed |x[p] - prediction| over `runs` runs of O2_RUN positions spread over
  * [from, n), for row width w (0: the left neighbour alone). */
-static uint64_t o2_miss(const uint8_t *x, size_t n, size_t from, size_t w, size_t runs) {
+WIDE static uint64_t o2_miss(const uint8_t *x, size_t n, size_t from, size_t w, size_t runs) {
     uint64_t miss = 0;
     size_t span = n - from - O2_RUN, step = span / runs;
     for (size_t r = 0; r < runs; r++) {
@@ -242,8 +242,18 @@ static int order2d_decode(const uint8_t *in, size_t len, uint8_t *out, size_t n,
         if (lens[s] < common) common = lens[s];
     }
     if (h.segments == O1_MAX_SEGMENTS) {
-        for (size_t j = 0; j < common; j++)
+        /* the first row (left bytes only), then the rest, where every byte has a row above */
+        size_t first = width + 1 < common ? width + 1 : common;
+        for (size_t j = 0; j < first; j++)
             for (int s = 0; s < O1_MAX_SEGMENTS; s++) O2_STEP(h.map, p[s], e[s], o[s], j, width);
+        for (size_t j = first; j < common; j++)
+            for (int s = 0; s < O1_MAX_SEGMENTS; s++) {
+                uint8_t *x = o[s];
+                int v = (int)x[j - 1] + (int)x[j - width] - (int)x[j - width - 1];
+                uint8_t pr = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v), k = h.map[pr];
+                if (p[s][k] == e[s][k]) return 0;
+                x[j] = (uint8_t)(*p[s][k]++ + pr);
+            }
     } else {
         common = 0;
     }
