@@ -179,3 +179,60 @@ def test_level_19_codes_second_moments_smaller_with_row_prediction(
         assert done.returncode == 0, done.stderr
         assert back.read_bytes() == src.read_bytes()
     assert sizes["19"] < sizes["3"] / 1.012, sizes
+
+
+def _container_of(path: Path, plane: np.ndarray, payload: bytes) -> None:
+    """A container of one uint8 stream, one frame, whose chunk is ``payload`` as huff2d (its
+    checksums and the file's digest made for it, so only decoding can find it wrong)."""
+    from ckptz.container import ContainerWriter, Index, StreamInfo, checksum, make_tables
+    from ckptz.digest import Hasher, Kind
+
+    with open(path, "wb") as f:
+        writer = ContainerWriter(f)
+        offset = writer.add_payload(payload)
+        hasher = Hasher(Kind("xxh3_tree", 4096))
+        hasher.update(plane)
+        header = {
+            "source": {
+                "name": "plane.bin",
+                "size": plane.size,
+                **hasher.digest().to_json(),
+                "format": "opaque",
+                "notes": [],
+            },
+            "created_by": "test",
+            "device": "cpu",
+            "codecs": {str(HUFF2D.id): {"name": "huff2d"}},
+            "tensor_keys": [[]],
+        }
+        streams = (StreamInfo(0, "other", "uint8", 1, False, 1 << 20, plane.size, 0),)
+        frames = [(0, 1, plane.size, checksum(plane.tobytes()))]
+        chunks = [(offset, len(payload), plane.size, checksum(payload), HUFF2D.id, 0)]
+        writer.finish(Index(header, streams, *make_tables([(0, plane.size)], frames, chunks)))
+
+
+@pytest.mark.parametrize("damage", ["none", "cut", "zero width", "wrong width"])
+def test_cli_restores_a_huff2d_container_or_says_it_is_damaged(tmp_path: Path, damage: str) -> None:
+    """A container holding a huff2d chunk restores byte for byte; one whose huff2d payload is
+    cut short, has a zero row width or the wrong one (checksums made to match) fails with one
+    line on stderr, no traceback, and leaves no output."""
+    plane = _grid(600, 96, 7)
+    payload = bytearray(native.order2d_encode(plane, 4, 96))
+    if damage == "cut":
+        del payload[-40:]
+    elif damage == "zero width":
+        payload[:4] = bytes(4)
+    elif damage == "wrong width":
+        payload[:4] = (95).to_bytes(4, "little")
+    src = tmp_path / "plane.ckptz"
+    _container_of(src, plane, bytes(payload))
+    out = tmp_path / "plane.bin"
+    done = ckptz("decompress", str(src), "-o", str(out), "--device", "cpu")
+    if damage == "none":
+        assert done.returncode == 0, done.stderr
+        assert out.read_bytes() == plane.tobytes()
+        return
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "damaged" in done.stderr or "huff2d" in done.stderr or "checksum" in done.stderr, done.stderr
+    assert not out.exists()
