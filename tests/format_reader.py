@@ -92,6 +92,26 @@ def _huff2d(payload: bytes, n: int) -> bytes:
     return _huff1(payload[4:], n, width)
 
 
+def _sign2d(payload: bytes, n: int) -> bytes:
+    m = -(-n // 8)
+    _need(len(payload) >= 8, "sign2d payload too short")
+    width, framed = struct.unpack_from("<II", payload)
+    _need(width >= 1 and len(payload) == 8 + framed + 7 * m, "sign2d width or sizes")
+    residual = np.unpackbits(np.frombuffer(_zstd(payload[8 : 8 + framed], m), np.uint8), bitorder="little")
+    rows = np.frombuffer(payload[8 + framed :], np.uint8).reshape(7, m) if m else np.zeros((7, 0), np.uint8)
+    out = np.zeros(n, np.uint8)
+    for b in range(1, 8):
+        out |= np.unpackbits(rows[b - 1], bitorder="little")[:n] << b
+    signs = bytearray(n)
+    for j in range(n):
+        if j > width:
+            pred = signs[j - 1] ^ signs[j - width] ^ signs[j - width - 1]
+        else:
+            pred = signs[j - 1] if j else 0
+        signs[j] = int(residual[j]) ^ pred
+    return (out | np.frombuffer(bytes(signs), np.uint8)).tobytes()
+
+
 def _huff1(payload: bytes, n: int, width: int = 0) -> bytes:
     """huff1, or with a row ``width`` the huff1 part of huff2d (contexts are predictions,
     bytes are residuals)."""
@@ -162,6 +182,8 @@ def decode_chunk(codec: int, payload: bytes, size: int) -> bytes:
         return _huff1(payload, size)
     if codec == 8:
         return _huff2d(payload, size)
+    if codec == 9:
+        return _sign2d(payload, size)
     raise FormatViolation(f"bitstream {codec} has no CPU decoder")
 
 

@@ -60,7 +60,9 @@ CPU_LARGEST_FRAME = 16 << 20
 #: storage users write to (5-26 GB/s per node), so by default the time costs more than the
 #: bytes save. The same planes also try ``huff2d`` (each exponent's residual from its row
 #: neighbours and the row above): second moments' exponent planes then shrink 12-15% below
-#: ``huff1``'s, about 1.2-1.4% of their bytes (bench/moment_contexts.py).
+#: ``huff1``'s, about 1.2-1.4% of their bytes (bench/moment_contexts.py); and a float's
+#: lowest plane tries ``sign2d`` (signs given the row above): ~1% of first moments whose
+#: embedding rows see no tokens.
 CONTEXT_LEVEL = 10
 
 

@@ -10,7 +10,7 @@
  * pieces come in order), splits the words into planes, codes each plane by
  * ckptz/codecs/frames.py's rules (its thresholds come with the plan; exponent planes of
  * frames so marked are tried in order-1 and row-predicted coding too, order1.c and
- * order2d.c) and takes the payloads'
+ * order2d.c, and their lowest planes' signs row-predicted, sign2d.c) and takes the payloads'
  * checksums into the chunk table. Payloads are placed in frame order, so the data area is
  * the one the Python pipeline writes: a coded frame whose predecessors are not all placed
  * waits in its buffers (a bounded set) while its thread codes another, and the thread that
@@ -280,6 +280,18 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
     return 1;
 }
 
+/* Row-predicted signs (sign2d.c) for a float's lowest plane, in place of plane_code's
+ * payload where they save the margin a slower decoder must, as frames.encode_plane does. */
+static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, uint8_t *slot, payload_t *out) {
+    uint8_t *signs = NULL;
+    size_t size = sign2d_encode(plane, n, 0, &signs);
+    if (size && (double)size < (1 - w->plan->rules[RULE_CONTEXT_MARGIN]) * (double)out->len) {
+        memcpy(slot, signs, size);
+        *out = (payload_t){CODEC_SIGN2D, slot, size};
+    }
+    free(signs);
+}
+
 /* ---------------------------------------------------------------- verify */
 
 /* Whether a frame's payloads decode back to bytes of its checksum (`length` bytes of
@@ -313,6 +325,9 @@ static int decodes_back(coder_t *w, const payload_t *payloads, int word, int rot
             if (!order2d_usable(c->bytes, c->len, n, w->dt) ||
                 !order2d_decode(c->bytes, c->len, into, n, w->groups, w->dt))
                 return 0;
+        } else if (c->codec == CODEC_SIGN2D) {
+            if (!w->groups && !(w->groups = malloc(n ? n : 1))) return 0;
+            if (!sign2d_decode(c->bytes, c->len, into, n, w->groups, w->dt)) return 0;
         }
     }
     const uint8_t *bytes = planes[0].bytes;
@@ -457,6 +472,8 @@ static int code_frame(coder_t *w, held_t *held, int64_t i) {
         } else if (!plane_code(w, planes[k], n, is_float && k == word - 1, context, bits[k], zeros[k], ones[k], any[k],
                                held->out + (size_t)k * room, &payloads[k], &error)) {
             return compress_fail(p, PLANE_CODER, i, error), 0;
+        } else if (is_float && k == 0 && context) {
+            plane_code_signs(w, planes[k], n, held->out + (size_t)k * room, &payloads[k]);
         }
         held->need += (int64_t)payloads[k].len + (-(int64_t)payloads[k].len & (PLANE_ALIGN - 1));
     }

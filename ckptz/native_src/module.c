@@ -27,6 +27,9 @@
  *   order2d_encode(src, segments, width) a ckptz.codecs.order2d payload (exponents predicted
  *                                       from the row above, residuals grouped), or None
  *   order2d_decode(payload, out)        one, decoded; False if it is malformed
+ *   sign2d_encode(src, width)           a ckptz.codecs.sign2d payload (sign bits predicted from
+ *                                       the row above, the mantissa bits packed), or None
+ *   sign2d_decode(payload, out)         one, decoded; False if it is malformed
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *   series_delta(data, ref, word, kind, mantissa_bits, scale, forward)
  *                                       a series delta of kind 1-3 applied or undone in place
@@ -86,6 +89,7 @@
  *   bitpack.c           bit packing by 8x8 bit transposes (SSE2, AVX2)
  *   order1.c            order-1 exponent coding: bytes grouped by context, literal frames
  *   order2d.c           row-predicted exponents: residuals grouped by prediction, as order1.c
+ *   sign2d.c            row-predicted sign bits of a float's lowest plane
  *   frame.c             a whole frame's planes decoded and merged
  *   hash.c              xxh3_64 without the GIL (vendored xxHash: xxhash.h, xxh_x86dispatch.c)
  *   plane.c             the restore data plane: a whole file restored on native threads
@@ -113,6 +117,7 @@
 #include "bitpack.c"
 #include "order1.c"
 #include "order2d.c"
+#include "sign2d.c"
 #include "frame.c"
 #include "hash.c"
 #include "pickle_ops.c"
@@ -543,6 +548,54 @@ static PyObject *native_order2d_decode(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* sign2d_encode(src, width=0) -> a ckptz.codecs.sign2d payload, or None where no row width
+ * predicts the sign bits (width 0: the encoder searches one) or the residual's table cannot
+ * be described. */
+static PyObject *native_sign2d_encode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t width = 0;
+    if (!PyArg_ParseTuple(args, "y*|n", &src, &width)) return NULL;
+    PyObject *result = NULL;
+    if ((size_t)src.len > 0xFFFFFFFFu || width < 0 || (size_t)width > 0xFFFFFFFFu) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes, width %zd: expected under 4 GiB", src.len, width);
+        goto done;
+    }
+    uint8_t *buf;
+    size_t size;
+    Py_BEGIN_ALLOW_THREADS;
+    size = sign2d_encode(src.buf, (size_t)src.len, (size_t)width, &buf);
+    Py_END_ALLOW_THREADS;
+    result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
+    free(buf);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* sign2d_decode(payload, out) -> True if the payload was decoded into `out` (its exact
+ * size), False if it is malformed. */
+static PyObject *native_sign2d_decode(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    PyObject *result = NULL;
+    dtable_t *dt = malloc(sizeof(dtable_t));
+    uint8_t *residual = malloc(dst.len ? (size_t)dst.len : 1);
+    if (!dt || !residual) {
+        PyErr_NoMemory();
+    } else {
+        int ok;
+        Py_BEGIN_ALLOW_THREADS;
+        ok = sign2d_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, residual, dt);
+        Py_END_ALLOW_THREADS;
+        result = PyBool_FromLong(ok);
+    }
+    free(dt);
+    free(residual);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 /* ---------------------------------------------------------------- bit packing */
 
 /* bitpack_encode(src, fixed, value) -> ckptz.codecs.bitpack's payload: the two header
@@ -634,7 +687,8 @@ static PyObject *native_decode_frame(PyObject *self, PyObject *args) {
         chunks[k].bytes = views[held].buf;
         chunks[k].len = (size_t)views[held++].len;
         usable = frame_chunk_usable(&chunks[k], (size_t)size, n, (uint8_t *)room.buf + (size_t)k * n, &planes[k]);
-        if (usable && (chunks[k].codec == CODEC_ZSTD || chunks[k].codec == CODEC_HUFF1 || chunks[k].codec == CODEC_HUFF2D) &&
+        if (usable && (chunks[k].codec == CODEC_ZSTD || chunks[k].codec == CODEC_HUFF1 || chunks[k].codec == CODEC_HUFF2D ||
+                       chunks[k].codec == CODEC_SIGN2D) &&
             !dt && !(dt = malloc(sizeof(dtable_t)))) {
             PyErr_NoMemory();
             goto done;
@@ -1362,6 +1416,10 @@ static PyMethodDef methods[] = {
      "order2d_encode(src, segments, width=0): a ckptz.codecs.order2d payload of src, or None."},
     {"order2d_decode", native_order2d_decode, METH_VARARGS,
      "order2d_decode(payload, out): decode an order2d payload into out; False if malformed."},
+    {"sign2d_encode", native_sign2d_encode, METH_VARARGS,
+     "sign2d_encode(src, width=0): a ckptz.codecs.sign2d payload of src, or None."},
+    {"sign2d_decode", native_sign2d_decode, METH_VARARGS,
+     "sign2d_decode(payload, out): decode a sign2d payload into out; False if malformed."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
      "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, level, rules, threads, progress, stop, error) -> int: code a whole file (from a descriptor, or host\n"

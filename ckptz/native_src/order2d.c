@@ -63,9 +63,13 @@ WIDE static uint64_t o2_miss(const uint8_t *x, size_t n, size_t from, size_t w, 
     return miss;
 }
 
-/* The row width that predicts the plane best, or 0 where none beats the left neighbour by
- * O2_LEAST_GAIN (or the plane is too short to search). `segment` is its segments' length. */
-static size_t order2d_width(const uint8_t *x, size_t n, size_t segment) {
+/* How far a width's predictions miss on sampled runs (o2_miss's arguments). */
+typedef uint64_t (*o2_miss_t)(const uint8_t *x, size_t n, size_t from, size_t w, size_t runs);
+
+/* The row width whose predictions `miss` least on the plane, or 0 where none beats the left
+ * neighbour by O2_LEAST_GAIN (or the plane is too short to search). `segment` is its
+ * segments' length. */
+static size_t o2_width(const uint8_t *x, size_t n, size_t segment, o2_miss_t o2_miss) {
     size_t most = segment / 4 < O2_MAX_WIDTH ? segment / 4 : O2_MAX_WIDTH;
     most -= most % O2_WIDTH_STEP;
     if (most < O2_WIDTH_STEP || n < 2 * most + 2 * O2_RUN * O2_PROBES / 16) return 0;
@@ -102,6 +106,9 @@ static size_t order2d_width(const uint8_t *x, size_t n, size_t segment) {
     uint64_t left = o2_miss(x, n, from, 0, fine);
     return width && (double)least < O2_LEAST_GAIN * (double)left ? width : 0;
 }
+
+/* The row width that predicts the exponent plane best (o2_width), or 0. */
+static size_t order2d_width(const uint8_t *x, size_t n, size_t segment) { return o2_width(x, n, segment, o2_miss); }
 
 /* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its
  * size, or 0 where no row width pays (width 0: searched), a group's frame cannot be
