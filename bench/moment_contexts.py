@@ -11,7 +11,9 @@ into OUTDIR first if missing), tensor by tensor with its shape (rows of its last
   and given the planar prediction ``left + up - upleft`` (``huff2d``'s);
 * **coded**: the exponent plane of the component's stream, cut into the CPU coder's 4 MiB
   frames, as ``huffman`` (order-0 Huffman-coded zstd), ``huff1`` and ``huff2d`` payloads (the
-  width searched by the encoder, ``-`` where it declines), in bits per element.
+  width searched by the encoder, ``-`` where it declines), in bits per element; and its
+  lowest plane (sign and seven mantissa bits) stored, as level-19 ``zstd`` and as
+  ``sign2d``.
 
 A context that saves ``b`` bits per element saves about ``b / 26`` of a moment's coded bytes
 (~26 bits per fp32 element). Usage::
@@ -34,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_checkpoints import SMALL, generate, load_components
 from ratios import stream_bytes
 
-from ckptz.codecs import order1, order2d
+from ckptz.codecs import order1, order2d, sign2d
+from ckptz.codecs.cpu import ZstdCodec
 from ckptz.codecs.native import native
 from ckptz.codecs.planes import split
 
@@ -104,6 +107,22 @@ def coded_bits(tensors: list[torch.Tensor], frame: int = 4 << 20) -> dict[str, f
     return {k: None if v is None else v * 8 / plane.size for k, v in sizes.items()}
 
 
+def lowest_plane_bits(tensors: list[torch.Tensor], frame: int = 4 << 20) -> dict[str, float | None]:
+    """Bits per element of the stream's lowest plane stored, as zstd -19 and as sign2d."""
+    raw, dtype, _ = stream_bytes(tensors)
+    plane = np.ascontiguousarray(split(raw, dtype)[0])
+    step = frame // dtype.word
+    zstd = ZstdCodec(19)
+    sizes: dict[str, float | None] = {"raw": float(plane.size), "zstd": 0.0, "sign2d": 0.0}
+    for at in range(0, plane.size, step):
+        piece = plane[at : at + step]
+        signed = sign2d.encode(piece)
+        sizes["zstd"] = (sizes["zstd"] or 0.0) + len(zstd.encode(piece))
+        current = sizes["sign2d"]
+        sizes["sign2d"] = None if signed is None or current is None else current + len(signed)
+    return {k: None if v is None else v * 8 / plane.size for k, v in sizes.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("outdir", type=Path)
@@ -122,6 +141,11 @@ def main() -> None:
         print(
             "  coded exponent bits/element: "
             + "  ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in coded.items())
+        )
+        lowest = lowest_plane_bits(tensors)
+        print(
+            "  coded lowest plane bits/element: "
+            + "  ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in lowest.items())
         )
 
 

@@ -20,7 +20,7 @@ from ckptz.codecs.frames import EncodeOptions, decode_frame, encode_frame
 from ckptz.codecs.native import native
 from ckptz.codecs.order2d import Order2dCodec
 from ckptz.codecs.planes import split
-from ckptz.codecs.table import HUFF2D, RAW, ZSTD
+from ckptz.codecs.table import HUFF2D, RAW, ZSTD, Bitstream
 from ckptz.container import read_index
 from ckptz.dtypes import DTYPES
 from ckptz.errors import CodecError
@@ -181,9 +181,9 @@ def test_level_19_codes_second_moments_smaller_with_row_prediction(
     assert sizes["19"] < sizes["3"] / 1.012, sizes
 
 
-def _container_of(path: Path, plane: np.ndarray, payload: bytes) -> None:
-    """A container of one uint8 stream, one frame, whose chunk is ``payload`` as huff2d (its
-    checksums and the file's digest made for it, so only decoding can find it wrong)."""
+def _container_of(path: Path, plane: np.ndarray, payload: bytes, codec: Bitstream = HUFF2D) -> None:
+    """A container of one uint8 stream, one frame, whose chunk is ``payload`` as ``codec``
+    (its checksums and the file's digest made for it, so only decoding can find it wrong)."""
     from ckptz.container import ContainerWriter, Index, StreamInfo, checksum, make_tables
     from ckptz.digest import Hasher, Kind
 
@@ -202,12 +202,12 @@ def _container_of(path: Path, plane: np.ndarray, payload: bytes) -> None:
             },
             "created_by": "test",
             "device": "cpu",
-            "codecs": {str(HUFF2D.id): {"name": "huff2d"}},
+            "codecs": {str(codec.id): {"name": codec.name}},
             "tensor_keys": [[]],
         }
         streams = (StreamInfo(0, "other", "uint8", 1, False, 1 << 20, plane.size, 0),)
         frames = [(0, 1, plane.size, checksum(plane.tobytes()))]
-        chunks = [(offset, len(payload), plane.size, checksum(payload), HUFF2D.id, 0)]
+        chunks = [(offset, len(payload), plane.size, checksum(payload), codec.id, 0)]
         writer.finish(Index(header, streams, *make_tables([(0, plane.size)], frames, chunks)))
 
 

@@ -14,6 +14,7 @@ from conftest import ckptz
 from format_reader import FormatViolation, _sign2d
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_order2d import _container_of
 
 from ckptz.codecs import sign2d
 from ckptz.codecs.cpu import ZstdCodec
@@ -177,3 +178,30 @@ def test_level_19_codes_first_moments_smaller_with_row_predicted_signs(tmp_path:
         assert done.returncode == 0, done.stderr
         assert back.read_bytes() == src.read_bytes()
     assert sizes["19"] < sizes["3"] / 1.008, sizes
+
+
+@pytest.mark.parametrize("damage", ["none", "cut", "zero width", "wrong frame size"])
+def test_cli_restores_a_sign2d_container_or_says_it_is_damaged(tmp_path: Path, damage: str) -> None:
+    """A container holding a sign2d chunk restores byte for byte; one whose sign2d payload is
+    cut short, has a zero row width or a residual frame size that does not add up (checksums
+    made to match) fails with one line on stderr, no traceback, and leaves no output."""
+    plane = _signed_bytes(300, 72, 0.05, 7)
+    payload = bytearray(native.sign2d_encode(plane, 72))
+    if damage == "cut":
+        del payload[-40:]
+    elif damage == "zero width":
+        payload[:4] = bytes(4)
+    elif damage == "wrong frame size":
+        payload[4:8] = (int.from_bytes(payload[4:8], "little") + 1).to_bytes(4, "little")
+    src = tmp_path / "plane.ckptz"
+    _container_of(src, plane, bytes(payload), SIGN2D)
+    out = tmp_path / "plane.bin"
+    done = ckptz("decompress", str(src), "-o", str(out), "--device", "cpu")
+    if damage == "none":
+        assert done.returncode == 0, done.stderr
+        assert out.read_bytes() == plane.tobytes()
+        return
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "sign2d" in done.stderr and "damaged" in done.stderr, done.stderr
+    assert not out.exists()
