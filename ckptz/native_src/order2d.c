@@ -253,13 +253,18 @@ static int order2d_decode(const uint8_t *in, size_t len, uint8_t *out, size_t n,
         size_t first = width + 1 < common ? width + 1 : common;
         for (size_t j = 0; j < first; j++)
             for (int s = 0; s < O1_MAX_SEGMENTS; s++) O2_STEP(h.map, p[s], e[s], o[s], j, width);
+        /* the left byte stays in a register: reading it back from out would put a store's
+         * forwarding on every step's chain */
+        int left[O1_MAX_SEGMENTS];
+        for (int s = 0; s < O1_MAX_SEGMENTS; s++) left[s] = first ? o[s][first - 1] : 0;
         for (size_t j = first; j < common; j++)
             for (int s = 0; s < O1_MAX_SEGMENTS; s++) {
                 uint8_t *x = o[s];
-                int v = (int)x[j - 1] + (int)x[j - width] - (int)x[j - width - 1];
+                int v = left[s] + (int)x[j - width] - (int)x[j - width - 1];
                 uint8_t pr = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v), k = h.map[pr];
                 if (p[s][k] == e[s][k]) return 0;
                 x[j] = (uint8_t)(*p[s][k]++ + pr);
+                left[s] = x[j];
             }
     } else {
         common = 0;

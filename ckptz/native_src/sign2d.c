@@ -77,7 +77,11 @@ static int sign2d_decode(const uint8_t *in, size_t len, uint8_t *out, size_t n, 
     unpack_rows(in + 8 + framed, m, S2_MANTISSA, 7, 0, out, n);
     size_t first = width + 1 < n ? width + 1 : n;
     for (size_t j = 0; j < first; j++) out[j] |= (uint8_t)((scratch[j >> 3] >> (j & 7) & 1) ^ s2_predict(out, j, width));
-    for (size_t j = first; j < n; j++)
-        out[j] |= (uint8_t)((scratch[j >> 3] >> (j & 7) ^ out[j - 1] ^ out[j - width] ^ out[j - width - 1]) & 1);
+    /* the left sign stays in a register (out's store would be on every step's chain) */
+    uint8_t left = first ? out[first - 1] & 1 : 0;
+    for (size_t j = first; j < n; j++) {
+        left = (uint8_t)((scratch[j >> 3] >> (j & 7) ^ left ^ out[j - width] ^ out[j - width - 1]) & 1);
+        out[j] |= left;
+    }
     return 1;
 }
