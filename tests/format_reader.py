@@ -85,10 +85,40 @@ def _ctx(payload: bytes, n: int) -> bytes:
     return out.tobytes()
 
 
-def _huff1(payload: bytes, n: int) -> bytes:
+def _huff2d(payload: bytes, n: int) -> bytes:
+    _need(len(payload) >= 4, "huff2d payload too short")
+    (width,) = struct.unpack_from("<I", payload)
+    _need(width >= 1, "huff2d row width")
+    return _huff1(payload[4:], n, width)
+
+
+def _sign2d(payload: bytes, n: int) -> bytes:
+    m = -(-n // 8)
+    _need(len(payload) >= 8, "sign2d payload too short")
+    width, framed = struct.unpack_from("<II", payload)
+    _need(width >= 1 and len(payload) == 8 + framed + 7 * m, "sign2d width or sizes")
+    residual = np.unpackbits(np.frombuffer(_zstd(payload[8 : 8 + framed], m), np.uint8), bitorder="little")
+    rows = np.frombuffer(payload[8 + framed :], np.uint8).reshape(7, m) if m else np.zeros((7, 0), np.uint8)
+    out = np.zeros(n, np.uint8)
+    for b in range(1, 8):
+        out |= np.unpackbits(rows[b - 1], bitorder="little")[:n] << b
+    signs = bytearray(n)
+    for j in range(n):
+        if j > width:
+            pred = signs[j - 1] ^ signs[j - width] ^ signs[j - width - 1]
+        else:
+            pred = signs[j - 1] if j else 0
+        signs[j] = int(residual[j]) ^ pred
+    return (out | np.frombuffer(bytes(signs), np.uint8)).tobytes()
+
+
+def _huff1(payload: bytes, n: int, width: int = 0) -> bytes:
+    """huff1, or with a row ``width`` the huff1 part of huff2d (contexts are predictions,
+    bytes are residuals)."""
     _need(len(payload) >= 4, "huff1 payload too short")
     version, k, s, reserved = payload[:4]
     _need(version == 1 and 1 <= k <= 16 and 1 <= s <= 8 and reserved == 0, "huff1 header")
+    _need(len(payload) >= 4 + (k - 1) + 8 * k + 4 * k * (s - 1), "huff1 payload shorter than its header")
     starts = [0, *payload[4 : 3 + k], 256]
     _need(all(x < y for x, y in itertools.pairwise(starts)), "huff1 bucket starts")
     at = 3 + k
@@ -118,9 +148,12 @@ def _huff1(payload: bytes, n: int) -> bytes:
         pos = list(read)
         prev = 0
         for i in range(lo, hi):
+            if width and i - lo > width:
+                prev = min(max(out[i - 1] + out[i - width] - out[i - width - 1], 0), 255)
             g = int(bucket_of[prev])
             _need(pos[g] < read[g] + taken[g], "huff1 walk exhausts a group")
-            prev = out[i] = groups[g][pos[g]]
+            out[i] = (groups[g][pos[g]] + (prev if width else 0)) & 0xFF
+            prev = out[i]
             pos[g] += 1
         read = [r + t for r, t in zip(read, taken, strict=True)]
     return bytes(out)
@@ -147,6 +180,10 @@ def decode_chunk(codec: int, payload: bytes, size: int) -> bytes:
         return _bitpack(payload, size)
     if codec == 7:
         return _huff1(payload, size)
+    if codec == 8:
+        return _huff2d(payload, size)
+    if codec == 9:
+        return _sign2d(payload, size)
     raise FormatViolation(f"bitstream {codec} has no CPU decoder")
 
 

@@ -21,11 +21,12 @@ import pytest
 import torch
 from test_cli import second_moments_of_a_short_training_run
 from test_jobs import _start, _temps, _wait_for_temp
+from test_sign2d import first_moments_of_a_short_training_run
 
 from ckptz import api
 from ckptz.codecs import frames as coder
 from ckptz.codecs.native import native
-from ckptz.codecs.table import HUFF1
+from ckptz.codecs.table import HUFF1, HUFF2D, SIGN2D
 from ckptz.container import read_index
 from ckptz.digest import TREE
 from ckptz.engines.cpu import CpuEngine
@@ -248,9 +249,10 @@ def _row_patterned_mantissas() -> torch.Tensor:
 def test_order1_choice_by_measured_size_is_the_python_pipelines(
     tmp_path: Path, case: str, native_calls: list[str], python_pipeline: Callable[[], None]
 ) -> None:
-    """At level 19 every float stream's exponents try order-1 coding, whatever its keys:
-    real second moments under parameter names take it, and the plane keeps it to exponent
-    planes as the Python coder does (a mantissa plane that zstd codes smaller stays zstd)."""
+    """At level 19 every float stream's exponents try context coding, whatever its keys:
+    real second moments under parameter names take it (row-predicted, huff2d: their
+    exponents are a row term plus a column term), and the plane keeps it to exponent planes
+    as the Python coder does (a mantissa plane that zstd codes smaller stays zstd)."""
     from safetensors.torch import save_file
 
     if case == "plain names":
@@ -264,10 +266,41 @@ def test_order1_choice_by_measured_size_is_the_python_pipelines(
     with open(tmp_path / "native.ckptz", "rb") as f:
         chunks = read_index(f, "state.safetensors").chunks
     exponents = chunks["codec"][chunks["plane"] == 3]
-    assert (HUFF1.id in exponents) == (case == "plain names")
-    assert HUFF1.id not in chunks["codec"][chunks["plane"] != 3]
+    assert (HUFF2D.id in exponents) == (case == "plain names")
+    assert HUFF1.id not in exponents or case == "plain names"
+    assert not {HUFF1.id, HUFF2D.id} & set(chunks["codec"][chunks["plane"] != 3].tolist())
     python_pipeline()
     assert natively == _compress(src, tmp_path / "python.ckptz", CpuEngine(2, level=19), verify=True)
+    api.decompress(tmp_path / "native.ckptz", tmp_path / "back.safetensors", device="cpu")
+    assert (tmp_path / "back.safetensors").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize("frame", [None, 64 << 10])
+def test_row_predicted_signs_are_coded_natively_as_the_python_pipeline_codes_them(
+    tmp_path: Path, frame: int | None, native_calls: list[str], python_pipeline: Callable[[], None]
+) -> None:
+    """At level 19 real first moments whose embedding rows see no tokens code their lowest
+    planes sign2d, natively byte for byte as the Python coder does (verified in the plane),
+    on large frames and on small ones where fewer rows fit."""
+    from safetensors.torch import save_file
+
+    src = tmp_path / "moments.safetensors"
+    save_file(first_moments_of_a_short_training_run(), str(src))
+
+    def engine() -> CpuEngine:
+        made = CpuEngine(2, level=19)
+        if frame is not None:
+            made.frame_size = made.largest_frame = frame
+        return made
+
+    natively = _compress(src, tmp_path / "native.ckptz", engine(), verify=True)
+    assert native_calls == [src.name]
+    with open(tmp_path / "native.ckptz", "rb") as f:
+        chunks = read_index(f, src.name).chunks
+    assert SIGN2D.id in chunks["codec"][chunks["plane"] == 0]
+    assert SIGN2D.id not in chunks["codec"][chunks["plane"] != 0]
+    python_pipeline()
+    assert natively == _compress(src, tmp_path / "python.ckptz", engine(), verify=True)
     api.decompress(tmp_path / "native.ckptz", tmp_path / "back.safetensors", device="cpu")
     assert (tmp_path / "back.safetensors").read_bytes() == src.read_bytes()
 

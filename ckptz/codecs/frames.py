@@ -14,7 +14,12 @@ This is the CPU frame coder. Per plane, cheapest first:
    level-``level`` zstd is tried as well. With
    ``context_exponents`` (the CPU engine sets it on float streams from ``--level`` 10),
    ``huff1`` is tried too: each exponent coded given the bucket of the one before it
-   (:mod:`ckptz.codecs.order1`);
+   (:mod:`ckptz.codecs.order1`), and ``huff2d``, each exponent's residual from a prediction
+   by its neighbours in the row and the row above (:mod:`ckptz.codecs.order2d`), which
+   stands in for ``huff1`` where it is smaller (Adam second moments); and with the same
+   option a float's lowest plane (its sign in bit 0) tries ``sign2d``, each sign coded given
+   the signs left, up and up-left (:mod:`ckptz.codecs.sign2d`), kept where it saves the
+   margin over the plane's other coding (first moments of rows that move together);
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
    entropy (sign bits of bf16-exact fp32, ``exp_avg_sq``'s low plane) is ``bitpack``-ed;
 5. any other plane (zero runs, 7-bit mantissas) gets ``zstd``; a low-entropy one that is
@@ -32,13 +37,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptz.codecs import cpu_codec, order1
+from ckptz.codecs import cpu_codec, order1, order2d, sign2d
 from ckptz.codecs.base import Codec
 from ckptz.codecs.bitpack import BitpackCodec, packed_size
 from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
 from ckptz.codecs.native import native
 from ckptz.codecs.order1 import Order1Codec
+from ckptz.codecs.order2d import Order2dCodec
 from ckptz.codecs.planes import merge, scratch, split_owned, split_sampled
+from ckptz.codecs.sign2d import Sign2dCodec
 from ckptz.dtypes import DType
 from ckptz.errors import CodecError
 
@@ -78,7 +85,9 @@ class EncodeOptions:
     Attributes:
         level: zstd level for the planes worth coding (1-22).
         context_exponents: also try ``huff1`` (each exponent coded
-            given the one before it) on exponent planes and keep the smaller payload.
+            given the one before it) and ``huff2d`` (given its row neighbours) on exponent
+            planes, and ``sign2d`` (signs given the row above) on a float's lowest plane, and
+            keep the smaller payload.
     """
 
     level: int = 3
@@ -100,6 +109,8 @@ _ZSTD: dict[int, ZstdCodec] = {}
 _HUFFMAN = HuffmanZstd()
 _BITPACK = BitpackCodec()
 _ORDER1 = Order1Codec()
+_ORDER2D = Order2dCodec()
+_SIGN2D = Sign2dCodec()
 
 
 def _zstd(level: int) -> ZstdCodec:
@@ -155,6 +166,7 @@ def encode_plane(
     options: EncodeOptions,
     *,
     exponent: bool = False,
+    signs: bool = False,
     stats: PlaneStats | None = None,
     owned: bytes | None = None,
 ) -> EncodedChunk:
@@ -164,10 +176,29 @@ def encode_plane(
         plane: the plane's bytes (1-D uint8).
         options: how hard to try.
         exponent: the plane holds float exponents (Huffman coding is the first choice).
+        signs: the plane holds float signs in bit 0 (a rotated float's lowest plane).
         stats: the plane's statistics if already known (computed here otherwise).
         owned: the plane's bytes as an object of their own, which a plane stored raw
             becomes without a copy (else it is copied out of ``plane``).
     """
+    chunk = _encode_plane(plane, options, exponent=exponent, stats=stats, owned=owned)
+    if signs and options.context_exponents and plane.size:
+        # Row-predicted signs replace the plane's choice only where they save the margin a
+        # slower decoder must; declined (None) where no row width predicts the signs.
+        signed = sign2d.encode(plane)
+        if signed is not None and len(signed) < (1 - CONTEXT_MARGIN) * len(chunk.payload):
+            return EncodedChunk(_SIGN2D.id, plane.size, signed)
+    return chunk
+
+
+def _encode_plane(
+    plane: np.ndarray,
+    options: EncodeOptions,
+    *,
+    exponent: bool,
+    stats: PlaneStats | None,
+    owned: bytes | None,
+) -> EncodedChunk:
     size = plane.size
     if size == 0:
         return EncodedChunk(_RAW.id, 0, b"")
@@ -197,7 +228,7 @@ def encode_plane(
         # where zstd's short LZ matches cost more than Huffman's one bit per byte: literal
         # zstd is within 0.3% of deflate there, at twice its speed.
         candidates = [zstd, _HUFFMAN] if bits < LOW_BITS and zeros < RUN_SHARE else [zstd]
-    ordered = None
+    ordered, ordered_id = None, _ORDER1.id
     if context:
         # huff1 decodes at a third to half the speed of Huffman-coded zstd, so it must save
         # CONTEXT_MARGIN. Where it saves that below the entropy of the plane's 8 KiB blocks,
@@ -207,20 +238,25 @@ def encode_plane(
         # A plane whose pair counts choose no context split (dense weights) is declined
         # before it is coded: huff1 would tie with Huffman coding there at twice the time.
         ordered = order1.encode(plane, contextual_only=True)
+        # Row-predicted exponents take huff1's place where smaller; declined (None) where no
+        # row width predicts better than the left neighbour, so other planes code as before.
+        rowed = order2d.encode(plane)
+        if rowed is not None and (ordered is None or len(rowed) < len(ordered)):
+            ordered, ordered_id = rowed, _ORDER2D.id
         alone = candidates == [_HUFFMAN]
         if (
             ordered is not None
             and alone
             and len(ordered) < (1 - CONTEXT_MARGIN) * native.blocked_entropy(plane, BLOCK)
         ):
-            return EncodedChunk(_ORDER1.id, size, ordered)
+            return EncodedChunk(ordered_id, size, ordered)
     best_id, best = _RAW.id, b""
     for codec in candidates:
         payload = codec.encode(plane)
         if len(payload) < (len(best) if best else size):
             best_id, best = codec.id, payload
     if ordered is not None and len(ordered) < (1 - CONTEXT_MARGIN) * (len(best) if best else size):
-        best_id, best = _ORDER1.id, ordered
+        best_id, best = ordered_id, ordered
     if not best:
         return EncodedChunk(_RAW.id, size, _RAW.encode(plane) if owned is None else owned)
     return EncodedChunk(best_id, size, best)
@@ -245,7 +281,14 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
     stats = [PlaneStats(*s) for s in sampled] if sampled else [None] * len(planes)
     top = len(planes) - 1
     return [
-        encode_plane(p, options, exponent=dtype.is_float and i == top, stats=st, owned=blob)
+        encode_plane(
+            p,
+            options,
+            exponent=dtype.is_float and i == top,
+            signs=dtype.is_float and i == 0,
+            stats=st,
+            owned=blob,
+        )
         for i, (p, st, blob) in enumerate(zip(planes, stats, blobs, strict=True))
     ]
 

@@ -23,6 +23,8 @@ from ckptz.codecs.cpu import ConstCodec, RawCodec, ZstdCodec
 from ckptz.codecs.ctx import CtxCodec
 from ckptz.codecs.deflate import DeflateCodec
 from ckptz.codecs.order1 import Order1Codec
+from ckptz.codecs.order2d import Order2dCodec
+from ckptz.codecs.sign2d import Sign2dCodec
 
 #: ``Bitstream.gpu`` of bitstreams the GPU coder handles without nvCOMP (stored and
 #: constant planes).
@@ -69,9 +71,11 @@ CTX = Bitstream(4, "ctx", cpu=CtxCodec, gpu=None)
 DEFLATE = Bitstream(5, "deflate", cpu=DeflateCodec, gpu=None)
 BITPACK = Bitstream(6, "bitpack", cpu=BitpackCodec, gpu=KERNELS)
 HUFF1 = Bitstream(7, "huff1", cpu=Order1Codec, gpu=None)
+HUFF2D = Bitstream(8, "huff2d", cpu=Order2dCodec, gpu=None)
+SIGN2D = Bitstream(9, "sign2d", cpu=Sign2dCodec, gpu=None)
 
 #: Every bitstream, by id.
-TABLE: tuple[Bitstream, ...] = (RAW, CONST, ZSTD, ANS, CTX, DEFLATE, BITPACK, HUFF1)
+TABLE: tuple[Bitstream, ...] = (RAW, CONST, ZSTD, ANS, CTX, DEFLATE, BITPACK, HUFF1, HUFF2D, SIGN2D)
 
 #: What ``--codec`` may name besides ``auto``: the bitstreams the GPU coder tries on every
 #: plane (through nvCOMP). The CPU coder chooses its own per plane, all of them portable.
@@ -105,8 +109,10 @@ __all__ = [
     "CTX",
     "DEFLATE",
     "HUFF1",
+    "HUFF2D",
     "KERNELS",
     "RAW",
+    "SIGN2D",
     "TABLE",
     "ZSTD",
     "Bitstream",

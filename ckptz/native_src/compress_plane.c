@@ -9,7 +9,8 @@
  * checksum and hashes the digest's leaves (plane.c's functions, fused in one pass where the
  * pieces come in order), splits the words into planes, codes each plane by
  * ckptz/codecs/frames.py's rules (its thresholds come with the plan; exponent planes of
- * frames so marked are tried in order-1 coding too, order1.c) and takes the payloads'
+ * frames so marked are tried in order-1 and row-predicted coding too, order1.c and
+ * order2d.c, and their lowest planes' signs row-predicted, sign2d.c) and takes the payloads'
  * checksums into the chunk table. Payloads are placed in frame order, so the data area is
  * the one the Python pipeline writes: a coded frame whose predecessors are not all placed
  * waits in its buffers (a bounded set) while its thread codes another, and the thread that
@@ -245,18 +246,28 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
     /* Order-1 exponents as frames.encode_plane tries them: they decode slower, so they must
      * save the margin; against Huffman coding alone, a saving below the entropy of the
      * plane's blocks is one no order-0 code reaches, and the others are not tried. A plane
-     * order1.c declines is coded as if huff1 had lost. */
+     * order1.c declines is coded as if huff1 had lost. Row-predicted exponents (order2d.c)
+     * stand in for huff1 where they are smaller. */
     uint8_t *ordered = NULL;
     size_t ordered_size = 0;
+    int ordered_codec = CODEC_HUFF1;
     double keep = 1 - rule[RULE_CONTEXT_MARGIN];
     if (exponent && context) { /* exponent planes only, as in frames.encode_plane */
         int segments = n >= (1u << 17) ? 8 : n >= (1u << 15) ? 4 : 1;
         ordered_size = order1_encode(plane, n, segments, 1, &ordered);
+        uint8_t *rowed = NULL;
+        size_t rowed_size = order2d_encode(plane, n, segments, 0, &rowed);
+        if (rowed_size && (!ordered_size || rowed_size < ordered_size)) {
+            free(ordered);
+            ordered = rowed, ordered_size = rowed_size, ordered_codec = CODEC_HUFF2D;
+        } else {
+            free(rowed);
+        }
         if (ordered_size && count == 1 &&
             (double)ordered_size < keep * blocked_entropy(plane, n, (size_t)rule[RULE_BLOCK])) {
             memcpy(slot, ordered, ordered_size);
             free(ordered);
-            *out = (payload_t){CODEC_HUFF1, slot, ordered_size};
+            *out = (payload_t){ordered_codec, slot, ordered_size};
             return 1;
         }
     }
@@ -275,12 +286,24 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
     }
     if (ordered_size && (double)ordered_size < keep * (double)(best ? best : n)) {
         memcpy(slot, ordered, ordered_size);
-        *out = (payload_t){CODEC_HUFF1, slot, ordered_size};
+        *out = (payload_t){ordered_codec, slot, ordered_size};
     } else {
         *out = best ? (payload_t){CODEC_ZSTD, slot, best} : (payload_t){CODEC_RAW, plane, n};
     }
     free(ordered);
     return 1;
+}
+
+/* Row-predicted signs (sign2d.c) for a float's lowest plane, in place of plane_code's
+ * payload where they save the margin a slower decoder must, as frames.encode_plane does. */
+static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, uint8_t *slot, payload_t *out) {
+    uint8_t *signs = NULL;
+    size_t size = sign2d_encode(plane, n, 0, &signs);
+    if (size && (double)size < (1 - w->plan->rules[RULE_CONTEXT_MARGIN]) * (double)out->len) {
+        memcpy(slot, signs, size);
+        *out = (payload_t){CODEC_SIGN2D, slot, size};
+    }
+    free(signs);
 }
 
 /* ---------------------------------------------------------------- verify */
@@ -316,6 +339,14 @@ static int decodes_back(coder_t *w, const payload_t *payloads, int word, int rot
             if (!order1_usable(c->bytes, c->len, n, w->dt) ||
                 !order1_decode(c->bytes, c->len, into, n, w->groups, w->dt))
                 return 0;
+        } else if (c->codec == CODEC_HUFF2D) {
+            if (!w->groups && !(w->groups = malloc(n ? n : 1))) return 0;
+            if (!order2d_usable(c->bytes, c->len, n, w->dt) ||
+                !order2d_decode(c->bytes, c->len, into, n, w->groups, w->dt))
+                return 0;
+        } else if (c->codec == CODEC_SIGN2D) {
+            if (!w->groups && !(w->groups = malloc(n ? n : 1))) return 0;
+            if (!sign2d_decode(c->bytes, c->len, into, n, w->groups, w->dt)) return 0;
         }
     }
     const uint8_t *bytes = planes[0].bytes;
@@ -478,6 +509,8 @@ static int code_planes(coder_t *w, int64_t i, const split_t *s, uint8_t *out, pa
         } else if (!plane_code(w, s->planes[k], n, is_float && k == word - 1, context, s->bits[k], s->zeros[k],
                                s->ones[k], s->any[k], out + (size_t)k * room, &payloads[k], &error)) {
             return compress_fail(w->plan, PLANE_CODER, i, error), 0;
+        } else if (is_float && k == 0 && context) {
+            plane_code_signs(w, s->planes[k], n, out + (size_t)k * room, &payloads[k]);
         }
     }
     return 1;

@@ -6,10 +6,10 @@
 
 /* The bitstreams frame_decode() handles itself. The ids are ckptz/codecs/table.py's;
  * tests/test_table.py holds this enum against that table. */
-enum { CODEC_RAW = 0, CODEC_CONST = 1, CODEC_ZSTD = 2, CODEC_BITPACK = 6, CODEC_HUFF1 = 7 };
+enum { CODEC_RAW = 0, CODEC_CONST = 1, CODEC_ZSTD = 2, CODEC_BITPACK = 6, CODEC_HUFF1 = 7, CODEC_HUFF2D = 8, CODEC_SIGN2D = 9 };
 
 /* Checks what is cheap to check about a chunk of `size` bytes, n expected: a raw or const
- * payload's size, a bitpack payload's header and size, that a chunk is zstd or huff1 (its
+ * payload's size, a bitpack payload's header and size, that a chunk is zstd, huff1, huff2d or sign2d (its
  * frames are frame_decode's to check). Sets where merge will read the plane: the payload
  * (raw), a constant byte (const), or `room`, where frame_decode puts it. */
 static int frame_chunk_usable(const chunk_t *chunk, size_t size, size_t n, uint8_t *room, plane_t *plane) {
@@ -30,14 +30,15 @@ static int frame_chunk_usable(const chunk_t *chunk, size_t size, size_t n, uint8
     }
     if (chunk->codec == CODEC_BITPACK)
         return len >= 2 && !(bytes[1] & ~bytes[0]) && len - 2 == (size_t)varying_list(bytes[0], bits) * ((n + 7) / 8);
-    return chunk->codec == CODEC_ZSTD || chunk->codec == CODEC_HUFF1;
+    return chunk->codec == CODEC_ZSTD || chunk->codec == CODEC_HUFF1 || chunk->codec == CODEC_HUFF2D ||
+           chunk->codec == CODEC_SIGN2D;
 }
 
 /* Decodes the planes of `word` chunks that frame_chunk_usable accepted (plane k into
  * room + k * n) and merges the words into dst. A zstd frame libzstd must decode (alone, or
  * one of a huff1 payload's groups) is found by its block headers before any work; 0 then,
- * or if a payload is malformed, and dst is untouched. `dt` is scratch for zstd and huff1
- * chunks (unused without them). */
+ * or if a payload is malformed, and dst is untouched. `dt` is scratch for zstd, huff1,
+ * huff2d and sign2d chunks (unused without them). */
 static int frame_decode(const chunk_t *chunks, const plane_t *planes, int word, size_t n, uint8_t *room,
                         uint8_t *dst, int rotate, dtable_t *dt) {
     int usable = 1;
@@ -48,6 +49,10 @@ static int frame_decode(const chunk_t *chunks, const plane_t *planes, int word, 
         } else if (chunks[k].codec == CODEC_HUFF1) {
             usable = order1_usable(chunks[k].bytes, chunks[k].len, n, dt);
             if (usable && !groups) usable = (groups = malloc(n ? n : 1)) != NULL;
+        } else if (chunks[k].codec == CODEC_HUFF2D || chunks[k].codec == CODEC_SIGN2D) {
+            usable = chunks[k].codec == CODEC_HUFF2D ? order2d_usable(chunks[k].bytes, chunks[k].len, n, dt)
+                                                     : sign2d_usable(chunks[k].bytes, chunks[k].len, n, dt);
+            if (usable && !groups) usable = (groups = malloc(n ? n : 1)) != NULL;
         }
     for (int k = 0; usable && k < word; k++) {
         uint8_t *plane = room + (size_t)k * n;
@@ -56,6 +61,10 @@ static int frame_decode(const chunk_t *chunks, const plane_t *planes, int word, 
             usable = literals_frame(in, chunks[k].len, plane, n, dt, 1);
         } else if (chunks[k].codec == CODEC_HUFF1) {
             usable = order1_decode(in, chunks[k].len, plane, n, groups, dt);
+        } else if (chunks[k].codec == CODEC_HUFF2D) {
+            usable = order2d_decode(in, chunks[k].len, plane, n, groups, dt);
+        } else if (chunks[k].codec == CODEC_SIGN2D) {
+            usable = sign2d_decode(in, chunks[k].len, plane, n, groups, dt);
         } else if (chunks[k].codec == CODEC_BITPACK) {
             int bits[8], count = varying_list(in[0], bits);
             unpack_rows(in + 2, (n + 7) / 8, bits, count, in[1], plane, n);

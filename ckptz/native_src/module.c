@@ -24,6 +24,12 @@
  *                                       a ckptz.codecs.order1 payload (exponents grouped by
  *                                       the preceding byte's bucket), or None
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
+ *   order2d_encode(src, segments, width) a ckptz.codecs.order2d payload (exponents predicted
+ *                                       from the row above, residuals grouped), or None
+ *   order2d_decode(payload, out)        one, decoded; False if it is malformed
+ *   sign2d_encode(src, width)           a ckptz.codecs.sign2d payload (sign bits predicted from
+ *                                       the row above, the mantissa bits packed), or None
+ *   sign2d_decode(payload, out)         one, decoded; False if it is malformed
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *   series_delta(data, ref, word, kind, mantissa_bits, scale, forward)
  *                                       a series delta of kind 1-3 applied or undone in place
@@ -82,6 +88,8 @@
  *   literals_decode.c   such frames, decoded
  *   bitpack.c           bit packing by 8x8 bit transposes (SSE2, AVX2)
  *   order1.c            order-1 exponent coding: bytes grouped by context, literal frames
+ *   order2d.c           row-predicted exponents: residuals grouped by prediction, as order1.c
+ *   sign2d.c            row-predicted sign bits of a float's lowest plane
  *   frame.c             a whole frame's planes decoded and merged
  *   hash.c              xxh3_64 without the GIL (vendored xxHash: xxhash.h, xxh_x86dispatch.c)
  *   plane.c             the restore data plane: a whole file restored on native threads
@@ -110,6 +118,8 @@
 #include "literals_decode.c"
 #include "bitpack.c"
 #include "order1.c"
+#include "order2d.c"
+#include "sign2d.c"
 #include "frame.c"
 #include "hash.c"
 #include "pickle_ops.c"
@@ -491,6 +501,104 @@ static PyObject *native_order1_decode(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* order2d_encode(src, segments, width=0) -> a ckptz.codecs.order2d payload, or None where no
+ * row width pays (width 0: the encoder searches one) or a group's table cannot be described. */
+static PyObject *native_order2d_encode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    int segments;
+    Py_ssize_t width = 0;
+    if (!PyArg_ParseTuple(args, "y*i|n", &src, &segments, &width)) return NULL;
+    PyObject *result = NULL;
+    if (segments < 1 || segments > O1_MAX_SEGMENTS || (size_t)src.len > 0xFFFFFFFFu || width < 0 ||
+        (size_t)width > 0xFFFFFFFFu) {
+        PyErr_Format(PyExc_ValueError, "%d segments of %zd bytes, width %zd: expected 1 to %d, under 4 GiB", segments,
+                     src.len, width, O1_MAX_SEGMENTS);
+        goto done;
+    }
+    uint8_t *buf;
+    size_t size;
+    Py_BEGIN_ALLOW_THREADS;
+    size = order2d_encode(src.buf, (size_t)src.len, segments, (size_t)width, &buf);
+    Py_END_ALLOW_THREADS;
+    result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
+    free(buf);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* order2d_decode(payload, out) -> True if the payload was decoded into `out` (its exact
+ * size), False if it is malformed. */
+static PyObject *native_order2d_decode(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    PyObject *result = NULL;
+    dtable_t *dt = malloc(sizeof(dtable_t));
+    uint8_t *groups = malloc(dst.len ? (size_t)dst.len : 1);
+    if (!dt || !groups) {
+        PyErr_NoMemory();
+    } else {
+        int ok;
+        Py_BEGIN_ALLOW_THREADS;
+        ok = order2d_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, groups, dt);
+        Py_END_ALLOW_THREADS;
+        result = PyBool_FromLong(ok);
+    }
+    free(dt);
+    free(groups);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* sign2d_encode(src, width=0) -> a ckptz.codecs.sign2d payload, or None where no row width
+ * predicts the sign bits (width 0: the encoder searches one) or the residual's table cannot
+ * be described. */
+static PyObject *native_sign2d_encode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Py_ssize_t width = 0;
+    if (!PyArg_ParseTuple(args, "y*|n", &src, &width)) return NULL;
+    PyObject *result = NULL;
+    if ((size_t)src.len > 0xFFFFFFFFu || width < 0 || (size_t)width > 0xFFFFFFFFu) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes, width %zd: expected under 4 GiB", src.len, width);
+        goto done;
+    }
+    uint8_t *buf;
+    size_t size;
+    Py_BEGIN_ALLOW_THREADS;
+    size = sign2d_encode(src.buf, (size_t)src.len, (size_t)width, &buf);
+    Py_END_ALLOW_THREADS;
+    result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
+    free(buf);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* sign2d_decode(payload, out) -> True if the payload was decoded into `out` (its exact
+ * size), False if it is malformed. */
+static PyObject *native_sign2d_decode(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    PyObject *result = NULL;
+    dtable_t *dt = malloc(sizeof(dtable_t));
+    uint8_t *residual = malloc(dst.len ? (size_t)dst.len : 1);
+    if (!dt || !residual) {
+        PyErr_NoMemory();
+    } else {
+        int ok;
+        Py_BEGIN_ALLOW_THREADS;
+        ok = sign2d_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, residual, dt);
+        Py_END_ALLOW_THREADS;
+        result = PyBool_FromLong(ok);
+    }
+    free(dt);
+    free(residual);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 /* ---------------------------------------------------------------- bit packing */
 
 /* bitpack_encode(src, fixed, value) -> ckptz.codecs.bitpack's payload: the two header
@@ -582,7 +690,9 @@ static PyObject *native_decode_frame(PyObject *self, PyObject *args) {
         chunks[k].bytes = views[held].buf;
         chunks[k].len = (size_t)views[held++].len;
         usable = frame_chunk_usable(&chunks[k], (size_t)size, n, (uint8_t *)room.buf + (size_t)k * n, &planes[k]);
-        if (usable && (chunks[k].codec == CODEC_ZSTD || chunks[k].codec == CODEC_HUFF1) && !dt && !(dt = malloc(sizeof(dtable_t)))) {
+        if (usable && (chunks[k].codec == CODEC_ZSTD || chunks[k].codec == CODEC_HUFF1 || chunks[k].codec == CODEC_HUFF2D ||
+                       chunks[k].codec == CODEC_SIGN2D) &&
+            !dt && !(dt = malloc(sizeof(dtable_t)))) {
             PyErr_NoMemory();
             goto done;
         }
@@ -1327,6 +1437,14 @@ static PyMethodDef methods[] = {
      "order1_encode(src, segments, contextual_only=False): a ckptz.codecs.order1 payload of src, or None."},
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
+    {"order2d_encode", native_order2d_encode, METH_VARARGS,
+     "order2d_encode(src, segments, width=0): a ckptz.codecs.order2d payload of src, or None."},
+    {"order2d_decode", native_order2d_decode, METH_VARARGS,
+     "order2d_decode(payload, out): decode an order2d payload into out; False if malformed."},
+    {"sign2d_encode", native_sign2d_encode, METH_VARARGS,
+     "sign2d_encode(src, width=0): a ckptz.codecs.sign2d payload of src, or None."},
+    {"sign2d_decode", native_sign2d_decode, METH_VARARGS,
+     "sign2d_decode(payload, out): decode a sign2d payload into out; False if malformed."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
      "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None) -> int: code a whole file (from a descriptor,\n"

@@ -258,11 +258,16 @@ static int plane_decode_one(worker_t *w, const uint8_t *in, size_t len, int code
         plane->value = 0;
         return deflate_decode(in, len, into, n);
     }
-    if (codec != CODEC_RAW && codec != CODEC_CONST && codec != CODEC_BITPACK && codec != CODEC_HUFF1) return 0;
+    if (codec != CODEC_RAW && codec != CODEC_CONST && codec != CODEC_BITPACK && codec != CODEC_HUFF1 &&
+        codec != CODEC_HUFF2D && codec != CODEC_SIGN2D)
+        return 0;
     if (!frame_chunk_usable(&chunk, n, n, into, plane)) return 0;
-    if (codec == CODEC_HUFF1) {
-        /* Scratch for its groups, the first time a huff1 plane comes (a room of a frame). */
+    if (codec == CODEC_HUFF1 || codec == CODEC_HUFF2D || codec == CODEC_SIGN2D) {
+        /* Scratch for its groups, the first time such a plane comes (a room of a frame). */
         if (!w->groups && !(w->groups = malloc(w->plan->frame_room ? w->plan->frame_room : 1))) return 0;
+        if (codec == CODEC_SIGN2D) return sign2d_decode(in, len, into, n, w->groups, w->dt);
+        if (codec == CODEC_HUFF2D)
+            return order2d_usable(in, len, n, w->dt) && order2d_decode(in, len, into, n, w->groups, w->dt);
         return order1_usable(in, len, n, w->dt) && order1_decode(in, len, into, n, w->groups, w->dt);
     }
     if (codec == CODEC_BITPACK) {
