@@ -31,10 +31,11 @@ def main() -> None:
     except SystemExit as exc:
         if not _signals.received:
             _leave_if_gpu_starting(exc.code)
-            raise
+            if _held():
+                raise
     else:
         _leave_if_gpu_starting(0)
-    if not _signals.received:
+    if not _signals.received and _held():
         return
     if not _signals.announced:
         sys.stderr.write("ckptz: stopped (run the same command again to finish anything left)\n")
@@ -45,6 +46,16 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_signals.exit_code())
+
+
+def _held() -> bool:
+    """Whether signals are held for the exit of a command that ran to its end; False if
+    one came just before (the run then ends as stopped)."""
+    try:
+        _signals.hold()
+    except KeyboardInterrupt:
+        return False
+    return True
 
 
 def _cache_bytecode() -> None:

@@ -42,6 +42,17 @@ def arm() -> None:
         raise KeyboardInterrupt
 
 
+def hold() -> None:
+    """From now on a signal is only recorded, then ignored: the command is over, and
+    neither a handler that runs after ``main`` returned nor the interpreter's exit (which
+    puts the default handlers back) may end the process by the signal instead."""
+    _armed.clear()
+    # Ignored, not blocked: another thread would still take a blocked signal, and CPython
+    # leaves an ignored one ignored through its exit.
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+
+
 def exit_code() -> int:
     """The exit code of a stopped run: 130 for Ctrl-C, 143 for SIGTERM."""
     return 128 + (received[0] if received else signal.SIGINT)

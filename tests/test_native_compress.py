@@ -576,8 +576,9 @@ def test_sigint_stops_a_native_compression(tmp_path: Path) -> None:
     work = tmp_path / "run"
     work.mkdir()
     rng = np.random.default_rng(1)
+    # Large enough that one thread is still coding it when the signal lands.
     save_file(
-        {"w": (rng.standard_normal(12_000_000) * 0.02).astype(np.float32)}, str(work / "big.safetensors")
+        {"w": (rng.standard_normal(40_000_000) * 0.02).astype(np.float32)}, str(work / "big.safetensors")
     )
     original = hashlib.sha256((work / "big.safetensors").read_bytes()).hexdigest()
     proc = _start("compress", str(work / "big.safetensors"), "-o", str(work / "big.ckptz"), "-T", "1")
@@ -594,6 +595,28 @@ def test_sigint_stops_a_native_compression(tmp_path: Path) -> None:
     if out.exists():
         with open(out, "rb") as f:
             assert read_index(f, "big").source_size == (work / "big.safetensors").stat().st_size
+
+
+def test_a_signal_as_the_command_ends_never_kills_it_by_the_signal(tmp_path: Path) -> None:
+    """Ctrl-C landing while a finished compression exits ends it as stopped (130) or as done
+    (0), never by the signal itself (CPython puts the default handlers back as it exits)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(2)
+    src = tmp_path / "m.safetensors"
+    save_file({"w": (rng.standard_normal(2_000_000) * 0.02).astype(np.float32)}, str(src))
+    codes = []
+    for delay in np.linspace(0.0, 0.3, 10):
+        out = tmp_path / "m.ckptz"
+        out.unlink(missing_ok=True)
+        proc = _start("compress", str(src), "-o", str(out), "-T", "1", "-q")
+        assert _wait_for_temp(tmp_path, proc) or proc.poll() is not None
+        time.sleep(float(delay))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert "Traceback" not in err
+        codes.append(proc.returncode)
+    assert set(codes) <= {0, 130}, codes
 
 
 def test_a_hybrid_engine_codes_each_file_natively_until_its_gpu_joins(
