@@ -28,7 +28,6 @@
 
 #include <pthread.h>
 #include <stdio.h>
-#include <time.h>
 
 enum { CG_FREE, CG_READING, CG_READ, CG_CODING, CG_CODED, CG_PLACED, CG_WRITING };
 
@@ -174,14 +173,7 @@ static int cg_plan_batches(cg_plane_t *g, char *why, size_t room) {
 
 static int64_t cg_frames(const cg_plane_t *g, int64_t b) { return g->batch_first[b + 1] - g->batch_first[b]; }
 
-static void cg_wait(cg_plane_t *g) {
-    /* Timed: a stop flag set from Python is seen even while nothing else changes. */
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 20 * 1000 * 1000;
-    if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
-    pthread_cond_timedwait(&g->changed, &g->lock, &until);
-}
+static void cg_wait(cg_plane_t *g) { plane_timed_wait(&g->changed, &g->lock); }
 
 /* The slot in `state` holding the earliest batch with a frame left to take (or any, with
  * untaken 0), or NULL. */
@@ -522,8 +514,9 @@ static void *cg_gpu(void *arg) {
     int64_t *table = malloc((size_t)rows * 11 * sizeof(int64_t));
     int64_t *plan = g->portable ? malloc(((size_t)g->largest_blocks + 1) * GPU_PLAN_FIELDS * sizeof(int64_t)) : NULL;
     int64_t *pack_rows = g->portable ? malloc((size_t)rows * 4 * sizeof(int64_t)) : NULL;
-    if (!table || (g->portable && (!plan || !pack_rows)) || gpu_enter(p->gpu_device, why, sizeof why)) {
-        if (!table || (g->portable && (!plan || !pack_rows))) snprintf(why, sizeof why, "no memory for a batch's table");
+    int no_memory = !table || (g->portable && (!plan || !pack_rows));
+    if (no_memory || gpu_enter(p->gpu_device, why, sizeof why)) {
+        if (no_memory) snprintf(why, sizeof why, "no memory for a batch's table");
         cg_gpu_fail(p, -1, why);
         free(table);
         free(plan);

@@ -273,6 +273,25 @@ static void gpu_host_free(uint8_t *ptr, size_t size) {
     pthread_mutex_unlock(&gpu_lock);
 }
 
+/* A worker's memory for a batch: `host` bytes of pinned chunk table (the table going up,
+ * then what comes back), and device memory for a `table` of that many bytes and for `in`
+ * and `out` bytes; each grown, never shrunk. 0, or -1 with why set. */
+static int gpu_batch_room(gpu_engine_t *g, size_t host, size_t table, size_t in, size_t out, char *why, size_t room) {
+    gpu_result_t r;
+    if (g->host_room < host) {
+        if (g->host_table) gpu_api.host_free(g->host_table);
+        g->host_table = NULL;
+        g->host_room = 0;
+        if ((r = gpu_api.host_alloc((void **)&g->host_table, host * 2, GPU_PORTABLE_PINNED)))
+            return gpu_say(why, room, "pinning the chunk table", r), -1;
+        g->host_room = host * 2;
+    }
+    if ((r = gpu_room(&g->in, &g->in_room, in ? in : 16)) || (r = gpu_room(&g->out, &g->out_room, out ? out : 16)) ||
+        (r = gpu_room(&g->table, &g->table_room, table ? table : 16)))
+        return gpu_say(why, room, "allocating GPU memory", r), -1;
+    return 0;
+}
+
 static int gpu_decode(gpu_engine_t *g, const gpu_batch_t *b, int64_t *bad, char *why, size_t room) {
     int64_t n = b->count;
     if (n <= 0) return 0;
@@ -280,19 +299,7 @@ static int gpu_decode(gpu_engine_t *g, const gpu_batch_t *b, int64_t *bad, char 
      * output's address; down: its decoded size and status. */
     size_t up = (size_t)n * 32, down = (size_t)n * 12;
     gpu_result_t r;
-    if (g->host_room < up + down) {
-        if (g->host_table) gpu_api.host_free(g->host_table);
-        g->host_table = NULL;
-        g->host_room = 0;
-        size_t want = (up + down) * 2;
-        if ((r = gpu_api.host_alloc((void **)&g->host_table, want, GPU_PORTABLE_PINNED)))
-            return gpu_say(why, room, "pinning the chunk table", r), -1;
-        g->host_room = want;
-    }
-    if ((r = gpu_room(&g->in, &g->in_room, b->in_bytes ? b->in_bytes : 16)) ||
-        (r = gpu_room(&g->out, &g->out_room, b->out_bytes ? b->out_bytes : 16)) ||
-        (r = gpu_room(&g->table, &g->table_room, up + down)))
-        return gpu_say(why, room, "allocating GPU memory", r), -1;
+    if (gpu_batch_room(g, up + down, up + down, b->in_bytes, b->out_bytes, why, room)) return -1;
     int64_t *order = malloc((size_t)n * sizeof(int64_t));
     if (!order) return snprintf(why, room, "no memory for a batch's table"), -1;
     uint64_t *in_ptr = (uint64_t *)g->host_table, *in_size = in_ptr + n, *out_room = in_size + n, *out_ptr = out_room + n;
@@ -453,19 +460,7 @@ static int gpu_code(gpu_engine_t *g, const gpu_code_batch_t *b, char *why, size_
     if (n <= 0) return 0;
     size_t up = (size_t)n * 24, down = (size_t)n * 12;
     gpu_result_t r;
-    if (g->host_room < up + down) {
-        if (g->host_table) gpu_api.host_free(g->host_table);
-        g->host_table = NULL;
-        g->host_room = 0;
-        size_t want = (up + down) * 2;
-        if ((r = gpu_api.host_alloc((void **)&g->host_table, want, GPU_PORTABLE_PINNED)))
-            return gpu_say(why, room, "pinning the chunk table", r), -1;
-        g->host_room = want;
-    }
-    if ((r = gpu_room(&g->in, &g->in_room, b->in_bytes ? b->in_bytes : 16)) ||
-        (r = gpu_room(&g->out, &g->out_room, b->out_bytes ? b->out_bytes : 16)) ||
-        (r = gpu_room(&g->table, &g->table_room, up + down)))
-        return gpu_say(why, room, "allocating GPU memory", r), -1;
+    if (gpu_batch_room(g, up + down, up + down, b->in_bytes, b->out_bytes, why, room)) return -1;
     gpu_code_row_t *rows = malloc((size_t)n * sizeof *rows);
     if (!rows) return snprintf(why, room, "no memory for a batch's table"), -1;
     for (int64_t c = 0; c < n; c++) {
@@ -594,10 +589,7 @@ static int gpu_write_literals(gpu_engine_t *g, const gpu_code_batch_t *b, const 
     size_t tables_at = (plan_bytes + 255) & ~(size_t)255, blob_at = (tables_at + lit->tables_bytes + 255) & ~(size_t)255,
            packs_at = (blob_at + lit->blob_bytes + 255) & ~(size_t)255, total = packs_at + pack_bytes + 16;
     gpu_result_t r;
-    if ((r = gpu_room(&g->in, &g->in_room, b->in_bytes ? b->in_bytes : 16)) ||
-        (r = gpu_room(&g->out, &g->out_room, b->out_bytes ? b->out_bytes : 16)) ||
-        (r = gpu_room(&g->table, &g->table_room, total)))
-        return gpu_say(why, room, "allocating GPU memory", r), -1;
+    if (gpu_batch_room(g, 0, total, b->in_bytes, b->out_bytes, why, room)) return -1;
     if ((r = gpu_upload(g, b)) || (plan_bytes && (r = gpu_api.to_device(g->table, lit->plan, plan_bytes, g->stream))) ||
         (lit->tables_bytes && (r = gpu_api.to_device(g->table + tables_at, lit->tables, lit->tables_bytes, g->stream))) ||
         (lit->blob_bytes && (r = gpu_api.to_device(g->table + blob_at, lit->blob, lit->blob_bytes, g->stream))) ||

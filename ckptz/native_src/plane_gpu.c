@@ -120,14 +120,17 @@ static int gpu_plan_batches(gpu_plane_t *g) {
 
 static int64_t batch_frames(const gpu_plane_t *g, int64_t b) { return g->batch_first[b + 1] - g->batch_first[b]; }
 
-static void gpu_wait(gpu_plane_t *g) {
-    /* Timed: a stop flag set from Python is seen even while nothing else changes. */
+/* Waits for `changed` (under `lock`), a while at most: a stop flag set from Python is seen
+ * even while nothing else changes. The GPU compress plane waits the same way. */
+static void plane_timed_wait(pthread_cond_t *changed, pthread_mutex_t *lock) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_nsec += 20 * 1000 * 1000;
     if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
-    pthread_cond_timedwait(&g->changed, &g->lock, &until);
+    pthread_cond_timedwait(changed, lock, &until);
 }
+
+static void gpu_wait(gpu_plane_t *g) { plane_timed_wait(&g->changed, &g->lock); }
 
 /* The slot in `state` holding the earliest batch with a frame left to take (or any, with
  * untaken 0), or NULL. */
