@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ckptz
+from test_gpu_plane import _checkpoint as _trained
 
 from ckptz import api
 from ckptz.container import read_index
@@ -41,21 +42,6 @@ gpu = pytest.mark.gpu
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _trained(path: Path) -> Path:
-    """Trained-like fp32 and bf16 weights, a zero tensor and a step count (a pickle)."""
-    g = torch.Generator().manual_seed(5)
-    torch.save(
-        {
-            "w": torch.randn(2_500_000, generator=g) * 0.02,
-            "h": (torch.randn(1_300_001, generator=g) * 0.02).bfloat16(),
-            "z": torch.zeros(70_000),
-            "step": 7,
-        },
-        path,
-    )
-    return path
 
 
 def _mixed(path: Path) -> Path:
