@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ckptz
+from damage import damage, decodes_in_bounds
 from format_reader import FormatViolation, _sign2d
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -102,22 +103,10 @@ def test_damaged_payloads_are_refused_within_bounds(data: st.DataObject) -> None
     bool; the codec raises CodecError naming sign2d or returns the size asked; a zero width,
     a cut or an extension is damage to the spec's reader too."""
     plane = _signed_bytes(data.draw(st.sampled_from([1, 30, 700])), 72, 0.05, data.draw(st.integers(0, 99)))
-    payload = bytearray(native.sign2d_encode(plane, 72))
-    how = data.draw(st.sampled_from(["width", "header", "flip", "cut", "extend"]))
-    if how == "width":
-        payload[:4] = bytes(4)
-    elif how in ("header", "flip"):
-        span = min(len(payload), 12) if how == "header" else len(payload)
-        for _ in range(data.draw(st.integers(1, 4))):
-            payload[data.draw(st.integers(0, span - 1))] ^= data.draw(st.integers(1, 255))
-    elif how == "cut":
-        del payload[data.draw(st.integers(0, len(payload) - 1)) :]
-    else:
-        payload += bytes(data.draw(st.integers(1, 16)))
-    guarded = np.full(plane.size + 64, 0xA5, np.uint8)
-    result = native.sign2d_decode(bytes(payload), guarded[32 : 32 + plane.size])
-    assert isinstance(result, bool)
-    assert (guarded[:32] == 0xA5).all() and (guarded[32 + plane.size :] == 0xA5).all()
+    how, payload = damage(
+        data, native.sign2d_encode(plane, 72), ["width", "header", "flip", "cut", "extend"], header=12
+    )
+    result = decodes_in_bounds(native.sign2d_decode, payload, plane.size)
     if how in ("width", "cut", "extend"):
         assert result is False
         with pytest.raises(FormatViolation):
