@@ -30,6 +30,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ckptz.codecs.native import native
+
 _LOCK = threading.Lock()
 _WARMING: dict[int, threading.Thread] = {}
 _CONTEXTS: dict[int, int] = {}
@@ -275,17 +277,19 @@ def free(ptr: int, size: int) -> None:
 
 
 def held() -> int:
-    """Device memory ckptz holds now in this process (bytes)."""
+    """Device memory ckptz holds now in this process (bytes): from Python and in the native
+    plane's GPU engines."""
     with _LOCK:
-        return _held
+        return _held + native.gpu_memory()[0]
 
 
 def peak(reset: bool = False) -> int:
-    """The most device memory ckptz held at once in this process (bytes); ``reset`` starts
-    counting again from what is held now."""
+    """The most device memory ckptz held at once in this process (bytes; Python's peak and
+    the native plane's, added, so never less than the true peak); ``reset`` starts counting
+    again from what is held now."""
     global _peak
     with _LOCK:
-        out = _peak
+        out = _peak + native.gpu_memory(reset)[1]
         if reset:
             _peak = _held
         return out
@@ -311,6 +315,12 @@ def copy_on_device(dst: int, src: int, size: int, stream: int) -> None:
     """Queue a device-to-device copy."""
     if size:
         check(_quick().cuMemcpyDtoDAsync_v2(dst, src, size, stream), "cuMemcpyDtoDAsync")
+
+
+def fill8(dst: int, value: int, size: int, stream: int) -> None:
+    """Queue setting ``size`` bytes at device address ``dst`` to ``value``."""
+    if size:
+        check(_quick().cuMemsetD8Async(dst, value, size, stream), "cuMemsetD8Async")
 
 
 def fill32(dst: int, value: int, words: int, stream: int, *, every: int = 1, rows: int = 1) -> None:

@@ -171,12 +171,27 @@ def test_a_pipe_takes_the_gpus_payloads_in_order(tmp_path: Path, codec: str) -> 
 
 
 @gpu
+@pytest.mark.parametrize("codec", ["ans", "zstd"])
+def test_a_file_gives_the_same_container_every_time(tmp_path: Path, codec: str) -> None:
+    """Small batches reuse the GPU's buffers many times over: what they held before never
+    reaches a payload (nvCOMP leaves padding bytes unwritten)."""
+    src = _trained(tmp_path / "m.pt")
+    runs = []
+    for k in range(3):
+        api.compress(src, tmp_path / f"{k}.ckptz", device="cuda", codec=codec, memory=32 << 20)
+        runs.append((tmp_path / f"{k}.ckptz").read_bytes())
+    assert runs[0] == runs[1] == runs[2]
+
+
+@gpu
 def test_discarded_output_codes_on_the_gpu(tmp_path: Path) -> None:
+    """Every plane but the constant and noisy ones (a float's low mantissa bytes: about
+    half of this file) is coded on the GPU."""
     src = _trained(tmp_path / "m.pt")
     before = native_compress.gpu_totals()
     api.compress(src, device="cuda", codec="ans", discard=True)
     after = native_compress.gpu_totals()
-    assert after[1] > before[1] and after[2] - before[2] > src.stat().st_size // 2
+    assert after[1] > before[1] and after[2] - before[2] > src.stat().st_size // 3
 
 
 # ---------------------------------------------------------------- without a GPU

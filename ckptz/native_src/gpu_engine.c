@@ -47,6 +47,7 @@ static struct {
     gpu_result_t (*host_free)(void *);
     gpu_result_t (*to_device)(gpu_dptr_t, const void *, size_t, void *);
     gpu_result_t (*to_host)(void *, gpu_dptr_t, size_t, void *);
+    gpu_result_t (*zero)(gpu_dptr_t, unsigned char, size_t, void *);
     gpu_result_t (*error_string)(gpu_result_t, const char **);
     gpu_result_t (*module_load)(void **, const void *);
     gpu_result_t (*function)(void **, void *, const char *);
@@ -127,6 +128,7 @@ static int gpu_load(const char *nvcomp_path, char *why, size_t room) {
     GPU_SYM(cuda, "libcuda", host_free, "cuMemFreeHost");
     GPU_SYM(cuda, "libcuda", to_device, "cuMemcpyHtoDAsync_v2");
     GPU_SYM(cuda, "libcuda", to_host, "cuMemcpyDtoHAsync_v2");
+    GPU_SYM(cuda, "libcuda", zero, "cuMemsetD8Async");
     GPU_SYM(cuda, "libcuda", error_string, "cuGetErrorString");
     GPU_SYM(cuda, "libcuda", module_load, "cuModuleLoadData");
     GPU_SYM(cuda, "libcuda", function, "cuModuleGetFunction");
@@ -170,7 +172,20 @@ static int gpu_enter(int device, char *why, size_t room) {
     return 0;
 }
 
+/* Device memory the native engines hold now, and the most they held at once (bytes), so
+ * that a run's peak can be held to its memory budget. */
+static int64_t gpu_held_bytes, gpu_peak_bytes;
+
+static void gpu_count(int64_t change) {
+    int64_t now = __atomic_add_fetch(&gpu_held_bytes, change, __ATOMIC_RELAXED);
+    int64_t peak = __atomic_load_n(&gpu_peak_bytes, __ATOMIC_RELAXED);
+    while (now > peak &&
+           !__atomic_compare_exchange_n(&gpu_peak_bytes, &peak, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
 static void gpu_engine_free(gpu_engine_t *g) {
+    gpu_count(-(int64_t)(g->in_room + g->out_room + g->table_room + g->temp_room));
     if (g->in) gpu_api.mem_free(g->in);
     if (g->out) gpu_api.mem_free(g->out);
     if (g->table) gpu_api.mem_free(g->table);
@@ -220,12 +235,12 @@ static void gpu_engine_give(gpu_engine_t *g) {
 /* Device memory of at least `need` bytes at *at (grown, never shrunk); a CUDA result. */
 static gpu_result_t gpu_room(gpu_dptr_t *at, size_t *room, size_t need) {
     if (need <= *room) return 0;
-    if (*at) gpu_api.mem_free(*at);
+    if (*at) gpu_api.mem_free(*at), gpu_count(-(int64_t)*room);
     *at = 0;
     *room = 0;
     size_t size = (need + (1 << 20) - 1) & ~(size_t)((1 << 20) - 1);
     gpu_result_t r = gpu_api.mem_alloc(at, size);
-    if (!r) *room = size;
+    if (!r) *room = size, gpu_count((int64_t)size);
     return r;
 }
 
@@ -487,6 +502,12 @@ static int gpu_code(gpu_engine_t *g, const gpu_code_batch_t *b, char *why, size_
     if ((r = gpu_api.to_device(g->table, g->host_table, up, g->stream))) {
         free(rows);
         return gpu_say(why, room, "copying a batch to the GPU", r), -1;
+    }
+    /* nvCOMP leaves some bytes of a payload unwritten (padding); zeroed first, they are the
+     * same in every run, whatever the memory held before. */
+    if ((r = gpu_api.zero(g->out, 0, b->out_bytes, g->stream))) {
+        free(rows);
+        return gpu_say(why, room, "clearing a batch's output on the GPU", r), -1;
     }
     nvcomp_ans_code_opts_t ans = gpu_ans_code_opts();
     nvcomp_zstd_code_opts_t zstd = gpu_zstd_code_opts();

@@ -1141,6 +1141,15 @@ done:
 }
 
 /* Tests turn the AVX2 loops off and on again, to check the SSE2 ones on a CPU that has AVX2. */
+static PyObject *native_gpu_memory(PyObject *self, PyObject *args) {
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p", &reset)) return NULL;
+    int64_t held = __atomic_load_n(&gpu_held_bytes, __ATOMIC_RELAXED);
+    int64_t peak = reset ? __atomic_exchange_n(&gpu_peak_bytes, held, __ATOMIC_RELAXED)
+                         : __atomic_load_n(&gpu_peak_bytes, __ATOMIC_RELAXED);
+    return Py_BuildValue("LL", (long long)held, (long long)peak);
+}
+
 static PyObject *native_use_avx2(PyObject *self, PyObject *arg) {
     (void)self;
     int want = PyObject_IsTrue(arg);
@@ -1373,6 +1382,9 @@ static PyObject *native_series_delta(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"gpu_memory", native_gpu_memory, METH_VARARGS,
+     "gpu_memory(reset=False) -> (held, peak): device bytes the native GPU engines hold now and the most they\n"
+     "held at once (reset: count the peak again from what is held now)."},
     {"use_avx2", native_use_avx2, METH_O,
      "use_avx2(on) -> bool: run the AVX2 loops where the CPU has them (on) or the SSE2 ones; returns\n"
      "whether the AVX2 loops ran before."},

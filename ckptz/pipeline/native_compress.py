@@ -58,10 +58,9 @@ WORDS = frozenset({1, 2, 4, 8})
 #: A frame's rotate column: its words are floats; its exponents are tried in order-1 coding
 #: too; its planes are coded on the GPU.
 _FLOAT, _CONTEXT, _ON_GPU = 1, 2, 4
-#: Whether the GPU engine's compressions run in the plane (else the Python pipeline). Off
-#: until tests/test_gpu_compress_plane.py has passed on a GPU (it turns the plane on for
-#: itself).
-GPU_PLANE = False
+#: Whether the GPU engine's compressions run in the plane (else the Python pipeline, which
+#: tests switch to where they check that pipeline's own steps).
+GPU_PLANE = True
 #: nvCOMP ANS codes planes of at most this many bytes (the GPU engine's frames stay below it).
 _LARGEST_GPU_PLANE = 16 << 20
 _NO_MEMORY = np.zeros((0, 3), np.int64)

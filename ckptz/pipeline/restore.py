@@ -269,8 +269,7 @@ def _native_target(sink: Sink, size: int) -> native_restore.Target | None:
 
 #: Whether the GPU engine's restores to host sinks run in the native plane (else the loop),
 #: and whether the portable bitstream's chunks go to its GPU there (else to its CPU threads).
-#: Off until the GPU suite has passed with it on (tests/test_gpu_plane.py turns it on for itself).
-NATIVE_GPU = False
+NATIVE_GPU = True
 NATIVE_GPU_ZSTD = True
 
 

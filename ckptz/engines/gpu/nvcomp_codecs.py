@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckptz import cuda
 from ckptz.codecs.table import TABLE
 from ckptz.engines.gpu.memory import Buf
 from ckptz.errors import CodecError
@@ -266,6 +267,12 @@ class NvcompCodecs:
             raise ValueError("an output chunk has less room than nvCOMP may write")
         at = src.ptr + np.asarray(offsets, np.int64)
         out_at = dst.ptr + np.asarray(dst_offsets, np.int64)
+        # nvCOMP leaves some bytes of a payload unwritten (padding); zeroed first, they are
+        # the same in every run, whatever the memory held before.
+        if size.size:
+            low = int(np.min(dst_offsets))
+            high = int((np.asarray(dst_offsets, np.int64) + np.asarray(capacities, np.int64)).max())
+            cuda.fill8(dst.ptr + low, 0, high - low, self.ops.stream)
         calls, temp, out, order = self._calls(codec_id, "Compress", size, [at, size, out_at])
         for cls, first, count, (ptrs, nbytes, out_ptrs) in calls:
             status = api.fn(self._lib, "CompressAsync")(
