@@ -16,12 +16,13 @@
  * and the GPU's kernels only write the bits (ckptz/engines/gpu/literals.py's steps, with
  * the counting and planning moved to the threads that read). Batches are
  * placed in the data area in order as soon as their sizes are known; then the threads fill
- * each frame's chunk rows (the payloads' checksums) and write its payloads at their place.
+ * each frame's chunk rows (the payloads' checksums), and the thread that finishes a batch's
+ * last frame writes the batch at its place (to a pipe, once the batches before it are
+ * written), so the other threads go on reading while writes to the one file take turns.
  * With verify, the GPU decodes back what nvCOMP ANS coded, and the threads merge each frame
  * from its payloads (decoding the others as the CPU plane does) and check its checksum
  * before writing, then read the payloads back once written.
- * To a pipe, the thread that finishes a batch writes it, once the batches before it are
- * written. Threads finish frames before they read new ones, which frees slots soonest. The choices
+ * Threads finish frames before they read new ones, which frees slots soonest. The choices
  * are the Python GPU engine's (ckptz/engines/gpu/coder.py), so the containers are the same.
  */
 #include "native.h"
@@ -299,15 +300,11 @@ static int cg_finish_frame(coder_t *w, cg_plane_t *g, cg_slot_t *slot, int64_t i
             return compress_fail(p, PLANE_FRAME, i, 0), 0;
     }
     chunk_rows(p, f, held.payloads, n);
-    if (p->in_order) return 1; /* written with its batch, in order (cg_write_batch) */
-    int64_t detail = 0;
-    int kind = write_frame_payloads(w, &held, &detail);
-    if (kind != PLANE_OK) return compress_fail(p, kind, i, detail), 0;
-    return 1;
+    return 1; /* written with its batch (cg_write_batch) */
 }
 
-/* Writes a finished batch's payloads to a pipe, frame after frame: 1, or 0 with the
- * failure recorded. The caller holds no lock, and every batch before it is written. */
+/* Writes a finished batch's payloads, frame after frame: 1, or 0 with the failure recorded.
+ * The caller holds no lock; to a pipe, every batch before it is written. */
 static int cg_write_batch(coder_t *w, cg_plane_t *g, const cg_slot_t *slot) {
     compress_plan_t *p = g->p;
     for (int64_t i = g->batch_first[slot->batch]; i < g->batch_first[slot->batch + 1]; i++) {
@@ -358,10 +355,12 @@ static void *cg_work(void *arg) {
         if (!ok) break;
         if (++slot->done == cg_frames(g, slot->batch)) {
             slot->next = slot->done = 0;
-            if (!reading && p->in_order) {
-                /* A pipe takes the batches in their order. */
+            if (!reading) {
                 slot->state = CG_WRITING;
-                while (g->written_batches != slot->batch && !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) cg_wait(g);
+                /* A pipe takes the batches in their order. */
+                while (p->in_order && g->written_batches != slot->batch &&
+                       !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE))
+                    cg_wait(g);
                 if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
                 pthread_mutex_unlock(&g->lock);
                 ok = cg_write_batch(t->w, g, slot);
