@@ -55,6 +55,40 @@ def test_a_single_process_cpu_run_imports_no_torch(small_checkpoint: Path, tmp_p
     assert _heavy("verify", str(out), "--against", str(small_checkpoint), "-q", **env) == "HEAVY [] 0"
 
 
+LOADED_PROBE = """
+import os, sys
+from ckptz.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+watched = os.environ["WATCHED"].split(",")
+print("LOADED", sorted(m for m in sys.modules if m.startswith(tuple(watched))), code)
+"""
+
+
+def _loaded(watched: tuple[str, ...], *args: str) -> str:
+    """Which modules starting with one of ``watched`` a command in a fresh process loaded."""
+    env = {**os.environ, "WATCHED": ",".join(watched)}
+    out = subprocess.run([sys.executable, "-c", LOADED_PROBE, *args], capture_output=True, text=True, env=env)
+    return next(ln for ln in out.stdout.splitlines() if ln.startswith("LOADED"))
+
+
+def test_a_cpu_run_loads_neither_the_gpu_path_nor_the_progress_bar(
+    small_checkpoint: Path, tmp_path: Path
+) -> None:
+    """``--device cpu`` loads no GPU module (the engine, the CUDA driver binding, nvCOMP,
+    torch), and a run whose stderr is no terminal draws no bar, so it loads none of Rich's
+    progress machinery."""
+    gpu = ("ckptz.engines.gpu", "ckptz.cuda", "nvidia.nvcomp", "torch", "rich.progress")
+    out, back = tmp_path / "out", tmp_path / "back"
+    cpu = ("--device", "cpu")
+    assert _loaded(gpu, "compress", str(small_checkpoint), "-o", str(out), *cpu) == "LOADED [] 0"
+    assert _loaded(gpu, "decompress", str(out), "-o", str(back), *cpu) == "LOADED [] 0"
+    assert _loaded(gpu, "verify", str(out), "--against", str(small_checkpoint), *cpu) == "LOADED [] 0"
+    assert _loaded(gpu, "inspect", str(out)) == "LOADED [] 0"
+
+
 def test_numpy_ma_is_imported_before_worker_threads_need_it() -> None:
     """``np.unique`` imports ``numpy.ma`` lazily on first use; several worker threads racing
     that import can recurse until RecursionError (seen once in the README quickstart), so
