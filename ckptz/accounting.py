@@ -121,14 +121,9 @@ def layout_stats(path: str, layout: FileLayout) -> FileStats:
 def index_stats(path: str, index: Index, container_size: int) -> FileStats:
     """Stats of a container from its index alone (nothing is decoded)."""
     frames, chunks = index.frames, index.chunks
-    chunk_stream = np.repeat(frames["stream"].astype(np.int64), frames["chunks"].astype(np.int64))
-    # Bytes per (stream, codec) in one pass over the chunks, in stream then codec order.
-    pairs, which = np.unique(chunk_stream << 8 | chunks["codec"], return_inverse=True)
-    pair_bytes = np.zeros(len(pairs), np.int64)
-    np.add.at(pair_bytes, which, chunks["size"].astype(np.int64))
-    by_stream: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for pair, nbytes in zip(pairs.tolist(), pair_bytes.tolist(), strict=True):
-        by_stream[pair >> 8].append((pair & 0xFF, nbytes))
+    chunk_stream = (
+        np.repeat(frames["stream"], frames["chunks"].astype(np.int64)) if len(frames) else frames["stream"]
+    )
     sizes: Counter[str] = Counter()
     packed: Counter[str] = Counter()
     tensors: Counter[str] = Counter()
@@ -138,7 +133,9 @@ def index_stats(path: str, index: Index, container_size: int) -> FileStats:
         sizes[s.component] += s.length
         tensors[s.component] += s.tensors
         dtypes[s.component][s.dtype if s.tensors else "bytes"] += s.length
-        for cid, nbytes in by_stream.get(s.id, ()):
+        mine = chunks[chunk_stream == s.id]
+        for cid in np.unique(mine["codec"]).tolist():
+            nbytes = int(mine["size"][mine["codec"] == cid].sum())
             codecs[s.component][codec_name(cid)] += nbytes
             packed[s.component] += nbytes
     overhead = container_size - int(chunks["size"].sum()) if len(chunks) else container_size

@@ -181,22 +181,9 @@ def index_bytes(index: Index, offset: int) -> bytes:
             np.ascontiguousarray(index.chunks, CHUNK_DTYPE).tobytes(),
         )
     )
-    blob = _index_coder().compress(raw)
+    blob = zstandard.ZstdCompressor(level=9).compress(raw)
     footer = FOOTER.pack(offset, len(blob), len(raw), checksum(blob), MAJOR, MINOR, 0, END_MAGIC)
     return blob + footer
-
-
-_coders = threading.local()
-
-
-def _index_coder() -> zstandard.ZstdCompressor:
-    """This thread's coder of indexes: made once, since each new one sets up level 9's
-    tables again, which cost more than coding a small file's index (a coder is not shared
-    between threads; each call codes a whole index, the same bytes either way)."""
-    coder = getattr(_coders, "zstd", None)
-    if coder is None:
-        coder = _coders.zstd = zstandard.ZstdCompressor(level=9)
-    return coder
 
 
 #: Bits in which a file's first bytes may differ from :data:`MAGIC` and still be taken for
