@@ -276,10 +276,11 @@ class _ParsedIndexes:
     the data area ends alone, so the same bytes give the same :class:`Index` and only the
     first read decompresses, parses and validates them. The bytes are read and checked each
     time, so a container rewritten meanwhile is read afresh. Held to :data:`BUDGET` bytes
-    of parsed tables, the oldest dropped first.
+    of parsed tables, the oldest dropped first: small beside a process that loads
+    checkpoints, and thousands of a folder's indexes.
     """
 
-    BUDGET = 64 << 20
+    BUDGET = 16 << 20
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
