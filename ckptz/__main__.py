@@ -65,7 +65,7 @@ def _cache_bytecode() -> None:
     Containers often set ``PYTHONDONTWRITEBYTECODE`` over a read-only ``site-packages``:
     every run that imports torch then compiles torch's Python sources again, which costs
     more than half of ``import torch``'s time. Run from a source tree under that variable,
-    every command compiled ckptz's own modules again, about half of a small command's time.
+    every command compiled ckptz's own modules again, a fifth of a small command's time.
     The cache (``$XDG_CACHE_HOME/ckptz/bytecode``, private to the user) holds only what Python
     itself would have written, checked by Python against each source's size and time.
     A ``PYTHONPYCACHEPREFIX`` of the user's own is kept; the library (``import ckptz``) never

@@ -275,9 +275,9 @@ class _ParsedIndexes:
     its progress, then to restore it); an index is a function of those bytes and of where
     the data area ends alone, so the same bytes give the same :class:`Index` and only the
     first read decompresses, parses and validates them. The bytes are read and checked each
-    time, so a container rewritten meanwhile is read afresh. Held to :data:`BUDGET` bytes
-    of parsed tables, the oldest dropped first: small beside a process that loads
-    checkpoints, and thousands of a folder's indexes.
+    time, so a container rewritten meanwhile is read afresh. Held to :data:`BUDGET` bytes,
+    the oldest dropped first: the indexes of a folder of thousands of small containers, and
+    little in a process that loads checkpoints.
     """
 
     BUDGET = 16 << 20
