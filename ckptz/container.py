@@ -16,6 +16,7 @@ import io
 import json
 import os
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
@@ -251,6 +252,9 @@ def read_index(f: BinaryIO, path: str) -> Index:
     blob = f.read(isize)
     if checksum(blob) != isum:
         raise CorruptionError("index checksum mismatch", path=path)
+    known = _parsed.get(blob, off)
+    if known is not None:
+        return known
     try:
         # A stream reader never allocates more than asked, whatever size the zstd frame claims.
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)) as reader:
@@ -259,7 +263,50 @@ def read_index(f: BinaryIO, path: str) -> Index:
         raise CorruptionError(f"index does not decompress ({exc})", path=path) from None
     if len(raw) != raw_size:
         raise CorruptionError("index size disagrees with the footer", path=path)
-    return _parse_index(raw, path, data_end=off)
+    index = _parse_index(raw, path, data_end=off)
+    _parsed.put(blob, off, index, raw_size)
+    return index
+
+
+class _ParsedIndexes:
+    """Indexes already parsed and validated in this process, by their exact stored bytes.
+
+    A command reads each container's index more than once (to choose its coder, to size
+    its progress, then to restore it); an index is a function of those bytes and of where
+    the data area ends alone, so the same bytes give the same :class:`Index` and only the
+    first read decompresses, parses and validates them. The bytes are read and checked each
+    time, so a container rewritten meanwhile is read afresh. Held to :data:`BUDGET` bytes,
+    the oldest dropped first: the indexes of a folder of thousands of small containers, and
+    little in a process that loads checkpoints.
+    """
+
+    BUDGET = 16 << 20
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[tuple[bytes, int], tuple[Index, int]] = {}
+        self._bytes = 0
+
+    def get(self, blob: bytes, data_end: int) -> Index | None:
+        with self._lock:
+            known = self._held.get((blob, data_end))
+        return None if known is None else known[0]
+
+    def put(self, blob: bytes, data_end: int, index: Index, raw_size: int) -> None:
+        cost = raw_size + len(blob)
+        if cost > self.BUDGET:
+            return
+        with self._lock:
+            if (blob, data_end) in self._held:
+                return
+            while self._held and self._bytes + cost > self.BUDGET:
+                _, dropped = self._held.pop(next(iter(self._held)))
+                self._bytes -= dropped
+            self._held[blob, data_end] = (index, cost)
+            self._bytes += cost
+
+
+_parsed = _ParsedIndexes()
 
 
 def _parse_index(raw: bytes, path: str, data_end: int) -> Index:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -62,7 +61,7 @@ def is_temp(path: Path) -> bool:
 
 def temp_path(final: Path) -> Path:
     """A fresh temporary name beside ``final`` (see the module docstring for its form)."""
-    return final.parent / f".{final.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    return final.parent / f".{final.name}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def stale_temps(final: Path) -> list[Path]:

@@ -127,3 +127,29 @@ def test_checksum_is_xxh3_64() -> None:
 
     data = np.arange(1000, dtype=np.uint8)
     assert checksum(data) == xxhash.xxh3_64_intdigest(data.tobytes())
+
+
+def test_an_index_read_again_is_parsed_once_and_rewritten_one_afresh(tmp_path: Path) -> None:
+    """A command reads each container's index several times (its coder, its progress, its
+    restore): the same stored bytes give the index parsed the first time; bytes changed
+    since are read, checked and parsed again."""
+    path = tmp_path / "a.ckptz"
+    _write(path)
+    with open(path, "rb") as f:
+        first = read_index(f, str(path))
+    with open(path, "rb") as f:
+        assert read_index(f, str(path)) is first
+    data = bytearray(path.read_bytes())
+    off, isize = struct.unpack_from("<QQ", data, len(data) - FOOTER.size)
+    data[off + isize // 2] ^= 0x10  # the stored index, after its first parse
+    path.write_bytes(bytes(data))
+    with open(path, "rb") as f, pytest.raises(CorruptionError, match="index checksum"):
+        read_index(f, str(path))
+    with open(path, "wb") as f:  # another container at the same path
+        w = ContainerWriter(f)
+        w.finish(
+            Index({"source": {"name": "y.pt", "size": 0, "xxh3_128": "00"}}, (), *make_tables([], [], []))
+        )
+    with open(path, "rb") as f:
+        again = read_index(f, str(path))
+    assert again.source_name == "y.pt" and again.source_size == 0

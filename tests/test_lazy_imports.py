@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,40 @@ def test_a_single_process_cpu_run_imports_no_torch(small_checkpoint: Path, tmp_p
     assert _heavy("verify", str(out), "--against", str(small_checkpoint), "-q", **env) == "HEAVY [] 0"
 
 
+LOADED_PROBE = """
+import os, sys
+from ckptz.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+watched = os.environ["WATCHED"].split(",")
+print("LOADED", sorted(m for m in sys.modules if m.startswith(tuple(watched))), code)
+"""
+
+
+def _loaded(watched: tuple[str, ...], *args: str) -> str:
+    """Which modules starting with one of ``watched`` a command in a fresh process loaded."""
+    env = {**os.environ, "WATCHED": ",".join(watched)}
+    out = subprocess.run([sys.executable, "-c", LOADED_PROBE, *args], capture_output=True, text=True, env=env)
+    return next(ln for ln in out.stdout.splitlines() if ln.startswith("LOADED"))
+
+
+def test_a_cpu_run_loads_neither_the_gpu_path_nor_the_progress_bar(
+    small_checkpoint: Path, tmp_path: Path
+) -> None:
+    """``--device cpu`` loads no GPU module (the engine, the CUDA driver binding, nvCOMP,
+    torch), and a run whose stderr is no terminal draws no bar, so it loads none of Rich's
+    progress machinery."""
+    gpu = ("ckptz.engines.gpu", "ckptz.cuda", "nvidia.nvcomp", "torch", "rich.progress")
+    out, back = tmp_path / "out", tmp_path / "back"
+    cpu = ("--device", "cpu")
+    assert _loaded(gpu, "compress", str(small_checkpoint), "-o", str(out), *cpu) == "LOADED [] 0"
+    assert _loaded(gpu, "decompress", str(out), "-o", str(back), *cpu) == "LOADED [] 0"
+    assert _loaded(gpu, "verify", str(out), "--against", str(small_checkpoint), *cpu) == "LOADED [] 0"
+    assert _loaded(gpu, "inspect", str(out)) == "LOADED [] 0"
+
+
 def test_numpy_ma_is_imported_before_worker_threads_need_it() -> None:
     """``np.unique`` imports ``numpy.ma`` lazily on first use; several worker threads racing
     that import can recurse until RecursionError (seen once in the README quickstart), so
@@ -64,11 +99,12 @@ def test_numpy_ma_is_imported_before_worker_threads_need_it() -> None:
     assert out.stdout.strip() == "True"
 
 
-def _help_with(tmp_path: Path, fake_torch: bool, **env: str) -> Path:
-    """Run ``python -m ckptz --help`` where Python may not write bytecode; the cache folder.
+def _help_with(tmp_path: Path, fake_torch: bool, tree: Path | None = None, **env: str) -> Path:
+    """Run ``python -m ckptz --help`` (from ``tree``, default this one) where Python may not
+    write bytecode; the cache folder.
     Finding that folder imports nothing heavy: numpy alone took ~0.25 s of the H100 host's
     0.47 s ``--help`` when it came with :mod:`ckptz.safeio` (BENCHMARKS.md, session 35)."""
-    path = [str(Path(__file__).parent.parent)]
+    path = [str(tree or Path(__file__).parent.parent)]
     if fake_torch:  # a torch without bytecode beside it, found first (never imported by --help)
         (tmp_path / "site" / "torch").mkdir(parents=True)
         (tmp_path / "site" / "torch" / "__init__.py").write_text("")
@@ -80,6 +116,7 @@ def _help_with(tmp_path: Path, fake_torch: bool, **env: str) -> Path:
         capture_output=True,
         env={**run_env, **env},
         check=True,
+        cwd=tmp_path,  # ``-m`` looks in the working folder first
     )
     assert b"compress" in out.stdout
     imported = {line.rsplit(b"|", 1)[-1].strip() for line in out.stderr.splitlines()}
@@ -93,6 +130,21 @@ def test_bytecode_is_cached_where_python_may_not_write_it(tmp_path: Path) -> Non
     compiled = {part for p in cache.rglob("*.pyc") for part in (p.parent.name, p.name.split(".")[0])}
     assert {"cli", "typer", "rich"} <= compiled  # ckptz's modules and its libraries
     assert not list((tmp_path / "site").rglob("*.pyc"))  # nothing beside the sources
+
+
+def test_bytecode_of_a_source_tree_is_cached_where_python_may_not_write_it(tmp_path: Path) -> None:
+    """Run from a source tree (no bytecode beside ckptz's modules) under
+    ``PYTHONDONTWRITEBYTECODE``, every command compiled all of ckptz's modules again: the
+    cache keeps them, though torch has bytecode of its own (or is not installed)."""
+    tree = tmp_path / "src"
+    package = Path(__file__).resolve().parents[1] / "ckptz"
+    shutil.copytree(package, tree / "ckptz", ignore=shutil.ignore_patterns("__pycache__", "native_src"))
+    cache = _help_with(tmp_path, fake_torch=False, tree=tree)
+    compiled = {
+        p.name.split(".")[0] for p in (cache / str(tree.relative_to(tree.anchor)) / "ckptz").rglob("*.pyc")
+    }
+    assert {"cli", "settings", "devices"} <= compiled
+    assert not list((tree / "ckptz").rglob("__pycache__"))  # nothing beside the sources
 
 
 def test_bytecode_cache_stays_off_where_it_is_not_needed(tmp_path: Path) -> None:

@@ -11,22 +11,17 @@ from __future__ import annotations
 import threading
 import time
 from types import TracebackType
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 from rich.filesize import decimal
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.progress import Progress as RichProgress
-from rich.table import Column
 
 from ckptz import settings
+
+if TYPE_CHECKING:  # the bar's modules load only where one is drawn (a terminal)
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
+    from rich.table import Column
 
 #: How many in-flight names the bar shows before "+N".
 SHOWN_FILES = 2
@@ -34,6 +29,8 @@ SHOWN_FILES = 2
 
 def _kept() -> Column:
     """A progress column whose text stays on one line, whole."""
+    from rich.table import Column
+
     return Column(no_wrap=True)
 
 
@@ -76,6 +73,16 @@ class Progress:
                 return
             if self.console.is_terminal:
                 if self._bar is None:
+                    from rich.progress import (
+                        BarColumn,
+                        DownloadColumn,
+                        TextColumn,
+                        TimeRemainingColumn,
+                        TransferSpeedColumn,
+                    )
+                    from rich.progress import Progress as RichProgress
+                    from rich.table import Column
+
                     # A narrow terminal shortens the bar and the names in flight, never a figure.
                     bar = 24 if self.console.width >= 100 else 12
                     names = max(12, self.console.width - bar - 46)
