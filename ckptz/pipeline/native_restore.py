@@ -13,6 +13,12 @@ With a :class:`Gpu`, the same call decodes the chunks of nvCOMP's bitstreams on 
 frames into pinned memory, a GPU worker thread decodes each batch's chunks with nvCOMP, and
 the threads finish every frame exactly as on the CPU.
 
+A series delta's frames are undone in the plane too, against the reference that the
+delta's :class:`~ckptz.pipeline.transform.NativeDelta` names (:func:`for_plane`): a plain
+file it reads, or a container whose frames it decodes itself from the plan this module makes
+of it. A reference that is itself a series delta, a GPU, and a restore in file order (stdout,
+an ``xxh3_128`` digest) leave such a file to the Python loop.
+
 A failing frame is decoded once more by :class:`~ckptz.pipeline.decoder.FrameDecoder`, so
 that its error reads exactly as the Python loop words it; a frame the native plane cannot
 decode but Python can (a bitstream it lacks) sends the file back to that loop.
@@ -31,10 +37,11 @@ from ckptz.codecs.native import native
 from ckptz.codecs.table import ANS, BITPACK, CONST, DEFLATE, HUFF1, HUFF2D, RAW, SIGN2D, ZSTD
 from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
+from ckptz.engines.base import Engine
 from ckptz.errors import CorruptionError, DeviceError
 from ckptz.pipeline.decoder import FrameDecoder
-from ckptz.pipeline.native_call import MAX_LEAVES, Gpu, GpuTotals, call_polled
-from ckptz.pipeline.transform import transformed
+from ckptz.pipeline.native_call import DELTA_FAILURES, MAX_LEAVES, Gpu, GpuTotals, call_polled
+from ckptz.pipeline.transform import FrameTransform, transformed
 
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
 #: libzstd, and older containers' deflate through its zlib, where they are found; else the
@@ -76,14 +83,60 @@ class Plan:
     frames: np.ndarray
     chunks: np.ndarray
     pieces: np.ndarray
+    #: The series delta to undo, as the plane's ``delta`` argument (:func:`for_plane`).
+    delta: tuple[object, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneDelta:
+    """A transform as the native planes take it: their ``delta`` argument (None: it changes
+    no byte, and the planes code and restore the file as any other)."""
+
+    argument: tuple[object, ...] | None
+
+
+_NO_TABLE = np.zeros((0, 1), np.int64)
+
+
+def for_plane(change: FrameTransform | None, engine: Engine) -> PlaneDelta | None:
+    """``change`` as the native planes apply it, its reference container (if it has one)
+    planned for ``engine``; None where they cannot (the Python pipeline applies it): a
+    transform that does not describe itself to them, or a reference container that is itself
+    a series delta or holds bitstreams the plane does not decode. The reference's descriptor
+    stays ``change``'s to close."""
+    if change is None:
+        return PlaneDelta(None)
+    delta = change.native()
+    if delta is None:
+        return None
+    ranges = np.ascontiguousarray(delta.ranges, np.int64)
+    if not len(ranges):
+        return PlaneDelta(None)
+    if delta.container is None:
+        none = np.zeros(0, np.int64)
+        return PlaneDelta((ranges, delta.reference_size, delta.reference_fd, -1, none, none, none, none))
+    fd, path, index = delta.container
+    if transformed(index.header) or not suits(index):
+        return None
+    tables = plan(FrameDecoder(fd, path, index, engine))
+    if tables is None:
+        return None
+    # The reference's pieces by file offset, where the plane looks up a counterpart's bytes.
+    owner = np.repeat(np.arange(len(tables.frames), dtype=np.int64), tables.frames[:, 6])
+    rows = np.column_stack([tables.pieces[:, 0], owner, tables.pieces[:, 1], tables.pieces[:, 2]])
+    rows = rows[rows[:, 3] > 0]
+    lookup = np.ascontiguousarray(rows[np.argsort(rows[:, 0], kind="stable")], np.int64)
+    argument = (ranges, delta.reference_size, -1, fd, tables.frames, tables.chunks, tables.pieces, lookup)
+    return PlaneDelta(argument)
 
 
 def suits(index: Index, gpu: bool = False) -> bool:
-    """Whether the native plane may restore a container, from its index alone: not a series
-    delta, a tree digest with a bounded number of leaves, only bitstreams it decodes (with
-    a GPU where ``gpu`` is set)."""
+    """Whether the native plane may restore a container, from its index alone: a series
+    delta only on the CPU with a tree digest (an ``xxh3_128`` digest is taken in file order,
+    :func:`run_in_order`, whose windows cut frames apart), a tree digest with a bounded
+    number of leaves, only bitstreams it decodes (with a GPU where ``gpu`` is set)."""
     kind = index.source_digest.kind
-    if transformed(index.header):  # an xxh3_128 digest is taken in file order: run_in_order
+    if transformed(index.header) and (gpu or not kind.tree):
         return False
     if kind.tree and leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
         return False
@@ -96,7 +149,10 @@ def plan(decoder: FrameDecoder, gpu: bool = False) -> Plan | None:
     cannot restore it (as :func:`suits` says, or an index whose frames do not add up, which
     the Python loop reports)."""
     index = decoder.index
-    if decoder.transform is not None or not suits(index, gpu):
+    if not suits(index, gpu):
+        return None
+    delta = for_plane(decoder.transform, decoder.engine)
+    if delta is None:
         return None
     chunks = index.chunks
     frames = decoder.frames
@@ -133,7 +189,10 @@ def plan(decoder: FrameDecoder, gpu: bool = False) -> Plan | None:
         ],
         axis=1,
     )
-    return Plan(*(np.ascontiguousarray(t, np.int64) for t in (frame_table, chunk_table, pieces)))
+    frame_table, chunk_table, pieces = (
+        np.ascontiguousarray(t, np.int64) for t in (frame_table, chunk_table, pieces)
+    )
+    return Plan(frame_table, chunk_table, pieces, delta.argument)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +237,11 @@ def run(
     index = decoder.index
     kind = index.source_digest.kind
     if not kind.tree or target.stream is not None:
-        # Windows in file order run on the CPU threads alone: a GPU's file goes to the loop.
-        return None if gpu is not None else run_in_order(fd, path, decoder, tables, target, threads, progress)
+        # Windows in file order run on the CPU threads alone: a GPU's file goes to the loop,
+        # and so does a series delta, whose frames the windows cut apart.
+        if gpu is not None or tables.delta is not None:
+            return None
+        return run_in_order(fd, path, decoder, tables, target, threads, progress)
     hashes = np.zeros(leaf_count(index.source_size, kind.leaf), "<u8")
     stats = np.zeros(3, np.int64)
     why = bytearray(256)
@@ -188,7 +250,18 @@ def run(
         zstd = ZSTD.id if gpu.zstd else -1
         settings = (gpu.library, gpu.device, gpu.batch_bytes, gpu.workers, ANS.id, zstd, stats, why)
     try:
-        failed = _call(fd, tables, target, index.source_size, kind.leaf, hashes, threads, progress, settings)
+        failed = _call(
+            fd,
+            tables,
+            target,
+            index.source_size,
+            kind.leaf,
+            hashes,
+            threads,
+            progress,
+            settings,
+            tables.delta,
+        )
     finally:
         _DECODED.add(stats)
     if failed is not None and failed[0] == _GPU:
@@ -302,9 +375,10 @@ _NO_LEAVES = np.zeros(0, "<u8")
 def _call(
     fd: int, tables: Plan, target: Target, size: int, leaf: int, hashes: np.ndarray, threads: int,
     progress: Callable[[int], None] = lambda _: None, gpu: tuple[object, ...] | None = None,
+    delta: tuple[object, ...] | None = None,
 ) -> tuple[int, int, int] | None:  # fmt: skip
-    """One call of the native plane (decoding on a GPU with ``gpu``'s settings); None, or its
-    failure (kind, frame, detail)."""
+    """One call of the native plane (decoding on a GPU with ``gpu``'s settings, undoing a
+    series ``delta``); None, or its failure (kind, frame, detail)."""
 
     def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
         return native.restore_plan(
@@ -323,6 +397,7 @@ def _call(
             stop,
             error,
             gpu,
+            delta,
         )
 
     failed, error = call_polled(call, "ckptz-native-restore", threads, progress)
@@ -334,7 +409,7 @@ def _call(
 def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Target, path: str) -> None:
     """Raise the error for a failure of the native plane; return where the Python loop must
     restore the file instead."""
-    if kind in (_TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME):
+    if kind in (_TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME) or kind in DELTA_FAILURES:
         decoder.decode(frame)  # raises, worded as the Python loop words it
         if kind != _DECODE:  # a check that failed in C but not in Python: never quietly
             raise CorruptionError(f"frame {frame} failed a check restoring it (failure {kind})", path=path)
@@ -354,7 +429,9 @@ __all__ = [
     "NATIVE_GPU_CODECS",
     "Gpu",
     "Plan",
+    "PlaneDelta",
     "Target",
+    "for_plane",
     "gpu_totals",
     "plan",
     "run",

@@ -1,0 +1,207 @@
+"""Series deltas in the native planes (ckptz/native_src/delta_plane.c): on a small real
+training run, ``compress --series`` writes byte for byte the containers the Python pipeline
+writes, against a plain reference and against a reference container, with every delta kind;
+the native restore plane undoes them byte for byte; and a damaged reference fails with the
+Python pipeline's own message."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import tree_digests
+from series_run import make_run
+
+from ckptz import api
+from ckptz.container import read_index
+from ckptz.digest import Digest
+from ckptz.dtypes import lookup
+from ckptz.errors import CorruptionError
+from ckptz.pipeline import native_compress, native_restore
+from ckptz.series import delta as series_delta
+from ckptz.series.kinds import (
+    ORDERED_DIFFERENCE,
+    SCALED,
+    SCALED_DIFFERENCE,
+    SCALED_SIGN_MAGNITUDE,
+    UNIT_SCALE,
+    XOR,
+    mantissa_bits,
+)
+
+STEPS = (10, 20, 30, 40)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four checkpoints of a real training run (AdamW steps between them), and a fifth apart."""
+    root = tmp_path_factory.mktemp("series-native")
+    make_run(root / "all", (*STEPS, 50))
+    four = root / "four"
+    four.mkdir()
+    for s in STEPS:
+        shutil.copytree(root / "all" / f"checkpoint-{s}", four / f"checkpoint-{s}")
+    return root
+
+
+@pytest.fixture
+def coded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Each file the native compress plane coded: (relative path, whether with a series delta)."""
+    calls: list[tuple[str, bool]] = []
+    real = native_compress.code
+
+    def code(fd: int, out: int, relpath: str, *args: Any, **kwargs: Any) -> native_compress.Coded:
+        calls.append((relpath, kwargs.get("delta") is not None))
+        return real(fd, out, relpath, *args, **kwargs)
+
+    monkeypatch.setattr(native_compress, "code", code)
+    return calls
+
+
+@pytest.fixture
+def restored(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Each file the native restore plane restored with a series delta: (container name,
+    "file" or "container": what its reference was)."""
+    calls: list[tuple[str, str]] = []
+    real = native_restore.run
+
+    def run(
+        fd: int, path: str, decoder: Any, tables: native_restore.Plan, *args: Any, **kwargs: Any
+    ) -> Digest | None:
+        digest = real(fd, path, decoder, tables, *args, **kwargs)
+        delta = getattr(tables, "delta", None)  # (a plan of no delta has none)
+        if digest is not None and delta is not None:
+            calls.append((Path(path).name, "file" if int(delta[2]) >= 0 else "container"))
+        return digest
+
+    monkeypatch.setattr(native_restore, "run", run)
+    return calls
+
+
+@pytest.fixture
+def every_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Pairs take each delta kind in turn (XOR, ordered difference, both scaled kinds), where
+    the chooser would pick by a sample, so that every kind crosses the planes."""
+    real = series_delta.choose_pairs
+    order = [XOR, ORDERED_DIFFERENCE, SCALED_DIFFERENCE, SCALED_SIGN_MAGNITUDE]
+
+    def choose(ours: Sequence[series_delta.Tensor], *args: Any) -> list[series_delta.Pair]:
+        words = {t.index: lookup(t.dtype) for t in ours}
+        out = []
+        for n, (s, r, _, _) in enumerate(real(ours, *args)):
+            kind = order[n % len(order)] if mantissa_bits(words[s]) is not None else XOR
+            out.append((s, r, kind, UNIT_SCALE if kind in SCALED else 0))
+        return out
+
+    monkeypatch.setattr(series_delta, "choose_pairs", choose)
+    yield
+
+
+def _python_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compress and restore through the Python pipeline from here on."""
+    monkeypatch.setattr(native_compress, "suits", lambda *args, **kwargs: False)
+    monkeypatch.setattr(native_restore, "plan", lambda decoder, gpu=False: None)
+
+
+def _containers(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*.ckptz"))}
+
+
+def _kinds(root: Path) -> set[int]:
+    kinds: set[int] = set()
+    for p in root.rglob("*.ckptz"):
+        with open(p, "rb") as f:
+            ref = read_index(f, str(p)).header.get("reference")
+        kinds |= {pair[2] if len(pair) > 2 else XOR for pair in (ref or {}).get("pairs", [])}
+    return kinds
+
+
+def _series(run: Path, out: Path, compress: Callable[[Path], None]) -> Path:
+    """The four checkpoints compressed with ``--series`` into ``out`` by ``compress``, then a
+    fifth added and compressed again in place (the previous newest re-coded against its
+    container)."""
+    compress(out)
+    shutil.copytree(run / "all" / "checkpoint-50", out / "checkpoint-50")
+    api.compress(out, in_place=True, series=True, device="cpu", verify=True)
+    return out
+
+
+@pytest.mark.parametrize("kinds", ["chosen", "every"])
+def test_series_containers_are_the_python_pipelines(
+    run: Path,
+    tmp_path: Path,
+    kinds: str,
+    coded: list[tuple[str, bool]],
+    restored: list[tuple[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    if kinds == "every":
+        request.getfixturevalue("every_kind")
+
+    def from_plain_files(out: Path) -> None:  # references read from their plain sources
+        api.compress(run / "four", out, series=True, device="cpu")
+
+    natively = _series(run, tmp_path / "native", from_plain_files)
+    deltas = {name for name, delta in coded if delta}
+    # Against plain files, then (re-coding checkpoint-40) against checkpoint-50's container.
+    assert {f"checkpoint-{s}/optimizer.pt" for s in STEPS} <= deltas
+    assert "checkpoint-40/model.safetensors" in deltas
+    if kinds == "every":
+        assert _kinds(natively) == {XOR, ORDERED_DIFFERENCE, SCALED_DIFFERENCE, SCALED_SIGN_MAGNITUDE}
+
+    want = tree_digests(run / "all")
+    api.decompress(natively, tmp_path / "back", device="cpu")
+    assert tree_digests(tmp_path / "back") == want
+    # checkpoint-40 is coded against checkpoint-50's container, which is no delta itself.
+    assert ("model.safetensors.ckptz", "container") in restored
+
+    with monkeypatch.context() as m:
+        _python_pipeline(m)
+        python = _series(run, tmp_path / "python", from_plain_files)
+        api.decompress(natively, tmp_path / "back-python", device="cpu")
+    assert _containers(natively) == _containers(python)
+    assert tree_digests(tmp_path / "back-python") == want
+
+
+def test_a_plain_reference_is_read_by_the_restore_plane(
+    run: Path, tmp_path: Path, restored: list[tuple[str, str]]
+) -> None:
+    work = tmp_path / "run"
+    shutil.copytree(run / "four", work)
+    api.compress(work, in_place=True, series=True, device="cpu")
+    api.decompress(work / "checkpoint-40", in_place=True, device="cpu")  # the newest, plain again
+    api.decompress(work / "checkpoint-30", tmp_path / "back", device="cpu")
+    assert tree_digests(tmp_path / "back") == tree_digests(run / "four" / "checkpoint-30")
+    assert sorted(restored) == [("model.safetensors.ckptz", "file"), ("optimizer.pt.ckptz", "file")]
+
+
+def test_a_damaged_reference_fails_as_the_python_pipeline_says(
+    run: Path, tmp_path: Path, restored: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "run"
+    shutil.copytree(run / "four", work)
+    api.compress(work, in_place=True, series=True, device="cpu")
+    reference = work / "checkpoint-40" / "optimizer.pt.ckptz"
+    with open(reference, "rb") as f:
+        index = read_index(f, str(reference))
+    # The largest payload holds tensor bytes that checkpoint-30's deltas read.
+    chunk = index.chunks[int(index.chunks["size"].argmax())]
+    data = bytearray(reference.read_bytes())
+    data[int(chunk["offset"]) + int(chunk["size"]) // 2] ^= 0x40
+    reference.write_bytes(bytes(data))
+
+    def failure() -> str:
+        with pytest.raises(CorruptionError) as err:
+            api.decompress(work / "checkpoint-30" / "optimizer.pt.ckptz", tmp_path / "out.pt", device="cpu")
+        assert not (tmp_path / "out.pt").exists()
+        return str(err.value)
+
+    natively = failure()
+    with monkeypatch.context() as m:
+        _python_pipeline(m)
+        assert failure() == natively
+    assert "checkpoint-40" in natively
