@@ -62,19 +62,27 @@ def coded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
 
 
 @pytest.fixture
-def restored(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Each file the native restore plane restored with a series delta: (container name,
-    "file" or "container": what its reference was)."""
-    calls: list[tuple[str, str]] = []
+def attempts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, bool]]:
+    """Each file the native restore plane took with a series delta: (its name as shown, the
+    last two parts of its path; "file" or "container": what its reference was; whether the
+    plane restored it, rather than raising)."""
+    calls: list[tuple[str, str, bool]] = []
     real = native_restore.run
 
     def run(
         fd: int, path: str, decoder: Any, tables: native_restore.Plan, *args: Any, **kwargs: Any
     ) -> Digest | None:
-        digest = real(fd, path, decoder, tables, *args, **kwargs)
         delta = getattr(tables, "delta", None)  # (a plan of no delta has none)
+        where = "/".join(Path(path).parts[-2:])
+        reference = "file" if delta is not None and int(delta[2]) >= 0 else "container"
+        try:
+            digest = real(fd, path, decoder, tables, *args, **kwargs)
+        except Exception:
+            if delta is not None:
+                calls.append((where, reference, False))
+            raise
         if digest is not None and delta is not None:
-            calls.append((Path(path).name, "file" if int(delta[2]) >= 0 else "container"))
+            calls.append((where, reference, True))
         return digest
 
     monkeypatch.setattr(native_restore, "run", run)
@@ -135,7 +143,7 @@ def test_series_containers_are_the_python_pipelines(
     tmp_path: Path,
     kinds: str,
     coded: list[tuple[str, bool]],
-    restored: list[tuple[str, str]],
+    attempts: list[tuple[str, str, bool]],
     monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
 ) -> None:
@@ -156,8 +164,9 @@ def test_series_containers_are_the_python_pipelines(
     want = tree_digests(run / "all")
     api.decompress(natively, tmp_path / "back", device="cpu")
     assert tree_digests(tmp_path / "back") == want
-    # checkpoint-40 is coded against checkpoint-50's container, which is no delta itself.
-    assert ("model.safetensors.ckptz", "container") in restored
+    # Every delta, each against the next newer container, down its chain to checkpoint-50.
+    names = ("model.safetensors.ckptz", "optimizer.pt.ckptz")
+    assert sorted(attempts) == [(f"checkpoint-{s}/{n}", "container", True) for s in STEPS for n in names]
 
     with monkeypatch.context() as m:
         _python_pipeline(m)
@@ -168,39 +177,54 @@ def test_series_containers_are_the_python_pipelines(
 
 
 def test_a_plain_reference_is_read_by_the_restore_plane(
-    run: Path, tmp_path: Path, restored: list[tuple[str, str]]
+    run: Path, tmp_path: Path, attempts: list[tuple[str, str, bool]]
 ) -> None:
     work = tmp_path / "run"
     shutil.copytree(run / "four", work)
     api.compress(work, in_place=True, series=True, device="cpu")
     api.decompress(work / "checkpoint-40", in_place=True, device="cpu")  # the newest, plain again
-    api.decompress(work / "checkpoint-30", tmp_path / "back", device="cpu")
-    assert tree_digests(tmp_path / "back") == tree_digests(run / "four" / "checkpoint-30")
-    assert sorted(restored) == [("model.safetensors.ckptz", "file"), ("optimizer.pt.ckptz", "file")]
+    for step, reference in ((30, "file"), (20, "container")):  # 20 reads 30, which reads 40
+        attempts.clear()
+        api.decompress(work / f"checkpoint-{step}", tmp_path / f"back-{step}", device="cpu")
+        assert tree_digests(tmp_path / f"back-{step}") == tree_digests(run / "four" / f"checkpoint-{step}")
+        names = sorted((Path(where).name, kind, ok) for where, kind, ok in attempts)
+        assert names == [
+            ("model.safetensors.ckptz", reference, True),
+            ("optimizer.pt.ckptz", reference, True),
+        ]
 
 
+@pytest.mark.parametrize("step", [30, 20])
 def test_a_damaged_reference_fails_as_the_python_pipeline_says(
-    run: Path, tmp_path: Path, restored: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+    run: Path,
+    tmp_path: Path,
+    step: int,
+    attempts: list[tuple[str, str, bool]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """checkpoint-40's container damaged where checkpoint-30's deltas read it, found
+    restoring checkpoint-30 (its reference) or checkpoint-20 (down the chain)."""
     work = tmp_path / "run"
     shutil.copytree(run / "four", work)
     api.compress(work, in_place=True, series=True, device="cpu")
     reference = work / "checkpoint-40" / "optimizer.pt.ckptz"
     with open(reference, "rb") as f:
         index = read_index(f, str(reference))
-    # The largest payload holds tensor bytes that checkpoint-30's deltas read.
+    # The largest payload holds tensor bytes (moments) that the deltas read.
     chunk = index.chunks[int(index.chunks["size"].argmax())]
     data = bytearray(reference.read_bytes())
     data[int(chunk["offset"]) + int(chunk["size"]) // 2] ^= 0x40
     reference.write_bytes(bytes(data))
+    restoring = work / f"checkpoint-{step}" / "optimizer.pt.ckptz"
 
     def failure() -> str:
         with pytest.raises(CorruptionError) as err:
-            api.decompress(work / "checkpoint-30" / "optimizer.pt.ckptz", tmp_path / "out.pt", device="cpu")
+            api.decompress(restoring, tmp_path / "out.pt", device="cpu")
         assert not (tmp_path / "out.pt").exists()
         return str(err.value)
 
     natively = failure()
+    assert [ok for *_, ok in attempts] == [False]  # the native plane found it
     with monkeypatch.context() as m:
         _python_pipeline(m)
         assert failure() == natively

@@ -5,7 +5,9 @@
  * Python hands over a table of paired ranges of the original file (start, end, counterpart
  * offset in the reference, delta kind, scale, word, mantissa bits: XorDelta's ranges) and the
  * reference: a plain file read by descriptor, or a container whose frames the plane decodes
- * itself from a restore plan Python built (native_restore.plan), one frame kept per thread.
+ * itself from a restore plan Python built (native_restore.plan), one frame kept per thread;
+a reference container that is itself a series delta has its own delta, undone in turn by
+the thread's reader, down the chain to its end.
  * The compress plane applies the delta to a frame once its digest leaves are hashed from the
  * original bytes and before its checksum is taken of the bytes it codes; the restore plane
  * undoes it once that checksum holds and before the pieces are put and the leaves hashed, so
@@ -123,6 +125,13 @@ static int reference_frame(delta_scratch_t *s, int64_t i) {
     s->cached = -1;
     if (!plane_read(c, i, payload) || !plane_decode(&s->reader, i, (const uint8_t *const *)payload, NULL) ||
         CKPTZ_XXH3_64(s->reader.out, (size_t)f[FR_LENGTH]) != (uint64_t)f[FR_CHECKSUM])
+        return PLANE_REFERENCE_DAMAGED;
+    /* A reference that is a delta itself: its frame, checked as coded, undone against its own
+     * reference (any failure down the chain is a damaged reference here; Python words it). */
+    const int64_t *pc = c->pieces + f[FR_PIECE] * PC_COLS;
+    int64_t detail = 0;
+    if (c->delta && delta_touches(c->delta, pc, f[FR_PIECES]) &&
+        delta_apply(s->reader.delta, pc, f[FR_PIECES], f[FR_LENGTH], s->reader.out, 0, &detail) != PLANE_OK)
         return PLANE_REFERENCE_DAMAGED;
     s->cached = i;
     return PLANE_OK;

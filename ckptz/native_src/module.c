@@ -2,7 +2,8 @@
  * ckptz._native: where ckptz's bytes move, in C (required: ckptz does not import without
  * it). The compress and restore planes code or restore a whole file in one call on threads
  * of their own (compress_plan, restore_plan); the functions below serve the planes, the
- * Python pipeline that GPU engines and series deltas still take, and the format readers.
+ * Python pipeline that GPU engines (and series deltas the planes cannot apply) still take,
+ * and the format readers.
  *
  *   compress_plan(...), restore_plan(...)  a whole file, on native threads, GIL released
  *
@@ -1168,22 +1169,30 @@ static Py_ssize_t plan_rows(const Py_buffer *b, Py_ssize_t cols, const char *wha
     return b->len / (8 * cols);
 }
 
-/* A series delta argument of either plane, parsed into `d` (delta_plane.c); its tables stay
- * in `held` until delta_release. */
-typedef struct {
+/* References followed at once: series/reference.py's MAX_CHAIN. */
+#define DELTA_MAX_CHAIN 64
+
+/* A series delta argument of either plane, parsed (delta_plane.c's delta_t), with the tables
+ * it holds until delta_release, and its reference container's own delta, where it is one. */
+typedef struct delta_args {
+    delta_t delta;
     Py_buffer ranges, frames, chunks, pieces, lookup;
     int parsed, locked;
+    struct delta_args *inner;
 } delta_args_t;
 
-/* delta = (ranges, reference_size, reference_fd, container_fd, frames, chunks, pieces, lookup):
- * a plain reference read by reference_fd (container_fd -1, the tables empty), or a container
- * (reference_fd -1) restored by native_restore.plan's tables, its pieces by file offset in
- * lookup. 1, or 0 with the error set. */
-static int delta_parse(PyObject *arg, delta_t *d, delta_args_t *held, int64_t source_size) {
+/* delta = (ranges, reference_size, reference_fd, container_fd, frames, chunks, pieces, lookup,
+ * inner): a plain reference read by reference_fd (container_fd -1, the tables empty, inner
+ * None), or a container (reference_fd -1) restored by native_restore.plan's tables, its pieces
+ * by file offset in lookup, and inner its own delta (a delta argument, or None). 1, or 0 with
+ * the error set. */
+static int delta_parse(PyObject *arg, delta_args_t *held, int64_t source_size, int depth) {
     long long size;
+    delta_t *d = &held->delta;
     restore_plan_t *c = &d->container;
-    if (!PyArg_ParseTuple(arg, "y*Liiy*y*y*y*", &held->ranges, &size, &d->reference, &c->container, &held->frames,
-                          &held->chunks, &held->pieces, &held->lookup))
+    PyObject *inner = Py_None;
+    if (!PyArg_ParseTuple(arg, "y*Liiy*y*y*y*O", &held->ranges, &size, &d->reference, &c->container, &held->frames,
+                          &held->chunks, &held->pieces, &held->lookup, &inner))
         return 0;
     held->parsed = 1;
     d->reference_size = c->source_size = size;
@@ -1201,6 +1210,8 @@ static int delta_parse(PyObject *arg, delta_t *d, delta_args_t *held, int64_t so
     d->lookup = held->lookup.buf;
     const char *wrong = NULL;
     if (size < 0 || (d->reference < 0) == (c->container < 0)) wrong = "one reference, a file or a container";
+    if (!wrong && inner != Py_None && c->container < 0) wrong = "a plain reference has no delta of its own";
+    if (!wrong && depth >= DELTA_MAX_CHAIN) wrong = "reference chain too long";
     if (!wrong && c->container >= 0) wrong = plane_check(c);
     if (!wrong) wrong = delta_check(d, source_size);
     if (wrong) {
@@ -1209,11 +1220,19 @@ static int delta_parse(PyObject *arg, delta_t *d, delta_args_t *held, int64_t so
     }
     pthread_mutex_init(&c->error_lock, NULL);
     held->locked = 1;
+    if (inner == Py_None) return 1;
+    if (!(held->inner = calloc(1, sizeof *held->inner))) return PyErr_NoMemory(), 0;
+    if (!delta_parse(inner, held->inner, size, depth + 1)) return 0;
+    c->delta = &held->inner->delta;
     return 1;
 }
 
-static void delta_release(delta_t *d, delta_args_t *held) {
-    if (held->locked) pthread_mutex_destroy(&d->container.error_lock);
+static void delta_release(delta_args_t *held) {
+    if (held->inner) {
+        delta_release(held->inner);
+        free(held->inner);
+    }
+    if (held->locked) pthread_mutex_destroy(&held->delta.container.error_lock);
     if (!held->parsed) return;
     PyBuffer_Release(&held->ranges);
     PyBuffer_Release(&held->frames);
@@ -1230,12 +1249,10 @@ static void delta_release(delta_t *d, delta_args_t *held) {
 static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
     Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error, stats = {0}, why = {0};
     restore_plan_t plan;
-    delta_t delta;
     delta_args_t delta_held = {0};
     int threads;
     PyObject *gpu = Py_None, *delta_arg = Py_None;
     memset(&plan, 0, sizeof plan);
-    memset(&delta, 0, sizeof delta);
     if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*|OO", &plan.container, &plan.output, &plan.checked, &memory,
                           &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads, &progress, &stop,
                           &error, &gpu, &delta_arg))
@@ -1286,8 +1303,8 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "restore_plan: series deltas are undone on the CPU");
             goto done;
         }
-        if (!delta_parse(delta_arg, &delta, &delta_held, plan.source_size)) goto done;
-        plan.delta = &delta;
+        if (!delta_parse(delta_arg, &delta_held, plan.source_size, 0)) goto done;
+        plan.delta = &delta_held.delta;
     }
     pthread_mutex_init(&plan.leaf_lock, NULL);
     pthread_mutex_init(&plan.error_lock, NULL);
@@ -1301,7 +1318,7 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
     ((int64_t *)error.buf)[0] = kind;
     result = PyLong_FromLong(kind);
 done:
-    delta_release(&delta, &delta_held);
+    delta_release(&delta_held);
     PyBuffer_Release(&memory);
     PyBuffer_Release(&frames);
     PyBuffer_Release(&chunks);
@@ -1325,12 +1342,10 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     Py_buffer memory, frames, chunks, pieces, hashes, rules, progress, stop, error, stats = {0}, why = {0},
                                                                                   kernels = {0};
     compress_plan_t plan;
-    delta_t delta;
     delta_args_t delta_held = {0};
     int threads;
     PyObject *gpu = Py_None, *delta_arg = Py_None;
     memset(&plan, 0, sizeof plan);
-    memset(&delta, 0, sizeof delta);
     restore_plan_t *l = &plan.leaves;
     if (!PyArg_ParseTuple(args, "iy*ippiLw*w*y*LLw*iy*iw*w*w*|OO", &plan.source, &memory, &plan.output, &plan.in_order,
                           &plan.verify, &plan.checked, &plan.end, &frames, &chunks, &pieces, &l->source_size, &l->leaf,
@@ -1375,8 +1390,8 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     plan.progress = progress.buf;
     plan.stop = stop.buf;
     if (delta_arg != Py_None) {
-        if (!delta_parse(delta_arg, &delta, &delta_held, l->source_size)) goto done;
-        l->delta = &delta;
+        if (!delta_parse(delta_arg, &delta_held, l->source_size, 0)) goto done;
+        l->delta = &delta_held.delta;
     }
     if ((wrong = compress_check(&plan)) != NULL) {
         PyErr_Format(PyExc_ValueError, "compress plan rejected: %s", wrong);
@@ -1398,7 +1413,7 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     ((int64_t *)error.buf)[0] = kind;
     result = PyLong_FromLong(kind);
 done:
-    delta_release(&delta, &delta_held);
+    delta_release(&delta_held);
     PyBuffer_Release(&memory);
     PyBuffer_Release(&frames);
     PyBuffer_Release(&chunks);
@@ -1529,8 +1544,8 @@ static PyMethodDef methods[] = {
      "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None, delta=None) -> int: code a whole file (from a\n"
      "descriptor, or host memory regions) into its container's data area, at offsets or in order (0, or the failure's\n"
      "kind); gpu: (nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why) codes the frames marked\n"
-     "for it there; delta: (ranges, reference_size, reference_fd, container_fd, frames, chunks, pieces, lookup) codes\n"
-     "paired ranges against a reference file or container."},
+     "for it there; delta: (ranges, reference_size, reference_fd, container_fd, frames, chunks, pieces, lookup, inner)\n"
+     "codes paired ranges against a reference file or container (inner: that container's own delta, or None)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, threads, progress, stop, error, gpu=None, delta=None) -> int: restore a whole file on native threads\n"

@@ -254,11 +254,7 @@ def compress_file(
             # A hybrid engine whose GPU has not joined codes a whole file on its CPU threads.
             coder = engine.cpu if isinstance(engine, HybridEngine) else engine
             # A series delta is applied in the plane on the CPU, where it can read the reference.
-            delta = (
-                native_restore.for_plane(change, coder)
-                if change is None or type(coder) is CpuEngine
-                else None
-            )
+            delta = native_restore.for_plane(change) if change is None or type(coder) is CpuEngine else None
             plain = delta is not None and (source is None or regions is not None)
             natively = native_compress.suits(coder, plan.streams, layout.size, digest, plain=plain)
             if natively and isinstance(engine, HybridEngine):

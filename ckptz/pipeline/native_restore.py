@@ -16,8 +16,9 @@ the threads finish every frame exactly as on the CPU.
 A series delta's frames are undone in the plane too, against the reference that the
 delta's :class:`~ckptz.pipeline.transform.NativeDelta` names (:func:`for_plane`): a plain
 file it reads, or a container whose frames it decodes itself from the plan this module makes
-of it. A reference that is itself a series delta, a GPU, and a restore in file order (stdout,
-an ``xxh3_128`` digest) leave such a file to the Python loop.
+of it (and undoes that container's own delta, where it is one, against its reference in
+turn). A GPU, a restore in file order (stdout, an ``xxh3_128`` digest) and a reference the
+plane cannot restore leave such a file to the Python loop.
 
 A failing frame is decoded once more by :class:`~ckptz.pipeline.decoder.FrameDecoder`, so
 that its error reads exactly as the Python loop words it; a frame the native plane cannot
@@ -37,7 +38,6 @@ from ckptz.codecs.native import native
 from ckptz.codecs.table import ANS, BITPACK, CONST, DEFLATE, HUFF1, HUFF2D, RAW, SIGN2D, ZSTD
 from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
-from ckptz.engines.base import Engine
 from ckptz.errors import CorruptionError, DeviceError
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.native_call import DELTA_FAILURES, MAX_LEAVES, Gpu, GpuTotals, call_polled
@@ -98,12 +98,12 @@ class PlaneDelta:
 _NO_TABLE = np.zeros((0, 1), np.int64)
 
 
-def for_plane(change: FrameTransform | None, engine: Engine) -> PlaneDelta | None:
+def for_plane(change: FrameTransform | None) -> PlaneDelta | None:
     """``change`` as the native planes apply it, its reference container (if it has one)
-    planned for ``engine``; None where they cannot (the Python pipeline applies it): a
-    transform that does not describe itself to them, or a reference container that is itself
-    a series delta or holds bitstreams the plane does not decode. The reference's descriptor
-    stays ``change``'s to close."""
+    planned, and that container's own delta (if it is one) in turn; None where they cannot
+    (the Python pipeline applies it): a transform that does not describe itself to them, or
+    a reference container the plane cannot restore (bitstreams it does not decode, an
+    ``xxh3_128`` digest). The references stay ``change``'s to close."""
     if change is None:
         return PlaneDelta(None)
     delta = change.native()
@@ -114,11 +114,10 @@ def for_plane(change: FrameTransform | None, engine: Engine) -> PlaneDelta | Non
         return PlaneDelta(None)
     if delta.container is None:
         none = np.zeros(0, np.int64)
-        return PlaneDelta((ranges, delta.reference_size, delta.reference_fd, -1, none, none, none, none))
-    fd, path, index = delta.container
-    if transformed(index.header) or not suits(index):
-        return None
-    tables = plan(FrameDecoder(fd, path, index, engine))
+        return PlaneDelta(
+            (ranges, delta.reference_size, delta.reference_fd, -1, none, none, none, none, None)
+        )
+    tables = plan(delta.container)  # with the reference's own delta, where it is one
     if tables is None:
         return None
     # The reference's pieces by file offset, where the plane looks up a counterpart's bytes.
@@ -126,7 +125,18 @@ def for_plane(change: FrameTransform | None, engine: Engine) -> PlaneDelta | Non
     rows = np.column_stack([tables.pieces[:, 0], owner, tables.pieces[:, 1], tables.pieces[:, 2]])
     rows = rows[rows[:, 3] > 0]
     lookup = np.ascontiguousarray(rows[np.argsort(rows[:, 0], kind="stable")], np.int64)
-    argument = (ranges, delta.reference_size, -1, fd, tables.frames, tables.chunks, tables.pieces, lookup)
+    fd = delta.container.fd
+    argument = (
+        ranges,
+        delta.reference_size,
+        -1,
+        fd,
+        tables.frames,
+        tables.chunks,
+        tables.pieces,
+        lookup,
+        tables.delta,
+    )
     return PlaneDelta(argument)
 
 
@@ -151,7 +161,7 @@ def plan(decoder: FrameDecoder, gpu: bool = False) -> Plan | None:
     index = decoder.index
     if not suits(index, gpu):
         return None
-    delta = for_plane(decoder.transform, decoder.engine)
+    delta = for_plane(decoder.transform)
     if delta is None:
         return None
     chunks = index.chunks

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ckptz.container import Index
+    from ckptz.pipeline.decoder import FrameDecoder
     from ckptz.pipeline.plan import Frame
 
 
@@ -39,13 +40,14 @@ class NativeDelta:
             file order; no rows for a transform that changes no byte.
         reference_size: the reference's original size.
         reference_fd: the plain reference file, open for reading (-1: a container).
-        container: the reference container as (descriptor, path, index), where it is one.
+        container: the reference container's frame decoder, where it is one (with its own
+            transform, if it is a series delta too).
     """
 
     ranges: np.ndarray
     reference_size: int = 0
     reference_fd: int = -1
-    container: tuple[int, str, Index] | None = None
+    container: FrameDecoder | None = None
 
 
 class FrameTransform(Protocol):

@@ -337,8 +337,7 @@ class XorDelta:
         if isinstance(self.source, PlainReference):
             return NativeDelta(ranges, self.spec.size, self.source.fileno())
         if isinstance(self.source, ContainerReference):
-            container = (self.source.fileno(), self.source.path, self.source.reader.index)
-            return NativeDelta(ranges, self.spec.size, container=container)
+            return NativeDelta(ranges, self.spec.size, container=self.source.reader.decoder)
         return None
 
     def header(self) -> dict[str, object]:

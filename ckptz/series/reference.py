@@ -148,7 +148,6 @@ class ContainerReference:
         self._key: tuple[int, int] | None = None
         self._readers: list[ContainerReader] = []
         self._lock = threading.Lock()
-        self.path = str(path)
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._key = _opened.add(self._fd, Path(os.path.realpath(path)))
@@ -161,10 +160,6 @@ class ContainerReference:
         self._local = threading.local()
         self._local.reader = self.reader
         self._readers.append(self.reader)
-
-    def fileno(self) -> int:
-        """The container's open descriptor (the native planes decode its frames through it)."""
-        return self._fd
 
     def read(self, offset: int, n: int) -> bytes:
         reader = getattr(self._local, "reader", None)
