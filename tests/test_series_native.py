@@ -6,8 +6,9 @@ Python pipeline's own message."""
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,15 @@ from ckptz import api
 from ckptz.container import read_index
 from ckptz.digest import Digest
 from ckptz.dtypes import lookup
-from ckptz.errors import CorruptionError
+from ckptz.engines.cpu import CpuEngine
+from ckptz.errors import ContainerError, CorruptionError
+from ckptz.formats import read_layout
+from ckptz.formats.layout import FileLayout
 from ckptz.pipeline import native_compress, native_restore
+from ckptz.pipeline.compress import compress_file
+from ckptz.pipeline.transform import FrameTransform
 from ckptz.series import delta as series_delta
+from ckptz.series.delta import layout_tensors
 from ckptz.series.kinds import (
     ORDERED_DIFFERENCE,
     SCALED,
@@ -31,6 +38,7 @@ from ckptz.series.kinds import (
     XOR,
     mantissa_bits,
 )
+from ckptz.series.reference import PlainReference, RefSpec
 
 STEPS = (10, 20, 30, 40)
 
@@ -127,17 +135,26 @@ def _kinds(root: Path) -> set[int]:
     return kinds
 
 
-def _series(run: Path, out: Path, compress: Callable[[Path], None]) -> Path:
-    """The four checkpoints compressed with ``--series`` into ``out`` by ``compress``, then a
-    fifth added and compressed again in place (the previous newest re-coded against its
-    container)."""
-    compress(out)
-    shutil.copytree(run / "all" / "checkpoint-50", out / "checkpoint-50")
-    api.compress(out, in_place=True, series=True, device="cpu", verify=True)
+def _headers(root: Path) -> dict[str, dict[str, Any]]:
+    """Each container's header, by the relative path of its original file."""
+    out = {}
+    for p in sorted(root.rglob("*.ckptz")):
+        with open(p, "rb") as f:
+            out[p.relative_to(root).as_posix().removesuffix(".ckptz")] = read_index(f, str(p)).header
     return out
 
 
-@pytest.mark.parametrize("kinds", ["chosen", "every"])
+def _series(run: Path, out: Path, keyframe_every: int) -> Path:
+    """The four checkpoints compressed with ``--series`` into ``out`` (their references read
+    from their plain sources), then a fifth added and compressed again in place (the previous
+    newest re-coded against its container)."""
+    api.compress(run / "four", out, series=True, device="cpu", keyframe_every=keyframe_every)
+    shutil.copytree(run / "all" / "checkpoint-50", out / "checkpoint-50")
+    api.compress(out, in_place=True, series=True, device="cpu", verify=True, keyframe_every=keyframe_every)
+    return out
+
+
+@pytest.mark.parametrize("kinds", ["chosen", "every", "keyframes"])
 def test_series_containers_are_the_python_pipelines(
     run: Path,
     tmp_path: Path,
@@ -149,28 +166,30 @@ def test_series_containers_are_the_python_pipelines(
 ) -> None:
     if kinds == "every":
         request.getfixturevalue("every_kind")
+    keyframe_every = 2 if kinds == "keyframes" else 8
 
-    def from_plain_files(out: Path) -> None:  # references read from their plain sources
-        api.compress(run / "four", out, series=True, device="cpu")
-
-    natively = _series(run, tmp_path / "native", from_plain_files)
-    deltas = {name for name, delta in coded if delta}
-    # Against plain files, then (re-coding checkpoint-40) against checkpoint-50's container.
-    assert {f"checkpoint-{s}/optimizer.pt" for s in STEPS} <= deltas
-    assert "checkpoint-40/model.safetensors" in deltas
+    natively = _series(run, tmp_path / "native", keyframe_every)
+    headers = _headers(natively)
+    deltas = sorted(name for name, header in headers.items() if "reference" in header)
+    # Every delta coded in the plane (checkpoint-40's last, against checkpoint-50's container).
+    assert sorted(name for name, delta in coded if delta) == deltas
+    assert {name for name, _ in coded} == set(headers)
     if kinds == "every":
         assert _kinds(natively) == {XOR, ORDERED_DIFFERENCE, SCALED_DIFFERENCE, SCALED_SIGN_MAGNITUDE}
+    if kinds == "keyframes":
+        assert any("series" in header for header in headers.values())
+    else:
+        assert len(deltas) == 2 * len(STEPS)
 
     want = tree_digests(run / "all")
     api.decompress(natively, tmp_path / "back", device="cpu")
     assert tree_digests(tmp_path / "back") == want
-    # Every delta, each against the next newer container, down its chain to checkpoint-50.
-    names = ("model.safetensors.ckptz", "optimizer.pt.ckptz")
-    assert sorted(attempts) == [(f"checkpoint-{s}/{n}", "container", True) for s in STEPS for n in names]
+    # Every delta restored in the plane, each against the next newer container, down its chain.
+    assert sorted(attempts) == [(f"{name}.ckptz", "container", True) for name in deltas]
 
     with monkeypatch.context() as m:
         _python_pipeline(m)
-        python = _series(run, tmp_path / "python", from_plain_files)
+        python = _series(run, tmp_path / "python", keyframe_every)
         api.decompress(natively, tmp_path / "back-python", device="cpu")
     assert _containers(natively) == _containers(python)
     assert tree_digests(tmp_path / "back-python") == want
@@ -229,3 +248,39 @@ def test_a_damaged_reference_fails_as_the_python_pipeline_says(
         _python_pipeline(m)
         assert failure() == natively
     assert "checkpoint-40" in natively
+
+
+def test_a_reference_cut_short_while_coding_fails_as_the_python_pipeline_says(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain reference shrinks after the delta is planned against it (another process
+    truncating it): coding fails with the Python pipeline's message."""
+    src = run / "four" / "checkpoint-30" / "optimizer.pt"
+
+    def failure(name: str) -> str:
+        (tmp_path / name).mkdir()
+        ref = tmp_path / name / "reference.pt"
+        shutil.copyfile(run / "four" / "checkpoint-40" / "optimizer.pt", ref)
+        size = ref.stat().st_size
+
+        def against(layout: FileLayout) -> FrameTransform | None:
+            source = PlainReference(ref)
+            theirs = layout_tensors(read_layout(ref, ref.name))
+            spec = RefSpec(f"{ref.name}.ckptz", size, source.digest())
+            change = series_delta.delta_for(layout, src, spec, source, theirs)
+            os.truncate(ref, size // 2)
+            return change
+
+        with open(tmp_path / name / "optimizer.pt.ckptz", "wb") as out, pytest.raises(ContainerError) as err:
+            compress_file(src, "optimizer.pt", out, CpuEngine(2), transform=against)
+        return str(err.value)
+
+    coded: list[bool] = []
+    real = native_compress.code
+    monkeypatch.setattr(native_compress, "code", lambda *a, **k: coded.append(True) or real(*a, **k))
+    natively = failure("native")
+    assert coded == [True]
+    with monkeypatch.context() as m:
+        _python_pipeline(m)
+        assert failure("python") == natively
+    assert "ended early" in natively
