@@ -36,6 +36,7 @@ enum { DELTA_XOR, DELTA_ORDERED, DELTA_SCALED, DELTA_SIGN_MAGNITUDE };
 typedef struct delta {
     const int64_t *ranges; /* TR_COLS per paired range, sorted and disjoint */
     int64_t range_count;
+    int grouped; /* some range is of a kind that groups its words (they need room) */
     int64_t reference_size;
     int reference;             /* a plain reference's descriptor, or -1 for a container */
     restore_plan_t container;  /* the reference container's frames, chunks and pieces */
@@ -43,8 +44,9 @@ typedef struct delta {
     int64_t lookup_count;
 } delta_t;
 
-/* A thread's room for a delta: the counterpart of a frame's part, the grouped kinds' room,
- * and a reader of the reference container that keeps the frame it decoded last. */
+/* A thread's room for a delta: the counterpart of a frame's part, the grouped kinds' room
+ * (where the delta has such a kind), and a reader of the reference container that keeps the
+ * frame it decoded last. */
 typedef struct delta_scratch {
     delta_t *delta;
     uint8_t *theirs, *room;
@@ -55,8 +57,9 @@ typedef struct delta_scratch {
 } delta_scratch_t;
 
 /* Checks the range table against the file's and the reference's sizes before any thread
- * starts (a hostile header must not move a read outside its buffers); NULL if it holds. */
-static const char *delta_check(const delta_t *d, int64_t source_size) {
+ * starts (a hostile header must not move a read outside its buffers); NULL if it holds.
+ * Notes whether some range groups its words. */
+static const char *delta_check(delta_t *d, int64_t source_size) {
     int64_t end = 0;
     for (int64_t r = 0; r < d->range_count; r++) {
         const int64_t *t = d->ranges + r * TR_COLS;
@@ -72,6 +75,7 @@ static const char *delta_check(const delta_t *d, int64_t source_size) {
         if ((kind == DELTA_SCALED || kind == DELTA_SIGN_MAGNITUDE) &&
             (scale < 0 || scale > 0x7FFFFFFF || !((scale >> 23) & 0xFF) || ((scale >> 23) & 0xFF) == 0xFF))
             return "scale is no positive normal float32";
+        if (kind == DELTA_SCALED || kind == DELTA_SIGN_MAGNITUDE) d->grouped = 1;
         end = t[TR_END];
     }
     for (int64_t r = 0; r < d->lookup_count; r++) {
@@ -92,9 +96,9 @@ static delta_scratch_t *delta_scratch_new(delta_t *d, size_t frame_room) {
     s->frame_room = frame_room;
     s->cached = -1;
     s->theirs = plane_buffer(frame_room);
-    s->room = plane_buffer(frame_room);
-    if (s->theirs && s->room && d->reference < 0) s->reading = worker_init(&s->reader, &d->container);
-    if (!s->theirs || !s->room || (d->reference < 0 && !s->reading)) {
+    s->room = d->grouped ? plane_buffer(frame_room) : NULL;
+    if (s->theirs && d->reference < 0) s->reading = worker_init(&s->reader, &d->container);
+    if (!s->theirs || (d->grouped && !s->room) || (d->reference < 0 && !s->reading)) {
         delta_scratch_free(s);
         return NULL;
     }
@@ -104,7 +108,7 @@ static delta_scratch_t *delta_scratch_new(delta_t *d, size_t frame_room) {
 static void delta_scratch_free(delta_scratch_t *s) {
     if (!s) return;
     plane_buffer_free(s->theirs, s->frame_room);
-    plane_buffer_free(s->room, s->frame_room);
+    if (s->room) plane_buffer_free(s->room, s->frame_room);
     if (s->delta->reference < 0 && s->reader.plan) worker_free(&s->reader);
     free(s);
 }
