@@ -16,9 +16,9 @@ Ctrl-C and SIGTERM cross as a stop flag its threads check between frames.
 The bytes are read from the file, or from host memory (``ckptz.save``'s image of the state
 being saved, :mod:`ckptz.library.torch_image`); the payloads go to an output written at
 offsets, to a pipe in order, or nowhere. Whether a file takes this path is decided up front
-(:func:`suits`): the CPU engine (or the GPU engine, without a series delta), and a tree digest. ``--verify`` runs in
-the plane too: each frame decoded back before its payloads are written, and the payloads
-read back once they are (not from a pipe).
+(:func:`suits`): the CPU engine (or the GPU engine, without a series delta), and a tree
+digest. ``--verify`` runs in the plane too: each frame decoded back before its payloads are
+written, and the payloads read back once they are (not from a pipe).
 
 The GPU engine takes the same call with a :class:`Gpu`: the plane's threads read and split
 the frames into pinned batches, the GPU codes each batch's planes

@@ -95,15 +95,13 @@ class PlaneDelta:
     argument: tuple[object, ...] | None
 
 
-_NO_TABLE = np.zeros((0, 1), np.int64)
-
-
 def for_plane(change: FrameTransform | None) -> PlaneDelta | None:
     """``change`` as the native planes apply it, its reference container (if it has one)
     planned, and that container's own delta (if it is one) in turn; None where they cannot
     (the Python pipeline applies it): a transform that does not describe itself to them, or
-    a reference container the plane cannot restore (bitstreams it does not decode, an
-    ``xxh3_128`` digest). The references stay ``change``'s to close."""
+    a reference container the plane cannot restore (:func:`plan`: bitstreams it does not
+    decode, or a delta of an ``xxh3_128`` digest). The references stay ``change``'s to
+    close."""
     if change is None:
         return PlaneDelta(None)
     delta = change.native()

@@ -327,7 +327,7 @@ class XorDelta:
         return data
 
     def native(self) -> NativeDelta | None:
-        # A word format series_delta refuses stays in Python, which words the refusal.
+        # A word format the planes do not take stays in Python, which words its refusal.
         if any(
             k != XOR and not (w in _DIFF_WORDS and w * 8 - 9 <= m <= w * 8 - 3)
             for *_, k, _, w, m in self._ranges
