@@ -6,6 +6,7 @@ Python pipeline's own message."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,7 @@ from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
 from ckptz.pipeline import native_compress, native_restore
 from ckptz.pipeline.compress import compress_file
+from ckptz.pipeline.restore import restore
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.series import delta as series_delta
 from ckptz.series.delta import layout_tensors
@@ -284,3 +286,30 @@ def test_a_reference_cut_short_while_coding_fails_as_the_python_pipeline_says(
         _python_pipeline(m)
         assert failure("python") == natively
     assert "ended early" in natively
+
+
+def test_a_delta_restores_in_file_order_in_the_plane(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streamed (as to stdout) a window of 64 KiB at a time, each frame decoded whole in every
+    window it reaches: a delta, and one down a chain, come out byte for byte."""
+    work = tmp_path / "run"
+    shutil.copytree(run / "four", work)
+    api.compress(work, in_place=True, series=True, device="cpu")
+    monkeypatch.setattr(native_restore, "WINDOW", 64 << 10)
+    windows: list[tuple[bool, bool]] = []
+    real = native_restore.run_in_order
+
+    def in_order(fd: int, path: str, decoder: Any, tables: native_restore.Plan, *args: Any) -> Digest | None:
+        digest = real(fd, path, decoder, tables, *args)
+        windows.append((getattr(tables, "delta", None) is not None, digest is not None))
+        return digest
+
+    monkeypatch.setattr(native_restore, "run_in_order", in_order)
+    for step in (30, 20):
+        for name in ("model.safetensors", "optimizer.pt"):
+            streamed = io.BytesIO()
+            with open(work / f"checkpoint-{step}" / f"{name}.ckptz", "rb") as c:
+                restore(c, name, CpuEngine(2), streamed.write)
+            assert streamed.getvalue() == (run / "four" / f"checkpoint-{step}" / name).read_bytes()
+    assert windows == [(True, True)] * 4

@@ -1245,17 +1245,18 @@ static void delta_release(delta_args_t *held) {
  * leaf_hashes, threads, progress, stop, error, gpu=None, delta=None) -> int: plane.c's restore of
  * one file; gpu = (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id, stats, why)
  * decodes those bitstreams' chunks there (plane_gpu.c); delta (delta_parse) undoes a series
- * delta. */
+ * delta; window = (start, end) restores only those bytes of the file, into memory. */
 static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
     Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error, stats = {0}, why = {0};
     restore_plan_t plan;
     delta_args_t delta_held = {0};
     int threads;
     PyObject *gpu = Py_None, *delta_arg = Py_None;
+    long long window_start = 0, window_end = 0;
     memset(&plan, 0, sizeof plan);
-    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*|OO", &plan.container, &plan.output, &plan.checked, &memory,
-                          &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads, &progress, &stop,
-                          &error, &gpu, &delta_arg))
+    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*|OO(LL)", &plan.container, &plan.output, &plan.checked,
+                          &memory, &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads,
+                          &progress, &stop, &error, &gpu, &delta_arg, &window_start, &window_end))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
@@ -1282,10 +1283,18 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "restore_plan: malformed leaf, progress, stop or error buffer");
         goto done;
     }
-    if (memory.len && memory.len != plan.source_size) {
+    if (window_end && (window_start < 0 || window_end <= window_start || window_end > plan.source_size ||
+                       memory.len != window_end - window_start || plan.output >= 0 || plan.checked >= 0 ||
+                       plan.leaf)) {
+        PyErr_SetString(PyExc_ValueError, "restore_plan: a window is restored into memory of its size, unhashed");
+        goto done;
+    }
+    if (!window_end && memory.len && memory.len != plan.source_size) {
         PyErr_SetString(PyExc_ValueError, "restore_plan: memory must hold the whole file (or nothing)");
         goto done;
     }
+    plan.window_start = window_start;
+    plan.window_end = window_end;
     plan.memory = memory.len ? memory.buf : NULL;
     plan.frames = frames.buf;
     plan.chunks = chunks.buf;
@@ -1548,7 +1557,8 @@ static PyMethodDef methods[] = {
      "codes paired ranges against a reference file or container (inner: that container's own delta, or None)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
-     "leaf_hashes, threads, progress, stop, error, gpu=None, delta=None) -> int: restore a whole file on native threads\n"
+     "leaf_hashes, threads, progress, stop, error, gpu=None, delta=None, window=(0, 0)) -> int: restore a whole\n"
+     "file (or, window = (start, end), those bytes of it into memory) on native threads\n"
      "without the GIL (int64 plan tables; output or checked fd -1, memory empty: none); 0, or the failure's\n"
      "kind (error: kind, frame, detail). gpu: (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id,\n"
      "stats, why): chunks of those bitstreams (zstd_id -1: none) decoded on that GPU; stats (int64: batches,\n"

@@ -164,6 +164,10 @@ typedef struct {
     char *gpu_why;           /* why the GPU engine failed */
     size_t gpu_why_room;
     struct delta *delta; /* a series delta the frames were coded through (delta_plane.c), or NULL */
+    /* Where window_end > 0, only bytes [window_start, window_end) of the file are restored,
+     * into memory from its start (a restore in file order, a window at a time): each frame
+     * is decoded whole, as its checks and its delta need, and its pieces clipped. */
+    int64_t window_start, window_end;
 } restore_plan_t;
 
 typedef struct {
@@ -537,6 +541,14 @@ static int plane_finish(worker_t *w, int64_t i, const uint8_t *const *payload, c
     for (int64_t j = 0; j < f[FR_PIECES]; j++, pc += PC_COLS) {
         const uint8_t *bytes = w->out + pc[PC_WITHIN];
         int64_t at = pc[PC_AT], size = pc[PC_SIZE];
+        if (p->window_end) { /* the piece's part in the window, at its offset there */
+            int64_t lo = at > p->window_start ? at : p->window_start;
+            int64_t hi = at + size < p->window_end ? at + size : p->window_end;
+            if (lo >= hi) continue;
+            bytes += lo - at;
+            size = hi - lo;
+            at = lo - p->window_start;
+        }
         if (p->memory) memcpy(p->memory + at, bytes, (size_t)size);
         if (p->output >= 0) {
             int error = plane_pwrite(p->output, bytes, size, at);

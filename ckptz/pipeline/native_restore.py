@@ -17,8 +17,7 @@ A series delta's frames are undone in the plane too, against the reference that 
 delta's :class:`~ckptz.pipeline.transform.NativeDelta` names (:func:`for_plane`): a plain
 file it reads, or a container whose frames it decodes itself from the plan this module makes
 of it (and undoes that container's own delta, where it is one, against its reference in
-turn). A GPU, a restore in file order (stdout, an ``xxh3_128`` digest) and a reference the
-plane cannot restore leave such a file to the Python loop.
+turn). A GPU and a reference the plane cannot restore leave such a file to the Python loop.
 
 A failing frame is decoded once more by :class:`~ckptz.pipeline.decoder.FrameDecoder`, so
 that its error reads exactly as the Python loop words it; a frame the native plane cannot
@@ -100,8 +99,7 @@ def for_plane(change: FrameTransform | None) -> PlaneDelta | None:
     planned, and that container's own delta (if it is one) in turn; None where they cannot
     (the Python pipeline applies it): a transform that does not describe itself to them, or
     a reference container the plane cannot restore (:func:`plan`: bitstreams it does not
-    decode, or a delta of an ``xxh3_128`` digest). The references stay ``change``'s to
-    close."""
+    decode). The references stay ``change``'s to close."""
     if change is None:
         return PlaneDelta(None)
     delta = change.native()
@@ -140,11 +138,10 @@ def for_plane(change: FrameTransform | None) -> PlaneDelta | None:
 
 def suits(index: Index, gpu: bool = False) -> bool:
     """Whether the native plane may restore a container, from its index alone: a series
-    delta only on the CPU with a tree digest (an ``xxh3_128`` digest is taken in file order,
-    :func:`run_in_order`, whose windows cut frames apart), a tree digest with a bounded
-    number of leaves, only bitstreams it decodes (with a GPU where ``gpu`` is set)."""
+    delta only on the CPU, a tree digest with a bounded number of leaves, only bitstreams it
+    decodes (with a GPU where ``gpu`` is set)."""
     kind = index.source_digest.kind
-    if transformed(index.header) and (gpu or not kind.tree):
+    if transformed(index.header) and gpu:
         return False
     if kind.tree and leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
         return False
@@ -245,9 +242,8 @@ def run(
     index = decoder.index
     kind = index.source_digest.kind
     if not kind.tree or target.stream is not None:
-        # Windows in file order run on the CPU threads alone: a GPU's file goes to the loop,
-        # and so does a series delta, whose frames the windows cut apart.
-        if gpu is not None or tables.delta is not None:
+        # Windows in file order run on the CPU threads alone: a GPU's file goes to the loop.
+        if gpu is not None:
             return None
         return run_in_order(fd, path, decoder, tables, target, threads, progress)
     hashes = np.zeros(leaf_count(index.source_size, kind.leaf), "<u8")
@@ -295,9 +291,9 @@ def run_in_order(
     """:func:`run` where the bytes must come in file order (a stream such as stdout, or the
     ``xxh3_128`` digest of an older container, which hashes the file from its start): a
     window of :data:`WINDOW` bytes at a time, each restored in one native call into one
-    buffer (the frames with pieces in the window, restricted to those pieces: a frame
-    reaching into the next window is decoded again there), then given to ``target`` and
-    hashed. None where a frame of the first window needs the Python loop; past it (bytes
+    buffer (the frames with pieces in the window, each decoded whole, as its checks and its
+    series delta need, and its pieces clipped to the window: a frame reaching into the next
+    window is decoded again there), then given to ``target`` and hashed. None where a frame of the first window needs the Python loop; past it (bytes
     already given to a stream), that window's frames are decoded by Python instead.
 
     Raises:
@@ -318,26 +314,27 @@ def run_in_order(
     for start in range(0, size, WINDOW):
         stop = min(start + WINDOW, size)
         run = by_start[np.searchsorted(ends, start, "right") : np.searchsorted(starts, stop, "left")]
-        keep = np.sort(run[pieces[run, 2] > 0])  # back in the plan's order: by frame
-        lo = np.maximum(pieces[keep, 0], start)
-        hi = np.minimum(pieces[keep, 0] + pieces[keep, 2], stop)
-        frames, first, counts = np.unique(owner[keep], return_index=True, return_counts=True)
-        window = Plan(
-            np.ascontiguousarray(np.column_stack([tables.frames[frames, :5], first, counts]), np.int64),
-            tables.chunks,
-            np.ascontiguousarray(
-                np.column_stack([lo - start, pieces[keep, 1] + lo - pieces[keep, 0], hi - lo]),
-                np.int64,
-            ),
-        )
+        # The frames with bytes in the window, each restored whole and its pieces clipped to it.
+        frames = np.unique(owner[run[pieces[run, 2] > 0]])
+        window = Plan(np.ascontiguousarray(tables.frames[frames]), tables.chunks, pieces, tables.delta)
         buf = target.memory[start:stop] if target.memory is not None else room[: stop - start]  # type: ignore[index]
-        failed = _call(fd, window, Target(memory=buf), stop - start, 0, _NO_LEAVES, threads)
+        failed = _call(
+            fd,
+            window,
+            Target(memory=buf),
+            size,
+            0,
+            _NO_LEAVES,
+            threads,
+            delta=window.delta,
+            window=(start, stop),
+        )
         if failed:
             kind, frame, detail = failed
             _raise(kind, int(frames[frame]) if frame >= 0 else frame, detail, decoder, target, path)
             if start == 0:
                 return None
-            _decode_in_python(decoder, frames, window, buf)
+            _decode_in_python(decoder, frames, window, buf, start)
         _put(target, buf, start, path)
         hasher.update(buf)
         if target.stream is not None:
@@ -356,13 +353,18 @@ def _give_all(write: Callable[[memoryview], object], data: memoryview) -> None:
         data = data[took:]
 
 
-def _decode_in_python(decoder: FrameDecoder, frames: np.ndarray, window: Plan, buf: np.ndarray) -> None:
-    """A window's frames decoded by the Python decoder (one the native plane lacks a bitstream of)."""
+def _decode_in_python(
+    decoder: FrameDecoder, frames: np.ndarray, window: Plan, buf: np.ndarray, start: int
+) -> None:
+    """A window's frames decoded by the Python decoder (one the native plane lacks a bitstream
+    of), their pieces clipped to the window's bytes from ``start``, ``buf``."""
     for row, i in enumerate(frames.tolist()):
         data = decoder.decode(i)
         first, count = window.frames[row, 5:7].tolist()
         for at, within, n in window.pieces[first : first + count].tolist():
-            buf[at : at + n] = data[within : within + n]
+            lo, hi = max(at, start), min(at + n, start + buf.size)
+            if lo < hi:
+                buf[lo - start : hi - start] = data[within + lo - at : within + hi - at]
 
 
 def _put(target: Target, buf: np.ndarray, start: int, path: str) -> None:
@@ -383,10 +385,11 @@ _NO_LEAVES = np.zeros(0, "<u8")
 def _call(
     fd: int, tables: Plan, target: Target, size: int, leaf: int, hashes: np.ndarray, threads: int,
     progress: Callable[[int], None] = lambda _: None, gpu: tuple[object, ...] | None = None,
-    delta: tuple[object, ...] | None = None,
+    delta: tuple[object, ...] | None = None, window: tuple[int, int] = (0, 0),
 ) -> tuple[int, int, int] | None:  # fmt: skip
     """One call of the native plane (decoding on a GPU with ``gpu``'s settings, undoing a
-    series ``delta``); None, or its failure (kind, frame, detail)."""
+    series ``delta``, restoring only the ``window`` of the file's bytes (start, end) into the
+    target's memory where it is not empty); None, or its failure (kind, frame, detail)."""
 
     def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
         return native.restore_plan(
@@ -406,6 +409,7 @@ def _call(
             error,
             gpu,
             delta,
+            window,
         )
 
     failed, error = call_polled(call, "ckptz-native-restore", threads, progress)
