@@ -22,7 +22,8 @@
  * through the zstd vendored beside this file, the very version and calls of the Python
  * binding, so the bytes are the same. Progress is a counter Python polls; a stop flag Python
  * sets ends the threads between frames; the first failure is reported as (kind, frame,
- * detail).
+ * detail). A series delta (delta_plane.c) is applied to each frame it touches once the
+ * frame's digest leaves are hashed, and the frame's checksum taken of the bytes it codes.
  */
 #include "native.h"
 

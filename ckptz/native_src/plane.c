@@ -10,7 +10,8 @@
  * piece writes it at its file offset (or into memory holding the whole file, or compares it
  * with a file's bytes there, or keeps nothing) and hashes the digest's leaves that it completes. Progress is a counter Python
  * polls; a stop flag Python sets ends the threads between frames. The first failure stops
- * every thread and is reported as (kind, frame, detail) for Python to word.
+ * every thread and is reported as (kind, frame, detail) for Python to word. A series delta's
+ * frames are undone (delta_plane.c) once their checksum holds, before their pieces are put.
  */
 #include "native.h"
 
