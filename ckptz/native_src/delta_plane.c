@@ -141,10 +141,14 @@ static int reference_frame(delta_scratch_t *s, int64_t i) {
     return PLANE_OK;
 }
 
-/* n bytes of the reference's original from offset `at` into dst: PLANE_OK, or the failure
- * (*detail: an errno). */
-static int reference_read(delta_scratch_t *s, uint8_t *dst, int64_t at, int64_t n, int64_t *detail) {
+/* n bytes of the reference's original from offset `at`: *bytes points at them, in the
+ * reader's decoded frame where one piece of a reference container holds them all (most
+ * counterparts: no copy, and the thread's `theirs` buffer stays untouched), else in
+ * `theirs`. Valid until the next read. PLANE_OK, or the failure (*detail: an errno). */
+static int reference_read(delta_scratch_t *s, const uint8_t **bytes, int64_t at, int64_t n, int64_t *detail) {
     const delta_t *d = s->delta;
+    uint8_t *dst = s->theirs;
+    *bytes = dst;
     if (d->reference >= 0) {
         int error = 0;
         int64_t got = pread_fully(d->reference, (char *)dst, n, at, &error);
@@ -166,7 +170,12 @@ static int reference_read(delta_scratch_t *s, uint8_t *dst, int64_t at, int64_t 
         if (take > n) take = n;
         int kind = reference_frame(s, x[RX_FRAME]);
         if (kind != PLANE_OK) return kind;
-        memcpy(dst, s->reader.out + x[RX_WITHIN] + within, (size_t)take);
+        const uint8_t *from = s->reader.out + x[RX_WITHIN] + within;
+        if (take == n && dst == s->theirs) { /* all in this piece */
+            *bytes = from;
+            return PLANE_OK;
+        }
+        memcpy(dst, from, (size_t)take);
         dst += take;
         at += take;
         n -= take;
@@ -213,12 +222,13 @@ static int delta_apply(delta_scratch_t *s, const int64_t *pc, int64_t count, int
             if (t[TR_START] >= end) break;
             int64_t lo = at > t[TR_START] ? at : t[TR_START], hi = end < t[TR_END] ? end : t[TR_END];
             if (lo >= hi) continue;
-            int kind = reference_read(s, s->theirs, t[TR_REF] + lo - t[TR_START], hi - lo, detail);
+            const uint8_t *theirs;
+            int kind = reference_read(s, &theirs, t[TR_REF] + lo - t[TR_START], hi - lo, detail);
             if (kind != PLANE_OK) return kind;
             uint8_t *part = data + within + lo - at;
             int64_t word = t[TR_WORD], n = hi - lo;
             if (t[TR_KIND] == DELTA_XOR) {
-                for (int64_t k = 0; k < n; k++) part[k] ^= s->theirs[k];
+                for (int64_t k = 0; k < n; k++) part[k] ^= theirs[k];
                 continue;
             }
             if ((lo - t[TR_START]) % word || n % word) return PLANE_WORD_CUT; /* a damaged index */
@@ -227,7 +237,7 @@ static int delta_apply(delta_scratch_t *s, const int64_t *pc, int64_t count, int
             if (grouped && !((lo == t[TR_START] || within + lo - at == 0) &&
                              (hi == t[TR_END] || within + hi - at == length)))
                 return PLANE_GROUP_CUT;
-            series_delta(part, s->theirs, (size_t)(n / word), (int)word, (int)t[TR_KIND], (int)t[TR_MANT],
+            series_delta(part, theirs, (size_t)(n / word), (int)word, (int)t[TR_KIND], (int)t[TR_MANT],
                          grouped ? (uint32_t)t[TR_SCALE] : 0x3F800000u, forward, s->room);
         }
     }
