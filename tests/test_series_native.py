@@ -13,8 +13,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import tree_digests
+from safetensors.numpy import save_file
 from series_run import make_run
 
 from ckptz import api
@@ -313,3 +315,40 @@ def test_a_delta_restores_in_file_order_in_the_plane(
                 restore(c, name, CpuEngine(2), streamed.write)
             assert streamed.getvalue() == (run / "four" / f"checkpoint-{step}" / name).read_bytes()
     assert windows == [(True, True)] * 4
+
+
+def test_a_frame_that_cuts_a_word_fails_as_the_python_pipeline_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor coded in value as 4-byte words, in frames of 4099 bytes: its second frame
+    starts inside a word, which both pipelines refuse in their own words."""
+    rng = np.random.default_rng(0)
+    save_file({"w": rng.integers(0, 255, 1 << 14, dtype=np.uint8)}, str(tmp_path / "ours.safetensors"))
+    ref = tmp_path / "reference.safetensors"
+    save_file({"w": rng.integers(0, 255, 1 << 14, dtype=np.uint8)}, str(ref))
+
+    def against(layout: FileLayout) -> FrameTransform | None:
+        source = PlainReference(ref)
+        spec = RefSpec(f"{ref.name}.ckptz", ref.stat().st_size, source.digest())
+        (ours,) = [i for i, s in enumerate(layout.segments) if s.kind == "tensor"]
+        (theirs,) = [s for s in read_layout(ref, ref.name).segments if s.kind == "tensor"]
+        starts = [s.offset for s in layout.segments] + [layout.size]
+        pairs = [(ours, theirs.offset, ORDERED_DIFFERENCE, 0)]
+        return series_delta.XorDelta(starts, pairs, spec, source, {ours: (4, 23)})
+
+    def failure() -> str:
+        engine = CpuEngine(2)
+        engine.frame_size = engine.largest_frame = 4099
+        with open(tmp_path / "ours.safetensors.ckptz", "wb") as out, pytest.raises(ContainerError) as err:
+            compress_file(tmp_path / "ours.safetensors", "ours.safetensors", out, engine, transform=against)
+        return str(err.value)
+
+    coded: list[bool] = []
+    real = native_compress.code
+    monkeypatch.setattr(native_compress, "code", lambda *a, **k: coded.append(True) or real(*a, **k))
+    natively = failure()
+    assert coded == [True]
+    with monkeypatch.context() as m:
+        _python_pipeline(m)
+        assert failure() == natively
+    assert "cuts a word" in natively
