@@ -6,8 +6,8 @@
  * offset in the reference, delta kind, scale, word, mantissa bits: XorDelta's ranges) and the
  * reference: a plain file read by descriptor, or a container whose frames the plane decodes
  * itself from a restore plan Python built (native_restore.plan), one frame kept per thread;
-a reference container that is itself a series delta has its own delta, undone in turn by
-the thread's reader, down the chain to its end.
+ * a reference container that is itself a series delta has its own delta, undone in turn by
+ * the thread's reader, down the chain to its end.
  * The compress plane applies the delta to a frame once its digest leaves are hashed from the
  * original bytes and before its checksum is taken of the bytes it codes; the restore plane
  * undoes it once that checksum holds and before the pieces are put and the leaves hashed, so
@@ -81,9 +81,9 @@ static const char *delta_check(delta_t *d, int64_t source_size) {
     for (int64_t r = 0; r < d->lookup_count; r++) {
         const int64_t *x = d->lookup + r * RX_COLS;
         if (x[RX_FRAME] < 0 || x[RX_FRAME] >= d->container.frame_count) return "reference piece of no frame";
-        const int64_t *f = d->container.frames + x[RX_FRAME] * FR_COLS, *before = x - RX_COLS;
+        const int64_t *f = d->container.frames + x[RX_FRAME] * FR_COLS, *before = r ? x - RX_COLS : NULL;
         if (x[RX_AT] < 0 || x[RX_SIZE] < 0 || x[RX_WITHIN] < 0 || x[RX_WITHIN] > f[FR_LENGTH] - x[RX_SIZE] ||
-            (r && x[RX_AT] < before[RX_AT] + before[RX_SIZE]))
+            (before && x[RX_AT] < before[RX_AT] + before[RX_SIZE]))
             return "reference pieces out of order or outside their frames";
     }
     return NULL;
