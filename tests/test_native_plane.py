@@ -32,7 +32,6 @@ from ckptz.errors import CorruptionError, MismatchError
 from ckptz.pipeline import native_restore
 from ckptz.pipeline.decoder import FrameDecoder
 from ckptz.pipeline.restore import Comparer, DiscardSink, restore
-from ckptz.pipeline.transform import transformed
 
 pytestmark = pytest.mark.skipif(native is None, reason="the C extension is not built")
 
@@ -160,10 +159,11 @@ def test_every_fixture_restores(
         index = read_index(f, name)
         tables = native_restore.plan(FrameDecoder(f.fileno(), name, index, CpuEngine(1)))
     # The native plane restores every container it can plan: all but those of bitstreams it
-    # lacks (ctx) and series deltas; deflate, and xxh3_128 digests (in file order), too.
+    # lacks (ctx); deflate, xxh3_128 digests (in file order) and series deltas, too.
     assert native_calls == ([True] if tables is not None else [])
     lacks = {CTX.id} & set(index.chunks["codec"].tolist())
-    assert (tables is None) == (bool(lacks) or transformed(index.header))  # or a series delta
+    assert (tables is None) == bool(lacks)
+    assert tables is None or (tables.delta is not None) == ("reference" in index.header)
 
 
 @pytest.fixture

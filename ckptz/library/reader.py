@@ -184,6 +184,12 @@ class ContainerReader(io.RawIOBase):
         return self._size
 
     @property
+    def decoder(self) -> FrameDecoder:
+        """Its frames' decoder, a series container's reference found and checked (the native
+        planes plan the restore of a reference container from it)."""
+        return self._decoder
+
+    @property
     def stats(self) -> ReadStats:
         """Frames decoded and container bytes read so far."""
         return ReadStats(self._decoder.frames_decoded, self._decoder.stored_bytes_read)

@@ -234,7 +234,7 @@ static int cg_read_frame(cg_thread_t *t, cg_slot_t *slot, int64_t i) {
     size_t n = (size_t)f[FR_LENGTH] / (size_t)word;
     uint8_t *base = slot->planes + g->plane_at[f[FR_CHUNK]];
     uint8_t *raw = word == 1 ? base : w->raw;
-    if (!read_frame(p, i, raw)) return 0;
+    if (!read_frame(p, i, raw, NULL)) return 0;
     int gpu = (f[FR_ROTATE] & ROTATE_GPU) != 0;
     split_t s;
     split_frame(p, f, raw, base, (size_t)cg_aligned((int64_t)n), !gpu, &s);

@@ -22,7 +22,8 @@
  * through the zstd vendored beside this file, the very version and calls of the Python
  * binding, so the bytes are the same. Progress is a counter Python polls; a stop flag Python
  * sets ends the threads between frames; the first failure is reported as (kind, frame,
- * detail).
+ * detail). A series delta (delta_plane.c) is applied to each frame it touches once the
+ * frame's digest leaves are hashed, and the frame's checksum taken of the bytes it codes.
  */
 #include "native.h"
 
@@ -122,6 +123,7 @@ typedef struct {
     uint8_t *groups;                     /* with verify: order-1 planes' groups */
     dtable_t *dt;
     ZSTD_DCtx *dctx;
+    struct delta_scratch *delta; /* this thread's room for the plan's series delta */
 } coder_t;
 
 static void compress_fail(compress_plan_t *p, int kind, int64_t frame, int64_t detail) {
@@ -437,8 +439,11 @@ static void memory_read(const compress_plan_t *p, uint8_t *dst, int64_t n, int64
 static const uint8_t zero_padding[PLANE_ALIGN];
 
 /* Reads frame i's pieces into raw, takes its checksum (into the frame table) and hashes the
- * digest's leaves: 1 if it went through, else 0 with the failure recorded. */
-static int read_frame(compress_plan_t *p, int64_t i, uint8_t *raw) {
+ * digest's leaves; a frame a series delta touches (with `delta`, the thread's room for it)
+ * has its leaves hashed from the bytes read, then the delta applied, and its checksum taken
+ * of the bytes it is coded as, as the Python pipeline records it. 1 if it went through, else
+ * 0 with the failure recorded. */
+static int read_frame(compress_plan_t *p, int64_t i, uint8_t *raw, struct delta_scratch *delta) {
     int64_t *f = p->frames + i * FR_COLS;
     const int64_t *pc = p->leaves.pieces + f[FR_PIECE] * PC_COLS;
     for (int64_t j = 0; j < f[FR_PIECES]; j++) {
@@ -452,12 +457,18 @@ static int read_frame(compress_plan_t *p, int64_t i, uint8_t *raw) {
         if (error) return compress_fail(p, PLANE_READ, i, error), 0;
         if (got != piece[PC_SIZE]) return compress_fail(p, PLANE_SHORT, i, 0), 0;
     }
-    int fused;
-    f[FR_CHECKSUM] = (int64_t)plane_frame_hash(&p->leaves, f, raw, &fused);
+    int fused = 0, changed = p->leaves.delta && delta_touches(p->leaves.delta, pc, f[FR_PIECES]);
+    if (!changed) f[FR_CHECKSUM] = (int64_t)plane_frame_hash(&p->leaves, f, raw, &fused);
     for (int64_t j = 0; j < f[FR_PIECES]; j++) {
         const int64_t *piece = pc + j * PC_COLS;
         if (!plane_leaves(&p->leaves, raw + piece[PC_WITHIN], piece[PC_AT], piece[PC_SIZE], fused))
             return compress_fail(p, PLANE_NOMEM, i, 0), 0;
+    }
+    if (changed) {
+        int64_t detail = 0;
+        int kind = delta_apply(delta, pc, f[FR_PIECES], f[FR_LENGTH], raw, 1, &detail);
+        if (kind != PLANE_OK) return compress_fail(p, kind, i, detail), 0;
+        f[FR_CHECKSUM] = (int64_t)CKPTZ_XXH3_64(raw, (size_t)f[FR_LENGTH]);
     }
     return 1;
 }
@@ -542,7 +553,7 @@ static int code_frame(coder_t *w, held_t *held, int64_t i) {
     int word = (int)f[FR_WORD];
     /* Single bytes are their own plane: read where the planes go. */
     uint8_t *raw = word == 1 ? held->planes : w->raw;
-    if (!read_frame(p, i, raw)) return 0;
+    if (!read_frame(p, i, raw, w->delta)) return 0;
     split_t s;
     size_t n = (size_t)f[FR_LENGTH] / (size_t)word;
     split_frame(p, f, raw, held->planes, n, 1, &s);
@@ -665,6 +676,7 @@ static int coder_init(coder_t *w, compress_plan_t *p) {
         if (!w->decoded || !w->merged || !w->dt) return 0;
     }
     if (p->checked >= 0 && !(w->written = malloc(p->out_room + 8 * PLANE_ALIGN))) return 0;
+    if (p->leaves.delta && !(w->delta = delta_scratch_new(p->leaves.delta, p->frame_room))) return 0;
     return w->raw && w->spare && w->placing;
 }
 
@@ -680,6 +692,7 @@ static void coder_free(coder_t *w) {
     ZSTD_freeDCtx(w->dctx);
     ZSTD_freeCCtx(w->level);
     ZSTD_freeCCtx(w->literal);
+    delta_scratch_free(w->delta);
 }
 
 /* Checks the plan against its own tables and the file's size before any thread starts;
@@ -692,6 +705,7 @@ static const char *compress_check(compress_plan_t *p) {
     if (p->level < -(1 << 17) || p->level > 22) return "zstd level out of range";
     if (p->in_order && p->checked >= 0) return "a pipe cannot be read back";
     if (p->gpu && p->gpu_batch < 1) return "GPU batch size out of range";
+    if (p->gpu && l->delta) return "series deltas are coded on the CPU";
     if (p->gpu && p->gpu_codec == CODEC_ZSTD && !p->gpu_kernels) return "the portable bitstream needs the kernels";
     if (!(p->rules[RULE_BLOCK] >= 1 && p->rules[RULE_BLOCK] <= (double)(1 << 30))) return "block size out of range";
     for (int64_t r = 0, at = 0; r < p->memory_count; r++) {

@@ -2,7 +2,8 @@
  * ckptz._native: where ckptz's bytes move, in C (required: ckptz does not import without
  * it). The compress and restore planes code or restore a whole file in one call on threads
  * of their own (compress_plan, restore_plan); the functions below serve the planes, the
- * Python pipeline that GPU engines and series deltas still take, and the format readers.
+ * Python pipeline that GPU engines (and series deltas the planes cannot apply) still take,
+ * and the format readers.
  *
  *   compress_plan(...), restore_plan(...)  a whole file, on native threads, GIL released
  *
@@ -102,6 +103,8 @@
  *   compress_gpu.c      the compress plane with the GPU engine coding its batches
  *   series_delta.c      series delta kinds 1-3: words coded against a reference's, or its
  *                       scaled prediction
+ *   delta_plane.c       series deltas in both planes: paired ranges against a plain or compressed
+ *                       reference
  *   module.c            the Python functions above (argument checks, the GIL) and the module
  */
 #define PY_SSIZE_T_CLEAN
@@ -130,6 +133,7 @@
 #include "plane_gpu.c"
 #include "compress_gpu.c"
 #include "series_delta.c"
+#include "delta_plane.c"
 
 /* ---------------------------------------------------------------- split and merge */
 
@@ -1174,19 +1178,94 @@ static Py_ssize_t plan_rows(const Py_buffer *b, Py_ssize_t cols, const char *wha
     return b->len / (8 * cols);
 }
 
+/* References followed at once: series/reference.py's MAX_CHAIN. */
+#define DELTA_MAX_CHAIN 64
+
+/* A series delta argument of either plane, parsed (delta_plane.c's delta_t), with the tables
+ * it holds until delta_release, and its reference container's own delta, where it is one. */
+typedef struct delta_args {
+    delta_t delta;
+    Py_buffer ranges, frames, chunks, pieces, lookup;
+    int parsed, locked;
+    struct delta_args *inner;
+} delta_args_t;
+
+/* delta = (ranges, reference_size, reference_fd, container_fd, frames, chunks, pieces, lookup,
+ * inner): a plain reference read by reference_fd (container_fd -1, the tables empty, inner
+ * None), or a container (reference_fd -1) restored by native_restore.plan's tables, its pieces
+ * by file offset in lookup, and inner its own delta (a delta argument, or None). 1, or 0 with
+ * the error set. */
+static int delta_parse(PyObject *arg, delta_args_t *held, int64_t source_size, int depth) {
+    long long size;
+    delta_t *d = &held->delta;
+    restore_plan_t *c = &d->container;
+    PyObject *inner = Py_None;
+    if (!PyArg_ParseTuple(arg, "y*Liiy*y*y*y*O", &held->ranges, &size, &d->reference, &c->container, &held->frames,
+                          &held->chunks, &held->pieces, &held->lookup, &inner))
+        return 0;
+    held->parsed = 1;
+    d->reference_size = c->source_size = size;
+    c->output = c->checked = -1;
+    d->range_count = plan_rows(&held->ranges, TR_COLS, "delta ranges");
+    c->frame_count = d->range_count < 0 ? -1 : plan_rows(&held->frames, FR_COLS, "reference frames");
+    c->chunk_count = c->frame_count < 0 ? -1 : plan_rows(&held->chunks, CH_COLS, "reference chunks");
+    c->piece_count = c->chunk_count < 0 ? -1 : plan_rows(&held->pieces, PC_COLS, "reference pieces");
+    d->lookup_count = c->piece_count < 0 ? -1 : plan_rows(&held->lookup, RX_COLS, "reference lookup");
+    if (d->lookup_count < 0) return 0;
+    d->ranges = held->ranges.buf;
+    c->frames = held->frames.buf;
+    c->chunks = held->chunks.buf;
+    c->pieces = held->pieces.buf;
+    d->lookup = held->lookup.buf;
+    const char *wrong = NULL;
+    if (size < 0 || (d->reference < 0) == (c->container < 0)) wrong = "one reference, a file or a container";
+    if (!wrong && inner != Py_None && c->container < 0) wrong = "a plain reference has no delta of its own";
+    if (!wrong && depth >= DELTA_MAX_CHAIN) wrong = "reference chain too long";
+    if (!wrong && c->container >= 0) wrong = plane_check(c);
+    if (!wrong) wrong = delta_check(d, source_size);
+    if (wrong) {
+        PyErr_Format(PyExc_ValueError, "series delta rejected: %s", wrong);
+        return 0;
+    }
+    pthread_mutex_init(&c->error_lock, NULL);
+    held->locked = 1;
+    if (inner == Py_None) return 1;
+    if (!(held->inner = calloc(1, sizeof *held->inner))) return PyErr_NoMemory(), 0;
+    if (!delta_parse(inner, held->inner, size, depth + 1)) return 0;
+    c->delta = &held->inner->delta;
+    return 1;
+}
+
+static void delta_release(delta_args_t *held) {
+    if (held->inner) {
+        delta_release(held->inner);
+        free(held->inner);
+    }
+    if (held->locked) pthread_mutex_destroy(&held->delta.container.error_lock);
+    if (!held->parsed) return;
+    PyBuffer_Release(&held->ranges);
+    PyBuffer_Release(&held->frames);
+    PyBuffer_Release(&held->chunks);
+    PyBuffer_Release(&held->pieces);
+    PyBuffer_Release(&held->lookup);
+}
+
 /* restore_plan(container, output, checked, memory, frames, chunks, pieces, source_size, leaf,
- * leaf_hashes, threads, progress, stop, error, gpu=None) -> int: plane.c's restore of one file;
- * gpu = (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id, stats, why) decodes
- * those bitstreams' chunks there (plane_gpu.c). */
+ * leaf_hashes, threads, progress, stop, error, gpu=None, delta=None) -> int: plane.c's restore of
+ * one file; gpu = (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id, stats, why)
+ * decodes those bitstreams' chunks there (plane_gpu.c); delta (delta_parse) undoes a series
+ * delta; window = (start, end) restores only those bytes of the file, into memory. */
 static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
     Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error, stats = {0}, why = {0};
     restore_plan_t plan;
+    delta_args_t delta_held = {0};
     int threads;
-    PyObject *gpu = Py_None;
+    PyObject *gpu = Py_None, *delta_arg = Py_None;
+    long long window_start = 0, window_end = 0;
     memset(&plan, 0, sizeof plan);
-    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*|O", &plan.container, &plan.output, &plan.checked, &memory,
-                          &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads, &progress, &stop,
-                          &error, &gpu))
+    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*|OO(LL)", &plan.container, &plan.output, &plan.checked,
+                          &memory, &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads,
+                          &progress, &stop, &error, &gpu, &delta_arg, &window_start, &window_end))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
@@ -1213,10 +1292,18 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "restore_plan: malformed leaf, progress, stop or error buffer");
         goto done;
     }
-    if (memory.len && memory.len != plan.source_size) {
+    if (window_end && (window_start < 0 || window_end <= window_start || window_end > plan.source_size ||
+                       memory.len != window_end - window_start || plan.output >= 0 || plan.checked >= 0 ||
+                       plan.leaf)) {
+        PyErr_SetString(PyExc_ValueError, "restore_plan: a window is restored into memory of its size, unhashed");
+        goto done;
+    }
+    if (!window_end && memory.len && memory.len != plan.source_size) {
         PyErr_SetString(PyExc_ValueError, "restore_plan: memory must hold the whole file (or nothing)");
         goto done;
     }
+    plan.window_start = window_start;
+    plan.window_end = window_end;
     plan.memory = memory.len ? memory.buf : NULL;
     plan.frames = frames.buf;
     plan.chunks = chunks.buf;
@@ -1228,6 +1315,14 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
     if ((wrong = plane_check(&plan)) != NULL) {
         PyErr_Format(PyExc_ValueError, "restore plan rejected: %s", wrong);
         goto done;
+    }
+    if (delta_arg != Py_None) {
+        if (plan.gpu) {
+            PyErr_SetString(PyExc_ValueError, "restore_plan: series deltas are undone on the CPU");
+            goto done;
+        }
+        if (!delta_parse(delta_arg, &delta_held, plan.source_size, 0)) goto done;
+        plan.delta = &delta_held.delta;
     }
     pthread_mutex_init(&plan.leaf_lock, NULL);
     pthread_mutex_init(&plan.error_lock, NULL);
@@ -1241,6 +1336,7 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
     ((int64_t *)error.buf)[0] = kind;
     result = PyLong_FromLong(kind);
 done:
+    delta_release(&delta_held);
     PyBuffer_Release(&memory);
     PyBuffer_Release(&frames);
     PyBuffer_Release(&chunks);
@@ -1255,21 +1351,23 @@ done:
 }
 
 /* compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,
- * leaf_hashes, level, rules, threads, progress, stop, error, gpu=None) -> int: compress_plane.c's coding of one
- * file, read from the descriptor `source` or (source -1) the host memory regions of `memory`, whose buffers the
- * caller keeps alive; gpu = (nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why) codes the
- * frames marked for it there as `codec` (ans, or zstd with ckptz's kernels: their cubin) (compress_gpu.c). */
+ * leaf_hashes, level, rules, threads, progress, stop, error, gpu=None, delta=None) -> int: compress_plane.c's
+ * coding of one file, read from the descriptor `source` or (source -1) the host memory regions of `memory`, whose
+ * buffers the caller keeps alive; gpu = (nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why)
+ * codes the frames marked for it there as `codec` (ans, or zstd with ckptz's kernels: their cubin)
+ * (compress_gpu.c); delta (delta_parse) codes paired ranges as a series delta. */
 static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     Py_buffer memory, frames, chunks, pieces, hashes, rules, progress, stop, error, stats = {0}, why = {0},
                                                                                   kernels = {0};
     compress_plan_t plan;
+    delta_args_t delta_held = {0};
     int threads;
-    PyObject *gpu = Py_None;
+    PyObject *gpu = Py_None, *delta_arg = Py_None;
     memset(&plan, 0, sizeof plan);
     restore_plan_t *l = &plan.leaves;
-    if (!PyArg_ParseTuple(args, "iy*ippiLw*w*y*LLw*iy*iw*w*w*|O", &plan.source, &memory, &plan.output, &plan.in_order,
+    if (!PyArg_ParseTuple(args, "iy*ippiLw*w*y*LLw*iy*iw*w*w*|OO", &plan.source, &memory, &plan.output, &plan.in_order,
                           &plan.verify, &plan.checked, &plan.end, &frames, &chunks, &pieces, &l->source_size, &l->leaf,
-                          &hashes, &plan.level, &rules, &threads, &progress, &stop, &error, &gpu))
+                          &hashes, &plan.level, &rules, &threads, &progress, &stop, &error, &gpu, &delta_arg))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
@@ -1309,6 +1407,10 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     l->leaf_count = l->leaf ? hashes.len / 8 : 0;
     plan.progress = progress.buf;
     plan.stop = stop.buf;
+    if (delta_arg != Py_None) {
+        if (!delta_parse(delta_arg, &delta_held, l->source_size, 0)) goto done;
+        l->delta = &delta_held.delta;
+    }
     if ((wrong = compress_check(&plan)) != NULL) {
         PyErr_Format(PyExc_ValueError, "compress plan rejected: %s", wrong);
         goto done;
@@ -1329,6 +1431,7 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     ((int64_t *)error.buf)[0] = kind;
     result = PyLong_FromLong(kind);
 done:
+    delta_release(&delta_held);
     PyBuffer_Release(&memory);
     PyBuffer_Release(&frames);
     PyBuffer_Release(&chunks);
@@ -1459,16 +1562,19 @@ static PyMethodDef methods[] = {
      "sign2d_decode(payload, out): decode a sign2d payload into out; False if malformed."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
      "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
-     "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None) -> int: code a whole file (from a descriptor,\n"
-     "or host memory regions) into its container's data area, at offsets or in order (0, or the failure's kind); gpu:\n"
-     "(nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why) codes the frames marked for it there."},
+     "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None, delta=None) -> int: code a whole file (from a\n"
+     "descriptor, or host memory regions) into its container's data area, at offsets or in order (0, or the failure's\n"
+     "kind); gpu: (nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why) codes the frames marked\n"
+     "for it there; delta: (ranges, reference_size, reference_fd, container_fd, frames, chunks, pieces, lookup, inner)\n"
+     "codes paired ranges against a reference file or container (inner: that container's own delta, or None)."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
-     "leaf_hashes, threads, progress, stop, error, gpu=None) -> int: restore a whole file on native threads\n"
+     "leaf_hashes, threads, progress, stop, error, gpu=None, delta=None, window=(0, 0)) -> int: restore a whole\n"
+     "file (or, window = (start, end), those bytes of it into memory) on native threads\n"
      "without the GIL (int64 plan tables; output or checked fd -1, memory empty: none); 0, or the failure's\n"
      "kind (error: kind, frame, detail). gpu: (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id,\n"
      "stats, why): chunks of those bitstreams (zstd_id -1: none) decoded on that GPU; stats (int64: batches,\n"
-     "chunks, payload bytes) counts them, why (bytes) says why the GPU failed."},
+     "chunks, payload bytes) counts them, why (bytes) says why the GPU failed. delta: as compress_plan's, undone."},
     {"decode_frame", native_decode_frame, METH_VARARGS,
      "decode_frame(chunks, out, room, word, rotate): decode and merge a frame's planes into out; False\n"
      "if a plane needs the Python codecs."},

@@ -10,7 +10,8 @@
  * piece writes it at its file offset (or into memory holding the whole file, or compares it
  * with a file's bytes there, or keeps nothing) and hashes the digest's leaves that it completes. Progress is a counter Python
  * polls; a stop flag Python sets ends the threads between frames. The first failure stops
- * every thread and is reported as (kind, frame, detail) for Python to word.
+ * every thread and is reported as (kind, frame, detail) for Python to word. A series delta's
+ * frames are undone (delta_plane.c) once their checksum holds, before their pieces are put.
  */
 #include "native.h"
 
@@ -163,6 +164,11 @@ typedef struct {
     int64_t *gpu_stats;      /* batches, chunks and payload bytes decoded on the GPU */
     char *gpu_why;           /* why the GPU engine failed */
     size_t gpu_why_room;
+    struct delta *delta; /* a series delta the frames were coded through (delta_plane.c), or NULL */
+    /* Where window_end > 0, only bytes [window_start, window_end) of the file are restored,
+     * into memory from its start (a restore in file order, a window at a time): each frame
+     * is decoded whole, as its checks and its delta need, and its pieces clipped. */
+    int64_t window_start, window_end;
 } restore_plan_t;
 
 typedef struct {
@@ -170,7 +176,15 @@ typedef struct {
     uint8_t *payloads, *room, *out, *check, *groups;
     dtable_t *dt;
     void *zstd;
+    struct delta_scratch *delta; /* this thread's room for the plan's delta */
 } worker_t;
+
+/* delta_plane.c, which reads a reference container through this file's workers. */
+static struct delta_scratch *delta_scratch_new(struct delta *d, size_t frame_room);
+static void delta_scratch_free(struct delta_scratch *s);
+static int delta_touches(const struct delta *d, const int64_t *pc, int64_t count);
+static int delta_apply(struct delta_scratch *s, const int64_t *pc, int64_t count, int64_t length, uint8_t *data,
+                       int forward, int64_t *detail);
 
 /* Keep a native call's first failure for Python to word: later ones follow from it. */
 static void keep_first_failure(pthread_mutex_t *lock, int *failed, int64_t *error, int kind, int64_t frame,
@@ -463,17 +477,16 @@ static int plane_read(restore_plan_t *p, int64_t i, uint8_t *const *dst) {
     return 1;
 }
 
-/* Finishes frame i from its checked payloads: decodes each plane (or takes it from
- * decoded[k], where the GPU decoded it), merges the words, checks the frame's checksum, and
- * puts and hashes its pieces. 1 if it went through, else 0 with the failure recorded. */
-static int plane_finish(worker_t *w, int64_t i, const uint8_t *const *payload, const uint8_t *const *decoded) {
+/* Decodes frame i's planes from its checked payloads (or takes plane k from decoded[k],
+ * where the GPU decoded it) and merges its words into the worker's out: 1 if it decodes
+ * here, else 0 with the failure recorded. */
+static int plane_decode(worker_t *w, int64_t i, const uint8_t *const *payload, const uint8_t *const *decoded) {
     restore_plan_t *p = w->plan;
     const int64_t *f = p->frames + i * FR_COLS;
     int word = (int)f[FR_WORD], rotate = (int)f[FR_ROTATE];
-    int64_t length = f[FR_LENGTH];
     const int64_t *c = p->chunks + f[FR_CHUNK] * CH_COLS;
     size_t n = (size_t)c[CH_RAW];
-    int ok = (int64_t)n * word == length;
+    int ok = (int64_t)n * word == f[FR_LENGTH];
     plane_t planes[8];
     for (int k = 0; ok && k < word; k++) {
         const int64_t *ck = c + k * CH_COLS;
@@ -493,12 +506,50 @@ static int plane_finish(worker_t *w, int64_t i, const uint8_t *const *payload, c
     } else {
         merge_words(planes, w->out, n, word, rotate);
     }
+    return 1;
+}
+
+/* Checks a decoded frame's checksum, and with it hashes the digest's leaves it holds whole
+ * (*fused; plane_frame_hash). A frame a series delta touches was checksummed as coded: it
+ * is checked, then the delta undone, and its leaves hashed from the original bytes later.
+ * 1 if it holds, else 0 with the failure recorded. */
+static int plane_check_frame(worker_t *w, int64_t i, int *fused) {
+    restore_plan_t *p = w->plan;
+    const int64_t *f = p->frames + i * FR_COLS;
+    const int64_t *pc = p->pieces + f[FR_PIECE] * PC_COLS;
+    if (!p->delta || !delta_touches(p->delta, pc, f[FR_PIECES])) {
+        if (plane_frame_hash(p, f, w->out, fused) == (uint64_t)f[FR_CHECKSUM]) return 1;
+        return plane_fail(p, PLANE_FRAME, i, 0), 0;
+    }
+    *fused = 0;
+    if (CKPTZ_XXH3_64(w->out, (size_t)f[FR_LENGTH]) != (uint64_t)f[FR_CHECKSUM])
+        return plane_fail(p, PLANE_FRAME, i, 0), 0;
+    int64_t detail = 0;
+    int kind = delta_apply(w->delta, pc, f[FR_PIECES], f[FR_LENGTH], w->out, 0, &detail);
+    if (kind != PLANE_OK) return plane_fail(p, kind, i, detail), 0;
+    return 1;
+}
+
+/* Finishes frame i from its checked payloads: decodes it (plane_decode), checks its
+ * checksum, and puts and hashes its pieces. 1 if it went through, else 0 with the failure
+ * recorded. */
+static int plane_finish(worker_t *w, int64_t i, const uint8_t *const *payload, const uint8_t *const *decoded) {
+    restore_plan_t *p = w->plan;
+    const int64_t *f = p->frames + i * FR_COLS;
     int fused;
-    if (plane_frame_hash(p, f, w->out, &fused) != (uint64_t)f[FR_CHECKSUM]) return plane_fail(p, PLANE_FRAME, i, 0), 0;
+    if (!plane_decode(w, i, payload, decoded) || !plane_check_frame(w, i, &fused)) return 0;
     const int64_t *pc = p->pieces + f[FR_PIECE] * PC_COLS;
     for (int64_t j = 0; j < f[FR_PIECES]; j++, pc += PC_COLS) {
         const uint8_t *bytes = w->out + pc[PC_WITHIN];
         int64_t at = pc[PC_AT], size = pc[PC_SIZE];
+        if (p->window_end) { /* the piece's part in the window, at its offset there */
+            int64_t lo = at > p->window_start ? at : p->window_start;
+            int64_t hi = at + size < p->window_end ? at + size : p->window_end;
+            if (lo >= hi) continue;
+            bytes += lo - at;
+            size = hi - lo;
+            at = lo - p->window_start;
+        }
         if (p->memory) memcpy(p->memory + at, bytes, (size_t)size);
         if (p->output >= 0) {
             int error = plane_pwrite(p->output, bytes, size, at);
@@ -512,7 +563,7 @@ static int plane_finish(worker_t *w, int64_t i, const uint8_t *const *payload, c
         }
         if (!plane_leaves(p, bytes, at, size, fused)) return plane_fail(p, PLANE_NOMEM, i, 0), 0;
     }
-    __atomic_add_fetch(p->progress, length, __ATOMIC_RELAXED);
+    __atomic_add_fetch(p->progress, f[FR_LENGTH], __ATOMIC_RELAXED);
     return 1;
 }
 
@@ -554,6 +605,7 @@ static int worker_init(worker_t *w, restore_plan_t *p) {
     w->out = plane_buffer(p->frame_room);
     w->check = p->checked >= 0 ? malloc(p->frame_room ? p->frame_room : 1) : NULL;
     w->dt = malloc(sizeof(dtable_t));
+    if (p->delta && !(w->delta = delta_scratch_new(p->delta, p->frame_room))) return 0;
     return w->payloads && w->room && w->out && w->dt && (p->checked < 0 || w->check);
 }
 
@@ -565,6 +617,7 @@ static void worker_free(worker_t *w) {
     free(w->check);
     free(w->dt);
     if (w->zstd) zstd_api.free_ctx(w->zstd);
+    delta_scratch_free(w->delta);
 }
 
 /* Checks the plan against its own tables and the file's size before any thread starts: a

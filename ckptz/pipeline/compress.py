@@ -2,7 +2,8 @@
 
 On the CPU, a file (read from itself or from host memory, into a file, a pipe or nowhere)
 is coded in one native call instead (:mod:`ckptz.pipeline.native_compress`), to the same
-bytes; what follows is the pipeline every other file takes (a GPU, a series delta).
+bytes, with its series delta if it has one; what follows is the pipeline every other file
+takes (a GPU, a delta against a reference the plane cannot read).
 
 Frames (:func:`ckptz.pipeline.plan.frame_map`) flow through three stages that run at once,
 a run of consecutive frames at a time (:func:`~ckptz.pipeline.plan.frame_runs`: up to the
@@ -72,12 +73,13 @@ from ckptz.engines.base import (
     Ranges,
     StoredSpan,
 )
+from ckptz.engines.cpu import CpuEngine
 from ckptz.engines.hybrid import HybridEngine
 from ckptz.errors import CorruptionError, FormatError
 from ckptz.formats import read_layout
 from ckptz.formats.layout import FileLayout
-from ckptz.pipeline import native_compress
-from ckptz.pipeline.plan import StreamPlan, frame_map, frame_runs, plan_streams
+from ckptz.pipeline import native_compress, native_restore
+from ckptz.pipeline.plan import Frame, StreamPlan, frame_map, frame_runs, plan_streams
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.pipeline.workers import Failures, FileDigest, FrameSlots, Stopped, Workers, slots_needed
 
@@ -249,14 +251,17 @@ def compress_file(
                     engine.largest_frame if largest_frame is None else largest_frame,
                 )
             regions = None if source is None else source.host_regions()
-            plain = change is None and (source is None or regions is not None)
             # A hybrid engine whose GPU has not joined codes a whole file on its CPU threads.
             coder = engine.cpu if isinstance(engine, HybridEngine) else engine
+            # A series delta is applied in the plane on the CPU, where it can read the reference.
+            delta = native_restore.for_plane(change) if change is None or type(coder) is CpuEngine else None
+            plain = delta is not None and (source is None or regions is not None)
             natively = native_compress.suits(coder, plan.streams, layout.size, digest, plain=plain)
             if natively and isinstance(engine, HybridEngine):
                 natively = engine.cpu_alone(layout.size) is not None
         _plans_first.wait()
         if natively:
+            assert delta is not None  # suits() took only a plain file
             return _compress_natively(
                 fd,
                 reader,
@@ -270,6 +275,8 @@ def compress_file(
                 verify,
                 digest,
                 source_fields or {},
+                change,
+                delta.argument,
             )
         pools = workers or Workers.shared(engine.threads if engine.inline else 0)
         run = _Compression(
@@ -294,25 +301,30 @@ def _compress_natively(
     verify: bool,
     digest: Kind,
     source_fields: Mapping[str, object],
+    change: FrameTransform | None = None,
+    delta: tuple[object, ...] | None = None,
 ) -> WrittenContainer:
     """Compress the file open as ``fd`` (-1: the host memory ``regions``) in one native call
-    (:mod:`ckptz.pipeline.native_compress`); with ``verify``, the plane decodes every frame
-    back and reads every payload back, and the index is read back here (not from a pipe)."""
+    (:mod:`ckptz.pipeline.native_compress`), its frames coded through ``change`` (which the
+    plane applies as ``delta``, :func:`~ckptz.pipeline.native_restore.for_plane`); with
+    ``verify``, the plane decodes every frame back and reads every payload back, and the
+    index is read back here (not from a pipe)."""
     segments = [(sid, seg.length) for seg, sid in zip(layout.segments, plan.segment_streams, strict=True)]
     coder, gpu = native_compress.coders(engine)
     frames = frame_map(segments, [s.frame_size for s in plan.streams])
     memory = native_compress.memory_table(regions or [])
+    explain = None if change is None else _explain(change, frames, reader)
     if out is not None and not _regular(out):  # a pipe, or a file object written in order
         out.write(PREFIX)
         with _InOrderOutput(out) as out_fd:
             coded = native_compress.code(
                 fd, out_fd, relpath, frames, plan.streams, layout.size, digest, coder, progress, verify,
-                memory=memory, in_order=True, gpu=gpu, threads=engine.threads,
+                memory=memory, in_order=True, gpu=gpu, threads=engine.threads, delta=delta, explain=explain,
             )  # fmt: skip
         if reader.read_at(layout.size, 1):
             raise FormatError("file grew while being read", path=relpath)
         index, tail = _make_index(
-            relpath, layout, plan, segments, engine, None, coded.digest, coded.frames, coded.chunks, coded.end,
+            relpath, layout, plan, segments, engine, change, coded.digest, coded.frames, coded.chunks, coded.end,
             source_fields,
         )  # fmt: skip
         out.write(tail)
@@ -336,12 +348,14 @@ def _compress_natively(
                 memory=memory,
                 gpu=gpu,
                 threads=engine.threads,
+                delta=delta,
+                explain=explain,
             )
         if reader.read_at(layout.size, 1):
             raise FormatError("file grew while being read", path=relpath)
         with trace.span("index"):
             index, tail = _make_index(
-                relpath, layout, plan, segments, engine, None, coded.digest, coded.frames, coded.chunks, coded.end,
+                relpath, layout, plan, segments, engine, change, coded.digest, coded.frames, coded.chunks, coded.end,
                 source_fields,
             )  # fmt: skip
         if out_fd >= 0:
@@ -356,6 +370,21 @@ def _compress_natively(
     finally:
         if written >= 0:
             os.close(written)
+
+
+def _explain(change: FrameTransform, frames: Sequence[Frame], reader: Source) -> Callable[[int], object]:
+    """What applies ``change`` in Python to frame ``i``'s bytes (read again), to raise the
+    error the Python pipeline raises where the native plane's delta failed."""
+
+    def explain(i: int) -> object:
+        frame = frames[i]
+        data = np.zeros(frame.length, np.uint8)
+        for at, within, n in frame.pieces:
+            part = np.frombuffer(reader.read_at(at, n), np.uint8)
+            data[within : within + part.size] = part
+        return change.forward(frame, data)
+
+    return explain
 
 
 class _InOrderOutput:

@@ -24,6 +24,11 @@ POLL = 0.05
 #: goes, restores those in bounded memory.
 MAX_LEAVES = 1 << 24
 
+#: Failures of a series delta in either plane (delta_plane.c): the reference ends early,
+#: cannot be read or is damaged, or a frame cuts a word or group of a tensor coded in value.
+#: The Python transform applied to the failing frame words each as the Python pipeline does.
+DELTA_FAILURES = frozenset(range(15, 20))
+
 
 class _Threads:
     """Native threads lent to the native calls running at once (files in parallel):
@@ -146,4 +151,4 @@ def call_polled(
     return result[0], error
 
 
-__all__ = ["MAX_LEAVES", "POLL", "THREADS", "NativeCall", "call_polled"]
+__all__ = ["DELTA_FAILURES", "MAX_LEAVES", "POLL", "THREADS", "NativeCall", "call_polled"]

@@ -7,15 +7,18 @@ leaves, splits it into planes, codes each plane by :mod:`ckptz.codecs.frames`' r
 writes the payloads at their places in the container's data area, on its own threads
 without the GIL (``ckptz/native_src/compress_plane.c``). Places are handed out in frame
 order, so the container is byte for byte the one the Python pipeline
-(:mod:`ckptz.pipeline.compress`) writes. Progress crosses back as a counter polled here;
+(:mod:`ckptz.pipeline.compress`) writes. A series delta is applied there too (the
+``delta`` argument, :func:`~ckptz.pipeline.native_restore.for_plane`): each frame's digest
+leaves are hashed from the bytes read, and its checksum taken of the bytes coded, as the
+Python pipeline records them. Progress crosses back as a counter polled here;
 Ctrl-C and SIGTERM cross as a stop flag its threads check between frames.
 
 The bytes are read from the file, or from host memory (``ckptz.save``'s image of the state
 being saved, :mod:`ckptz.library.torch_image`); the payloads go to an output written at
 offsets, to a pipe in order, or nowhere. Whether a file takes this path is decided up front
-(:func:`suits`): the CPU engine, a tree digest, and no series delta. ``--verify`` runs in
-the plane too: each frame decoded back before its payloads are written, and the payloads
-read back once they are (not from a pipe).
+(:func:`suits`): the CPU engine (or the GPU engine, without a series delta), and a tree
+digest. ``--verify`` runs in the plane too: each frame decoded back before its payloads are
+written, and the payloads read back once they are (not from a pipe).
 
 The GPU engine takes the same call with a :class:`Gpu`: the plane's threads read and split
 the frames into pinned batches, the GPU codes each batch's planes
@@ -25,8 +28,8 @@ write the bits. The threads then write the payloads; the frames of
 :data:`~ckptz.engines.base.HOST_COMPONENTS` are coded by the CPU coder on the way, as the
 GPU engine codes them. With ``--verify``, the GPU decodes back what nvCOMP ANS coded and
 the threads check every frame as on the CPU.
-Everything else (a series delta, the hybrid engine once its GPU joins) goes through the
-Python pipeline.
+Everything else (a series delta on a GPU or against a reference the plane cannot read, the
+hybrid engine once its GPU joins) goes through the Python pipeline.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ from ckptz.container import ALIGN, PREFIX, StreamInfo
 from ckptz.digest import Digest, Kind, Piecewise, leaf_count
 from ckptz.engines.base import HOST_COMPONENTS, Engine
 from ckptz.engines.cpu import CpuEngine
-from ckptz.errors import CodecError, CorruptionError, DeviceError, FormatError
-from ckptz.pipeline.native_call import MAX_LEAVES, Gpu, GpuTotals, call_polled
+from ckptz.errors import CodecError, ContainerError, CorruptionError, DeviceError, FormatError
+from ckptz.pipeline.native_call import DELTA_FAILURES, MAX_LEAVES, Gpu, GpuTotals, call_polled
 from ckptz.pipeline.plan import Frame
 
 if TYPE_CHECKING:
@@ -105,9 +108,9 @@ def suits(
     *,
     plain: bool,
 ) -> bool:
-    """Whether the native plane may code a file: ``plain`` (no transform, bytes read from
-    the file or host memory) with the CPU engine or the GPU engine, a tree digest of a
-    bounded number of leaves, and streams of words it splits."""
+    """Whether the native plane may code a file: ``plain`` (no transform or one the plane
+    applies, bytes read from the file or host memory) with the CPU engine or the GPU engine,
+    a tree digest of a bounded number of leaves, and streams of words it splits."""
     if not plain or not digest.tree or not _codes(engine, streams):
         return False
     return leaf_count(size, digest.leaf) <= MAX_LEAVES and all(s.word in WORDS for s in streams)
@@ -224,6 +227,8 @@ def code(
     in_order: bool = False,
     gpu: Gpu | None = None,
     threads: int | None = None,
+    delta: tuple[object, ...] | None = None,
+    explain: Callable[[int], object] | None = None,
 ) -> Coded:
     """Code every frame of the file open as ``fd`` (-1: of the host memory regions of
     ``memory``, a :func:`memory_table`) into the data area of the container open as ``out``
@@ -233,7 +238,9 @@ def code(
     ``threads`` (default: the coder's). With
     ``verify``, every frame is decoded back from its payloads before they are written, and
     they are read back from ``written`` (the container open for reading; -1: not) once
-    they are.
+    they are. ``delta`` codes paired ranges as a series delta (on the CPU); where it fails,
+    ``explain`` applies the Python transform to that frame, to raise its error as the
+    Python pipeline words it.
 
     Raises:
         FormatError: the file ended early (it changed while being read).
@@ -243,6 +250,7 @@ def code(
         DeviceError: the GPU failed (CUDA or nvCOMP).
         OSError: reading the file or writing the container failed.
         KeyboardInterrupt: (or any error a signal handler raises) the compression was stopped.
+        ContainerError, ValueError: (what ``explain`` raises) the series delta failed.
     """
     tables = plan(frames, streams, coder, on_gpu=gpu is not None)
     hashes = np.zeros(leaf_count(size, digest.leaf), "<u8")
@@ -274,6 +282,7 @@ def code(
             stop,
             error,
             settings,
+            delta,
         )
 
     try:
@@ -283,6 +292,8 @@ def code(
     if failed == _GPU:
         message = bytes(why).split(b"\0", 1)[0].decode(errors="replace")
         raise DeviceError(f"the GPU could not code it: {message}", path=relpath, hint="use --device cpu")
+    if failed in DELTA_FAILURES and explain is not None:
+        explain(int(error[1]))  # raises, worded as the Python pipeline words it
     if failed:
         _raise(failed, int(error[1]), int(error[2]), relpath)
     whole = Piecewise(digest, size)
@@ -320,6 +331,10 @@ def _raise(kind: int, frame: int, detail: int, relpath: str) -> None:
         raise MemoryError("no memory for the compression's buffers")
     if kind == _CODER:
         raise CodecError(f"zstd could not code frame {frame} of {relpath} (error {detail})", codec="zstd")
+    if kind in DELTA_FAILURES:  # one the Python transform did not find again: never quietly
+        raise ContainerError(
+            f"frame {frame} of {relpath} failed its series delta (failure {kind})", path=relpath
+        )
     raise RuntimeError(f"native compression stopped (failure {kind})")  # _STOPPED is only ours to set
 
 

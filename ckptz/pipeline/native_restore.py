@@ -13,6 +13,12 @@ With a :class:`Gpu`, the same call decodes the chunks of nvCOMP's bitstreams on 
 frames into pinned memory, a GPU worker thread decodes each batch's chunks with nvCOMP, and
 the threads finish every frame exactly as on the CPU.
 
+A series delta's frames are undone in the plane too, against the reference that the
+delta's :class:`~ckptz.pipeline.transform.NativeDelta` names (:func:`for_plane`): a plain
+file it reads, or a container whose frames it decodes itself from the plan this module makes
+of it (and undoes that container's own delta, where it is one, against its reference in
+turn). A GPU and a reference the plane cannot restore leave such a file to the Python loop.
+
 A failing frame is decoded once more by :class:`~ckptz.pipeline.decoder.FrameDecoder`, so
 that its error reads exactly as the Python loop words it; a frame the native plane cannot
 decode but Python can (a bitstream it lacks) sends the file back to that loop.
@@ -33,8 +39,8 @@ from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.errors import CorruptionError, DeviceError
 from ckptz.pipeline.decoder import FrameDecoder
-from ckptz.pipeline.native_call import MAX_LEAVES, Gpu, GpuTotals, call_polled
-from ckptz.pipeline.transform import transformed
+from ckptz.pipeline.native_call import DELTA_FAILURES, MAX_LEAVES, Gpu, GpuTotals, call_polled
+from ckptz.pipeline.transform import FrameTransform, transformed
 
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
 #: libzstd, and older containers' deflate through its zlib, where they are found; else the
@@ -76,14 +82,66 @@ class Plan:
     frames: np.ndarray
     chunks: np.ndarray
     pieces: np.ndarray
+    #: The series delta to undo, as the plane's ``delta`` argument (:func:`for_plane`).
+    delta: tuple[object, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneDelta:
+    """A transform as the native planes take it: their ``delta`` argument (None: it changes
+    no byte, and the planes code and restore the file as any other)."""
+
+    argument: tuple[object, ...] | None
+
+
+def for_plane(change: FrameTransform | None) -> PlaneDelta | None:
+    """``change`` as the native planes apply it, its reference container (if it has one)
+    planned, and that container's own delta (if it is one) in turn; None where they cannot
+    (the Python pipeline applies it): a transform that does not describe itself to them, or
+    a reference container the plane cannot restore (:func:`plan`: bitstreams it does not
+    decode). The references stay ``change``'s to close."""
+    if change is None:
+        return PlaneDelta(None)
+    delta = change.native()
+    if delta is None:
+        return None
+    ranges = np.ascontiguousarray(delta.ranges, np.int64)
+    if not len(ranges):
+        return PlaneDelta(None)
+    if delta.container is None:
+        none = np.zeros(0, np.int64)
+        return PlaneDelta(
+            (ranges, delta.reference_size, delta.reference_fd, -1, none, none, none, none, None)
+        )
+    tables = plan(delta.container)  # with the reference's own delta, where it is one
+    if tables is None:
+        return None
+    # The reference's pieces by file offset, where the plane looks up a counterpart's bytes.
+    owner = np.repeat(np.arange(len(tables.frames), dtype=np.int64), tables.frames[:, 6])
+    rows = np.column_stack([tables.pieces[:, 0], owner, tables.pieces[:, 1], tables.pieces[:, 2]])
+    rows = rows[rows[:, 3] > 0]
+    lookup = np.ascontiguousarray(rows[np.argsort(rows[:, 0], kind="stable")], np.int64)
+    fd = delta.container.fd
+    argument = (
+        ranges,
+        delta.reference_size,
+        -1,
+        fd,
+        tables.frames,
+        tables.chunks,
+        tables.pieces,
+        lookup,
+        tables.delta,
+    )
+    return PlaneDelta(argument)
 
 
 def suits(index: Index, gpu: bool = False) -> bool:
-    """Whether the native plane may restore a container, from its index alone: not a series
-    delta, a tree digest with a bounded number of leaves, only bitstreams it decodes (with
-    a GPU where ``gpu`` is set)."""
+    """Whether the native plane may restore a container, from its index alone: a series
+    delta only on the CPU, a tree digest with a bounded number of leaves, only bitstreams it
+    decodes (with a GPU where ``gpu`` is set)."""
     kind = index.source_digest.kind
-    if transformed(index.header):  # an xxh3_128 digest is taken in file order: run_in_order
+    if transformed(index.header) and gpu:
         return False
     if kind.tree and leaf_count(index.source_size, kind.leaf) > MAX_LEAVES:
         return False
@@ -96,7 +154,10 @@ def plan(decoder: FrameDecoder, gpu: bool = False) -> Plan | None:
     cannot restore it (as :func:`suits` says, or an index whose frames do not add up, which
     the Python loop reports)."""
     index = decoder.index
-    if decoder.transform is not None or not suits(index, gpu):
+    if not suits(index, gpu):
+        return None
+    delta = for_plane(decoder.transform)
+    if delta is None:
         return None
     chunks = index.chunks
     frames = decoder.frames
@@ -133,7 +194,10 @@ def plan(decoder: FrameDecoder, gpu: bool = False) -> Plan | None:
         ],
         axis=1,
     )
-    return Plan(*(np.ascontiguousarray(t, np.int64) for t in (frame_table, chunk_table, pieces)))
+    frame_table, chunk_table, pieces = (
+        np.ascontiguousarray(t, np.int64) for t in (frame_table, chunk_table, pieces)
+    )
+    return Plan(frame_table, chunk_table, pieces, delta.argument)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +243,9 @@ def run(
     kind = index.source_digest.kind
     if not kind.tree or target.stream is not None:
         # Windows in file order run on the CPU threads alone: a GPU's file goes to the loop.
-        return None if gpu is not None else run_in_order(fd, path, decoder, tables, target, threads, progress)
+        if gpu is not None:
+            return None
+        return run_in_order(fd, path, decoder, tables, target, threads, progress)
     hashes = np.zeros(leaf_count(index.source_size, kind.leaf), "<u8")
     stats = np.zeros(3, np.int64)
     why = bytearray(256)
@@ -188,7 +254,18 @@ def run(
         zstd = ZSTD.id if gpu.zstd else -1
         settings = (gpu.library, gpu.device, gpu.batch_bytes, gpu.workers, ANS.id, zstd, stats, why)
     try:
-        failed = _call(fd, tables, target, index.source_size, kind.leaf, hashes, threads, progress, settings)
+        failed = _call(
+            fd,
+            tables,
+            target,
+            index.source_size,
+            kind.leaf,
+            hashes,
+            threads,
+            progress,
+            settings,
+            tables.delta,
+        )
     finally:
         _DECODED.add(stats)
     if failed is not None and failed[0] == _GPU:
@@ -214,9 +291,9 @@ def run_in_order(
     """:func:`run` where the bytes must come in file order (a stream such as stdout, or the
     ``xxh3_128`` digest of an older container, which hashes the file from its start): a
     window of :data:`WINDOW` bytes at a time, each restored in one native call into one
-    buffer (the frames with pieces in the window, restricted to those pieces: a frame
-    reaching into the next window is decoded again there), then given to ``target`` and
-    hashed. None where a frame of the first window needs the Python loop; past it (bytes
+    buffer (the frames with pieces in the window, each decoded whole, as its checks and its
+    series delta need, and its pieces clipped to the window: a frame reaching into the next
+    window is decoded again there), then given to ``target`` and hashed. None where a frame of the first window needs the Python loop; past it (bytes
     already given to a stream), that window's frames are decoded by Python instead.
 
     Raises:
@@ -237,26 +314,27 @@ def run_in_order(
     for start in range(0, size, WINDOW):
         stop = min(start + WINDOW, size)
         run = by_start[np.searchsorted(ends, start, "right") : np.searchsorted(starts, stop, "left")]
-        keep = np.sort(run[pieces[run, 2] > 0])  # back in the plan's order: by frame
-        lo = np.maximum(pieces[keep, 0], start)
-        hi = np.minimum(pieces[keep, 0] + pieces[keep, 2], stop)
-        frames, first, counts = np.unique(owner[keep], return_index=True, return_counts=True)
-        window = Plan(
-            np.ascontiguousarray(np.column_stack([tables.frames[frames, :5], first, counts]), np.int64),
-            tables.chunks,
-            np.ascontiguousarray(
-                np.column_stack([lo - start, pieces[keep, 1] + lo - pieces[keep, 0], hi - lo]),
-                np.int64,
-            ),
-        )
+        # The frames with bytes in the window, each restored whole and its pieces clipped to it.
+        frames = np.unique(owner[run[pieces[run, 2] > 0]])
+        window = Plan(np.ascontiguousarray(tables.frames[frames]), tables.chunks, pieces, tables.delta)
         buf = target.memory[start:stop] if target.memory is not None else room[: stop - start]  # type: ignore[index]
-        failed = _call(fd, window, Target(memory=buf), stop - start, 0, _NO_LEAVES, threads)
+        failed = _call(
+            fd,
+            window,
+            Target(memory=buf),
+            size,
+            0,
+            _NO_LEAVES,
+            threads,
+            delta=window.delta,
+            window=(start, stop),
+        )
         if failed:
             kind, frame, detail = failed
             _raise(kind, int(frames[frame]) if frame >= 0 else frame, detail, decoder, target, path)
             if start == 0:
                 return None
-            _decode_in_python(decoder, frames, window, buf)
+            _decode_in_python(decoder, frames, window, buf, start)
         _put(target, buf, start, path)
         hasher.update(buf)
         if target.stream is not None:
@@ -275,13 +353,18 @@ def _give_all(write: Callable[[memoryview], object], data: memoryview) -> None:
         data = data[took:]
 
 
-def _decode_in_python(decoder: FrameDecoder, frames: np.ndarray, window: Plan, buf: np.ndarray) -> None:
-    """A window's frames decoded by the Python decoder (one the native plane lacks a bitstream of)."""
+def _decode_in_python(
+    decoder: FrameDecoder, frames: np.ndarray, window: Plan, buf: np.ndarray, start: int
+) -> None:
+    """A window's frames decoded by the Python decoder (one the native plane lacks a bitstream
+    of), their pieces clipped to the window's bytes from ``start``, ``buf``."""
     for row, i in enumerate(frames.tolist()):
         data = decoder.decode(i)
         first, count = window.frames[row, 5:7].tolist()
         for at, within, n in window.pieces[first : first + count].tolist():
-            buf[at : at + n] = data[within : within + n]
+            lo, hi = max(at, start), min(at + n, start + buf.size)
+            if lo < hi:
+                buf[lo - start : hi - start] = data[within + lo - at : within + hi - at]
 
 
 def _put(target: Target, buf: np.ndarray, start: int, path: str) -> None:
@@ -302,9 +385,11 @@ _NO_LEAVES = np.zeros(0, "<u8")
 def _call(
     fd: int, tables: Plan, target: Target, size: int, leaf: int, hashes: np.ndarray, threads: int,
     progress: Callable[[int], None] = lambda _: None, gpu: tuple[object, ...] | None = None,
+    delta: tuple[object, ...] | None = None, window: tuple[int, int] = (0, 0),
 ) -> tuple[int, int, int] | None:  # fmt: skip
-    """One call of the native plane (decoding on a GPU with ``gpu``'s settings); None, or its
-    failure (kind, frame, detail)."""
+    """One call of the native plane (decoding on a GPU with ``gpu``'s settings, undoing a
+    series ``delta``, restoring only the ``window`` of the file's bytes (start, end) into the
+    target's memory where it is not empty); None, or its failure (kind, frame, detail)."""
 
     def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
         return native.restore_plan(
@@ -323,6 +408,8 @@ def _call(
             stop,
             error,
             gpu,
+            delta,
+            window,
         )
 
     failed, error = call_polled(call, "ckptz-native-restore", threads, progress)
@@ -334,7 +421,7 @@ def _call(
 def _raise(kind: int, frame: int, detail: int, decoder: FrameDecoder, target: Target, path: str) -> None:
     """Raise the error for a failure of the native plane; return where the Python loop must
     restore the file instead."""
-    if kind in (_TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME):
+    if kind in (_TRUNCATED, _PADDING, _PAYLOAD, _DECODE, _FRAME) or kind in DELTA_FAILURES:
         decoder.decode(frame)  # raises, worded as the Python loop words it
         if kind != _DECODE:  # a check that failed in C but not in Python: never quietly
             raise CorruptionError(f"frame {frame} failed a check restoring it (failure {kind})", path=path)
@@ -354,7 +441,9 @@ __all__ = [
     "NATIVE_GPU_CODECS",
     "Gpu",
     "Plan",
+    "PlaneDelta",
     "Target",
+    "for_plane",
     "gpu_totals",
     "plan",
     "run",

@@ -227,12 +227,17 @@ def restore(
     coder = engine
     if type(engine) is HybridEngine and gpu is None and native_restore.suits(index):
         coder = engine.cpu_alone(index.source_size) or engine
+    decoder = None
     if type(coder) is CpuEngine or gpu is not None:
-        digest = _restore_natively(container, path, index, coder, target, progress, gpu)
+        digest, decoder = _restore_natively(container, path, index, coder, target, progress, gpu)
         if digest is not None:
             conclude(digest, index, path, target)
             return index
-    run = _plan(container, path, index, engine, target, workers, progress)
+    # The loop takes the decoder the plane was planned with, on the same engine: a series
+    # delta's reference is then found and checked once.
+    run = _plan(
+        container, path, index, engine, target, workers, progress, decoder if coder is engine else None
+    )
     # A sink checked on the device was finished before its bytes were hashed.
     conclude(run.run(), index, path, None if run.on_device else target)
     return index
@@ -298,21 +303,21 @@ def _restore_natively(
     sink: Sink,
     progress: Progress,
     gpu: native_restore.Gpu | None = None,
-) -> Digest | None:
+) -> tuple[Digest | None, FrameDecoder | None]:
     """Restore the whole file in one native call (decoding nvCOMP's bitstreams on ``gpu``)
     where the container and sink allow it; the digest of what was restored, or None where
-    the Python loop must restore it."""
+    the Python loop must restore it, and the decoder it planned with (if it made one)."""
     target = _native_target(sink, index.source_size)
     if target is None or not native_restore.suits(index, gpu is not None):
-        return None
+        return None, None
     fd = container.fileno()
     with trace.span("plan"):
         decoder = FrameDecoder(fd, path, index, engine)
         tables = native_restore.plan(decoder, gpu is not None)
     if tables is None:
-        return None
+        return None, decoder
     with trace.span("native restore"):
-        return native_restore.run(fd, path, decoder, tables, target, engine.threads, progress, gpu)
+        return native_restore.run(fd, path, decoder, tables, target, engine.threads, progress, gpu), decoder
 
 
 def conclude(digest: Digest, index: Index, path: str, sink: Sink | None) -> None:
@@ -336,10 +341,11 @@ def _plan(
     sink: Sink,
     workers: Workers | None,
     progress: Progress,
+    decoder: FrameDecoder | None = None,
 ) -> _Restore:
     pools = workers or Workers.shared(engine.threads if engine.inline else 0)
     with trace.span("plan"):
-        return _Restore(container.fileno(), path, index, engine, sink, pools, progress)
+        return _Restore(container.fileno(), path, index, engine, sink, pools, progress, decoder)
 
 
 class _Restore:
@@ -352,10 +358,11 @@ class _Restore:
         sink: Sink,
         workers: Workers,
         progress: Progress,
+        decoder: FrameDecoder | None = None,
     ) -> None:
         self.fd, self.path, self.index, self.engine, self.sink = fd, path, index, engine, sink
         self.workers, self.progress = workers, progress
-        self.decoder = FrameDecoder(fd, path, index, engine)
+        self.decoder = decoder or FrameDecoder(fd, path, index, engine)
         self.frames = self.decoder.frames
         # Runs of frames read and decoded together (one frame each on a CPU engine).
         self.spans = self.decoder.spans(engine.span_bytes)

@@ -8,10 +8,15 @@ transform today is a series delta (:mod:`ckptz.series.delta`): XOR with the same
 newer checkpoint, which :mod:`ckptz.series` registers in :mod:`ckptz.extensions` (so the
 pipeline does not import what is built on it). The whole-file digest is always of the
 original bytes.
+
+The native planes apply a transform themselves where it describes itself as a
+:class:`NativeDelta` (:meth:`FrameTransform.native`): paired ranges of the file coded against
+a reference, which the planes read without calling back into Python.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
 from ckptz.errors import ContainerError
@@ -21,7 +26,28 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ckptz.container import Index
+    from ckptz.pipeline.decoder import FrameDecoder
     from ckptz.pipeline.plan import Frame
+
+
+@dataclass(frozen=True, slots=True)
+class NativeDelta:
+    """A transform as the native planes apply it (``ckptz/native_src/delta_plane.c``).
+
+    Attributes:
+        ranges: int64 rows (start, end, counterpart offset in the reference, delta kind,
+            scale, word size, mantissa bits) of every paired range of the original file, in
+            file order; no rows for a transform that changes no byte.
+        reference_size: the reference's original size.
+        reference_fd: the plain reference file, open for reading (-1: a container).
+        container: the reference container's frame decoder, where it is one (with its own
+            transform, if it is a series delta too).
+    """
+
+    ranges: np.ndarray
+    reference_size: int = 0
+    reference_fd: int = -1
+    container: FrameDecoder | None = None
 
 
 class FrameTransform(Protocol):
@@ -46,6 +72,11 @@ class FrameTransform(Protocol):
         """Fields the container's JSON header gets, so a reader can undo the transform."""
         ...
 
+    def native(self) -> NativeDelta | None:
+        """The transform as the native planes apply it; None where they cannot (the Python
+        pipeline applies it then)."""
+        ...
+
 
 def transformed(header: dict[str, object]) -> bool:
     """Whether a container's frames were coded through a transform (a series delta), known
@@ -67,4 +98,4 @@ def transform_for(index: Index, fd: int, path: str) -> FrameTransform | None:
     return None
 
 
-__all__ = ["FrameTransform", "transform_for", "transformed"]
+__all__ = ["FrameTransform", "NativeDelta", "transform_for", "transformed"]

@@ -35,6 +35,7 @@ from ckptz.dtypes import lookup
 from ckptz.errors import ContainerError
 from ckptz.formats.layout import FileLayout
 from ckptz.pipeline.plan import Frame
+from ckptz.pipeline.transform import NativeDelta
 from ckptz.series.kinds import (
     ORDERED_DIFFERENCE,
     SCALED,
@@ -48,7 +49,14 @@ from ckptz.series.kinds import (
     scale_candidates,
     valid_scale,
 )
-from ckptz.series.reference import ReferenceBytes, RefSpec, locate, open_reference
+from ckptz.series.reference import (
+    ContainerReference,
+    PlainReference,
+    ReferenceBytes,
+    RefSpec,
+    locate,
+    open_reference,
+)
 
 #: A sample of each tensor decides XOR or plain: this many pieces of ``_PIECE`` bytes.
 _PIECES = 4
@@ -318,6 +326,20 @@ class XorDelta:
         self._apply(frame, data, forward=False)
         return data
 
+    def native(self) -> NativeDelta | None:
+        # A word format the planes do not take stays in Python, which words its refusal.
+        if any(
+            k != XOR and not (w in _DIFF_WORDS and w * 8 - 9 <= m <= w * 8 - 3)
+            for *_, k, _, w, m in self._ranges
+        ):
+            return None
+        ranges = np.array(self._ranges, np.int64).reshape(-1, 7)
+        if isinstance(self.source, PlainReference):
+            return NativeDelta(ranges, self.spec.size, self.source.fileno())
+        if isinstance(self.source, ContainerReference):
+            return NativeDelta(ranges, self.spec.size, container=self.source.reader.decoder)
+        return None
+
     def header(self) -> dict[str, object]:
         # An XOR pair stays [segment, offset], so a series that uses XOR only reads as before;
         # only the scaled kinds carry a fourth element.
@@ -399,6 +421,9 @@ class Keyframe:
 
     def header(self) -> dict[str, object]:
         return {"series": {"keyframe": True}}
+
+    def native(self) -> NativeDelta:
+        return NativeDelta(np.zeros((0, 7), np.int64))
 
 
 def delta_for(

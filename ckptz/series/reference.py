@@ -72,6 +72,10 @@ class PlainReference:
     def read(self, offset: int, n: int) -> bytes:
         return os.pread(self._fd, n, offset)
 
+    def fileno(self) -> int:
+        """The open descriptor (the native planes read the reference through it)."""
+        return self._fd
+
     def digest(self, kind: Kind = TREE) -> Digest:
         """The file's whole-file digest, read through the open descriptor."""
         return of_file(self._fd, kind)
