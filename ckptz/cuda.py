@@ -30,8 +30,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ckptz.codecs.native import native
-
 _LOCK = threading.Lock()
 _WARMING: dict[int, threading.Thread] = {}
 _CONTEXTS: dict[int, int] = {}
@@ -279,6 +277,8 @@ def free(ptr: int, size: int) -> None:
 def held() -> int:
     """Device memory ckptz holds now in this process (bytes): from Python and in the native
     plane's GPU engines."""
+    from ckptz.codecs.native import native  # numpy: not before a GPU command warms its context
+
     with _LOCK:
         return _held + native.gpu_memory()[0]
 
@@ -287,6 +287,8 @@ def peak(reset: bool = False) -> int:
     """The most device memory ckptz held at once in this process (bytes; Python's peak and
     the native plane's, added, so never less than the true peak); ``reset`` starts counting
     again from what is held now."""
+    from ckptz.codecs.native import native
+
     global _peak
     with _LOCK:
         out = _peak + native.gpu_memory(reset)[1]
