@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -113,7 +114,8 @@ def for_plane(change: FrameTransform | None) -> PlaneDelta | None:
         return PlaneDelta(
             (ranges, delta.reference_size, delta.reference_fd, -1, none, none, none, none, None)
         )
-    tables = plan(delta.container)  # with the reference's own delta, where it is one
+    container = cast(FrameDecoder, delta.container)
+    tables = plan(container)  # with the reference's own delta, where it is one
     if tables is None:
         return None
     # The reference's pieces by file offset, where the plane looks up a counterpart's bytes.
@@ -121,7 +123,7 @@ def for_plane(change: FrameTransform | None) -> PlaneDelta | None:
     rows = np.column_stack([tables.pieces[:, 0], owner, tables.pieces[:, 1], tables.pieces[:, 2]])
     rows = rows[rows[:, 3] > 0]
     lookup = np.ascontiguousarray(rows[np.argsort(rows[:, 0], kind="stable")], np.int64)
-    fd = delta.container.fd
+    fd = container.fd
     argument = (
         ranges,
         delta.reference_size,

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ckptz.container import Index
-    from ckptz.pipeline.decoder import FrameDecoder
     from ckptz.pipeline.plan import Frame
 
 
@@ -40,14 +39,15 @@ class NativeDelta:
             file order; no rows for a transform that changes no byte.
         reference_size: the reference's original size.
         reference_fd: the plain reference file, open for reading (-1: a container).
-        container: the reference container's frame decoder, where it is one (with its own
-            transform, if it is a series delta too).
+        container: the reference container's frame decoder
+            (:class:`~ckptz.pipeline.decoder.FrameDecoder`, which imports this module), where
+            it is one (with its own transform, if it is a series delta too).
     """
 
     ranges: np.ndarray
     reference_size: int = 0
     reference_fd: int = -1
-    container: FrameDecoder | None = None
+    container: object | None = None
 
 
 class FrameTransform(Protocol):
