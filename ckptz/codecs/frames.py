@@ -12,11 +12,13 @@ This is the CPU frame coder. Per plane, cheapest first:
    whose ends follow the plane's statistics, 0.2-1.6% smaller than deflate and decoded
    2-3x faster. Where the sample is at least 20% zeros (a fine-tune's unseen rows)
    level-``level`` zstd is tried as well. With
-   ``context_exponents`` (the CPU engine sets it on float streams from ``--level`` 10),
+   ``context_exponents`` (the CPU engine sets it on float streams from ``--level`` 10;
+   below, ``measured_contexts`` sets it per plane where a sparse sample of the plane's byte
+   pairs estimates that order-1 contexts save clearly: Adam second moments),
    ``huff1`` is tried too: each exponent coded given the bucket of the one before it
    (:mod:`ckptz.codecs.order1`), and ``huff2d``, each exponent's residual from a prediction
    by its neighbours in the row and the row above (:mod:`ckptz.codecs.order2d`), which
-   stands in for ``huff1`` where it is smaller (Adam second moments); and with the same
+   stands in for ``huff1`` where it is smaller (Adam second moments); and with either
    option a float's lowest plane (its sign in bit 0) tries ``sign2d``, each sign coded given
    the signs left, up and up-left (:mod:`ckptz.codecs.sign2d`), kept where it saves the
    margin over the plane's other coding (first moments of rows that move together);
@@ -68,6 +70,13 @@ ZSTD_ZEROS = 0.2
 #: Share of the best order-0 payload that ``huff1`` must save to be chosen: it decodes
 #: 2-3x slower (bench/context.py), so a tie goes to the faster bitstream.
 CONTEXT_MARGIN = 0.01
+#: With ``measured_contexts``, the estimated saving of order-1 buckets over one table
+#: (:func:`ckptz.codecs.order1.saving`, a sparse sample) from which an exponent plane tries
+#: ``huff1`` and ``huff2d``: Adam second moments score 0.35-0.4 and come out 10-12% smaller
+#: than Huffman coding alone; first moments score ~0.12 and weights 0.01-0.03, where
+#: ``huff1`` saves at most ~1% and would cost 2.5x the plane's coding time
+#: (bench/peers.py's training run).
+CLEAR_CONTEXT_SAVING = 0.2
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
 BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
@@ -88,10 +97,15 @@ class EncodeOptions:
             given the one before it) and ``huff2d`` (given its row neighbours) on exponent
             planes, and ``sign2d`` (signs given the row above) on a float's lowest plane, and
             keep the smaller payload.
+        measured_contexts: as ``context_exponents``, but an exponent plane tries ``huff1``
+            and ``huff2d`` only where a sparse sample estimates that order-1 contexts save at
+            least :data:`CLEAR_CONTEXT_SAVING` (Adam second moments), which costs a few
+            percent of the coding time of the planes that do not.
     """
 
     level: int = 3
     context_exponents: bool = False
+    measured_contexts: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +196,7 @@ def encode_plane(
             becomes without a copy (else it is copied out of ``plane``).
     """
     chunk = _encode_plane(plane, options, exponent=exponent, stats=stats, owned=owned)
-    if signs and options.context_exponents and plane.size:
+    if signs and (options.context_exponents or options.measured_contexts) and plane.size:
         # Row-predicted signs replace the plane's choice only where they save the margin a
         # slower decoder must; declined (None) where no row width predicts the signs.
         signed = sign2d.encode(plane)
@@ -215,7 +229,9 @@ def _encode_plane(
         # Zero runs: level-3 matching wins where they fill whole rows (optimizer states of a
         # fine-tune).
         candidates: list[Codec] = [_HUFFMAN, zstd] if zeros >= ZSTD_ZEROS else [_HUFFMAN]
-        context = options.context_exponents
+        context = options.context_exponents or (
+            options.measured_contexts and order1.saving(plane) >= CLEAR_CONTEXT_SAVING
+        )
     else:
         fixed = stats.fixed
         if fixed and 8 - bin(fixed).count("1") < bits + PACK_SLACK:

@@ -63,6 +63,13 @@ CPU_LARGEST_FRAME = 16 << 20
 #: ``huff1``'s, about 1.2-1.4% of their bytes (bench/moment_contexts.py); and a float's
 #: lowest plane tries ``sign2d`` (signs given the row above): ~1% of first moments whose
 #: embedding rows see no tokens.
+#:
+#: Below this level, float streams try the same coders where a cheap measurement says they
+#: pay (:attr:`~ckptz.codecs.frames.EncodeOptions.measured_contexts`): ``huff1`` and
+#: ``huff2d`` on exponent planes whose sparsely sampled byte pairs estimate a clear order-1
+#: saving (Adam second moments: 10-12% off their exponents at about half the plane's coding
+#: speed), and ``sign2d`` on every lowest plane (its row-width search declines the others
+#: in a few percent of a frame's time).
 CONTEXT_LEVEL = 10
 
 
@@ -84,11 +91,17 @@ class CpuEngine:
     #: A frame at a time: each is decoded by the reader thread that read it.
     span_bytes = 0
 
-    def __init__(self, threads: int | None = None, level: int = 3) -> None:
+    def __init__(self, threads: int | None = None, level: int = 3, *, measured_contexts: bool = True) -> None:
+        """``measured_contexts``: below :data:`CONTEXT_LEVEL`, float streams try the context
+        coders where a sample says they pay (the GPU engine's coder of its metadata frames
+        turns it off, so that its containers stay those it has always written)."""
         self.threads = max(1, threads or os.cpu_count() or 1)
         self.look_ahead = 2 * self.threads + 4
         self.options = EncodeOptions(level=level)
-        self._context = replace(self.options, context_exponents=level >= CONTEXT_LEVEL)
+        context = level >= CONTEXT_LEVEL
+        self._context = replace(
+            self.options, context_exponents=context, measured_contexts=measured_contexts and not context
+        )
 
     @property
     def restore_ahead(self) -> int:
@@ -96,9 +109,10 @@ class CpuEngine:
         return self.look_ahead
 
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
-        """Order-1 exponents tried too on float streams from :data:`CONTEXT_LEVEL`: the
-        measured sizes of each plane decide, not the component its key names, which the
-        same tensor saved under other keys would not share."""
+        """Order-1 exponents tried too on float streams from :data:`CONTEXT_LEVEL` (below it,
+        where a sample says they pay): the measured sizes of each plane decide, not the
+        component its key names, which the same tensor saved under other keys would not
+        share."""
         return self._context if stream.rotate else self.options
 
     def _encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> EncodedFrame:

@@ -23,6 +23,7 @@
  *   order1_encode(src, segments, contextual_only)
  *                                       a ckptz.codecs.order1 payload (exponents grouped by
  *                                       the preceding byte's bucket), or None
+ *   order1_saving(src, segments)        the share order-1 buckets would save (a sparse sample)
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
  *   order2d_encode(src, segments, width) a ckptz.codecs.order2d payload (exponents predicted
  *                                       from the row above, residuals grouped), or None
@@ -451,6 +452,28 @@ static PyObject *native_order1_encode(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS;
     result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
     free(buf);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+/* order1_saving(src, segments) -> the share of an order-0 code that order-1 buckets are
+ * estimated to save on src, from a sparse sample of its pairs. */
+static PyObject *native_order1_saving(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    int segments;
+    if (!PyArg_ParseTuple(args, "y*i", &src, &segments)) return NULL;
+    PyObject *result = NULL;
+    if (segments < 1 || segments > O1_MAX_SEGMENTS || (size_t)src.len > 0xFFFFFFFFu) {
+        PyErr_Format(PyExc_ValueError, "%d segments of %zd bytes: expected 1 to %d, under 4 GiB", segments, src.len,
+                     O1_MAX_SEGMENTS);
+        goto done;
+    }
+    float saving;
+    Py_BEGIN_ALLOW_THREADS;
+    saving = order1_saving(src.buf, (size_t)src.len, segments);
+    Py_END_ALLOW_THREADS;
+    result = saving < 0 ? PyErr_NoMemory() : PyFloat_FromDouble((double)saving);
 done:
     PyBuffer_Release(&src);
     return result;
@@ -1435,6 +1458,8 @@ static PyMethodDef methods[] = {
      "reference word's exponent)."},
     {"order1_encode", native_order1_encode, METH_VARARGS,
      "order1_encode(src, segments, contextual_only=False): a ckptz.codecs.order1 payload of src, or None."},
+    {"order1_saving", native_order1_saving, METH_VARARGS,
+     "order1_saving(src, segments): the share of an order-0 code that order-1 buckets are estimated to save."},
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"order2d_encode", native_order2d_encode, METH_VARARGS,

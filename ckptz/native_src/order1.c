@@ -32,6 +32,9 @@
  * groups: half of the 1% huff1 must save to be chosen (frames.CONTEXT_MARGIN), since the
  * estimate comes from a sample of the pairs. */
 #define O1_LEAST_SAVING 0.005f
+/* Runs of O1_RUN bytes, spread over the plane, that order1_saving() estimates from: a
+ * sixteenth of a 1 MiB plane, few enough that a coder may ask it of every exponent plane. */
+#define O1_SPARSE_RUNS 64
 
 /* Little-endian u32s. */
 static uint32_t o1_get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
@@ -142,6 +145,48 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
 
 /* ---------------------------------------------------------------- encoding */
 
+/* Pair counts (row: the preceding byte, 0 at a segment's start; column: the byte) of runs
+ * of O1_RUN bytes starting every `stride` bytes into the zeroed `pairs`, and each row's
+ * total into rows; returns the share of the plane sampled. `len` is the segments' length. */
+static float o1_sample_pairs(const uint8_t *src, size_t n, size_t len, size_t stride, uint32_t (*pairs)[256],
+                             uint32_t *rows) {
+    for (size_t a = 0; a < n; a += stride) {
+        size_t b = a + O1_RUN < n ? a + O1_RUN : n, s = a / len;
+        uint8_t prev = a == s * len ? 0 : src[a - 1];
+        for (size_t i = a; i < b; i++) {
+            if (i == s * len + len) prev = 0, s++;
+            pairs[prev][src[i]]++;
+            prev = src[i];
+        }
+    }
+    uint64_t sampled = 0;
+    for (int v = 0; v < 256; v++) {
+        uint32_t t = 0;
+        for (int c = 0; c < 256; c++) t += pairs[v][c];
+        rows[v] = t;
+        sampled += t;
+    }
+    return n ? (float)sampled / (float)n : 1;
+}
+
+/* The share of one bucket's estimated cost that order-1 buckets save on n bytes cut into
+ * `segments` (o1_choose's saving), from a sparse sample of the pairs: a cheap measurement of
+ * whether contexts may pay, which a coder asks before it tries huff1 at all (-1 where memory
+ * ran out). */
+static float order1_saving(const uint8_t *src, size_t n, int segments) {
+    if (segments < 1 || segments > O1_MAX_SEGMENTS) return -1;
+    uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
+    if (!pairs) return -1;
+    uint32_t rows[256];
+    size_t stride = n / O1_SPARSE_RUNS / O1_RUN * O1_RUN;
+    float scale = o1_sample_pairs(src, n, o1_segment_len(n, segments), stride > O1_RUN ? stride : O1_RUN, pairs, rows);
+    float saving;
+    uint8_t starts[O1_MAX_BUCKETS + 1];
+    o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, starts, &saving);
+    free(pairs);
+    return saving;
+}
+
 /* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its size,
  * or 0 if a group's frame cannot be written (a table zstd cannot describe) or memory ran
  * out. `segments` is 1 to O1_MAX_SEGMENTS. With `contextual_only`, also 0 where the pair
@@ -159,28 +204,12 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, int cont
     size_t len = o1_segment_len(n, segments);
     /* The buckets are chosen from a sample of the pairs (every fourth run of O1_RUN bytes
      * of a large plane): the choice needs their shape, not exact counts. */
-    uint32_t rows[256] = {0}, hist[256];
+    uint32_t rows[256], hist[256];
     size_t stride = n >= 16 * O1_RUN * O1_SAMPLE ? O1_RUN * O1_SAMPLE : O1_RUN;
-    for (size_t a = 0; a < n; a += stride) {
-        size_t b = a + O1_RUN < n ? a + O1_RUN : n, s = a / len;
-        uint8_t prev = a == s * len ? 0 : src[a - 1];
-        for (size_t i = a; i < b; i++) {
-            if (i == s * len + len) prev = 0, s++;
-            pairs[prev][src[i]]++;
-            prev = src[i];
-        }
-    }
-    uint64_t sampled = 0;
-    for (int v = 0; v < 256; v++) {
-        uint32_t t = 0;
-        for (int c = 0; c < 256; c++) t += pairs[v][c];
-        rows[v] = t;
-        sampled += t;
-    }
+    float scale = o1_sample_pairs(src, n, len, stride, pairs, rows);
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
     float saving;
-    int buckets =
-        o1_choose((const uint32_t(*)[256])pairs, rows, n ? (float)sampled / (float)n : 1, segments, starts, &saving);
+    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, starts, &saving);
     if (contextual_only && saving < O1_LEAST_SAVING) goto done;
     for (int v = 0, k = 0; v < 256; v++) {
         while (k + 1 < buckets && v >= starts[k + 1]) k++;
