@@ -145,6 +145,50 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
 
 /* ---------------------------------------------------------------- encoding */
 
+/* map[v]: the bucket of byte value v, for buckets starting at starts[0..buckets). */
+static void o1_bucket_map(const uint8_t *starts, int buckets, uint8_t *map) {
+    for (int v = 0, k = 0; v < 256; v++) {
+        while (k + 1 < buckets && v >= starts[k + 1]) k++;
+        map[v] = (uint8_t)k;
+    }
+}
+
+/* A huff1-shaped payload (after `prefix` bytes left for the caller) into a new buffer
+ * (*out, free()d by the caller) from its groups: group k is count[k] bytes of grouped[],
+ * groups end to end, each segment's share of it (seg_count[s][k]) in segment order. Writes
+ * each group's literal frame, then the header before them; returns the payload's size with
+ * the prefix, or 0 where a group's frame cannot be written or memory ran out. */
+static size_t o1_write_groups(const uint8_t *grouped, int buckets, int segments, const uint8_t *starts,
+                              const uint32_t *count, const uint32_t (*seg_count)[O1_MAX_BUCKETS], size_t prefix,
+                              uint8_t **out) {
+    *out = NULL;
+    size_t head = prefix + o1_header_size(buckets, segments), cap = head;
+    for (int k = 0; k < buckets; k++) cap += frame_capacity(count[k], 0);
+    uint8_t *buf = malloc(cap);
+    if (!buf) return 0;
+    uint8_t *op = buf + head;
+    uint32_t frame_size[O1_MAX_BUCKETS];
+    for (int k = 0; k < buckets; k++) {
+        size_t got = count[k] ? write_frame(op, grouped, count[k], 0) : 0;
+        if (count[k] && !got) return free(buf), 0;
+        frame_size[k] = (uint32_t)got;
+        grouped += count[k];
+        op += got;
+    }
+    uint8_t *hp = buf + prefix;
+    *hp++ = O1_VERSION;
+    *hp++ = (uint8_t)buckets;
+    *hp++ = (uint8_t)segments;
+    *hp++ = 0;
+    for (int k = 1; k < buckets; k++) *hp++ = starts[k];
+    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, count[k]);
+    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, frame_size[k]);
+    for (int s = 0; s + 1 < segments; s++)
+        for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, seg_count[s][k]);
+    *out = buf;
+    return (size_t)(op - buf);
+}
+
 /* Pair counts (row: the preceding byte, 0 at a segment's start; column: the byte) of runs
  * of O1_RUN bytes starting every `stride` bytes into the zeroed `pairs`, and each row's
  * total into rows; returns the share of the plane sampled. `len` is the segments' length. */
@@ -199,7 +243,6 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, int cont
     uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
     uint8_t *grouped = malloc(n ? n : 1);
     size_t size = 0;
-    uint8_t *buf = NULL;
     if (!pairs || !grouped) goto done;
     size_t len = o1_segment_len(n, segments);
     /* The buckets are chosen from a sample of the pairs (every fourth run of O1_RUN bytes
@@ -211,10 +254,7 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, int cont
     float saving;
     int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, starts, &saving);
     if (contextual_only && saving < O1_LEAST_SAVING) goto done;
-    for (int v = 0, k = 0; v < 256; v++) {
-        while (k + 1 < buckets && v >= starts[k + 1]) k++;
-        map[v] = (uint8_t)k;
-    }
+    o1_bucket_map(starts, buckets, map);
     /* each segment's share of each group: the counts of its preceding bytes (its byte
      * histogram, less its last byte, plus the 0 before its first) */
     uint32_t count[O1_MAX_BUCKETS] = {0}, seg_count[O1_MAX_SEGMENTS][O1_MAX_BUCKETS] = {{0}};
@@ -259,34 +299,11 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, int cont
             prev[s] = src[i];
         }
     }
-    size_t head = o1_header_size(buckets, segments), cap = head;
-    for (int k = 0; k < buckets; k++) cap += frame_capacity(count[k], 0);
-    buf = malloc(cap);
-    if (!buf) goto done;
-    uint8_t *op = buf + head;
-    uint32_t frame_size[O1_MAX_BUCKETS];
-    for (int k = 0; k < buckets; k++) {
-        size_t got = count[k] ? write_frame(op, grouped + base[k], count[k], 0) : 0;
-        if (count[k] && !got) goto done;
-        frame_size[k] = (uint32_t)got;
-        op += got;
-    }
-    uint8_t *hp = buf;
-    *hp++ = O1_VERSION;
-    *hp++ = (uint8_t)buckets;
-    *hp++ = (uint8_t)segments;
-    *hp++ = 0;
-    for (int k = 1; k < buckets; k++) *hp++ = starts[k];
-    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, count[k]);
-    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, frame_size[k]);
-    for (int s = 0; s + 1 < segments; s++)
-        for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, seg_count[s][k]);
-    size = (size_t)(op - buf);
+    size = o1_write_groups(grouped, buckets, segments, starts, count, (const uint32_t(*)[O1_MAX_BUCKETS])seg_count, 0,
+                           out);
 done:
     free(pairs);
     free(grouped);
-    if (size) *out = buf;
-    else free(buf);
     return size;
 }
 
