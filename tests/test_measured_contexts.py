@@ -15,9 +15,9 @@ import torch
 from conftest import ckptz
 from safetensors.torch import save_file
 
-from ckptz.codecs import order1
+from ckptz.codecs import order1, sign2d
 from ckptz.codecs.cpu import HuffmanZstd
-from ckptz.codecs.frames import CLEAR_CONTEXT_SAVING, EncodeOptions, encode_frame
+from ckptz.codecs.frames import CLEAR_CONTEXT_SAVING, CLEAR_SIGN_MISS, EncodeOptions, encode_frame
 from ckptz.codecs.order1 import Order1Codec
 from ckptz.codecs.order2d import Order2dCodec
 from ckptz.codecs.planes import split
@@ -29,19 +29,19 @@ FLOAT32 = DTYPES["float32"]
 CONTEXT_CODERS = {HUFF1.id, HUFF2D.id, SIGN2D.id}
 
 
-@pytest.fixture(scope="module")
-def run() -> dict[str, dict[str, torch.Tensor]]:
+def _train(vocabulary_used: int) -> dict[str, dict[str, torch.Tensor]]:
     """A small GPT-2's weights at initialisation and after 30 AdamW steps on tokens drawn
-    from its whole vocabulary, and its optimizer's moments, by parameter name."""
+    from the first ``vocabulary_used`` of its 2048, and its optimizer's moments, by
+    parameter name."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=2048, n_positions=128))
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     tokens = torch.Generator().manual_seed(1)
     for _ in range(30):
-        text = torch.randint(0, 2048, (8, 64), generator=tokens)
+        text = torch.randint(0, vocabulary_used, (8, 64), generator=tokens)
         model(text, labels=text).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -54,6 +54,12 @@ def run() -> dict[str, dict[str, torch.Tensor]]:
             for kind in ("exp_avg", "exp_avg_sq")
         },
     }
+
+
+@pytest.fixture(scope="module")
+def run() -> dict[str, dict[str, torch.Tensor]]:
+    """A run over the whole vocabulary."""
+    return _train(2048)
 
 
 def _stream(tensors: dict[str, torch.Tensor]) -> np.ndarray:
@@ -130,6 +136,22 @@ def test_the_default_level_codes_second_moments_with_contexts_whatever_their_nam
             sizes[name] = int(chunks["size"][chunks["plane"] == 3].sum())
         _restores(tmp_path, src, out)
     assert sizes["plain"] == sizes["adam"], sizes
+
+
+def test_row_predicted_signs_are_declined_before_coding_where_they_would_save_little(tmp_path: Path) -> None:
+    """A run over a quarter of the vocabulary: the weights' sign search finds a row width
+    (the embedding rows of unseen tokens), but one that mispredicts too many signs to pay,
+    so the default level declines it before coding and writes no sign2d; the first moments'
+    width passes and codes sign2d (test_sign2d.py)."""
+    quarter = _train(512)
+    planes = {k: np.ascontiguousarray(split(_stream(quarter[k]), FLOAT32)[0]) for k in ("weights", "exp_avg")}
+    assert sign2d.encode(planes["weights"]) is not None
+    assert sign2d.encode(planes["weights"], most_miss=CLEAR_SIGN_MISS) is None
+    assert sign2d.encode(planes["exp_avg"], most_miss=CLEAR_SIGN_MISS) is not None
+    src, out = _compress(tmp_path, "weights", quarter["weights"])
+    with open(out, "rb") as f:
+        assert SIGN2D.id not in read_index(f, str(out)).chunks["codec"]
+    _restores(tmp_path, src, out)
 
 
 @pytest.mark.gpu

@@ -77,6 +77,12 @@ CONTEXT_MARGIN = 0.01
 #: ``huff1`` saves at most ~1% and would cost 2.5x the plane's coding time
 #: (bench/peers.py's training run).
 CLEAR_CONTEXT_SAVING = 0.2
+#: With ``measured_contexts``, the most sampled signs that ``sign2d``'s row width may
+#: mispredict for a lowest plane to be coded with it: first moments of embedding rows that
+#: see no tokens miss ~0.27 (the plane 4% smaller), weights and first moments of a run over
+#: the whole vocabulary 0.42-0.43 where a width is found at all (about 1% of the plane, for
+#: a third of a frame's coding and decoding time).
+CLEAR_SIGN_MISS = 0.35
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
 BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
@@ -99,8 +105,10 @@ class EncodeOptions:
             keep the smaller payload.
         measured_contexts: as ``context_exponents``, but an exponent plane tries ``huff1``
             and ``huff2d`` only where a sparse sample estimates that order-1 contexts save at
-            least :data:`CLEAR_CONTEXT_SAVING` (Adam second moments), which costs a few
-            percent of the coding time of the planes that do not.
+            least :data:`CLEAR_CONTEXT_SAVING` (Adam second moments), and a lowest plane
+            ``sign2d`` only where the row width found mispredicts at most
+            :data:`CLEAR_SIGN_MISS` of the sampled signs; the measurements cost a few percent
+            of the coding time of the planes that do not pay.
     """
 
     level: int = 3
@@ -199,7 +207,7 @@ def encode_plane(
     if signs and (options.context_exponents or options.measured_contexts) and plane.size:
         # Row-predicted signs replace the plane's choice only where they save the margin a
         # slower decoder must; declined (None) where no row width predicts the signs.
-        signed = sign2d.encode(plane)
+        signed = sign2d.encode(plane, most_miss=1.0 if options.context_exponents else CLEAR_SIGN_MISS)
         if signed is not None and len(signed) < (1 - CONTEXT_MARGIN) * len(chunk.payload):
             return EncodedChunk(_SIGN2D.id, plane.size, signed)
     return chunk

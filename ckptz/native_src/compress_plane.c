@@ -47,7 +47,8 @@ enum { CC_OFFSET, CC_SIZE, CC_RAW, CC_CHECKSUM, CC_CODEC, CC_PLANE, CC_COLS };
 /* ckptz/codecs/frames.py's thresholds, in the order native_compress.py passes them: the
  * plane's choices follow them to the bit, and they are written down once, there. */
 enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PACK_SLACK, RULE_LOW_BITS,
-       RULE_RUN_SHARE, RULE_CONTEXT_MARGIN, RULE_BLOCK, RULE_CLEAR_SAVING, RULE_COUNT };
+       RULE_RUN_SHARE, RULE_CONTEXT_MARGIN, RULE_BLOCK, RULE_CLEAR_SAVING,
+       RULE_CLEAR_MISS, RULE_COUNT };
 
 /* A frame's FR_ROTATE column here: bit 0, its words are floats; bit 1, its exponents are
  * also tried in order-1 coding (frames.py's context_exponents); bit 2, its planes are coded
@@ -57,7 +58,8 @@ enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PAC
 enum { ROTATE_FLOAT = 1, ROTATE_CONTEXT = 2, ROTATE_GPU = 4, ROTATE_MEASURED = 8 };
 
 /* How plane_code tries the contextual coders on an exponent plane: not at all, always, or
- * where order1_saving() reaches the plan's RULE_CLEAR_SAVING. */
+ * where order1_saving() reaches the plan's RULE_CLEAR_SAVING (and plane_code_signs sign2d:
+ * not at all, always, or where its width mispredicts at most RULE_CLEAR_MISS). */
 enum { CONTEXT_NONE, CONTEXT_ALWAYS, CONTEXT_MEASURED };
 
 /* nvCOMP ANS codes chunks of at most this many bytes. */
@@ -303,10 +305,14 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
 }
 
 /* Row-predicted signs (sign2d.c) for a float's lowest plane, in place of plane_code's
- * payload where they save the margin a slower decoder must, as frames.encode_plane does. */
-static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, uint8_t *slot, payload_t *out) {
+ * payload where they save the margin a slower decoder must, as frames.encode_plane does;
+ * with CONTEXT_MEASURED, only where the width found mispredicts at most RULE_CLEAR_MISS of
+ * the sampled signs. */
+static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, int context, uint8_t *slot,
+                             payload_t *out) {
     uint8_t *signs = NULL;
-    size_t size = sign2d_encode(plane, n, 0, &signs);
+    double most_miss = context == CONTEXT_MEASURED ? w->plan->rules[RULE_CLEAR_MISS] : 1.0;
+    size_t size = sign2d_encode(plane, n, 0, most_miss, &signs);
     if (size && (double)size < (1 - w->plan->rules[RULE_CONTEXT_MARGIN]) * (double)out->len) {
         memcpy(slot, signs, size);
         *out = (payload_t){CODEC_SIGN2D, slot, size};
@@ -520,7 +526,7 @@ static int code_planes(coder_t *w, int64_t i, const split_t *s, uint8_t *out, pa
                                s->ones[k], s->any[k], out + (size_t)k * room, &payloads[k], &error)) {
             return compress_fail(w->plan, PLANE_CODER, i, error), 0;
         } else if (is_float && k == 0 && context != CONTEXT_NONE) {
-            plane_code_signs(w, s->planes[k], n, out + (size_t)k * room, &payloads[k]);
+            plane_code_signs(w, s->planes[k], n, context, out + (size_t)k * room, &payloads[k]);
         }
     }
     return 1;

@@ -28,7 +28,7 @@
  *   order2d_encode(src, segments, width) a ckptz.codecs.order2d payload (exponents predicted
  *                                       from the row above, residuals grouped), or None
  *   order2d_decode(payload, out)        one, decoded; False if it is malformed
- *   sign2d_encode(src, width)           a ckptz.codecs.sign2d payload (sign bits predicted from
+ *   sign2d_encode(src, width, most_miss) a ckptz.codecs.sign2d payload (sign bits predicted from
  *                                       the row above, the mantissa bits packed), or None
  *   sign2d_decode(payload, out)         one, decoded; False if it is malformed
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
@@ -574,13 +574,15 @@ static PyObject *native_order2d_decode(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* sign2d_encode(src, width=0) -> a ckptz.codecs.sign2d payload, or None where no row width
- * predicts the sign bits (width 0: the encoder searches one) or the residual's table cannot
+/* sign2d_encode(src, width=0, most_miss=1.0) -> a ckptz.codecs.sign2d payload, or None where
+ * no row width predicts the sign bits (width 0: the encoder searches one; also where the one
+ * found mispredicts more than most_miss of the sampled signs) or the residual's table cannot
  * be described. */
 static PyObject *native_sign2d_encode(PyObject *self, PyObject *args) {
     Py_buffer src;
     Py_ssize_t width = 0;
-    if (!PyArg_ParseTuple(args, "y*|n", &src, &width)) return NULL;
+    double most_miss = 1.0;
+    if (!PyArg_ParseTuple(args, "y*|nd", &src, &width, &most_miss)) return NULL;
     PyObject *result = NULL;
     if ((size_t)src.len > 0xFFFFFFFFu || width < 0 || (size_t)width > 0xFFFFFFFFu) {
         PyErr_Format(PyExc_ValueError, "%zd bytes, width %zd: expected under 4 GiB", src.len, width);
@@ -589,7 +591,7 @@ static PyObject *native_sign2d_encode(PyObject *self, PyObject *args) {
     uint8_t *buf;
     size_t size;
     Py_BEGIN_ALLOW_THREADS;
-    size = sign2d_encode(src.buf, (size_t)src.len, (size_t)width, &buf);
+    size = sign2d_encode(src.buf, (size_t)src.len, (size_t)width, most_miss, &buf);
     Py_END_ALLOW_THREADS;
     result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
     free(buf);
@@ -1467,7 +1469,7 @@ static PyMethodDef methods[] = {
     {"order2d_decode", native_order2d_decode, METH_VARARGS,
      "order2d_decode(payload, out): decode an order2d payload into out; False if malformed."},
     {"sign2d_encode", native_sign2d_encode, METH_VARARGS,
-     "sign2d_encode(src, width=0): a ckptz.codecs.sign2d payload of src, or None."},
+     "sign2d_encode(src, width=0, most_miss=1.0): a ckptz.codecs.sign2d payload of src, or None."},
     {"sign2d_decode", native_sign2d_decode, METH_VARARGS,
      "sign2d_decode(payload, out): decode a sign2d payload into out; False if malformed."},
     {"compress_plan", native_compress_plan, METH_VARARGS,

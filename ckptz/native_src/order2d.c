@@ -72,8 +72,9 @@ typedef uint64_t (*o2_miss_t)(const uint8_t *x, size_t n, size_t from, size_t w,
 
 /* The row width whose predictions `miss` least on the plane, or 0 where none beats the left
  * neighbour by O2_LEAST_GAIN (or the plane is too short to search). `segment` is its
- * segments' length. */
-static size_t o2_width(const uint8_t *x, size_t n, size_t segment, o2_miss_t o2_miss) {
+ * segments' length. Where a width is found, *mean_miss (if not NULL) is its miss per
+ * sampled position. */
+static size_t o2_width(const uint8_t *x, size_t n, size_t segment, o2_miss_t o2_miss, double *mean_miss) {
     size_t most = segment / 4 < O2_MAX_WIDTH ? segment / 4 : O2_MAX_WIDTH;
     most -= most % O2_WIDTH_STEP;
     if (most < O2_WIDTH_STEP || n < 2 * most + 2 * O2_RUN * O2_PROBES / 16) return 0;
@@ -108,11 +109,12 @@ static size_t o2_width(const uint8_t *x, size_t n, size_t segment, o2_miss_t o2_
             break;
         }
     uint64_t left = o2_miss(x, n, from, 0, fine);
+    if (mean_miss) *mean_miss = (double)least / (double)(fine * O2_RUN);
     return width && (double)least < O2_LEAST_GAIN * (double)left ? width : 0;
 }
 
 /* The row width that predicts the exponent plane best (o2_width), or 0. */
-static size_t order2d_width(const uint8_t *x, size_t n, size_t segment) { return o2_width(x, n, segment, o2_miss); }
+static size_t order2d_width(const uint8_t *x, size_t n, size_t segment) { return o2_width(x, n, segment, o2_miss, NULL); }
 
 /* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its
  * size, or 0 where no row width pays (width 0: searched), a group's frame cannot be

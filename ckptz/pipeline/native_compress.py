@@ -81,6 +81,7 @@ RULES = np.array(
         coder.CONTEXT_MARGIN,
         coder.BLOCK,
         coder.CLEAR_CONTEXT_SAVING,
+        coder.CLEAR_SIGN_MISS,
     ],
     np.float64,
 )
