@@ -25,7 +25,8 @@ This is the CPU frame coder. Per plane, cheapest first:
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
    entropy (sign bits of bf16-exact fp32, ``exp_avg_sq``'s low plane) is ``bitpack``-ed;
 5. any other plane (zero runs, 7-bit mantissas) gets ``zstd``; a low-entropy one that is
-   not mostly zeros (sign bits) Huffman-coded zstd too;
+   not mostly zeros (sign bits) Huffman-coded zstd too, and so does any plane not mostly
+   zeros of a float coded with either context option (mantissas that are not noise);
 
 and any coded chunk not smaller than its plane is stored ``raw`` instead. The ``ctx``
 bitstream (neighbour-context coding) still decodes but is no longer chosen: on trained
@@ -108,7 +109,9 @@ class EncodeOptions:
             least :data:`CLEAR_CONTEXT_SAVING` (Adam second moments), and a lowest plane
             ``sign2d`` only where the row width found mispredicts at most
             :data:`CLEAR_SIGN_MISS` of the sampled signs; the measurements cost a few percent
-            of the coding time of the planes that do not pay.
+            of the coding time of the planes that do not pay. Either option also tries
+            Huffman coding beside zstd on a float's planes that are neither noise nor
+            mostly zeros.
     """
 
     level: int = 3
@@ -250,8 +253,11 @@ def _encode_plane(
             return EncodedChunk(_BITPACK.id, size, payload)
         # A low-entropy plane without long zero runs (the sign bits of bf16-exact fp32) is
         # where zstd's short LZ matches cost more than Huffman's one bit per byte: literal
-        # zstd is within 0.3% of deflate there, at twice its speed.
-        candidates = [zstd, _HUFFMAN] if bits < LOW_BITS and zeros < RUN_SHARE else [zstd]
+        # zstd is within 0.3% of deflate there, at twice its speed. A float's coder that
+        # measures contexts tries it on every such plane: block-adaptive Huffman codes
+        # mantissa bytes that are not noise (a MiniLM's) 1.5-5% below level-3 zstd.
+        low = bits < LOW_BITS or options.context_exponents or options.measured_contexts
+        candidates = [zstd, _HUFFMAN] if low and zeros < RUN_SHARE else [zstd]
     ordered, ordered_id = None, _ORDER1.id
     if context:
         # huff1 decodes at a third to half the speed of Huffman-coded zstd, so it must save

@@ -250,7 +250,8 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
             return 1;
         }
         tries[count++] = TRY_ZSTD;
-        if (bits < rule[RULE_LOW_BITS] && zeros < rule[RULE_RUN_SHARE]) tries[count++] = TRY_HUFFMAN;
+        if ((bits < rule[RULE_LOW_BITS] || context != CONTEXT_NONE) && zeros < rule[RULE_RUN_SHARE])
+            tries[count++] = TRY_HUFFMAN;
     }
     /* Order-1 exponents as frames.encode_plane tries them: they decode slower, so they must
      * save the margin; against Huffman coding alone, a saving below the entropy of the
