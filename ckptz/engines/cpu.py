@@ -51,25 +51,20 @@ CPU_FRAME_SIZE = 4 << 20
 #: many threads sharing one GIL code faster both ways.
 CPU_LARGEST_FRAME = 16 << 20
 
-#: ``--level`` from which every float stream's exponent planes also try ``huff1`` (each
-#: exponent coded given the bucket of the one before it), kept per plane only where it saves
-#: :data:`~ckptz.codecs.frames.CONTEXT_MARGIN`: Adam's second moments come out 0.5-0.7%
-#: smaller (bench/context.py, BENCHMARKS.md) whatever their keys are named, and weights keep
-#: block-adaptive Huffman. Not by default: those frames code and decode ~45% slower for
-#: 0.5-0.7% of their size, and the CPU path (3.6 GB/s on 16 cores) is slower than the
-#: storage users write to (5-26 GB/s per node), so by default the time costs more than the
-#: bytes save. The same planes also try ``huff2d`` (each exponent's residual from its row
-#: neighbours and the row above): second moments' exponent planes then shrink 12-15% below
-#: ``huff1``'s, about 1.2-1.4% of their bytes (bench/moment_contexts.py); and a float's
-#: lowest plane tries ``sign2d`` (signs given the row above): ~1% of first moments whose
-#: embedding rows see no tokens.
+#: ``--level`` from which every float stream's exponent planes try ``huff1`` (each exponent
+#: coded given the bucket of the one before it) and ``huff2d`` (its residual from its row
+#: neighbours and the row above), and its lowest plane ``sign2d`` (signs given the row above),
+#: each kept per plane only where it saves :data:`~ckptz.codecs.frames.CONTEXT_MARGIN`: an
+#: archive level, which spends the coding time on every plane (frames code 2-4x slower).
 #:
-#: Below this level, float streams try the same coders where a cheap measurement says they
-#: pay (:attr:`~ckptz.codecs.frames.EncodeOptions.measured_contexts`): ``huff1`` and
-#: ``huff2d`` on exponent planes whose sparsely sampled byte pairs estimate a clear order-1
-#: saving (Adam second moments: 10-12% off their exponents at about half the plane's coding
-#: speed), and ``sign2d`` on every lowest plane (its row-width search declines the others
-#: in a few percent of a frame's time).
+#: Below it, float streams try the same coders only where a cheap measurement says they pay
+#: (:attr:`~ckptz.codecs.frames.EncodeOptions.measured_contexts`): ``huff1`` and ``huff2d``
+#: on exponent planes whose sparsely sampled byte pairs estimate a clear order-1 saving
+#: (Adam's second moments, whatever their keys are named: 10-12% off their exponents, about
+#: 1.2% of their bytes, for about half their coding speed), and ``sign2d`` on lowest planes
+#: whose row width predicts most signs (first moments whose embedding rows see no tokens:
+#: ~1%). Planes where none pays cost 15-23% more coding time for the measurements
+#: (BENCHMARKS.md), which keeps the default near the speed of the storage users write to.
 CONTEXT_LEVEL = 10
 
 
