@@ -18,7 +18,9 @@ input buffer is compared before and after ``compress`` (it reorders it in place)
 
 z4ai ``effort="max"`` codes at well under 1 MB/s: it runs on ``--max-subset`` bytes of each file's
 tensors only (the first tensors, whole, up to that many bytes), and its row says so; its ratio
-is over that subset. Usage (a few minutes on two cores)::
+is over that subset, beside z4ai's default and ckptz ``--level 19``'s coder on the same
+tensors (``default_ratio_on_subset``, ``ckptz_level_19_ratio_on_subset``: payload bytes, no
+container). Usage (a few minutes on two cores)::
 
     PYTHONPATH=. python bench/peers.py [--steps 150] [--threads 2] [--json bench/results/ratios-DATE.json]
 """
@@ -274,9 +276,35 @@ def run_z4ai_max(blob: bytes, threads: int, subset: int) -> tuple[int, float, fl
     extra = {
         "subset_bytes": total,
         "default_ratio_on_subset": round(total / default, 4),
+        "ckptz_level_19_ratio_on_subset": round(total / ckptz_payload_bytes(chosen, 19), 4),
         "_original": original,
     }
     return sum(map(len, frames)), c_s, d_s, back, extra
+
+
+def ckptz_payload_bytes(tensors: list[tuple[str, bytes]], level: int) -> int:
+    """Bytes of ckptz's payloads for ``(safetensors dtype, bytes)`` tensors, each dtype's
+    tensors as one stream (in order) coded in the CPU engine's frames at ``level``: the
+    coder's share of a container, without its header and index."""
+    from ckptz.codecs.frames import encode_frame
+    from ckptz.container import StreamInfo
+    from ckptz.dtypes import SAFETENSORS_TYPES, lookup
+    from ckptz.engines.cpu import CpuEngine
+
+    streams: dict[str, list[bytes]] = {}
+    for dt, raw in tensors:
+        streams.setdefault(dt, []).append(raw)
+    total = 0
+    with CpuEngine(1, level) as engine:
+        for dt, parts in streams.items():
+            dtype = lookup(SAFETENSORS_TYPES.get(dt, "uint8"))
+            data = np.frombuffer(b"".join(parts), np.uint8)
+            stream = StreamInfo(0, "tensors", dt, dtype.word, dtype.is_float, engine.frame_size, data.size, 1)
+            options = engine.options_for(stream)
+            for at in range(0, data.size, engine.frame_size):
+                frame = data[at : at + engine.frame_size]
+                total += sum(len(c.payload) for c in encode_frame(frame, dtype, options))
+    return total
 
 
 def run_bigsmall(path: Path, mode: str, threads: int) -> tuple[int, float, float, bytes, dict[str, Any]]:

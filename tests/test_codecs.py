@@ -315,4 +315,22 @@ def test_cpu_engine_tries_order1_exponents_on_every_float_stream_from_context_le
     with CpuEngine(1, level=CONTEXT_LEVEL) as engine:
         for component in ("optimizer.exp_avg_sq", "optimizer.exp_avg", "gradients", "weights", "other"):
             assert engine.options_for(stream(component)).context_exponents, component
+            assert not engine.options_for(stream(component)).measured_contexts, component
         assert not engine.options_for(stream("other", "int32", rotate=False)).context_exponents
+
+
+def test_cpu_engine_measures_contexts_below_context_level_on_float_streams() -> None:
+    """Below CONTEXT_LEVEL every float stream, whatever its component, measures whether
+    contexts pay; integer streams never do, nor does a coder that turns it off (the GPU
+    engine's coder of its metadata frames)."""
+
+    def stream(component: str, dtype: str = "float32", rotate: bool = True) -> StreamInfo:
+        return StreamInfo(0, component, dtype, 4, rotate, 1 << 20, 0, 0)
+
+    for level in (1, 3, CONTEXT_LEVEL - 1):
+        with CpuEngine(1, level=level) as engine:
+            for component in ("optimizer.exp_avg_sq", "weights", "other"):
+                assert engine.options_for(stream(component)).measured_contexts, (level, component)
+            assert not engine.options_for(stream("other", "int32", rotate=False)).measured_contexts
+        with CpuEngine(1, level=level, measured_contexts=False) as engine:
+            assert engine.options_for(stream("optimizer.exp_avg_sq")) == EncodeOptions(level=level)

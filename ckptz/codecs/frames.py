@@ -12,18 +12,21 @@ This is the CPU frame coder. Per plane, cheapest first:
    whose ends follow the plane's statistics, 0.2-1.6% smaller than deflate and decoded
    2-3x faster. Where the sample is at least 20% zeros (a fine-tune's unseen rows)
    level-``level`` zstd is tried as well. With
-   ``context_exponents`` (the CPU engine sets it on float streams from ``--level`` 10),
+   ``context_exponents`` (the CPU engine sets it on float streams from ``--level`` 10;
+   below, ``measured_contexts`` sets it per plane where a sparse sample of the plane's byte
+   pairs estimates that order-1 contexts save clearly: Adam second moments),
    ``huff1`` is tried too: each exponent coded given the bucket of the one before it
    (:mod:`ckptz.codecs.order1`), and ``huff2d``, each exponent's residual from a prediction
    by its neighbours in the row and the row above (:mod:`ckptz.codecs.order2d`), which
-   stands in for ``huff1`` where it is smaller (Adam second moments); and with the same
+   stands in for ``huff1`` where it is smaller (Adam second moments); and with either
    option a float's lowest plane (its sign in bit 0) tries ``sign2d``, each sign coded given
    the signs left, up and up-left (:mod:`ckptz.codecs.sign2d`), kept where it saves the
    margin over the plane's other coding (first moments of rows that move together);
 4. any other plane in which only ``k`` bit positions vary and that has about ``k`` bits of
    entropy (sign bits of bf16-exact fp32, ``exp_avg_sq``'s low plane) is ``bitpack``-ed;
 5. any other plane (zero runs, 7-bit mantissas) gets ``zstd``; a low-entropy one that is
-   not mostly zeros (sign bits) Huffman-coded zstd too;
+   not mostly zeros (sign bits) Huffman-coded zstd too, and so does any plane not mostly
+   zeros of a float coded with either context option (mantissas that are not noise);
 
 and any coded chunk not smaller than its plane is stored ``raw`` instead. The ``ctx``
 bitstream (neighbour-context coding) still decodes but is no longer chosen: on trained
@@ -68,6 +71,19 @@ ZSTD_ZEROS = 0.2
 #: Share of the best order-0 payload that ``huff1`` must save to be chosen: it decodes
 #: 2-3x slower (bench/context.py), so a tie goes to the faster bitstream.
 CONTEXT_MARGIN = 0.01
+#: With ``measured_contexts``, the estimated saving of order-1 buckets over one table
+#: (:func:`ckptz.codecs.order1.saving`, a sparse sample) from which an exponent plane tries
+#: ``huff1`` and ``huff2d``: Adam second moments score 0.29-0.4 and come out 10-12% smaller
+#: than Huffman coding alone; first moments score 0.11-0.13 and weights 0.01-0.04, where
+#: ``huff1`` saves at most ~1% and would cost 2.5x the plane's coding time (first moments
+#: whose embedding rows see no tokens score ~0.27 and save ~3%).
+CLEAR_CONTEXT_SAVING = 0.2
+#: With ``measured_contexts``, the most sampled signs that ``sign2d``'s row width may
+#: mispredict for a lowest plane to be coded with it: first moments of embedding rows that
+#: see no tokens miss ~0.27 (the plane 4% smaller), weights and first moments of a run over
+#: the whole vocabulary 0.42-0.43 where a width is found at all (about 1% of the plane, for
+#: a third of a frame's coding and decoding time).
+CLEAR_SIGN_MISS = 0.35
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
 BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
@@ -88,10 +104,19 @@ class EncodeOptions:
             given the one before it) and ``huff2d`` (given its row neighbours) on exponent
             planes, and ``sign2d`` (signs given the row above) on a float's lowest plane, and
             keep the smaller payload.
+        measured_contexts: as ``context_exponents``, but an exponent plane tries ``huff1``
+            and ``huff2d`` only where a sparse sample estimates that order-1 contexts save at
+            least :data:`CLEAR_CONTEXT_SAVING` (Adam second moments), and a lowest plane
+            ``sign2d`` only where the row width found mispredicts at most
+            :data:`CLEAR_SIGN_MISS` of the sampled signs; the measurements cost a few percent
+            of the coding time of the planes that do not pay. Either option also tries
+            Huffman coding beside zstd on a float's planes that are neither noise nor
+            mostly zeros.
     """
 
     level: int = 3
     context_exponents: bool = False
+    measured_contexts: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +207,10 @@ def encode_plane(
             becomes without a copy (else it is copied out of ``plane``).
     """
     chunk = _encode_plane(plane, options, exponent=exponent, stats=stats, owned=owned)
-    if signs and options.context_exponents and plane.size:
+    if signs and (options.context_exponents or options.measured_contexts) and plane.size:
         # Row-predicted signs replace the plane's choice only where they save the margin a
         # slower decoder must; declined (None) where no row width predicts the signs.
-        signed = sign2d.encode(plane)
+        signed = sign2d.encode(plane, most_miss=1.0 if options.context_exponents else CLEAR_SIGN_MISS)
         if signed is not None and len(signed) < (1 - CONTEXT_MARGIN) * len(chunk.payload):
             return EncodedChunk(_SIGN2D.id, plane.size, signed)
     return chunk
@@ -215,7 +240,9 @@ def _encode_plane(
         # Zero runs: level-3 matching wins where they fill whole rows (optimizer states of a
         # fine-tune).
         candidates: list[Codec] = [_HUFFMAN, zstd] if zeros >= ZSTD_ZEROS else [_HUFFMAN]
-        context = options.context_exponents
+        context = options.context_exponents or (
+            options.measured_contexts and order1.saving(plane) >= CLEAR_CONTEXT_SAVING
+        )
     else:
         fixed = stats.fixed
         if fixed and 8 - bin(fixed).count("1") < bits + PACK_SLACK:
@@ -226,8 +253,11 @@ def _encode_plane(
             return EncodedChunk(_BITPACK.id, size, payload)
         # A low-entropy plane without long zero runs (the sign bits of bf16-exact fp32) is
         # where zstd's short LZ matches cost more than Huffman's one bit per byte: literal
-        # zstd is within 0.3% of deflate there, at twice its speed.
-        candidates = [zstd, _HUFFMAN] if bits < LOW_BITS and zeros < RUN_SHARE else [zstd]
+        # zstd is within 0.3% of deflate there, at twice its speed. A float's coder with
+        # either context option tries it on every such plane: block-adaptive Huffman codes
+        # mantissa bytes that are not noise (a MiniLM's) 1.5-5% below level-3 zstd.
+        low = bits < LOW_BITS or options.context_exponents or options.measured_contexts
+        candidates = [zstd, _HUFFMAN] if low and zeros < RUN_SHARE else [zstd]
     ordered, ordered_id = None, _ORDER1.id
     if context:
         # huff1 decodes at a third to half the speed of Huffman-coded zstd, so it must save

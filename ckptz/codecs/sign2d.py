@@ -42,11 +42,13 @@ from ckptz.codecs.native import native
 from ckptz.errors import CodecError
 
 
-def encode(data: np.ndarray, width: int = 0) -> bytes | None:
+def encode(data: np.ndarray, width: int = 0, most_miss: float = 1.0) -> bytes | None:
     """``data``'s payload with rows of ``width`` bytes (0: the encoder finds the width), or
     None where no width predicts the signs better than the left one, or the residual's
-    Huffman table cannot be described: the coders then leave ``sign2d`` out."""
-    payload: bytes | None = native.sign2d_encode(np.ascontiguousarray(data, dtype=np.uint8), width)
+    Huffman table cannot be described: the coders then leave ``sign2d`` out. A width it
+    finds that mispredicts more than ``most_miss`` of the sampled signs is declined too,
+    before the plane is coded."""
+    payload: bytes | None = native.sign2d_encode(np.ascontiguousarray(data, dtype=np.uint8), width, most_miss)
     return payload
 
 

@@ -51,18 +51,20 @@ CPU_FRAME_SIZE = 4 << 20
 #: many threads sharing one GIL code faster both ways.
 CPU_LARGEST_FRAME = 16 << 20
 
-#: ``--level`` from which every float stream's exponent planes also try ``huff1`` (each
-#: exponent coded given the bucket of the one before it), kept per plane only where it saves
-#: :data:`~ckptz.codecs.frames.CONTEXT_MARGIN`: Adam's second moments come out 0.5-0.7%
-#: smaller (bench/context.py, BENCHMARKS.md) whatever their keys are named, and weights keep
-#: block-adaptive Huffman. Not by default: those frames code and decode ~45% slower for
-#: 0.5-0.7% of their size, and the CPU path (3.6 GB/s on 16 cores) is slower than the
-#: storage users write to (5-26 GB/s per node), so by default the time costs more than the
-#: bytes save. The same planes also try ``huff2d`` (each exponent's residual from its row
-#: neighbours and the row above): second moments' exponent planes then shrink 12-15% below
-#: ``huff1``'s, about 1.2-1.4% of their bytes (bench/moment_contexts.py); and a float's
-#: lowest plane tries ``sign2d`` (signs given the row above): ~1% of first moments whose
-#: embedding rows see no tokens.
+#: ``--level`` from which every float stream's exponent planes try ``huff1`` (each exponent
+#: coded given the bucket of the one before it) and ``huff2d`` (its residual from its row
+#: neighbours and the row above), and its lowest plane ``sign2d`` (signs given the row above),
+#: each kept per plane only where it saves :data:`~ckptz.codecs.frames.CONTEXT_MARGIN`: an
+#: archive level, which spends the coding time on every plane (frames code 2-4x slower).
+#:
+#: Below it, float streams try the same coders only where a cheap measurement says they pay
+#: (:attr:`~ckptz.codecs.frames.EncodeOptions.measured_contexts`): ``huff1`` and ``huff2d``
+#: on exponent planes whose sparsely sampled byte pairs estimate a clear order-1 saving
+#: (Adam's second moments, whatever their keys are named: 10-12% off their exponents, about
+#: 1.2% of their bytes, for about half their coding speed), and ``sign2d`` on lowest planes
+#: whose row width predicts most signs (first moments whose embedding rows see no tokens:
+#: ~1%). Planes where none pays cost 15-23% more coding time for the measurements
+#: (BENCHMARKS.md), which keeps the default near the speed of the storage users write to.
 CONTEXT_LEVEL = 10
 
 
@@ -84,11 +86,17 @@ class CpuEngine:
     #: A frame at a time: each is decoded by the reader thread that read it.
     span_bytes = 0
 
-    def __init__(self, threads: int | None = None, level: int = 3) -> None:
+    def __init__(self, threads: int | None = None, level: int = 3, *, measured_contexts: bool = True) -> None:
+        """``measured_contexts``: below :data:`CONTEXT_LEVEL`, float streams try the context
+        coders where a sample says they pay (the GPU engine's coder of its metadata frames
+        turns it off, so that its containers stay those it has always written)."""
         self.threads = max(1, threads or os.cpu_count() or 1)
         self.look_ahead = 2 * self.threads + 4
         self.options = EncodeOptions(level=level)
-        self._context = replace(self.options, context_exponents=level >= CONTEXT_LEVEL)
+        context = level >= CONTEXT_LEVEL
+        self._context = replace(
+            self.options, context_exponents=context, measured_contexts=measured_contexts and not context
+        )
 
     @property
     def restore_ahead(self) -> int:
@@ -96,9 +104,10 @@ class CpuEngine:
         return self.look_ahead
 
     def options_for(self, stream: StreamInfo) -> EncodeOptions:
-        """Order-1 exponents tried too on float streams from :data:`CONTEXT_LEVEL`: the
-        measured sizes of each plane decide, not the component its key names, which the
-        same tensor saved under other keys would not share."""
+        """Order-1 exponents tried too on float streams from :data:`CONTEXT_LEVEL` (below it,
+        where a sample says they pay): the measured sizes of each plane decide, not the
+        component its key names, which the same tensor saved under other keys would not
+        share."""
         return self._context if stream.rotate else self.options
 
     def _encode(self, stream: StreamInfo, data: np.ndarray, checksum: int) -> EncodedFrame:

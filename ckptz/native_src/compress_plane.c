@@ -48,12 +48,20 @@ enum { CC_OFFSET, CC_SIZE, CC_RAW, CC_CHECKSUM, CC_CODEC, CC_PLANE, CC_COLS };
 /* ckptz/codecs/frames.py's thresholds, in the order native_compress.py passes them: the
  * plane's choices follow them to the bit, and they are written down once, there. */
 enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PACK_SLACK, RULE_LOW_BITS,
-       RULE_RUN_SHARE, RULE_CONTEXT_MARGIN, RULE_BLOCK, RULE_COUNT };
+       RULE_RUN_SHARE, RULE_CONTEXT_MARGIN, RULE_BLOCK, RULE_CLEAR_SAVING,
+       RULE_CLEAR_MISS, RULE_COUNT };
 
 /* A frame's FR_ROTATE column here: bit 0, its words are floats; bit 1, its exponents are
  * also tried in order-1 coding (frames.py's context_exponents); bit 2, its planes are coded
- * on the GPU (compress_gpu.c; the others of a GPU run are coded here, as on the CPU). */
-enum { ROTATE_FLOAT = 1, ROTATE_CONTEXT = 2, ROTATE_GPU = 4 };
+ * on the GPU (compress_gpu.c; the others of a GPU run are coded here, as on the CPU); bit 3,
+ * its exponents are tried so only where a sparse sample says order-1 contexts save clearly,
+ * and its signs row-predicted (frames.py's measured_contexts). */
+enum { ROTATE_FLOAT = 1, ROTATE_CONTEXT = 2, ROTATE_GPU = 4, ROTATE_MEASURED = 8 };
+
+/* How plane_code tries the contextual coders on an exponent plane: not at all, always, or
+ * where order1_saving() reaches the plan's RULE_CLEAR_SAVING (and plane_code_signs sign2d:
+ * not at all, always, or where its width mispredicts at most RULE_CLEAR_MISS). */
+enum { CONTEXT_NONE, CONTEXT_ALWAYS, CONTEXT_MEASURED };
 
 /* nvCOMP ANS codes chunks of at most this many bytes. */
 #define GPU_LARGEST_PLANE ((int64_t)16 << 20)
@@ -214,7 +222,8 @@ static size_t plane_try(coder_t *w, int which, uint8_t *dst, const uint8_t *plan
 
 /* Codes one non-empty plane as frames.encode_plane does: *out points at
  * `slot` (a payload made there, plane_room(n) bytes) or at the plane itself (stored raw).
- * Returns 0 where zstd failed (*error_out: its error code). */
+ * `context` (CONTEXT_*) says whether an exponent plane tries huff1 and huff2d. Returns 0
+ * where zstd failed (*error_out: its error code). */
 static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, int context, double bits,
                       double zeros, uint8_t ones, uint8_t any, uint8_t *slot, payload_t *out, int64_t *error_out) {
     const double *rule = w->plan->rules;
@@ -243,7 +252,8 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
             return 1;
         }
         tries[count++] = TRY_ZSTD;
-        if (bits < rule[RULE_LOW_BITS] && zeros < rule[RULE_RUN_SHARE]) tries[count++] = TRY_HUFFMAN;
+        if ((bits < rule[RULE_LOW_BITS] || context != CONTEXT_NONE) && zeros < rule[RULE_RUN_SHARE])
+            tries[count++] = TRY_HUFFMAN;
     }
     /* Order-1 exponents as frames.encode_plane tries them: they decode slower, so they must
      * save the margin; against Huffman coding alone, a saving below the entropy of the
@@ -254,8 +264,9 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
     size_t ordered_size = 0;
     int ordered_codec = CODEC_HUFF1;
     double keep = 1 - rule[RULE_CONTEXT_MARGIN];
+    int segments = n >= (1u << 17) ? 8 : n >= (1u << 15) ? 4 : 1;
+    if (exponent && context == CONTEXT_MEASURED) context = order1_saving(plane, n, segments) >= rule[RULE_CLEAR_SAVING];
     if (exponent && context) { /* exponent planes only, as in frames.encode_plane */
-        int segments = n >= (1u << 17) ? 8 : n >= (1u << 15) ? 4 : 1;
         ordered_size = order1_encode(plane, n, segments, 1, &ordered);
         uint8_t *rowed = NULL;
         size_t rowed_size = order2d_encode(plane, n, segments, 0, &rowed);
@@ -297,10 +308,14 @@ static int plane_code(coder_t *w, const uint8_t *plane, size_t n, int exponent, 
 }
 
 /* Row-predicted signs (sign2d.c) for a float's lowest plane, in place of plane_code's
- * payload where they save the margin a slower decoder must, as frames.encode_plane does. */
-static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, uint8_t *slot, payload_t *out) {
+ * payload where they save the margin a slower decoder must, as frames.encode_plane does;
+ * with CONTEXT_MEASURED, only where the width found mispredicts at most RULE_CLEAR_MISS of
+ * the sampled signs. */
+static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, int context, uint8_t *slot,
+                             payload_t *out) {
     uint8_t *signs = NULL;
-    size_t size = sign2d_encode(plane, n, 0, &signs);
+    double most_miss = context == CONTEXT_MEASURED ? w->plan->rules[RULE_CLEAR_MISS] : 1.0;
+    size_t size = sign2d_encode(plane, n, 0, most_miss, &signs);
     if (size && (double)size < (1 - w->plan->rules[RULE_CONTEXT_MARGIN]) * (double)out->len) {
         memcpy(slot, signs, size);
         *out = (payload_t){CODEC_SIGN2D, slot, size};
@@ -511,7 +526,9 @@ static void split_frame(const compress_plan_t *p, const int64_t *f, const uint8_
 static int code_planes(coder_t *w, int64_t i, const split_t *s, uint8_t *out, payload_t *payloads) {
     const int64_t *f = w->plan->frames + i * FR_COLS;
     int word = (int)f[FR_WORD], is_float = (int)(f[FR_ROTATE] & ROTATE_FLOAT);
-    int context = (int)(f[FR_ROTATE] & ROTATE_CONTEXT) != 0;
+    int context = f[FR_ROTATE] & ROTATE_CONTEXT ? CONTEXT_ALWAYS
+                  : f[FR_ROTATE] & ROTATE_MEASURED ? CONTEXT_MEASURED
+                                                    : CONTEXT_NONE;
     size_t n = s->n, room = plane_room(n);
     for (int k = 0; k < word; k++) {
         int64_t error = 0;
@@ -520,8 +537,8 @@ static int code_planes(coder_t *w, int64_t i, const split_t *s, uint8_t *out, pa
         } else if (!plane_code(w, s->planes[k], n, is_float && k == word - 1, context, s->bits[k], s->zeros[k],
                                s->ones[k], s->any[k], out + (size_t)k * room, &payloads[k], &error)) {
             return compress_fail(w->plan, PLANE_CODER, i, error), 0;
-        } else if (is_float && k == 0 && context) {
-            plane_code_signs(w, s->planes[k], n, out + (size_t)k * room, &payloads[k]);
+        } else if (is_float && k == 0 && context != CONTEXT_NONE) {
+            plane_code_signs(w, s->planes[k], n, context, out + (size_t)k * room, &payloads[k]);
         }
     }
     return 1;
@@ -722,7 +739,7 @@ static const char *compress_check(compress_plan_t *p) {
         const int64_t *f = p->frames + i * FR_COLS;
         int64_t word = f[FR_WORD], length = f[FR_LENGTH];
         if ((word != 1 && word != 2 && word != 4 && word != 8) || f[FR_ROTATE] < 0 ||
-            f[FR_ROTATE] > (ROTATE_FLOAT | ROTATE_CONTEXT | (p->gpu ? ROTATE_GPU : 0)))
+            (f[FR_ROTATE] & ~(int64_t)(ROTATE_FLOAT | ROTATE_CONTEXT | ROTATE_MEASURED | (p->gpu ? ROTATE_GPU : 0))))
             return "frame of an unknown word size";
         if ((f[FR_ROTATE] & ROTATE_GPU) && p->gpu_codec != CODEC_ZSTD && length / word > GPU_LARGEST_PLANE)
             return "plane too large for nvCOMP ANS";

@@ -24,11 +24,12 @@
  *   order1_encode(src, segments, contextual_only)
  *                                       a ckptz.codecs.order1 payload (exponents grouped by
  *                                       the preceding byte's bucket), or None
+ *   order1_saving(src, segments)        the share order-1 buckets would save (a sparse sample)
  *   order1_decode(payload, out)         one, decoded; False to leave it to the Python codec
  *   order2d_encode(src, segments, width) a ckptz.codecs.order2d payload (exponents predicted
  *                                       from the row above, residuals grouped), or None
  *   order2d_decode(payload, out)        one, decoded; False if it is malformed
- *   sign2d_encode(src, width)           a ckptz.codecs.sign2d payload (sign bits predicted from
+ *   sign2d_encode(src, width, most_miss) a ckptz.codecs.sign2d payload (sign bits predicted from
  *                                       the row above, the mantissa bits packed), or None
  *   sign2d_decode(payload, out)         one, decoded; False if it is malformed
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
@@ -460,6 +461,28 @@ done:
     return result;
 }
 
+/* order1_saving(src, segments) -> the share of an order-0 code that order-1 buckets are
+ * estimated to save on src, from a sparse sample of its pairs. */
+static PyObject *native_order1_saving(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    int segments;
+    if (!PyArg_ParseTuple(args, "y*i", &src, &segments)) return NULL;
+    PyObject *result = NULL;
+    if (segments < 1 || segments > O1_MAX_SEGMENTS || (size_t)src.len > 0xFFFFFFFFu) {
+        PyErr_Format(PyExc_ValueError, "%d segments of %zd bytes: expected 1 to %d, under 4 GiB", segments, src.len,
+                     O1_MAX_SEGMENTS);
+        goto done;
+    }
+    float saving;
+    Py_BEGIN_ALLOW_THREADS;
+    saving = order1_saving(src.buf, (size_t)src.len, segments);
+    Py_END_ALLOW_THREADS;
+    result = saving < 0 ? PyErr_NoMemory() : PyFloat_FromDouble((double)saving);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
 /* blocked_entropy(src, sub) -> the sum of the order-0 entropies of src's blocks of `sub`
  * bytes, in bytes. */
 static PyObject *native_blocked_entropy(PyObject *self, PyObject *args) {
@@ -555,13 +578,15 @@ static PyObject *native_order2d_decode(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* sign2d_encode(src, width=0) -> a ckptz.codecs.sign2d payload, or None where no row width
- * predicts the sign bits (width 0: the encoder searches one) or the residual's table cannot
+/* sign2d_encode(src, width=0, most_miss=1.0) -> a ckptz.codecs.sign2d payload, or None where
+ * no row width predicts the sign bits (width 0: the encoder searches one; also where the one
+ * found mispredicts more than most_miss of the sampled signs) or the residual's table cannot
  * be described. */
 static PyObject *native_sign2d_encode(PyObject *self, PyObject *args) {
     Py_buffer src;
     Py_ssize_t width = 0;
-    if (!PyArg_ParseTuple(args, "y*|n", &src, &width)) return NULL;
+    double most_miss = 1.0;
+    if (!PyArg_ParseTuple(args, "y*|nd", &src, &width, &most_miss)) return NULL;
     PyObject *result = NULL;
     if ((size_t)src.len > 0xFFFFFFFFu || width < 0 || (size_t)width > 0xFFFFFFFFu) {
         PyErr_Format(PyExc_ValueError, "%zd bytes, width %zd: expected under 4 GiB", src.len, width);
@@ -570,7 +595,7 @@ static PyObject *native_sign2d_encode(PyObject *self, PyObject *args) {
     uint8_t *buf;
     size_t size;
     Py_BEGIN_ALLOW_THREADS;
-    size = sign2d_encode(src.buf, (size_t)src.len, (size_t)width, &buf);
+    size = sign2d_encode(src.buf, (size_t)src.len, (size_t)width, most_miss, &buf);
     Py_END_ALLOW_THREADS;
     result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
     free(buf);
@@ -1550,6 +1575,8 @@ static PyMethodDef methods[] = {
      "reference word's exponent)."},
     {"order1_encode", native_order1_encode, METH_VARARGS,
      "order1_encode(src, segments, contextual_only=False): a ckptz.codecs.order1 payload of src, or None."},
+    {"order1_saving", native_order1_saving, METH_VARARGS,
+     "order1_saving(src, segments): the share of an order-0 code that order-1 buckets are estimated to save."},
     {"order1_decode", native_order1_decode, METH_VARARGS,
      "order1_decode(payload, out): decode an order1 payload into out; False if malformed or a group needs libzstd."},
     {"order2d_encode", native_order2d_encode, METH_VARARGS,
@@ -1557,7 +1584,7 @@ static PyMethodDef methods[] = {
     {"order2d_decode", native_order2d_decode, METH_VARARGS,
      "order2d_decode(payload, out): decode an order2d payload into out; False if malformed."},
     {"sign2d_encode", native_sign2d_encode, METH_VARARGS,
-     "sign2d_encode(src, width=0): a ckptz.codecs.sign2d payload of src, or None."},
+     "sign2d_encode(src, width=0, most_miss=1.0): a ckptz.codecs.sign2d payload of src, or None."},
     {"sign2d_decode", native_sign2d_decode, METH_VARARGS,
      "sign2d_decode(payload, out): decode a sign2d payload into out; False if malformed."},
     {"compress_plan", native_compress_plan, METH_VARARGS,

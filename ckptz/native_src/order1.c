@@ -32,6 +32,9 @@
  * groups: half of the 1% huff1 must save to be chosen (frames.CONTEXT_MARGIN), since the
  * estimate comes from a sample of the pairs. */
 #define O1_LEAST_SAVING 0.005f
+/* Runs of O1_RUN bytes, spread over the plane, that order1_saving() estimates from: a
+ * sixteenth of a 1 MiB plane, few enough that a coder may ask it of every exponent plane. */
+#define O1_SPARSE_RUNS 64
 
 /* Little-endian u32s. */
 static uint32_t o1_get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
@@ -142,25 +145,55 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
 
 /* ---------------------------------------------------------------- encoding */
 
-/* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its size,
- * or 0 if a group's frame cannot be written (a table zstd cannot describe) or memory ran
- * out. `segments` is 1 to O1_MAX_SEGMENTS. With `contextual_only`, also 0 where the pair
- * counts estimate a saving below O1_LEAST_SAVING: no context pays there (dense weights, and
- * frames of several weight tensors), and declining before the grouping and coding spares a
- * coder that tries huff1 on every float most of its cost. */
-static size_t order1_encode(const uint8_t *src, size_t n, int segments, int contextual_only, uint8_t **out) {
+/* map[v]: the bucket of byte value v, for buckets starting at starts[0..buckets). */
+static void o1_bucket_map(const uint8_t *starts, int buckets, uint8_t *map) {
+    for (int v = 0, k = 0; v < 256; v++) {
+        while (k + 1 < buckets && v >= starts[k + 1]) k++;
+        map[v] = (uint8_t)k;
+    }
+}
+
+/* A huff1-shaped payload (after `prefix` bytes left for the caller) into a new buffer
+ * (*out, free()d by the caller) from its groups: group k is count[k] bytes of grouped[],
+ * groups end to end, each segment's share of it (seg_count[s][k]) in segment order. Writes
+ * each group's literal frame, then the header before them; returns the payload's size with
+ * the prefix, or 0 where a group's frame cannot be written or memory ran out. */
+static size_t o1_write_groups(const uint8_t *grouped, int buckets, int segments, const uint8_t *starts,
+                              const uint32_t *count, const uint32_t (*seg_count)[O1_MAX_BUCKETS], size_t prefix,
+                              uint8_t **out) {
     *out = NULL;
-    if (n > 0xFFFFFFFFu || segments < 1 || segments > O1_MAX_SEGMENTS) return 0;
-    uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
-    uint8_t *grouped = malloc(n ? n : 1);
-    size_t size = 0;
-    uint8_t *buf = NULL;
-    if (!pairs || !grouped) goto done;
-    size_t len = o1_segment_len(n, segments);
-    /* The buckets are chosen from a sample of the pairs (every fourth run of O1_RUN bytes
-     * of a large plane): the choice needs their shape, not exact counts. */
-    uint32_t rows[256] = {0}, hist[256];
-    size_t stride = n >= 16 * O1_RUN * O1_SAMPLE ? O1_RUN * O1_SAMPLE : O1_RUN;
+    size_t head = prefix + o1_header_size(buckets, segments), cap = head;
+    for (int k = 0; k < buckets; k++) cap += frame_capacity(count[k], 0);
+    uint8_t *buf = malloc(cap);
+    if (!buf) return 0;
+    uint8_t *op = buf + head;
+    uint32_t frame_size[O1_MAX_BUCKETS];
+    for (int k = 0; k < buckets; k++) {
+        size_t got = count[k] ? write_frame(op, grouped, count[k], 0) : 0;
+        if (count[k] && !got) return free(buf), 0;
+        frame_size[k] = (uint32_t)got;
+        grouped += count[k];
+        op += got;
+    }
+    uint8_t *hp = buf + prefix;
+    *hp++ = O1_VERSION;
+    *hp++ = (uint8_t)buckets;
+    *hp++ = (uint8_t)segments;
+    *hp++ = 0;
+    for (int k = 1; k < buckets; k++) *hp++ = starts[k];
+    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, count[k]);
+    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, frame_size[k]);
+    for (int s = 0; s + 1 < segments; s++)
+        for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, seg_count[s][k]);
+    *out = buf;
+    return (size_t)(op - buf);
+}
+
+/* Pair counts (row: the preceding byte, 0 at a segment's start; column: the byte) of runs
+ * of O1_RUN bytes starting every `stride` bytes into the zeroed `pairs`, and each row's
+ * total into rows; returns the share of the plane sampled. `len` is the segments' length. */
+static float o1_sample_pairs(const uint8_t *src, size_t n, size_t len, size_t stride, uint32_t (*pairs)[256],
+                             uint32_t *rows) {
     for (size_t a = 0; a < n; a += stride) {
         size_t b = a + O1_RUN < n ? a + O1_RUN : n, s = a / len;
         uint8_t prev = a == s * len ? 0 : src[a - 1];
@@ -177,15 +210,51 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, int cont
         rows[v] = t;
         sampled += t;
     }
+    return n ? (float)sampled / (float)n : 1;
+}
+
+/* The share of one bucket's estimated cost that order-1 buckets save on n bytes cut into
+ * `segments` (o1_choose's saving), from a sparse sample of the pairs: a cheap measurement of
+ * whether contexts may pay, which a coder asks before it tries huff1 at all (-1 where memory
+ * ran out). */
+static float order1_saving(const uint8_t *src, size_t n, int segments) {
+    if (segments < 1 || segments > O1_MAX_SEGMENTS) return -1;
+    uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
+    if (!pairs) return -1;
+    uint32_t rows[256];
+    size_t stride = n / O1_SPARSE_RUNS / O1_RUN * O1_RUN;
+    float scale = o1_sample_pairs(src, n, o1_segment_len(n, segments), stride > O1_RUN ? stride : O1_RUN, pairs, rows);
+    float saving;
+    uint8_t starts[O1_MAX_BUCKETS + 1];
+    o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, starts, &saving);
+    free(pairs);
+    return saving;
+}
+
+/* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its size,
+ * or 0 if a group's frame cannot be written (a table zstd cannot describe) or memory ran
+ * out. `segments` is 1 to O1_MAX_SEGMENTS. With `contextual_only`, also 0 where the pair
+ * counts estimate a saving below O1_LEAST_SAVING: no context pays there (dense weights, and
+ * frames of several weight tensors), and declining before the grouping and coding spares a
+ * coder that tries huff1 on every float most of its cost. */
+static size_t order1_encode(const uint8_t *src, size_t n, int segments, int contextual_only, uint8_t **out) {
+    *out = NULL;
+    if (n > 0xFFFFFFFFu || segments < 1 || segments > O1_MAX_SEGMENTS) return 0;
+    uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
+    uint8_t *grouped = malloc(n ? n : 1);
+    size_t size = 0;
+    if (!pairs || !grouped) goto done;
+    size_t len = o1_segment_len(n, segments);
+    /* The buckets are chosen from a sample of the pairs (every fourth run of O1_RUN bytes
+     * of a large plane): the choice needs their shape, not exact counts. */
+    uint32_t rows[256], hist[256];
+    size_t stride = n >= 16 * O1_RUN * O1_SAMPLE ? O1_RUN * O1_SAMPLE : O1_RUN;
+    float scale = o1_sample_pairs(src, n, len, stride, pairs, rows);
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
     float saving;
-    int buckets =
-        o1_choose((const uint32_t(*)[256])pairs, rows, n ? (float)sampled / (float)n : 1, segments, starts, &saving);
+    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, starts, &saving);
     if (contextual_only && saving < O1_LEAST_SAVING) goto done;
-    for (int v = 0, k = 0; v < 256; v++) {
-        while (k + 1 < buckets && v >= starts[k + 1]) k++;
-        map[v] = (uint8_t)k;
-    }
+    o1_bucket_map(starts, buckets, map);
     /* each segment's share of each group: the counts of its preceding bytes (its byte
      * histogram, less its last byte, plus the 0 before its first) */
     uint32_t count[O1_MAX_BUCKETS] = {0}, seg_count[O1_MAX_SEGMENTS][O1_MAX_BUCKETS] = {{0}};
@@ -230,34 +299,11 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, int cont
             prev[s] = src[i];
         }
     }
-    size_t head = o1_header_size(buckets, segments), cap = head;
-    for (int k = 0; k < buckets; k++) cap += frame_capacity(count[k], 0);
-    buf = malloc(cap);
-    if (!buf) goto done;
-    uint8_t *op = buf + head;
-    uint32_t frame_size[O1_MAX_BUCKETS];
-    for (int k = 0; k < buckets; k++) {
-        size_t got = count[k] ? write_frame(op, grouped + base[k], count[k], 0) : 0;
-        if (count[k] && !got) goto done;
-        frame_size[k] = (uint32_t)got;
-        op += got;
-    }
-    uint8_t *hp = buf;
-    *hp++ = O1_VERSION;
-    *hp++ = (uint8_t)buckets;
-    *hp++ = (uint8_t)segments;
-    *hp++ = 0;
-    for (int k = 1; k < buckets; k++) *hp++ = starts[k];
-    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, count[k]);
-    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, frame_size[k]);
-    for (int s = 0; s + 1 < segments; s++)
-        for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, seg_count[s][k]);
-    size = (size_t)(op - buf);
+    size = o1_write_groups(grouped, buckets, segments, starts, count, (const uint32_t(*)[O1_MAX_BUCKETS])seg_count, 0,
+                           out);
 done:
     free(pairs);
     free(grouped);
-    if (size) *out = buf;
-    else free(buf);
     return size;
 }
 

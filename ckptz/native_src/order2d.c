@@ -72,8 +72,9 @@ typedef uint64_t (*o2_miss_t)(const uint8_t *x, size_t n, size_t from, size_t w,
 
 /* The row width whose predictions `miss` least on the plane, or 0 where none beats the left
  * neighbour by O2_LEAST_GAIN (or the plane is too short to search). `segment` is its
- * segments' length. */
-static size_t o2_width(const uint8_t *x, size_t n, size_t segment, o2_miss_t o2_miss) {
+ * segments' length. Where a width is found, *mean_miss (if not NULL) is its miss per
+ * sampled position. */
+static size_t o2_width(const uint8_t *x, size_t n, size_t segment, o2_miss_t o2_miss, double *mean_miss) {
     size_t most = segment / 4 < O2_MAX_WIDTH ? segment / 4 : O2_MAX_WIDTH;
     most -= most % O2_WIDTH_STEP;
     if (most < O2_WIDTH_STEP || n < 2 * most + 2 * O2_RUN * O2_PROBES / 16) return 0;
@@ -108,11 +109,12 @@ static size_t o2_width(const uint8_t *x, size_t n, size_t segment, o2_miss_t o2_
             break;
         }
     uint64_t left = o2_miss(x, n, from, 0, fine);
+    if (mean_miss) *mean_miss = (double)least / (double)(fine * O2_RUN);
     return width && (double)least < O2_LEAST_GAIN * (double)left ? width : 0;
 }
 
 /* The row width that predicts the exponent plane best (o2_width), or 0. */
-static size_t order2d_width(const uint8_t *x, size_t n, size_t segment) { return o2_width(x, n, segment, o2_miss); }
+static size_t order2d_width(const uint8_t *x, size_t n, size_t segment) { return o2_width(x, n, segment, o2_miss, NULL); }
 
 /* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its
  * size, or 0 where no row width pays (width 0: searched), a group's frame cannot be
@@ -124,7 +126,6 @@ static size_t order2d_encode(const uint8_t *src, size_t n, int segments, size_t 
     if (!width && !(width = order2d_width(src, n, len))) return 0;
     uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
     uint8_t *pred = malloc(n ? n : 1), *resid = malloc(n ? n : 1), *grouped = malloc(n ? n : 1);
-    uint8_t *buf = NULL;
     size_t size = 0;
     if (!pairs || !pred || !resid || !grouped) goto done;
     for (int s = 0; s < segments; s++) {
@@ -145,10 +146,7 @@ static size_t order2d_encode(const uint8_t *src, size_t n, int segments, size_t 
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
     float saving;
     int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, 1, segments, starts, &saving);
-    for (int v = 0, k = 0; v < 256; v++) {
-        while (k + 1 < buckets && v >= starts[k + 1]) k++;
-        map[v] = (uint8_t)k;
-    }
+    o1_bucket_map(starts, buckets, map);
     uint32_t count[O1_MAX_BUCKETS] = {0}, seg_count[O1_MAX_SEGMENTS][O1_MAX_BUCKETS] = {{0}};
     for (int s = 0; s < segments; s++) {
         size_t a = (size_t)s * len < n ? (size_t)s * len : n, b = a + len < n ? a + len : n;
@@ -159,38 +157,14 @@ static size_t order2d_encode(const uint8_t *src, size_t n, int segments, size_t 
     size_t base[O1_MAX_BUCKETS];
     for (int k = 0; k < buckets; k++) at[k] = grouped + (base[k] = k ? base[k - 1] + count[k - 1] : 0);
     for (size_t i = 0; i < n; i++) *at[map[pred[i]]]++ = resid[i]; /* segment by segment, in order */
-    size_t head = 4 + o1_header_size(buckets, segments), cap = head;
-    for (int k = 0; k < buckets; k++) cap += frame_capacity(count[k], 0);
-    buf = malloc(cap);
-    if (!buf) goto done;
-    uint8_t *op = buf + head;
-    uint32_t frame_size[O1_MAX_BUCKETS];
-    for (int k = 0; k < buckets; k++) {
-        size_t got = count[k] ? write_frame(op, grouped + base[k], count[k], 0) : 0;
-        if (count[k] && !got) goto done;
-        frame_size[k] = (uint32_t)got;
-        op += got;
-    }
-    uint8_t *hp = buf;
-    o1_put32(hp, (uint32_t)width);
-    hp += 4;
-    *hp++ = O1_VERSION;
-    *hp++ = (uint8_t)buckets;
-    *hp++ = (uint8_t)segments;
-    *hp++ = 0;
-    for (int k = 1; k < buckets; k++) *hp++ = starts[k];
-    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, count[k]);
-    for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, frame_size[k]);
-    for (int s = 0; s + 1 < segments; s++)
-        for (int k = 0; k < buckets; k++, hp += 4) o1_put32(hp, seg_count[s][k]);
-    size = (size_t)(op - buf);
+    size = o1_write_groups(grouped, buckets, segments, starts, count, (const uint32_t(*)[O1_MAX_BUCKETS])seg_count, 4,
+                           out);
+    if (size) o1_put32(*out, (uint32_t)width);
 done:
     free(pairs);
     free(pred);
     free(resid);
     free(grouped);
-    if (size) *out = buf;
-    else free(buf);
     return size;
 }
 

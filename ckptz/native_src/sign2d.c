@@ -35,11 +35,14 @@ static const int S2_MANTISSA[7] = {1, 2, 3, 4, 5, 6, 7};
 
 /* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its
  * size, or 0 where no row width predicts the signs (width 0: searched), the residual's frame
- * cannot be written, or memory ran out. */
-static size_t sign2d_encode(const uint8_t *src, size_t n, size_t width, uint8_t **out) {
+ * cannot be written, or memory ran out. A searched width that mispredicts more than
+ * `most_miss` of the sampled signs is declined too, before the plane is coded: a coder that
+ * tries sign2d on every float keeps it to planes where it saves clearly. */
+static size_t sign2d_encode(const uint8_t *src, size_t n, size_t width, double most_miss, uint8_t **out) {
     *out = NULL;
     if (n > 0xFFFFFFFFu || width > 0xFFFFFFFFu) return 0;
-    if (!width && !(width = o2_width(src, n, n, s2_miss))) return 0;
+    double miss = 0;
+    if (!width && (!(width = o2_width(src, n, n, s2_miss, &miss)) || miss > most_miss)) return 0;
     size_t m = (n + 7) / 8, size = 0;
     uint8_t *residual = calloc(m ? m : 1, 1), *buf = NULL;
     if (!residual) return 0;

@@ -59,8 +59,9 @@ if TYPE_CHECKING:
 #: Word sizes the plane splits (every dtype ckptz knows has one of them).
 WORDS = frozenset({1, 2, 4, 8})
 #: A frame's rotate column: its words are floats; its exponents are tried in order-1 coding
-#: too; its planes are coded on the GPU.
-_FLOAT, _CONTEXT, _ON_GPU = 1, 2, 4
+#: too; its planes are coded on the GPU; its exponents are tried in order-1 coding where a
+#: sample says it pays, and its signs row-predicted.
+_FLOAT, _CONTEXT, _ON_GPU, _MEASURED = 1, 2, 4, 8
 #: Whether the GPU engine's compressions run in the plane (else the Python pipeline, which
 #: tests switch to where they check that pipeline's own steps).
 GPU_PLANE = True
@@ -81,6 +82,8 @@ RULES = np.array(
         coder.RUN_SHARE,
         coder.CONTEXT_MARGIN,
         coder.BLOCK,
+        coder.CLEAR_CONTEXT_SAVING,
+        coder.CLEAR_SIGN_MISS,
     ],
     np.float64,
 )
@@ -179,6 +182,7 @@ def plan(
         (_FLOAT if s.rotate else 0)
         | (_ON_GPU if on_gpu and s.component not in HOST_COMPONENTS else 0)
         | (_CONTEXT if coder.options_for(s).context_exponents else 0)
+        | (_MEASURED if coder.options_for(s).measured_contexts else 0)
         for s in streams
     ]
     floats = np.array([rotate[f.stream] for f in frames], np.int64)

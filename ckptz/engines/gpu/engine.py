@@ -211,7 +211,7 @@ class GpuEngine:
             max(1, self.threads // CHECKERS_PER), thread_name_prefix="ckptz-gpu-check"
         )
         #: The CPU coder of :data:`HOST_COMPONENTS`' frames.
-        self.host_coder = CpuEngine(1, level)
+        self.host_coder = CpuEngine(1, level, measured_contexts=False)
         self._pinned = pinned.pool()
         # Stream, scratch and kernels for :meth:`leaf_hashes` (made on first use).
         self._side: tuple[cuda.Stream, DeviceScratch, kernels.CudaOps] | None = None
