@@ -974,7 +974,7 @@ def test_in_place_on_the_gpu_decodes_back_every_run_in_batches(
     """A GPU compression that verifies decodes each run back, once, from the block it
     writes: ``ans`` runs on the GPU one at a time; runs of the portable bitstream on the GPU
     several a batch, or on a CPU thread that got to them first; and every frame comes back."""
-    monkeypatch.setattr(native_compress, "GPU_PLANE", False)  # the Python GPU pipeline's checks
+    monkeypatch.setattr(native_compress, "GPU_PLANE", frozenset())  # the Python GPU pipeline's checks
     from ckptz.engines.gpu import engine as gpu_engine
 
     src = _big_model(tmp_path)
@@ -1022,7 +1022,7 @@ def test_a_run_that_decodes_to_other_bytes_stops_an_in_place_gpu_run(
     the block's payload checksums were taken after the change (so reading the file back
     would pass): only the batched decode-back can catch it. (``ans`` stores the mantissa
     planes raw, where a changed byte still decodes; the literal path codes every plane.)"""
-    monkeypatch.setattr(native_compress, "GPU_PLANE", False)  # the Python GPU pipeline's checks
+    monkeypatch.setattr(native_compress, "GPU_PLANE", frozenset())  # the Python GPU pipeline's checks
     from ckptz.checksums import xxh3_64
     from ckptz.engines.base import EncodedSpan
     from ckptz.engines.gpu import engine as gpu_engine

@@ -26,6 +26,7 @@ from conftest import ckptz
 from test_gpu_plane import _checkpoint as _trained
 
 from ckptz import api
+from ckptz.codecs.table import ANS, ZSTD
 from ckptz.container import read_index
 from ckptz.digest import TREE
 from ckptz.engines.cpu import CpuEngine
@@ -74,7 +75,7 @@ def _coded_chunks() -> int:
 @pytest.fixture(autouse=True)
 def _plane_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU engine's compressions take the native plane here, whatever the default."""
-    monkeypatch.setattr(native_compress, "GPU_PLANE", True)
+    monkeypatch.setattr(native_compress, "GPU_PLANE", frozenset({ANS.id, ZSTD.id}))
 
 
 @gpu
@@ -91,7 +92,7 @@ def test_the_plane_writes_the_python_gpu_pipelines_containers(
     native = tmp_path / "native.ckptz"
     api.compress(src, native, device="cuda", codec=codec, memory=memory)
     assert _coded_chunks() > before
-    monkeypatch.setattr(native_compress, "GPU_PLANE", False)
+    monkeypatch.setattr(native_compress, "GPU_PLANE", frozenset())
     python = tmp_path / "python.ckptz"
     api.compress(src, python, device="cuda", codec=codec, memory=memory)
     assert native.read_bytes() == python.read_bytes()

@@ -62,9 +62,12 @@ WORDS = frozenset({1, 2, 4, 8})
 #: too; its planes are coded on the GPU; its exponents are tried in order-1 coding where a
 #: sample says it pays, and its signs row-predicted.
 _FLOAT, _CONTEXT, _ON_GPU, _MEASURED = 1, 2, 4, 8
-#: Whether the GPU engine's compressions run in the plane (else the Python pipeline, which
-#: tests switch to where they check that pipeline's own steps).
-GPU_PLANE = True
+#: The bitstreams whose GPU compressions run in the plane (the others take the Python
+#: pipeline, which tests also switch to where they check its own steps). Neither yet: the
+#: plane measured faster only for `ans` with writes discarded; to a file it was slower, and
+#: so was the portable bitstream, planned on the CPU threads (BENCHMARKS.md, "the native
+#: planes").
+GPU_PLANE: frozenset[int] = frozenset()
 #: nvCOMP ANS codes planes of at most this many bytes (the GPU engine's frames stay below it).
 _LARGEST_GPU_PLANE = 16 << 20
 _NO_MEMORY = np.zeros((0, 3), np.int64)
@@ -147,7 +150,7 @@ def _codes(engine: object, streams: Sequence[StreamInfo]) -> bool:
     if type(engine) is CpuEngine:
         return True
     gpu = _gpu_engine(engine)
-    if not GPU_PLANE or gpu is None:
+    if gpu is None or gpu.codec_id not in GPU_PLANE:
         return False
     return gpu.codec_id == ZSTD.id or all(
         s.frame_size // max(1, s.word) <= _LARGEST_GPU_PLANE for s in streams
