@@ -252,7 +252,10 @@ def read_index(f: BinaryIO, path: str) -> Index:
     blob = f.read(isize)
     if checksum(blob) != isum:
         raise CorruptionError("index checksum mismatch", path=path)
-    known = _parsed.get(blob, off)
+    # Everything the checks below read besides the bytes is part of the key, so a damaged
+    # footer field (the index's size) is never met by an index parsed from a sound one.
+    key = (blob, off, raw_size, minor, flags)
+    known = _parsed.get(key)
     if known is not None:
         return known
     try:
@@ -264,7 +267,7 @@ def read_index(f: BinaryIO, path: str) -> Index:
     if len(raw) != raw_size:
         raise CorruptionError("index size disagrees with the footer", path=path)
     index = _parse_index(raw, path, data_end=off)
-    _parsed.put(blob, off, index, raw_size)
+    _parsed.put(key, index, raw_size + len(blob))
     return index
 
 
@@ -272,9 +275,10 @@ class _ParsedIndexes:
     """Indexes already parsed and validated in this process, by their exact stored bytes.
 
     A command reads each container's index more than once (to choose its coder, to size
-    its progress, then to restore it); an index is a function of those bytes and of where
-    the data area ends alone, so the same bytes give the same :class:`Index` and only the
-    first read decompresses, parses and validates them. The bytes are read and checked each
+    its progress, then to restore it); an index is a function of those bytes and of the
+    footer fields its checks read (where the data area ends, the index's size, the version
+    and flags), so the same key gives the same :class:`Index` and only the first read
+    decompresses, parses and validates them. The bytes are read and checked each
     time, so a container rewritten meanwhile is read afresh. Held to :data:`BUDGET` bytes,
     the oldest dropped first: the indexes of a folder of thousands of small containers, and
     little in a process that loads checkpoints.
@@ -284,25 +288,24 @@ class _ParsedIndexes:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[tuple[bytes, int], tuple[Index, int]] = {}
+        self._held: dict[tuple[bytes, int, int, int, int], tuple[Index, int]] = {}
         self._bytes = 0
 
-    def get(self, blob: bytes, data_end: int) -> Index | None:
+    def get(self, key: tuple[bytes, int, int, int, int]) -> Index | None:
         with self._lock:
-            known = self._held.get((blob, data_end))
+            known = self._held.get(key)
         return None if known is None else known[0]
 
-    def put(self, blob: bytes, data_end: int, index: Index, raw_size: int) -> None:
-        cost = raw_size + len(blob)
+    def put(self, key: tuple[bytes, int, int, int, int], index: Index, cost: int) -> None:
         if cost > self.BUDGET:
             return
         with self._lock:
-            if (blob, data_end) in self._held:
+            if key in self._held:
                 return
             while self._held and self._bytes + cost > self.BUDGET:
                 _, dropped = self._held.pop(next(iter(self._held)))
                 self._bytes -= dropped
-            self._held[blob, data_end] = (index, cost)
+            self._held[key] = (index, cost)
             self._bytes += cost
 
 
