@@ -434,13 +434,7 @@ static int writev_fully(int fd, struct iovec *iov, int count) {
 /* Copies n bytes of the source from file offset `at` out of its memory regions (which
  * compress_check proved tile the file). */
 static void memory_read(const compress_plan_t *p, uint8_t *dst, int64_t n, int64_t at) {
-    int64_t lo = 0, hi = p->memory_count - 1;
-    while (lo < hi) { /* the last region starting at or before `at` */
-        int64_t mid = (lo + hi + 1) / 2;
-        if (p->memory[mid * MR_COLS + MR_AT] <= at) lo = mid;
-        else hi = mid - 1;
-    }
-    for (int64_t r = lo; n > 0; r++) {
+    for (int64_t r = row_at_or_before(p->memory, p->memory_count, MR_COLS, at); n > 0; r++) {
         const int64_t *region = p->memory + r * MR_COLS;
         int64_t within = at - region[MR_AT], take = region[MR_SIZE] - within;
         if (take > n) take = n;

@@ -155,13 +155,7 @@ static int reference_read(delta_scratch_t *s, const uint8_t **bytes, int64_t at,
         if (error) return *detail = error, PLANE_REFERENCE_READ;
         return got == n ? PLANE_OK : PLANE_REFERENCE_SHORT;
     }
-    int64_t lo = 0, hi = d->lookup_count - 1;
-    while (lo < hi) { /* the last piece starting at or before `at` */
-        int64_t mid = (lo + hi + 1) / 2;
-        if (d->lookup[mid * RX_COLS + RX_AT] <= at) lo = mid;
-        else hi = mid - 1;
-    }
-    for (int64_t r = lo; n > 0; r++) {
+    for (int64_t r = row_at_or_before(d->lookup, d->lookup_count, RX_COLS, at); n > 0; r++) {
         if (r >= d->lookup_count) return PLANE_REFERENCE_SHORT;
         const int64_t *x = d->lookup + r * RX_COLS;
         int64_t within = at - x[RX_AT], take = x[RX_SIZE] - within;
@@ -185,14 +179,7 @@ static int reference_read(delta_scratch_t *s, const uint8_t **bytes, int64_t at,
 
 /* The first paired range that may overlap bytes from `at` on (ranges are sorted, disjoint). */
 static int64_t delta_first(const delta_t *d, int64_t at) {
-    int64_t lo = 0, hi = d->range_count - 1;
-    if (hi < 0 || d->ranges[TR_START] > at) return 0;
-    while (lo < hi) {
-        int64_t mid = (lo + hi + 1) / 2;
-        if (d->ranges[mid * TR_COLS + TR_START] <= at) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
+    return row_at_or_before(d->ranges, d->range_count, TR_COLS, at);
 }
 
 /* Whether any paired range overlaps a frame's pieces (`count` rows at pc): the others are

@@ -139,4 +139,16 @@ static int frame_chunk_usable(const chunk_t *chunk, size_t size, size_t n, uint8
 static int frame_decode(const chunk_t *chunks, const plane_t *planes, int word, size_t n, uint8_t *room,
                         uint8_t *dst, int rotate, dtable_t *dt);
 
+/* In a table of `count` rows of `cols` int64 columns sorted by their first column (a file
+ * offset), the last row starting at or before `at` (0 where none does). */
+static inline int64_t row_at_or_before(const int64_t *rows, int64_t count, int cols, int64_t at) {
+    int64_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (rows[mid * cols] <= at) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 #endif /* CKPTZ_NATIVE_H */
