@@ -503,29 +503,38 @@ static PyObject *native_blocked_entropy(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* order1_decode(payload, out) -> True if the payload was decoded into `out` (its exact
- * size), False if it is malformed or a group needs libzstd (the Python decoder then
- * decodes it or says what is wrong). */
-static PyObject *native_order1_decode(PyObject *self, PyObject *args) {
+/* The three table coders' decoders take (payload, out) alike: a bool, False where the
+ * payload is malformed, decoded without the GIL with a decoding table and a scratch of out's
+ * size. */
+typedef int (*table_decoder_t)(const uint8_t *, size_t, uint8_t *, size_t, uint8_t *, dtable_t *);
+
+static PyObject *decode_with_table(PyObject *args, table_decoder_t decode) {
     Py_buffer src, dst;
     if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
     PyObject *result = NULL;
     dtable_t *dt = malloc(sizeof(dtable_t));
-    uint8_t *groups = malloc(dst.len ? (size_t)dst.len : 1);
-    if (!dt || !groups) {
+    uint8_t *scratch = malloc(dst.len ? (size_t)dst.len : 1);
+    if (!dt || !scratch) {
         PyErr_NoMemory();
     } else {
         int ok;
         Py_BEGIN_ALLOW_THREADS;
-        ok = order1_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, groups, dt);
+        ok = decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, scratch, dt);
         Py_END_ALLOW_THREADS;
         result = PyBool_FromLong(ok);
     }
     free(dt);
-    free(groups);
+    free(scratch);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     return result;
+}
+
+/* order1_decode(payload, out) -> True if the payload was decoded into `out` (its exact
+ * size), False if it is malformed or a group needs libzstd (the Python decoder then
+ * decodes it or says what is wrong). */
+static PyObject *native_order1_decode(PyObject *self, PyObject *args) {
+    return decode_with_table(args, order1_decode);
 }
 
 /* order2d_encode(src, segments, width=0) -> a ckptz.codecs.order2d payload, or None where no
@@ -557,25 +566,7 @@ done:
 /* order2d_decode(payload, out) -> True if the payload was decoded into `out` (its exact
  * size), False if it is malformed. */
 static PyObject *native_order2d_decode(PyObject *self, PyObject *args) {
-    Py_buffer src, dst;
-    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
-    PyObject *result = NULL;
-    dtable_t *dt = malloc(sizeof(dtable_t));
-    uint8_t *groups = malloc(dst.len ? (size_t)dst.len : 1);
-    if (!dt || !groups) {
-        PyErr_NoMemory();
-    } else {
-        int ok;
-        Py_BEGIN_ALLOW_THREADS;
-        ok = order2d_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, groups, dt);
-        Py_END_ALLOW_THREADS;
-        result = PyBool_FromLong(ok);
-    }
-    free(dt);
-    free(groups);
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    return result;
+    return decode_with_table(args, order2d_decode);
 }
 
 /* sign2d_encode(src, width=0, most_miss=1.0) -> a ckptz.codecs.sign2d payload, or None where
@@ -607,25 +598,7 @@ done:
 /* sign2d_decode(payload, out) -> True if the payload was decoded into `out` (its exact
  * size), False if it is malformed. */
 static PyObject *native_sign2d_decode(PyObject *self, PyObject *args) {
-    Py_buffer src, dst;
-    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
-    PyObject *result = NULL;
-    dtable_t *dt = malloc(sizeof(dtable_t));
-    uint8_t *residual = malloc(dst.len ? (size_t)dst.len : 1);
-    if (!dt || !residual) {
-        PyErr_NoMemory();
-    } else {
-        int ok;
-        Py_BEGIN_ALLOW_THREADS;
-        ok = sign2d_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, residual, dt);
-        Py_END_ALLOW_THREADS;
-        result = PyBool_FromLong(ok);
-    }
-    free(dt);
-    free(residual);
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    return result;
+    return decode_with_table(args, sign2d_decode);
 }
 
 /* ---------------------------------------------------------------- bit packing */
