@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import functools
 import importlib
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ckptz import api
@@ -84,6 +86,29 @@ def compress_once(src: Path, out: Path | None, codec: str) -> float:
     return time.perf_counter() - start
 
 
+def timed(
+    label: str, run: Callable[[], float], size: int, repeat: int, totals: Callable[[], tuple[int, int, int]]
+) -> tuple[str, bool]:
+    """``label``'s row: GB/s of ``size`` bytes over the median of ``repeat`` timed runs (after
+    one that warms the page cache, the pinned pools and the kernels), and the chunks a native
+    plane's GPU ``totals`` counted meanwhile; or the error of a path that failed, so the
+    others are still measured. Printed as it comes; and whether it ran."""
+    before = totals()[1]
+    try:
+        run()
+        took = statistics.median(run() for _ in range(repeat))
+    except Exception as exc:  # one path failing still measures the others
+        row, ok = f"{label} failed: {type(exc).__name__}: {exc}", False
+    else:
+        on_gpu = totals()[1] - before
+        row = (
+            f"{label} {size / took / 1e9:6.2f} GB/s  ({took:.3f} s, {on_gpu} chunks via the native GPU plane)"
+        )
+        ok = True
+    print(row, flush=True)
+    return row, ok
+
+
 def compress_rows(src: Path, root: Path, repeat: int) -> list[str]:
     """Each bitstream's compression through each path, discarded and to a file."""
     rows = []
@@ -94,23 +119,11 @@ def compress_rows(src: Path, root: Path, repeat: int) -> list[str]:
             for name, plane in (("python pipeline", False), ("native gpu", True)):
                 native_compress.GPU_PLANE = frozenset({ANS.id, ZSTD.id} if plane else ())
                 out = None if sink == "discard" else root / f"compressed-{plane}.ckptz"
-                before = native_compress.gpu_totals()[1]
-                try:
-                    compress_once(src, out, codec)
-                    took = statistics.median(compress_once(src, out, codec) for _ in range(repeat))
-                except Exception as exc:  # one path failing still measures the others
-                    rows.append(
-                        f"{codec:5s} compress {sink:8s} {name:24s} failed: {type(exc).__name__}: {exc}"
-                    )
-                    print(rows[-1], flush=True)
-                    continue
-                on_gpu = native_compress.gpu_totals()[1] - before
-                rows.append(
-                    f"{codec:5s} compress {sink:8s} {name:24s} {size / took / 1e9:6.2f} GB/s  "
-                    f"({took:.3f} s, {on_gpu} chunks via the native GPU plane)"
-                )
-                print(rows[-1], flush=True)
-                if out is not None:
+                label = f"{codec:5s} compress {sink:8s} {name:24s}"
+                run = functools.partial(compress_once, src, out, codec)
+                row, ok = timed(label, run, size, repeat, native_compress.gpu_totals)
+                rows.append(row)
+                if ok and out is not None:
                     made[plane] = out.read_bytes()
         native_compress.GPU_PLANE = DEFAULT_PLANE
         same = len(made) == 2 and made[True] == made[False]
@@ -149,21 +162,11 @@ def main() -> None:
                 out = None if sink == "discard" else root / "restored"
                 for name, engine, native_gpu, zstd_on_gpu in paths:
                     restore_module.NATIVE_GPU, restore_module.NATIVE_GPU_ZSTD = native_gpu, zstd_on_gpu
-                    before = native_restore.gpu_totals()[1]
-                    try:
-                        once(container, out, engine)  # warms the page cache, the pinned pools, the kernels
-                        took = statistics.median(once(container, out, engine) for _ in range(args.repeat))
-                    except Exception as exc:  # one path failing still measures the others
-                        rows.append(f"{codec:5s} {sink:8s} {name:24s} failed: {type(exc).__name__}: {exc}")
-                        print(rows[-1], flush=True)
-                        continue
-                    on_gpu = native_restore.gpu_totals()[1] - before
-                    rows.append(
-                        f"{codec:5s} {sink:8s} {name:24s} {size / took / 1e9:6.2f} GB/s  "
-                        f"({took:.3f} s, {on_gpu} chunks via the native GPU plane)"
-                    )
-                    print(rows[-1], flush=True)
-                    if out is not None:
+                    label = f"{codec:5s} {sink:8s} {name:24s}"
+                    run = functools.partial(once, container, out, engine)
+                    row, ok = timed(label, run, size, args.repeat, native_restore.gpu_totals)
+                    rows.append(row)
+                    if ok and out is not None:
                         assert filecmp.cmp(out, src, shallow=False), f"{name}: not byte-exact"
         for engine in gpu.values():
             engine.close()

@@ -63,7 +63,7 @@ typedef struct {
     cg_slot_t slots[2 * CG_MAX_WORKERS];
     int slot_count;
     int64_t batch_count, next_batch, coded_batches, placed_batches, finished;
-    int64_t written_batches; /* to a pipe: batches written, in order */
+    int64_t written_batches; /* batches written (to a pipe, in their order) */
     int64_t *batch_first; /* per batch: its first frame; then the frame count */
     /* Per batch: bytes of each region of its slot, and the chunks the GPU may code. */
     int64_t *batch_planes, *batch_coded, *batch_cpu, *batch_chunks;
@@ -279,6 +279,14 @@ static void cg_place(cg_plane_t *g) {
     }
 }
 
+/* Marks a slot's batch coded, its payloads' sizes settled, and places what can be placed
+ * (under the lock). */
+static void cg_coded(cg_plane_t *g, cg_slot_t *slot) {
+    slot->state = CG_CODED;
+    g->coded_batches++;
+    cg_place(g);
+}
+
 /* Fills frame i's chunk rows and writes its payloads at their place (with verify, once
  * they decode back to the frame's checksum). */
 static int cg_finish_frame(coder_t *w, cg_plane_t *g, cg_slot_t *slot, int64_t i) {
@@ -375,9 +383,7 @@ static void *cg_work(void *arg) {
                 slot->state = CG_READ;
             } else { /* nothing for the GPU in it */
                 cg_settle(g, slot);
-                slot->state = CG_CODED;
-                g->coded_batches++;
-                cg_place(g);
+                cg_coded(g, slot);
             }
             pthread_cond_broadcast(&g->changed);
         }
@@ -546,9 +552,7 @@ static void *cg_gpu(void *arg) {
                 cg_gpu_fail(p, g->batch_first[slot->batch], why);
             pthread_mutex_lock(&g->lock);
         } else {
-            slot->state = CG_CODED;
-            g->coded_batches++;
-            cg_place(g);
+            cg_coded(g, slot);
         }
         pthread_cond_broadcast(&g->changed);
     }

@@ -235,12 +235,18 @@ static void gpu_engine_give(gpu_engine_t *g) {
 /* Device memory of at least `need` bytes at *at (grown, never shrunk); a CUDA result. */
 static gpu_result_t gpu_room(gpu_dptr_t *at, size_t *room, size_t need) {
     if (need <= *room) return 0;
-    if (*at) gpu_api.mem_free(*at), gpu_count(-(int64_t)*room);
+    if (*at) {
+        gpu_api.mem_free(*at);
+        gpu_count(-(int64_t)*room);
+    }
     *at = 0;
     *room = 0;
     size_t size = (need + (1 << 20) - 1) & ~(size_t)((1 << 20) - 1);
     gpu_result_t r = gpu_api.mem_alloc(at, size);
-    if (!r) *room = size, gpu_count((int64_t)size);
+    if (!r) {
+        *room = size;
+        gpu_count((int64_t)size);
+    }
     return r;
 }
 

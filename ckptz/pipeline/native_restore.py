@@ -295,8 +295,9 @@ def run_in_order(
     window of :data:`WINDOW` bytes at a time, each restored in one native call into one
     buffer (the frames with pieces in the window, each decoded whole, as its checks and its
     series delta need, and its pieces clipped to the window: a frame reaching into the next
-    window is decoded again there), then given to ``target`` and hashed. None where a frame of the first window needs the Python loop; past it (bytes
-    already given to a stream), that window's frames are decoded by Python instead.
+    window is decoded again there), then given to ``target`` and hashed. None where a frame
+    of the first window needs the Python loop; past it (bytes already given to a stream),
+    that window's frames are decoded by Python instead.
 
     Raises:
         what :func:`run` raises.
