@@ -5,14 +5,19 @@ a large host) in ``--dir``, then compresses and restores it through the native p
 discarded and to a file beside it: on the CPU (the portable bitstream) and, where a GPU
 exists, on the GPU with ``ans`` and ``zstd`` (its compress plane switched on as
 ``bench/gpu_planes.py`` does). For each run, the median of ``--repeat`` (after one that warms
-the page cache), then a table of the plane's steps, from its threads' own clocks
-(:mod:`ckptz.pipeline.plane_stages`), averaged over those runs: seconds summed over threads,
-share of the native call's wall time times its threads, and GB/s of the file through that
-step on one thread. Last, ``bench/cpu_scaling.py``'s bare loop (pread, xxh3, code a frame, no
-pipeline) on the same file and threads, beside the CPU plane's native call.
+the page cache), and a table of that run's plane steps, from its threads' own clocks
+(:mod:`ckptz.pipeline.plane_stages`): seconds summed over threads, share of the native
+call's wall time times its threads, and GB/s of the file through that step on one thread;
+then how much of their time the threads were on a CPU (on a shared machine, the rest they
+waited for a core) and the CPU seconds per GB, the steadier measure there. Last,
+``bench/cpu_scaling.py``'s bare loop (pread, xxh3, code a frame, no pipeline) on the same
+file, frames and threads, with the CPU engine's options (as the plane codes) and with plain
+level 3, beside the CPU plane's native call.
+
+Run it with ``PYTHONPATH=.`` from the repository's root.
 
     python bench/plane_stages.py [--mib 512] [--threads N] [--repeat 3] [--dir /dev/shm]
-    python bench/plane_stages.py --gib 8          # on the 16-core GPU host
+    python bench/plane_stages.py --gib 8 [--device cpu cuda]     # on the 16-core GPU host
 """
 
 from __future__ import annotations
@@ -66,46 +71,43 @@ def make(root: Path, size: int) -> Path:
 
 
 def timed(run: Callable[[], object], plane: str, repeat: int) -> tuple[float, plane_stages.PlaneTotals]:
-    """The median seconds of ``repeat`` runs (after one that warms up), and what the
-    ``plane``'s threads reported meanwhile."""
+    """The median of ``repeat`` runs (after one that warms up): its seconds, and what the
+    ``plane``'s threads reported in it."""
     run()
-    before = plane_stages.totals(plane)
-    seconds = []
+    runs = []
     for _ in range(repeat):
+        before = plane_stages.totals(plane)
         start = time.perf_counter()
         run()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), plane_stages.totals(plane).since(before)
+        runs.append((time.perf_counter() - start, plane_stages.totals(plane).since(before)))
+    runs.sort(key=lambda r: r[0])
+    return runs[len(runs) // 2]
 
 
-def show(
-    label: str, size: int, seconds: float, spent: plane_stages.PlaneTotals, repeat: int
-) -> tuple[float, float]:
-    """Print a run's row and its steps' table (per run, of ``repeat``); the GB/s of its
-    native calls (bytes over their wall time) and their threads' CPU seconds per GB."""
-    wall = spent.wall_ns / 1e9 / repeat
+def show(label: str, size: int, seconds: float, spent: plane_stages.PlaneTotals) -> tuple[float, float]:
+    """Print a run's row and its steps' table; the GB/s of its native calls (bytes over
+    their wall time) and their threads' CPU seconds per GB."""
+    wall = spent.wall_ns / 1e9
     native = size / wall / 1e9 if wall else 0.0
-    cpu = spent.cpu_ns.get(plane_stages.CPU, 0) / 1e9 / repeat / (size / 1e9)
-    print(f"\n{label}: {size / seconds / 1e9:6.2f} GB/s end to end (median {seconds:.3f} s),", end=" ")
-    print(f"native calls {native:6.2f} GB/s ({wall:.3f} s a run, {spent.calls // repeat} a run)")
-    print(f"  {'step':<22} {'s/run':>8} {'share':>7} {'GB/s/thread':>12} {'count/run':>10}")
+    cpu = spent.cpu_ns.get(plane_stages.CPU, 0) / 1e9 / (size / 1e9)
+    print(f"\n{label}: {size / seconds / 1e9:6.2f} GB/s end to end ({seconds:.3f} s),", end=" ")
+    print(f"native calls {native:6.2f} GB/s ({wall:.3f} s in {spent.calls})")
+    print(f"  {'step':<22} {'s':>8} {'share':>7} {'GB/s/thread':>12} {'count':>8}")
     for role in (plane_stages.CPU, plane_stages.GPU):
         capacity = spent.capacity_ns.get(role, 0)
         if not capacity:
             continue
         rows = sorted(((k[1], v) for k, v in spent.ns.items() if k[0] == role), key=lambda kv: -kv[1])
         for name, ns in rows:
-            per = ns / 1e9 / repeat
-            rate = size / per / 1e9 if per else float("inf")
-            count = spent.counts[role, name] / repeat
+            rate = size / ns if ns else float("inf")
             shown = name if role == plane_stages.CPU else f"{role}: {name}"
-            print(f"  {shown:<22} {per:8.3f} {100 * ns / capacity:6.1f}% {rate:12.2f} {count:10.0f}")
+            print(
+                f"  {shown:<22} {ns / 1e9:8.3f} {100 * ns / capacity:6.1f}% {rate:12.2f} {spent.counts[role, name]:8d}"
+            )
         outside = capacity - sum(v for k, v in spent.ns.items() if k[0] == role)
-        print(f"  {'(not running)':<22} {outside / 1e9 / repeat:8.3f} {100 * outside / capacity:6.1f}%")
+        print(f"  {'(not running)':<22} {outside / 1e9:8.3f} {100 * outside / capacity:6.1f}%")
         on_cpu = spent.cpu_ns.get(role, 0)
-        print(
-            f"  {role}s on a CPU: {on_cpu / 1e9 / repeat:.3f} s a run, {100 * on_cpu / capacity:.1f}% of their time"
-        )
+        print(f"  {role}s on a CPU {on_cpu / 1e9:.3f} s, {100 * on_cpu / capacity:.1f}% of their time")
     print(f"  {cpu:.3f} CPU s/GB (the plane's threads)")
     return native, cpu
 
@@ -201,7 +203,7 @@ def main() -> None:
                 for sink, out in (("discard", None), ("file", container)):
                     run = functools.partial(compress_run, src, out, device, codec, args.threads)
                     seconds, spent = timed(run, "compress", args.repeat)
-                    rate, cost = show(f"{device} {codec} compress, {sink}", size, seconds, spent, args.repeat)
+                    rate, cost = show(f"{device} {codec} compress, {sink}", size, seconds, spent)
                     if device == "cpu" and sink == "discard":
                         cpu_rate, cpu_cost = rate, cost
                 native_compress.GPU_PLANE = DEFAULT_PLANE
@@ -216,7 +218,7 @@ def main() -> None:
                 for sink, target in (("discard", None), ("file", restored)):
                     run = functools.partial(restore_run, container, target, engine)
                     seconds, spent = timed(run, "restore", args.repeat)
-                    show(f"{device} {codec} restore, {sink}", size, seconds, spent, args.repeat)
+                    show(f"{device} {codec} restore, {sink}", size, seconds, spent)
                 if restored.read_bytes() != src.read_bytes():
                     raise SystemExit(f"{device} {codec}: the restore is not byte-exact")
                 close = getattr(engine, "close", None)
