@@ -135,3 +135,23 @@ def test_a_trace_shows_each_native_threads_steps(tmp_path: Path) -> None:
             by_step[e["name"]] = by_step.get(e["name"], 0.0) + e["dur"] / 1e6
         assert by_step == pytest.approx(steps, abs=1e-5)
         assert np.isfinite(list(by_step.values())).all()
+
+
+def test_a_small_files_call_takes_no_more_threads_than_it_has_frames(
+    tmp_path: Path, calls: list[plane_stages.CallStages]
+) -> None:
+    # Threads a call cannot give a frame to sit idle, and would keep the other files in
+    # flight from their calls (files are coded a few at a time, from one thread budget).
+    src = tmp_path / "small.pt"
+    torch.save({"w": torch.randn(600_000, generator=torch.Generator().manual_seed(3))}, src)
+    dst = tmp_path / "small.pt.ckptz"
+    api.compress(src, dst, device="cpu", threads=8)
+    api.decompress(dst, tmp_path / "back.pt", device="cpu", threads=8)
+    assert (tmp_path / "back.pt").read_bytes() == src.read_bytes()
+    with open(dst, "rb") as f:
+        frames = len(read_index(f, "small.pt").frames)
+    assert 1 < frames < 8
+    assert [len(call.threads) for call in calls] == [frames, frames]
+    compressed, restored = calls
+    assert sum(t.counts.get("code", 0) for t in compressed.threads) == frames
+    assert sum(t.counts.get("decode", 0) for t in restored.threads) == frames

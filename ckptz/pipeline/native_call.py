@@ -116,9 +116,12 @@ def call_polled(
     progress: Callable[[int], None],
     plane: str,
     steps: Sequence[str],
+    frames: int,
 ) -> tuple[int, np.ndarray]:
     """Run ``call`` on a thread of its own and hand its progress counter to ``progress``
-    until it returns; its result, and its failure row (kind, frame, detail). Where it
+    until it returns; its result, and its failure row (kind, frame, detail). It is lent at
+    most ``threads``, and no more than its ``frames``: a thread beyond them would find no
+    frame to take, and holding it would keep another file's call from starting. Where it
     returned, its threads' clocks (``plane``'s ``steps``) are recorded
     (:func:`plane_stages.record`).
 
@@ -145,7 +148,7 @@ def call_polled(
             failure.append(exc)
 
     reported = 0
-    lent = THREADS.borrow(max(1, threads))
+    lent = THREADS.borrow(max(1, min(threads, frames)))
     worker = threading.Thread(target=run, args=(lent,), name=name, daemon=True)
     try:
         worker.start()

@@ -301,6 +301,7 @@ def code(
             progress,
             "compress",
             native.compress_stages,
+            len(tables.frames),
         )
     finally:
         _CODED.add(stats)

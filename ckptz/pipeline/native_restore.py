@@ -417,7 +417,7 @@ def _call(
         )
 
     failed, error = call_polled(
-        call, "ckptz-native-restore", threads, progress, "restore", native.restore_stages
+        call, "ckptz-native-restore", threads, progress, "restore", native.restore_stages, len(tables.frames)
     )
     if failed:
         return int(error[0]), int(error[1]), int(error[2])
