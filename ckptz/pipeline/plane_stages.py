@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -33,8 +32,7 @@ _ROLES = {1: CPU, 2: GPU}
 K = TypeVar("K")
 
 
-@dataclass(frozen=True, slots=True)
-class ThreadStages:
+class ThreadStages(NamedTuple):
     """One native thread's clock.
 
     Attributes:
@@ -55,8 +53,7 @@ class ThreadStages:
     counts: dict[str, int]
 
 
-@dataclass(frozen=True, slots=True)
-class CallStages:
+class CallStages(NamedTuple):
     """One native call's threads' clocks, and how long the call took."""
 
     plane: str
@@ -101,7 +98,6 @@ def read(plane: str, names: Sequence[str], rows: np.ndarray, wall_ns: int) -> Ca
     return CallStages(plane, wall_ns, tuple(threads))
 
 
-@dataclass(slots=True)
 class PlaneTotals:
     """A plane's calls in this process, added up.
 
@@ -114,12 +110,25 @@ class PlaneTotals:
         counts: per role and step, times taken.
     """
 
-    calls: int = 0
-    wall_ns: int = 0
-    capacity_ns: dict[str, int] = field(default_factory=dict)
-    cpu_ns: dict[str, int] = field(default_factory=dict)
-    ns: dict[tuple[str, str], int] = field(default_factory=dict)
-    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    # A plain class, not a dataclass: this module is imported with every native call's, and
+    # dataclasses cost milliseconds to make at import.
+    __slots__ = ("calls", "capacity_ns", "counts", "cpu_ns", "ns", "wall_ns")
+
+    def __init__(
+        self,
+        calls: int = 0,
+        wall_ns: int = 0,
+        capacity_ns: dict[str, int] | None = None,
+        cpu_ns: dict[str, int] | None = None,
+        ns: dict[tuple[str, str], int] | None = None,
+        counts: dict[tuple[str, str], int] | None = None,
+    ) -> None:
+        self.calls = calls
+        self.wall_ns = wall_ns
+        self.capacity_ns = capacity_ns or {}
+        self.cpu_ns = cpu_ns or {}
+        self.ns = ns or {}
+        self.counts = counts or {}
 
     def add(self, call: CallStages) -> None:
         self.calls += 1
