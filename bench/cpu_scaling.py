@@ -2,9 +2,9 @@
 
 Each thread takes frames of one file in turn, ``pread``s each into a buffer of its own, and
 then (by stage) xxh3s it and codes it with ``encode_frame`` and the CPU engine's options for
-the given dtype: GB/s of input for each thread count and frame size, beside a plain memory
-copy's. Then, on one thread, where one frame's coding goes (split into planes, each plane's
-bitstream). Compare with the pipeline's own rate (``bench/e2e.py``'s discarded cpu rows) to
+the given dtype (a float's measured contexts too, as the engine and its native plane code):
+GB/s of input for each thread count and frame size, beside a plain memory copy's. Then, on
+one thread, where one frame's coding goes (split into planes, each plane's bitstream). Compare with the pipeline's own rate (``bench/e2e.py``'s discarded cpu rows) to
 see what the pipeline adds.
 
     python bench/cpu_scaling.py optimizer.pt [--dtype float32] [--threads 1 4 16] [--mib 4 16]
@@ -27,7 +27,9 @@ from ckptz.checksums import xxh3_64
 from ckptz.codecs import frames as fr
 from ckptz.codecs.frames import EncodeOptions, encode_frame, encode_plane
 from ckptz.codecs.planes import scratch, split_sampled
+from ckptz.container import StreamInfo
 from ckptz.dtypes import lookup
+from ckptz.engines.cpu import CpuEngine
 
 STAGES = ("pread", "pread+xxh3", "pread+xxh3+encode")
 
@@ -37,10 +39,25 @@ def _frames(size: int, frame: int, word: int) -> list[tuple[int, int]]:
     return [(at, frame // word * word) for at in range(4096, size - frame, frame)]
 
 
-def loop(fd: int, frames: list[tuple[int, int]], threads: int, stage: int, dtype: str) -> float:
-    """GB/s of the bare loop up to ``stage`` (an index of :data:`STAGES`) on ``threads``."""
+def engine_options(dtype: str, level: int = 3) -> EncodeOptions:
+    """What the CPU engine codes a stream of ``dtype`` with (a float's measured contexts too)."""
     kind = lookup(dtype)
-    options = EncodeOptions(level=3)
+    stream = StreamInfo(0, "weights", dtype, max(kind.word, 1), kind.is_float, 0, 0, 0)
+    return CpuEngine(1, level).options_for(stream)
+
+
+def loop(
+    fd: int,
+    frames: list[tuple[int, int]],
+    threads: int,
+    stage: int,
+    dtype: str,
+    options: EncodeOptions | None = None,
+) -> float:
+    """GB/s of the bare loop up to ``stage`` (an index of :data:`STAGES`) on ``threads``,
+    coding with ``options`` (default: the CPU engine's, :func:`engine_options`)."""
+    kind = lookup(dtype)
+    options = options or engine_options(dtype)
     todo = iter(range(len(frames)))
     lock = threading.Lock()
     largest = max(n for _, n in frames)
@@ -90,7 +107,7 @@ def copy_rate(threads: int, size: int = 64 << 20, repeats: int = 20) -> float:
 def planes(fd: int, frames: list[tuple[int, int]], dtype: str) -> None:
     """One thread: ms per frame in the split and in each plane's bitstream."""
     kind = lookup(dtype)
-    options = EncodeOptions(level=3)
+    options = engine_options(dtype)
     spent: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     raw: collections.Counter[str] = collections.Counter()
@@ -112,6 +129,7 @@ def planes(fd: int, frames: list[tuple[int, int]], dtype: str) -> None:
                 plane,
                 options,
                 exponent=kind.is_float and k == top,
+                signs=kind.is_float and k == 0,
                 stats=fr.PlaneStats(*stats) if stats is not None else None,
             )
             name = f"plane {k} {fr.cpu_codec(chunk.codec).name}"

@@ -41,7 +41,13 @@ SETTINGS: tuple[Setting, ...] = (
         "device", "auto", str, "Where the codec runs when no --device is given: auto, cpu, cuda or cuda:N."
     ),
     Setting("debug", False, bool, "Show the traceback behind an error, and torch's own C++ log lines."),
-    Setting("trace", None, str, "Write a timeline of every pipeline stage to this file (Chrome trace JSON)."),
+    Setting(
+        "trace",
+        None,
+        str,
+        "Write a timeline of every pipeline stage, and of each native thread's steps, to this file (Chrome"
+        " trace JSON).",
+    ),
     Setting(
         "progress_seconds",
         10.0,

@@ -34,7 +34,7 @@ def test_a_traced_round_trip_records_every_stage(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
     timeline = _timeline()
-    # A CPU compression or restore is one native call per file: its stages run in C, untraced.
+    # A CPU compression or restore is one native call per file (its threads' steps: test_plane_stages.py).
     for op, stages in [
         ("compress", {"layout", "plan", "native compress", "index"}),
         ("decompress", {"plan", "native restore"}),

@@ -84,6 +84,7 @@ typedef struct {
     coder_t *w;           /* a CPU thread's */
     uint16_t *counts;     /* a CPU thread's: the byte counts of a plane's blocks' quarters */
     gpu_engine_t *engine; /* a GPU worker's */
+    stage_clock_t clock;  /* a GPU worker's (a CPU thread's is its coder's) */
 } cg_thread_t;
 
 static int64_t cg_aligned(int64_t n) { return n + (-n & (PLANE_ALIGN - 1)); }
@@ -234,12 +235,17 @@ static int cg_read_frame(cg_thread_t *t, cg_slot_t *slot, int64_t i) {
     size_t n = (size_t)f[FR_LENGTH] / (size_t)word;
     uint8_t *base = slot->planes + g->plane_at[f[FR_CHUNK]];
     uint8_t *raw = word == 1 ? base : w->raw;
-    if (!read_frame(p, i, raw, NULL)) return 0;
+    if (!read_frame(p, i, raw, NULL, &w->clock)) return 0;
     int gpu = (f[FR_ROTATE] & ROTATE_GPU) != 0;
     split_t s;
     split_frame(p, f, raw, base, (size_t)cg_aligned((int64_t)n), !gpu, &s);
+    stage_mark(&w->clock, CS_SPLIT);
     payload_t *payloads = g->payloads + f[FR_CHUNK];
-    if (!gpu) return code_planes(w, i, &s, slot->cpu + g->cpu_at[i], payloads);
+    if (!gpu) {
+        int coded = code_planes(w, i, &s, slot->cpu + g->cpu_at[i], payloads);
+        stage_mark(&w->clock, CS_CODE);
+        return coded;
+    }
     for (int k = 0; k < word; k++) {
         if (n && s.ones[k] == s.any[k]) /* its first byte is the constant */
             payloads[k] = (payload_t){CODEC_CONST, s.planes[k], 1};
@@ -250,6 +256,7 @@ static int cg_read_frame(cg_thread_t *t, cg_slot_t *slot, int64_t i) {
         else
             payloads[k] = (payload_t){CG_PENDING, s.planes[k], n};
     }
+    stage_mark(&w->clock, CS_PLAN);
     return 1;
 }
 
@@ -303,11 +310,13 @@ static int cg_finish_frame(coder_t *w, cg_plane_t *g, cg_slot_t *slot, int64_t i
         const uint8_t *decoded[8] = {NULL};
         for (int k = 0; k < word && !g->portable; k++)
             if (held.payloads[k].codec == p->gpu_codec) decoded[k] = slot->decoded + g->plane_at[f[FR_CHUNK] + k];
-        if (!decodes_back(w, held.payloads, word, (int)(f[FR_ROTATE] & ROTATE_FLOAT), n, f[FR_LENGTH],
-                          (uint64_t)f[FR_CHECKSUM], decoded))
-            return compress_fail(p, PLANE_FRAME, i, 0), 0;
+        int back = decodes_back(w, held.payloads, word, (int)(f[FR_ROTATE] & ROTATE_FLOAT), n, f[FR_LENGTH],
+                                (uint64_t)f[FR_CHECKSUM], decoded);
+        stage_mark(&w->clock, CS_VERIFY);
+        if (!back) return compress_fail(p, PLANE_FRAME, i, 0), 0;
     }
     chunk_rows(p, f, held.payloads, n);
+    stage_mark(&w->clock, CS_CHECKSUM);
     return 1; /* written with its batch (cg_write_batch) */
 }
 
@@ -333,7 +342,10 @@ static void *cg_work(void *arg) {
     cg_thread_t *t = arg;
     cg_plane_t *g = t->g;
     compress_plan_t *p = g->p;
+    stage_clock_t *clock = &t->w->clock;
+    stage_begin(clock);
     pthread_mutex_lock(&g->lock);
+    stage_mark(clock, CS_WAIT);
     for (;;) {
         if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
         if (*p->stop) {
@@ -353,26 +365,34 @@ static void *cg_work(void *arg) {
         }
         if (!slot) {
             if (g->finished == g->batch_count) break;
+            stage_mark(clock, CS_OTHER);
             cg_wait(g);
+            stage_mark(clock, CS_WAIT);
             continue;
         }
         int64_t i = g->batch_first[slot->batch] + slot->next++;
         pthread_mutex_unlock(&g->lock);
+        stage_mark(clock, CS_OTHER);
         int ok = reading ? cg_read_frame(t, slot, i) : cg_finish_frame(t->w, g, slot, i);
         pthread_mutex_lock(&g->lock);
+        stage_mark(clock, CS_WAIT);
         if (!ok) break;
         if (++slot->done == cg_frames(g, slot->batch)) {
             slot->next = slot->done = 0;
             if (!reading) {
                 slot->state = CG_WRITING;
                 /* A pipe takes the batches in their order. */
+                stage_mark(clock, CS_OTHER);
                 while (p->in_order && g->written_batches != slot->batch &&
                        !__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE))
                     cg_wait(g);
+                stage_mark(clock, CS_WAIT_ORDER);
                 if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
                 pthread_mutex_unlock(&g->lock);
                 ok = cg_write_batch(t->w, g, slot);
+                stage_mark(clock, CS_OTHER);
                 pthread_mutex_lock(&g->lock);
+                stage_mark(clock, CS_WAIT);
                 if (!ok) break;
                 g->written_batches++;
             }
@@ -390,6 +410,7 @@ static void *cg_work(void *arg) {
     }
     pthread_cond_broadcast(&g->changed);
     pthread_mutex_unlock(&g->lock);
+    stage_end(clock, CS_OTHER);
     return NULL;
 }
 
@@ -512,6 +533,8 @@ static int cg_code(cg_thread_t *t, cg_slot_t *slot, int64_t *table, int64_t *fai
 
 static void *cg_gpu(void *arg) {
     cg_thread_t *t = arg;
+    stage_clock_t *clock = &t->clock;
+    stage_begin(clock);
     cg_plane_t *g = t->g;
     compress_plan_t *p = g->p;
     char why[CG_WHY];
@@ -529,21 +552,28 @@ static void *cg_gpu(void *arg) {
         return NULL;
     }
     pthread_mutex_lock(&g->lock);
+    stage_mark(clock, CS_WAIT);
     for (;;) {
         if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
         cg_slot_t *slot = cg_slot_in(g, CG_READ, 0);
         if (!slot) {
             if (g->coded_batches == g->batch_count) break;
+            stage_mark(clock, CS_OTHER);
             cg_wait(g);
+            stage_mark(clock, CS_WAIT);
             continue;
         }
         slot->state = CG_CODING;
         pthread_mutex_unlock(&g->lock);
+        stage_mark(clock, CS_OTHER);
         int64_t failed = -1;
+        /* The batch's copies there and back and its coding (and, with verify, decoding back). */
         int ok = g->portable ? cg_write_literals(t, slot, table, plan, pack_rows, why, sizeof why)
                              : cg_code(t, slot, table, &failed, why, sizeof why);
+        stage_mark(clock, CS_GPU);
         if (ok) cg_settle(g, slot);
         pthread_mutex_lock(&g->lock);
+        stage_mark(clock, CS_WAIT);
         if (!ok) {
             pthread_mutex_unlock(&g->lock);
             if (failed >= 0)
@@ -561,6 +591,7 @@ static void *cg_gpu(void *arg) {
     free(table);
     free(plan);
     free(pack_rows);
+    stage_end(clock, CS_OTHER);
     return NULL;
 }
 
@@ -640,6 +671,9 @@ static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads) {
     pthread_cond_broadcast(&g.changed);
     pthread_mutex_unlock(&g.lock);
     for (int e = 0; e < gpu_started; e++) pthread_join(ids[threads + e], NULL);
+    for (int t = 0; t <= cpu_started; t++) stage_report(&coders[t].clock, STAGE_ROLE_CPU, p->stages, p->stage_rows, t);
+    for (int e = 0; e < gpu_started; e++)
+        stage_report(&args[threads + e].clock, STAGE_ROLE_GPU, p->stages, p->stage_rows, threads + e);
 done:
     if (args)
         for (int e = 0; e < engines; e++) gpu_engine_give(args[threads + e].engine);

@@ -63,6 +63,19 @@ enum { ROTATE_FLOAT = 1, ROTATE_CONTEXT = 2, ROTATE_GPU = 4, ROTATE_MEASURED = 8
  * not at all, always, or where its width mispredicts at most RULE_CLEAR_MISS). */
 enum { CONTEXT_NONE, CONTEXT_ALWAYS, CONTEXT_MEASURED };
 
+/* The compress plane's steps, as its threads' clocks count them (stage_clock_t): reading a
+ * frame, its checksum and digest leaves, applying a delta, splitting it into planes,
+ * coding them, deciding the GPU's planes (and planning portable ones), decoding back and
+ * reading back (verify), the payloads' checksums, writing, waiting for a free set of
+ * buffers, waiting for the order lock (and placing), a GPU worker's batch, waiting for a
+ * batch, and the rest (taking frames, the loop). */
+enum { CS_READ, CS_HASH, CS_DELTA, CS_SPLIT, CS_CODE, CS_PLAN, CS_VERIFY, CS_CHECKSUM, CS_WRITE, CS_WAIT_BUFFERS,
+       CS_WAIT_ORDER, CS_GPU, CS_WAIT, CS_OTHER, CS_COUNT };
+static const char *const compress_stage_names[CS_COUNT] = {
+    "read",  "hash",         "delta",      "split", "code", "plan", "verify", "checksum",
+    "write", "wait buffers", "wait order", "gpu",   "wait", "other"};
+_Static_assert(CS_COUNT <= STAGE_MAX, "compress stages");
+
 /* nvCOMP ANS codes chunks of at most this many bytes. */
 #define GPU_LARGEST_PLANE ((int64_t)16 << 20)
 
@@ -106,6 +119,7 @@ typedef struct {
     int64_t *gpu_stats;      /* batches, chunks and input bytes coded on the GPU */
     char *gpu_why;           /* why the GPU engine failed */
     size_t gpu_why_room;
+    int64_t *stages, stage_rows; /* where each thread's clock is reported (STAGE_COLS a row), or NULL */
 } compress_plan_t;
 
 typedef struct {
@@ -132,6 +146,7 @@ typedef struct {
     dtable_t *dt;
     ZSTD_DCtx *dctx;
     struct delta_scratch *delta; /* this thread's room for the plan's series delta */
+    stage_clock_t clock;
 } coder_t;
 
 static void compress_fail(compress_plan_t *p, int kind, int64_t frame, int64_t detail) {
@@ -452,7 +467,7 @@ static const uint8_t zero_padding[PLANE_ALIGN];
  * has its leaves hashed from the bytes read, then the delta applied, and its checksum taken
  * of the bytes it is coded as, as the Python pipeline records it. 1 if it went through, else
  * 0 with the failure recorded. */
-static int read_frame(compress_plan_t *p, int64_t i, uint8_t *raw, struct delta_scratch *delta) {
+static int read_frame(compress_plan_t *p, int64_t i, uint8_t *raw, struct delta_scratch *delta, stage_clock_t *clock) {
     int64_t *f = p->frames + i * FR_COLS;
     const int64_t *pc = p->leaves.pieces + f[FR_PIECE] * PC_COLS;
     for (int64_t j = 0; j < f[FR_PIECES]; j++) {
@@ -466,6 +481,7 @@ static int read_frame(compress_plan_t *p, int64_t i, uint8_t *raw, struct delta_
         if (error) return compress_fail(p, PLANE_READ, i, error), 0;
         if (got != piece[PC_SIZE]) return compress_fail(p, PLANE_SHORT, i, 0), 0;
     }
+    stage_mark(clock, CS_READ);
     int fused = 0, changed = p->leaves.delta && delta_touches(p->leaves.delta, pc, f[FR_PIECES]);
     if (!changed) f[FR_CHECKSUM] = (int64_t)plane_frame_hash(&p->leaves, f, raw, &fused);
     for (int64_t j = 0; j < f[FR_PIECES]; j++) {
@@ -473,11 +489,14 @@ static int read_frame(compress_plan_t *p, int64_t i, uint8_t *raw, struct delta_
         if (!plane_leaves(&p->leaves, raw + piece[PC_WITHIN], piece[PC_AT], piece[PC_SIZE], fused))
             return compress_fail(p, PLANE_NOMEM, i, 0), 0;
     }
+    stage_mark(clock, CS_HASH);
     if (changed) {
         int64_t detail = 0;
         int kind = delta_apply(delta, pc, f[FR_PIECES], f[FR_LENGTH], raw, 1, &detail);
+        stage_mark(clock, CS_DELTA);
         if (kind != PLANE_OK) return compress_fail(p, kind, i, detail), 0;
         f[FR_CHECKSUM] = (int64_t)CKPTZ_XXH3_64(raw, (size_t)f[FR_LENGTH]);
+        stage_mark(clock, CS_HASH);
     }
     return 1;
 }
@@ -564,16 +583,23 @@ static int code_frame(coder_t *w, held_t *held, int64_t i) {
     int word = (int)f[FR_WORD];
     /* Single bytes are their own plane: read where the planes go. */
     uint8_t *raw = word == 1 ? held->planes : w->raw;
-    if (!read_frame(p, i, raw, w->delta)) return 0;
+    if (!read_frame(p, i, raw, w->delta, &w->clock)) return 0;
     split_t s;
     size_t n = (size_t)f[FR_LENGTH] / (size_t)word;
     split_frame(p, f, raw, held->planes, n, 1, &s);
-    if (!code_planes(w, i, &s, held->out, held->payloads)) return 0;
+    stage_mark(&w->clock, CS_SPLIT);
+    int coded = code_planes(w, i, &s, held->out, held->payloads);
+    stage_mark(&w->clock, CS_CODE);
+    if (!coded) return 0;
     held->need = payload_bytes(held->payloads, word);
-    if (p->verify && !decodes_back(w, held->payloads, word, (int)(f[FR_ROTATE] & ROTATE_FLOAT), n, f[FR_LENGTH],
-                                   (uint64_t)f[FR_CHECKSUM], NULL))
-        return compress_fail(p, PLANE_FRAME, i, 0), 0;
+    if (p->verify) {
+        int back = decodes_back(w, held->payloads, word, (int)(f[FR_ROTATE] & ROTATE_FLOAT), n, f[FR_LENGTH],
+                                (uint64_t)f[FR_CHECKSUM], NULL);
+        stage_mark(&w->clock, CS_VERIFY);
+        if (!back) return compress_fail(p, PLANE_FRAME, i, 0), 0;
+    }
     chunk_rows(p, f, held->payloads, n);
+    stage_mark(&w->clock, CS_CHECKSUM);
     held->frame = i;
     return 1;
 }
@@ -597,12 +623,14 @@ static int write_frame_payloads(coder_t *w, const held_t *held, int64_t *detail)
     }
     if (p->output >= 0 && count) {
         int error = p->in_order ? writev_fully(p->output, iov, count) : pwritev_fully(p->output, iov, count, held->at);
+        stage_mark(&w->clock, CS_WRITE);
         if (error) return *detail = error, PLANE_WRITE;
     }
     if (p->checked >= 0 && held->need) {
         int error = 0;
-        if (!reads_back(w, p->chunks + f[FR_CHUNK] * CC_COLS, word, held->at, held->need, &error))
-            return *detail = error, error ? PLANE_CHECK_READ : PLANE_PAYLOAD;
+        int back = reads_back(w, p->chunks + f[FR_CHUNK] * CC_COLS, word, held->at, held->need, &error);
+        stage_mark(&w->clock, CS_VERIFY);
+        if (!back) return *detail = error, error ? PLANE_CHECK_READ : PLANE_PAYLOAD;
     }
     __atomic_add_fetch(p->progress, f[FR_LENGTH], __ATOMIC_RELAXED);
     return PLANE_OK;
@@ -633,13 +661,16 @@ static void give_held(compress_plan_t *p, held_t **held, int count) {
 static void *compress_work(void *arg) {
     coder_t *w = arg;
     compress_plan_t *p = w->plan;
+    stage_begin(&w->clock);
     for (;;) {
         if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
         if (*p->stop) {
             compress_fail(p, PLANE_STOPPED, -1, 0);
             break;
         }
+        stage_mark(&w->clock, CS_OTHER);
         held_t *held = take_held(p);
+        stage_mark(&w->clock, CS_WAIT_BUFFERS);
         if (!held) break;
         int64_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
         if (i >= p->leaves.frame_count || !code_frame(w, held, i)) {
@@ -662,15 +693,19 @@ static void *compress_work(void *arg) {
          * frames can be placed. */
         int kind = PLANE_OK, k = 0;
         int64_t detail = 0;
+        stage_mark(&w->clock, CS_WAIT_ORDER);
         if (p->in_order)
             for (; kind == PLANE_OK && k < count; k++) kind = write_frame_payloads(w, w->placing[k], &detail);
         pthread_mutex_unlock(&p->order_lock);
         if (!p->in_order)
             for (; kind == PLANE_OK && k < count; k++) kind = write_frame_payloads(w, w->placing[k], &detail);
+        stage_mark(&w->clock, CS_OTHER);
         if (kind != PLANE_OK) compress_fail(p, kind, w->placing[k - 1]->frame, detail);
         if (count) give_held(p, w->placing, count);
+        stage_mark(&w->clock, CS_WAIT_ORDER);
         if (kind != PLANE_OK) break;
     }
+    stage_end(&w->clock, CS_OTHER);
     return NULL;
 }
 
@@ -798,6 +833,8 @@ static int compress_run(compress_plan_t *p, int threads) {
             if (pthread_create(&ids[t], NULL, compress_work, &coders[t])) break;
         compress_work(&coders[0]);
         for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+        for (int t = 0; t <= started; t++)
+            stage_report(&coders[t].clock, STAGE_ROLE_CPU, p->stages, p->stage_rows, t);
     }
     result = p->failed ? (int)p->error[0] : PLANE_OK;
 done:

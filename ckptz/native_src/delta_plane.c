@@ -127,7 +127,7 @@ static int reference_frame(delta_scratch_t *s, int64_t i) {
         cursor += size + (-size & (PLANE_ALIGN - 1));
     }
     s->cached = -1;
-    if (!plane_read(c, i, payload) || !plane_decode(&s->reader, i, (const uint8_t *const *)payload, NULL) ||
+    if (!plane_read(c, i, payload, NULL) || !plane_decode(&s->reader, i, (const uint8_t *const *)payload, NULL) ||
         CKPTZ_XXH3_64(s->reader.out, (size_t)f[FR_LENGTH]) != (uint64_t)f[FR_CHECKSUM])
         return PLANE_REFERENCE_DAMAGED;
     /* A reference that is a delta itself: its frame, checked as coded, undone against its own

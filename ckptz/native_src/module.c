@@ -1176,6 +1176,19 @@ static Py_ssize_t plan_rows(const Py_buffer *b, Py_ssize_t cols, const char *wha
     return b->len / (8 * cols);
 }
 
+/* A plane's `stages` argument, where given: an int64 table of STAGE_COLS columns, a row per
+ * thread (plane threads first, then GPU workers), zeroed here for the plane to fill; its
+ * rows (0 where not given), or -1 (error set). */
+static int64_t stage_table(Py_buffer *b, int64_t **rows) {
+    *rows = NULL;
+    if (!b->obj) return 0;
+    Py_ssize_t count = plan_rows(b, STAGE_COLS, "stages");
+    if (count < 0) return -1;
+    memset(b->buf, 0, (size_t)b->len);
+    *rows = b->buf;
+    return count;
+}
+
 /* References followed at once: series/reference.py's MAX_CHAIN. */
 #define DELTA_MAX_CHAIN 64
 
@@ -1249,21 +1262,22 @@ static void delta_release(delta_args_t *held) {
 }
 
 /* restore_plan(container, output, checked, memory, frames, chunks, pieces, source_size, leaf,
- * leaf_hashes, threads, progress, stop, error, gpu=None, delta=None) -> int: plane.c's restore of
- * one file; gpu = (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id, stats, why)
- * decodes those bitstreams' chunks there (plane_gpu.c); delta (delta_parse) undoes a series
- * delta; window = (start, end) restores only those bytes of the file, into memory. */
+ * leaf_hashes, threads, progress, stop, error, gpu=None, delta=None, window=(0, 0), stages=None) -> int:
+ * plane.c's restore of one file; gpu = (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id,
+ * stats, why) decodes those bitstreams' chunks there (plane_gpu.c); delta (delta_parse) undoes a
+ * series delta; window = (start, end) restores only those bytes of the file, into memory; stages
+ * (stage_table) gets each thread's clock. */
 static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
-    Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error, stats = {0}, why = {0};
+    Py_buffer memory, frames, chunks, pieces, hashes, progress, stop, error, stats = {0}, why = {0}, stages = {0};
     restore_plan_t plan;
     delta_args_t delta_held = {0};
     int threads;
     PyObject *gpu = Py_None, *delta_arg = Py_None;
     long long window_start = 0, window_end = 0;
     memset(&plan, 0, sizeof plan);
-    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*|OO(LL)", &plan.container, &plan.output, &plan.checked,
+    if (!PyArg_ParseTuple(args, "iiiw*y*y*y*LLw*iw*w*w*|OO(LL)w*", &plan.container, &plan.output, &plan.checked,
                           &memory, &frames, &chunks, &pieces, &plan.source_size, &plan.leaf, &hashes, &threads,
-                          &progress, &stop, &error, &gpu, &delta_arg, &window_start, &window_end))
+                          &progress, &stop, &error, &gpu, &delta_arg, &window_start, &window_end, &stages))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
@@ -1285,7 +1299,7 @@ static PyObject *native_restore_plan(PyObject *self, PyObject *args) {
     plan.frame_count = plan_rows(&frames, FR_COLS, "frames");
     plan.chunk_count = plan.frame_count < 0 ? -1 : plan_rows(&chunks, CH_COLS, "chunks");
     plan.piece_count = plan.chunk_count < 0 ? -1 : plan_rows(&pieces, PC_COLS, "pieces");
-    if (plan.piece_count < 0) goto done;
+    if (plan.piece_count < 0 || (plan.stage_rows = stage_table(&stages, &plan.stages)) < 0) goto done;
     if (hashes.len % 8 || progress.len < 8 || stop.len < 1 || error.len < 24 || threads < 1 || plan.container < 0) {
         PyErr_SetString(PyExc_ValueError, "restore_plan: malformed leaf, progress, stop or error buffer");
         goto done;
@@ -1345,27 +1359,30 @@ done:
     PyBuffer_Release(&error);
     if (stats.obj) PyBuffer_Release(&stats);
     if (why.obj) PyBuffer_Release(&why);
+    if (stages.obj) PyBuffer_Release(&stages);
     return result;
 }
 
 /* compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,
- * leaf_hashes, level, rules, threads, progress, stop, error, gpu=None, delta=None) -> int: compress_plane.c's
- * coding of one file, read from the descriptor `source` or (source -1) the host memory regions of `memory`, whose
- * buffers the caller keeps alive; gpu = (nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why)
- * codes the frames marked for it there as `codec` (ans, or zstd with ckptz's kernels: their cubin)
- * (compress_gpu.c); delta (delta_parse) codes paired ranges as a series delta. */
+ * leaf_hashes, level, rules, threads, progress, stop, error, gpu=None, delta=None, stages=None) -> int:
+ * compress_plane.c's coding of one file, read from the descriptor `source` or (source -1) the host memory regions
+ * of `memory`, whose buffers the caller keeps alive; gpu = (nvcomp_library, device, batch_bytes, workers, codec,
+ * kernels, stats, why) codes the frames marked for it there as `codec` (ans, or zstd with ckptz's kernels: their
+ * cubin) (compress_gpu.c); delta (delta_parse) codes paired ranges as a series delta; stages (stage_table) gets
+ * each thread's clock. */
 static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     Py_buffer memory, frames, chunks, pieces, hashes, rules, progress, stop, error, stats = {0}, why = {0},
-                                                                                  kernels = {0};
+                                                                                  kernels = {0}, stages = {0};
     compress_plan_t plan;
     delta_args_t delta_held = {0};
     int threads;
     PyObject *gpu = Py_None, *delta_arg = Py_None;
     memset(&plan, 0, sizeof plan);
     restore_plan_t *l = &plan.leaves;
-    if (!PyArg_ParseTuple(args, "iy*ippiLw*w*y*LLw*iy*iw*w*w*|OO", &plan.source, &memory, &plan.output, &plan.in_order,
-                          &plan.verify, &plan.checked, &plan.end, &frames, &chunks, &pieces, &l->source_size, &l->leaf,
-                          &hashes, &plan.level, &rules, &threads, &progress, &stop, &error, &gpu, &delta_arg))
+    if (!PyArg_ParseTuple(args, "iy*ippiLw*w*y*LLw*iy*iw*w*w*|OOw*", &plan.source, &memory, &plan.output,
+                          &plan.in_order, &plan.verify, &plan.checked, &plan.end, &frames, &chunks, &pieces,
+                          &l->source_size, &l->leaf, &hashes, &plan.level, &rules, &threads, &progress, &stop, &error,
+                          &gpu, &delta_arg, &stages))
         return NULL;
     PyObject *result = NULL;
     const char *wrong = NULL;
@@ -1389,7 +1406,7 @@ static PyObject *native_compress_plan(PyObject *self, PyObject *args) {
     l->chunk_count = l->frame_count < 0 ? -1 : plan_rows(&chunks, CC_COLS, "chunks");
     l->piece_count = l->chunk_count < 0 ? -1 : plan_rows(&pieces, PC_COLS, "pieces");
     plan.memory_count = l->piece_count < 0 ? -1 : plan_rows(&memory, MR_COLS, "memory");
-    if (plan.memory_count < 0) goto done;
+    if (plan.memory_count < 0 || (plan.stage_rows = stage_table(&stages, &plan.stages)) < 0) goto done;
     plan.memory = memory.buf;
     if (hashes.len % 8 || progress.len < 8 || stop.len < 1 || error.len < 24 || threads < 1 || plan.end < 0 ||
         rules.len != sizeof plan.rules) {
@@ -1442,6 +1459,7 @@ done:
     if (stats.obj) PyBuffer_Release(&stats);
     if (why.obj) PyBuffer_Release(&why);
     if (kernels.obj) PyBuffer_Release(&kernels);
+    if (stages.obj) PyBuffer_Release(&stages);
     return result;
 }
 
@@ -1562,24 +1580,44 @@ static PyMethodDef methods[] = {
      "sign2d_decode(payload, out): decode a sign2d payload into out; False if malformed."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
      "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
-     "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None, delta=None) -> int: code a whole file (from a\n"
-     "descriptor, or host memory regions) into its container's data area, at offsets or in order (0, or the failure's\n"
-     "kind); gpu: (nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why) codes the frames marked\n"
-     "for it there; delta: (ranges, reference_size, reference_fd, container_fd, frames, chunks, pieces, lookup, inner)\n"
-     "codes paired ranges against a reference file or container (inner: that container's own delta, or None)."},
+     "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None, delta=None, stages=None) -> int: code a\n"
+     "whole file (from a descriptor, or host memory regions) into its container's data area, at offsets or in order\n"
+     "(0, or the failure's kind); gpu: (nvcomp_library, device, batch_bytes, workers, codec, kernels, stats, why)\n"
+     "codes the frames marked for it there; delta: (ranges, reference_size, reference_fd, container_fd, frames,\n"
+     "chunks, pieces, lookup, inner) codes paired ranges against a reference file or container (inner: that\n"
+     "container's own delta, or None); stages: an int64 table of stage_columns columns, a row per thread (then per\n"
+     "GPU worker), filled with each thread's role, start, run time and time and count in each of compress_stages."},
     {"restore_plan", native_restore_plan, METH_VARARGS,
      "restore_plan(container_fd, output_fd, checked_fd, memory, frames, chunks, pieces, source_size, leaf,\n"
-     "leaf_hashes, threads, progress, stop, error, gpu=None, delta=None, window=(0, 0)) -> int: restore a whole\n"
-     "file (or, window = (start, end), those bytes of it into memory) on native threads\n"
+     "leaf_hashes, threads, progress, stop, error, gpu=None, delta=None, window=(0, 0), stages=None) -> int: restore\n"
+     "a whole file (or, window = (start, end), those bytes of it into memory) on native threads\n"
      "without the GIL (int64 plan tables; output or checked fd -1, memory empty: none); 0, or the failure's\n"
      "kind (error: kind, frame, detail). gpu: (nvcomp_library, device, batch_bytes, workers, ans_id, zstd_id,\n"
      "stats, why): chunks of those bitstreams (zstd_id -1: none) decoded on that GPU; stats (int64: batches,\n"
-     "chunks, payload bytes) counts them, why (bytes) says why the GPU failed. delta: as compress_plan's, undone."},
+     "chunks, payload bytes) counts them, why (bytes) says why the GPU failed. delta: as compress_plan's, undone.\n"
+     "stages: as compress_plan's, by restore_stages."},
     {"decode_frame", native_decode_frame, METH_VARARGS,
      "decode_frame(chunks, out, room, word, rotate): decode and merge a frame's planes into out; False\n"
      "if a plane needs the Python codecs."},
     {NULL, NULL, 0, NULL},
 };
+
+/* A plane's step names as a tuple attribute of the module; -1 with the error set. */
+static int stage_names(PyObject *m, const char *attribute, const char *const *names, int count) {
+    PyObject *tuple = PyTuple_New(count);
+    for (int k = 0; tuple && k < count; k++) {
+        PyObject *name = PyUnicode_FromString(names[k]);
+        if (!name) {
+            Py_CLEAR(tuple);
+            break;
+        }
+        PyTuple_SET_ITEM(tuple, k, name);
+    }
+    if (!tuple) return -1;
+    int added = PyModule_AddObjectRef(m, attribute, tuple);
+    Py_DECREF(tuple);
+    return added;
+}
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "ckptz._native", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
@@ -1594,5 +1632,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "avx2", have_avx2) < 0) Py_CLEAR(m);
     if (m && PyModule_AddIntConstant(m, "xxh3_state_bytes", (long)XXH3_STATE_ROW) < 0) Py_CLEAR(m);
+    if (m && PyModule_AddIntConstant(m, "stage_columns", STAGE_COLS) < 0) Py_CLEAR(m);
+    if (m && (stage_names(m, "compress_stages", compress_stage_names, CS_COUNT) < 0 ||
+              stage_names(m, "restore_stages", restore_stage_names, RS_COUNT) < 0))
+        Py_CLEAR(m);
     return m;
 }

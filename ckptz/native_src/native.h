@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -35,6 +36,72 @@ static int have_avx2; /* set at import */
 #define SHIFTS
 #define AVX2_PATHS 0
 #endif
+
+/* ---------------------------------------------------------------- stage clocks */
+
+/* Where a plane's thread spends its time: at each step's end it charges the nanoseconds since
+ * its last mark to that step (each plane numbers its own steps), in a clock of its own, so
+ * the hot path shares no cache line and takes no lock. A mark is one vDSO clock_gettime, a
+ * few per frame of megabytes: always on. */
+#define STAGE_MAX 14
+
+typedef struct {
+    int64_t born, last; /* when the thread started, and its last mark (CLOCK_MONOTONIC ns) */
+    int64_t cpu_born, cpu; /* its CPU time then (CLOCK_THREAD_CPUTIME_ID), and its CPU time in all */
+    int64_t ns[STAGE_MAX], count[STAGE_MAX];
+    char apart[64]; /* keeps the next thread's clock off this one's cache line */
+} stage_clock_t;
+
+/* A row of the table a plane reports its clocks in (module.c's `stages` argument): the
+ * thread's role (STAGE_ROLE_*; 0: no thread), when it started, how long it ran, how much of
+ * that on a CPU (the rest it waited: for a lock, the disk, or a core another process held),
+ * then each step's nanoseconds and each step's count. */
+enum { STAGE_ROLE, STAGE_BORN, STAGE_LIFE, STAGE_CPU, STAGE_NS, STAGE_COLS = STAGE_NS + 2 * STAGE_MAX };
+enum { STAGE_ROLE_NONE, STAGE_ROLE_CPU, STAGE_ROLE_GPU };
+
+static inline int64_t stage_time(clockid_t which) {
+    struct timespec t;
+    clock_gettime(which, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline int64_t stage_now(void) { return stage_time(CLOCK_MONOTONIC); }
+
+/* Starts the calling thread's clock. */
+static inline void stage_begin(stage_clock_t *c) {
+    memset(c, 0, sizeof *c);
+    c->born = c->last = stage_now();
+    c->cpu_born = stage_time(CLOCK_THREAD_CPUTIME_ID);
+}
+
+/* Charges the time since the last mark to `stage` (nothing where c is NULL). */
+static inline void stage_mark(stage_clock_t *c, int stage) {
+    if (!c) return;
+    int64_t now = stage_now();
+    c->ns[stage] += now - c->last;
+    c->count[stage]++;
+    c->last = now;
+}
+
+/* The calling thread's last mark, and its CPU time since stage_begin. */
+static void stage_end(stage_clock_t *c, int stage) {
+    stage_mark(c, stage);
+    c->cpu = stage_time(CLOCK_THREAD_CPUTIME_ID) - c->cpu_born;
+}
+
+/* Writes a thread's clock as row `row` of a table of `rows` (none where it has no such row). */
+static void stage_report(const stage_clock_t *c, int role, int64_t *table, int64_t rows, int64_t row) {
+    if (!table || row < 0 || row >= rows) return;
+    int64_t *r = table + row * STAGE_COLS;
+    r[STAGE_ROLE] = role;
+    r[STAGE_BORN] = c->born;
+    r[STAGE_LIFE] = c->last - c->born;
+    r[STAGE_CPU] = c->cpu;
+    for (int k = 0; k < STAGE_MAX; k++) {
+        r[STAGE_NS + k] = c->ns[k];
+        r[STAGE_NS + STAGE_MAX + k] = c->count[k];
+    }
+}
 
 /* ---------------------------------------------------------------- zstd's Huffman literals */
 

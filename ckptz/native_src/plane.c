@@ -46,6 +46,17 @@ enum { PC_AT, PC_WITHIN, PC_SIZE, PC_COLS };
 
 #define PLANE_ALIGN 16 /* container.py's ALIGN: payloads are padded to it with zeros */
 
+/* The restore plane's steps, as its threads' clocks count them (stage_clock_t): reading
+ * payloads, checking their padding and checksums, decoding planes, merging words, the
+ * frame's checksum and the leaves it holds, undoing a delta, putting pieces into memory,
+ * writing them, comparing them with a file, the leaves they straddle, a GPU worker's batch,
+ * waiting for a batch, and the rest (taking frames, the loop). */
+enum { RS_READ, RS_CHECK, RS_DECODE, RS_MERGE, RS_HASH, RS_DELTA, RS_PUT, RS_WRITE, RS_COMPARE, RS_LEAVES,
+       RS_GPU, RS_WAIT, RS_OTHER, RS_COUNT };
+static const char *const restore_stage_names[RS_COUNT] = {
+    "read", "check", "decode", "merge", "hash", "delta", "put", "write", "compare", "leaves", "gpu", "wait", "other"};
+_Static_assert(RS_COUNT <= STAGE_MAX, "restore stages");
+
 /* ---------------------------------------------------------------- libzstd, at run time */
 
 /* The few functions of libzstd's stable ABI that a zstd frame with sequences needs; loaded
@@ -169,6 +180,7 @@ typedef struct {
      * into memory from its start (a restore in file order, a window at a time): each frame
      * is decoded whole, as its checks and its delta need, and its pieces clipped. */
     int64_t window_start, window_end;
+    int64_t *stages, stage_rows; /* where each thread's clock is reported (STAGE_COLS a row), or NULL */
 } restore_plan_t;
 
 typedef struct {
@@ -177,6 +189,7 @@ typedef struct {
     dtable_t *dt;
     void *zstd;
     struct delta_scratch *delta; /* this thread's room for the plan's delta */
+    stage_clock_t clock;
 } worker_t;
 
 /* delta_plane.c, which reads a reference container through this file's workers. */
@@ -457,8 +470,9 @@ static int64_t plane_compare(worker_t *w, const uint8_t *bytes, int64_t at, int6
 }
 
 /* Reads each payload k of frame i to dst[k] (with its padding) and checks the padding and
- * the payload's checksum. 1 if they hold, else 0 with the failure recorded. */
-static int plane_read(restore_plan_t *p, int64_t i, uint8_t *const *dst) {
+ * the payload's checksum (timed on `clock`, or NULL). 1 if they hold, else 0 with the
+ * failure recorded. */
+static int plane_read(restore_plan_t *p, int64_t i, uint8_t *const *dst, stage_clock_t *clock) {
     const int64_t *f = p->frames + i * FR_COLS;
     const int64_t *c = p->chunks + f[FR_CHUNK] * CH_COLS;
     for (int k = 0; k < (int)f[FR_WORD]; k++) {
@@ -467,12 +481,14 @@ static int plane_read(restore_plan_t *p, int64_t i, uint8_t *const *dst) {
         int error = 0;
         uint8_t *at = dst[k];
         int64_t got = pread_fully(p->container, (char *)at, padded, ck[CH_OFFSET], &error);
+        stage_mark(clock, RS_READ);
         if (error) return plane_fail(p, PLANE_READ, i, error), 0;
         if (got != padded) return plane_fail(p, PLANE_TRUNCATED, i, f[FR_CHUNK] + k), 0;
         for (int64_t j = size; j < padded; j++)
             if (at[j]) return plane_fail(p, PLANE_PADDING, i, f[FR_CHUNK] + k), 0;
-        if (CKPTZ_XXH3_64(at, (size_t)size) != (uint64_t)ck[CH_CHECKSUM])
-            return plane_fail(p, PLANE_PAYLOAD, i, f[FR_CHUNK] + k), 0;
+        int sound = CKPTZ_XXH3_64(at, (size_t)size) == (uint64_t)ck[CH_CHECKSUM];
+        stage_mark(clock, RS_CHECK);
+        if (!sound) return plane_fail(p, PLANE_PAYLOAD, i, f[FR_CHUNK] + k), 0;
     }
     return 1;
 }
@@ -499,6 +515,7 @@ static int plane_decode(worker_t *w, int64_t i, const uint8_t *const *payload, c
             ok = plane_decode_one(w, payload[k], (size_t)ck[CH_SIZE], (int)ck[CH_CODEC], n, into, &planes[k]);
         }
     }
+    stage_mark(&w->clock, RS_DECODE);
     if (!ok) return plane_fail(p, PLANE_DECODE, i, 0), 0;
     if (word == 1) {
         if (!planes[0].bytes) memset(w->out, planes[0].value, n);
@@ -506,6 +523,7 @@ static int plane_decode(worker_t *w, int64_t i, const uint8_t *const *payload, c
     } else {
         merge_words(planes, w->out, n, word, rotate);
     }
+    stage_mark(&w->clock, RS_MERGE);
     return 1;
 }
 
@@ -518,14 +536,17 @@ static int plane_check_frame(worker_t *w, int64_t i, int *fused) {
     const int64_t *f = p->frames + i * FR_COLS;
     const int64_t *pc = p->pieces + f[FR_PIECE] * PC_COLS;
     if (!p->delta || !delta_touches(p->delta, pc, f[FR_PIECES])) {
-        if (plane_frame_hash(p, f, w->out, fused) == (uint64_t)f[FR_CHECKSUM]) return 1;
-        return plane_fail(p, PLANE_FRAME, i, 0), 0;
+        int sound = plane_frame_hash(p, f, w->out, fused) == (uint64_t)f[FR_CHECKSUM];
+        stage_mark(&w->clock, RS_HASH);
+        return sound ? 1 : (plane_fail(p, PLANE_FRAME, i, 0), 0);
     }
     *fused = 0;
-    if (CKPTZ_XXH3_64(w->out, (size_t)f[FR_LENGTH]) != (uint64_t)f[FR_CHECKSUM])
-        return plane_fail(p, PLANE_FRAME, i, 0), 0;
+    int sound = CKPTZ_XXH3_64(w->out, (size_t)f[FR_LENGTH]) == (uint64_t)f[FR_CHECKSUM];
+    stage_mark(&w->clock, RS_HASH);
+    if (!sound) return plane_fail(p, PLANE_FRAME, i, 0), 0;
     int64_t detail = 0;
     int kind = delta_apply(w->delta, pc, f[FR_PIECES], f[FR_LENGTH], w->out, 0, &detail);
+    stage_mark(&w->clock, RS_DELTA);
     if (kind != PLANE_OK) return plane_fail(p, kind, i, detail), 0;
     return 1;
 }
@@ -550,18 +571,27 @@ static int plane_finish(worker_t *w, int64_t i, const uint8_t *const *payload, c
             size = hi - lo;
             at = lo - p->window_start;
         }
-        if (p->memory) memcpy(p->memory + at, bytes, (size_t)size);
+        if (p->memory) {
+            memcpy(p->memory + at, bytes, (size_t)size);
+            stage_mark(&w->clock, RS_PUT);
+        }
         if (p->output >= 0) {
             int error = plane_pwrite(p->output, bytes, size, at);
+            stage_mark(&w->clock, RS_WRITE);
             if (error) return plane_fail(p, PLANE_WRITE, i, error), 0;
         }
         if (p->checked >= 0) {
             int error = 0;
             int64_t differs = plane_compare(w, bytes, at, size, &error);
+            stage_mark(&w->clock, RS_COMPARE);
             if (error) return plane_fail(p, PLANE_CHECK_READ, i, error), 0;
             if (differs >= 0) return plane_fail(p, PLANE_DIFFERS, i, differs), 0;
         }
-        if (!plane_leaves(p, bytes, at, size, fused)) return plane_fail(p, PLANE_NOMEM, i, 0), 0;
+        if (p->leaf) {
+            int ok = plane_leaves(p, bytes, at, size, fused);
+            stage_mark(&w->clock, RS_LEAVES);
+            if (!ok) return plane_fail(p, PLANE_NOMEM, i, 0), 0;
+        }
     }
     __atomic_add_fetch(p->progress, f[FR_LENGTH], __ATOMIC_RELAXED);
     return 1;
@@ -578,12 +608,13 @@ static int plane_frame(worker_t *w, int64_t i) {
         payload[k] = w->payloads + cursor;
         cursor += size + (-size & (PLANE_ALIGN - 1));
     }
-    return plane_read(p, i, payload) && plane_finish(w, i, (const uint8_t *const *)payload, NULL);
+    return plane_read(p, i, payload, &w->clock) && plane_finish(w, i, (const uint8_t *const *)payload, NULL);
 }
 
 static void *plane_work(void *arg) {
     worker_t *w = arg;
     restore_plan_t *p = w->plan;
+    stage_begin(&w->clock);
     for (;;) {
         if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
         if (*p->stop) {
@@ -591,14 +622,17 @@ static void *plane_work(void *arg) {
             break;
         }
         int64_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+        stage_mark(&w->clock, RS_OTHER);
         if (i >= p->frame_count || !plane_frame(w, i)) break;
     }
+    stage_end(&w->clock, RS_OTHER);
     return NULL;
 }
 
 static int worker_init(worker_t *w, restore_plan_t *p) {
     memset(w, 0, sizeof *w);
     w->plan = p;
+    stage_begin(&w->clock); /* a delta's reader of its reference marks on it too */
     /* On a GPU the payloads are read into the batches' pinned memory instead. */
     w->payloads = plane_buffer(p->gpu ? 0 : p->payload_room);
     w->room = plane_buffer(p->frame_room);
@@ -681,6 +715,8 @@ static int plane_run(restore_plan_t *p, int threads) {
             if (pthread_create(&ids[t], NULL, plane_work, &workers[t])) break;
         plane_work(&workers[0]);
         for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+        for (int t = 0; t <= started; t++)
+            stage_report(&workers[t].clock, STAGE_ROLE_CPU, p->stages, p->stage_rows, t);
     }
     result = p->failed ? (int)p->error[0] : PLANE_OK;
 done:

@@ -51,6 +51,7 @@ typedef struct {
     gpu_plane_t *g;
     worker_t *w;          /* a CPU thread's */
     gpu_engine_t *engine; /* a GPU worker's */
+    stage_clock_t clock;  /* a GPU worker's (a CPU thread's is its worker's) */
 } gpu_thread_t;
 
 /* Whether a chunk of a frame of `word`-byte words goes to the GPU: every ans chunk, and the
@@ -150,7 +151,10 @@ static void *gpu_plane_work(void *arg) {
     restore_plan_t *p = g->p;
     uint8_t *payload[8];
     const uint8_t *decoded[8];
+    stage_clock_t *clock = &t->w->clock;
+    stage_begin(clock);
     pthread_mutex_lock(&g->lock);
+    stage_mark(clock, RS_WAIT);
     for (;;) {
         if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
         if (*p->stop) {
@@ -170,19 +174,24 @@ static void *gpu_plane_work(void *arg) {
         }
         if (!slot) {
             if (g->finished == g->batch_count) break;
+            stage_mark(clock, RS_OTHER);
             gpu_wait(g);
+            stage_mark(clock, RS_WAIT);
             continue;
         }
         int64_t i = g->batch_first[slot->batch] + slot->next++;
         pthread_mutex_unlock(&g->lock);
+        stage_mark(clock, RS_OTHER);
         int word = (int)p->frames[i * FR_COLS + FR_WORD];
         for (int k = 0; k < word; k++) {
             int64_t at = g->in_at[i * 8 + k], to = g->out_at[i * 8 + k];
             payload[k] = (to < 0 ? slot->rest : slot->in) + at;
             decoded[k] = to < 0 ? NULL : slot->out + to;
         }
-        int ok = reading ? plane_read(p, i, payload) : plane_finish(t->w, i, (const uint8_t *const *)payload, decoded);
+        int ok = reading ? plane_read(p, i, payload, clock)
+                         : plane_finish(t->w, i, (const uint8_t *const *)payload, decoded);
         pthread_mutex_lock(&g->lock);
+        stage_mark(clock, RS_WAIT);
         if (!ok) break;
         if (++slot->done == batch_frames(g, slot->batch)) {
             slot->next = slot->done = 0;
@@ -200,11 +209,14 @@ static void *gpu_plane_work(void *arg) {
     }
     pthread_cond_broadcast(&g->changed);
     pthread_mutex_unlock(&g->lock);
+    stage_end(clock, RS_OTHER);
     return NULL;
 }
 
 static void *gpu_plane_decode(void *arg) {
     gpu_thread_t *t = arg;
+    stage_clock_t *clock = &t->clock;
+    stage_begin(clock);
     gpu_plane_t *g = t->g;
     restore_plan_t *p = g->p;
     char why[GPU_WHY];
@@ -222,12 +234,15 @@ static void *gpu_plane_decode(void *arg) {
     int64_t *in_at = table, *in_size = table + rows, *out_at = table + 2 * rows, *out_size = table + 3 * rows,
             *codec = table + 4 * rows, *frame = table + 5 * rows;
     pthread_mutex_lock(&g->lock);
+    stage_mark(clock, RS_WAIT);
     for (;;) {
         if (__atomic_load_n(&p->failed, __ATOMIC_ACQUIRE)) break;
         gpu_slot_t *slot = gpu_slot_in(g, SLOT_READ, 0);
         if (!slot) {
             if (g->decoded == g->batch_count) break;
+            stage_mark(clock, RS_OTHER);
             gpu_wait(g);
+            stage_mark(clock, RS_WAIT);
             continue;
         }
         slot->state = SLOT_DECODING;
@@ -250,8 +265,11 @@ static void *gpu_plane_decode(void *arg) {
         }
         gpu_batch_t batch = {slot->in, slot->out, (size_t)g->batch_in[slot->batch], (size_t)g->batch_out[slot->batch],
                              n, in_at, in_size, out_at, out_size, codec, p->gpu_ans, p->gpu_zstd};
-        int result = gpu_decode(t->engine, &batch, &bad, why, sizeof why);
+        stage_mark(clock, RS_OTHER);
+        int result = gpu_decode(t->engine, &batch, &bad, why, sizeof why); /* copies there and back, and nvCOMP */
+        stage_mark(clock, RS_GPU);
         pthread_mutex_lock(&g->lock);
+        stage_mark(clock, RS_WAIT);
         if (result < 0) {
             pthread_mutex_lock(&p->error_lock);
             if (!p->failed) snprintf(p->gpu_why, p->gpu_why_room, "%s", why);
@@ -271,6 +289,7 @@ static void *gpu_plane_decode(void *arg) {
     pthread_cond_broadcast(&g->changed);
     pthread_mutex_unlock(&g->lock);
     free(table);
+    stage_end(clock, RS_OTHER);
     return NULL;
 }
 
@@ -342,6 +361,9 @@ static void plane_gpu_run(restore_plan_t *p, worker_t *workers, int threads) {
     pthread_cond_broadcast(&g.changed);
     pthread_mutex_unlock(&g.lock);
     for (int e = 0; e < gpu_started; e++) pthread_join(ids[threads + e], NULL);
+    for (int t = 0; t <= cpu_started; t++) stage_report(&workers[t].clock, STAGE_ROLE_CPU, p->stages, p->stage_rows, t);
+    for (int e = 0; e < gpu_started; e++)
+        stage_report(&args[threads + e].clock, STAGE_ROLE_GPU, p->stages, p->stage_rows, threads + e);
 done:
     if (args)
         for (int e = 0; e < engines; e++) gpu_engine_give(args[threads + e].engine);

@@ -3,18 +3,21 @@
 A native call runs on a thread of its own with the GIL released; this thread polls its
 progress counter and is where Ctrl-C and SIGTERM raise, which set the call's stop flag. The
 threads a call may use are lent from one budget, so several files in flight stay within
-the engine's thread count.
+the engine's thread count. Each call's threads report where their time went
+(:mod:`ckptz.pipeline.plane_stages`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from time import perf_counter_ns
 
 import numpy as np
 
 from ckptz.codecs.table import ANS
+from ckptz.pipeline import plane_stages
 
 #: Seconds between polls of the progress counter (and chances to take a signal).
 POLL = 0.05
@@ -100,16 +103,27 @@ class GpuTotals:
             return batches, chunks, nbytes
 
 
-#: One native call: given the threads lent to it, its progress counter, its stop flag and
-#: the row it fills with its first failure (kind, frame, detail); returns 0 or that kind.
-NativeCall = Callable[[int, np.ndarray, np.ndarray, np.ndarray], int]
+#: One native call: given the threads lent to it, its progress counter, its stop flag, the
+#: row it fills with its first failure (kind, frame, detail) and the table its threads'
+#: clocks go in (:func:`plane_stages.table`); returns 0 or that kind.
+NativeCall = Callable[[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 
 
 def call_polled(
-    call: NativeCall, name: str, threads: int, progress: Callable[[int], None]
+    call: NativeCall,
+    name: str,
+    threads: int,
+    progress: Callable[[int], None],
+    plane: str,
+    steps: Sequence[str],
+    frames: int,
 ) -> tuple[int, np.ndarray]:
     """Run ``call`` on a thread of its own and hand its progress counter to ``progress``
-    until it returns; its result, and its failure row (kind, frame, detail).
+    until it returns; its result, and its failure row (kind, frame, detail). It is lent at
+    most ``threads``, and no more than its ``frames``: a thread beyond them would find no
+    frame to take, and holding it would keep another file's call from starting. Where it
+    returned, its threads' clocks (``plane``'s ``steps``) are recorded
+    (:func:`plane_stages.record`).
 
     Raises:
         what ``call`` raised (a plan it rejected), or what ``progress`` or a signal handler
@@ -120,15 +134,21 @@ def call_polled(
     error = np.zeros(3, np.int64)
     result: list[int] = []
     failure: list[BaseException] = []
+    span: list[int] = []
 
     def run(lent: int) -> None:
+        clocks = plane_stages.table(lent)
         try:
-            result.append(call(lent, counter, stop, error))
+            span.append(perf_counter_ns())
+            result.append(call(lent, counter, stop, error, clocks))
+            span.append(perf_counter_ns())
+            calls = plane_stages.read(plane, steps, clocks, span[1] - span[0])
+            plane_stages.record(calls, name, span[0], span[1])
         except BaseException as exc:  # a rejected plan: raised in the caller's thread
             failure.append(exc)
 
     reported = 0
-    lent = THREADS.borrow(max(1, threads))
+    lent = THREADS.borrow(max(1, min(threads, frames)))
     worker = threading.Thread(target=run, args=(lent,), name=name, daemon=True)
     try:
         worker.start()

@@ -267,7 +267,7 @@ def code(
     if gpu is not None:
         settings = (gpu.library, gpu.device, gpu.batch_bytes, gpu.workers, gpu.codec, gpu.kernels, stats, why)
 
-    def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
+    def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray, clocks: np.ndarray) -> int:
         return native.compress_plan(
             fd,
             memory,
@@ -290,10 +290,19 @@ def code(
             error,
             settings,
             delta,
+            clocks,
         )
 
     try:
-        failed, error = call_polled(call, "ckptz-native-compress", threads or coder.threads, progress)
+        failed, error = call_polled(
+            call,
+            "ckptz-native-compress",
+            threads or coder.threads,
+            progress,
+            "compress",
+            native.compress_stages,
+            len(tables.frames),
+        )
     finally:
         _CODED.add(stats)
     if failed == _GPU:

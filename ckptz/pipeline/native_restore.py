@@ -394,7 +394,7 @@ def _call(
     series ``delta``, restoring only the ``window`` of the file's bytes (start, end) into the
     target's memory where it is not empty); None, or its failure (kind, frame, detail)."""
 
-    def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray) -> int:
+    def call(lent: int, counter: np.ndarray, stop: np.ndarray, error: np.ndarray, clocks: np.ndarray) -> int:
         return native.restore_plan(
             fd,
             target.output,
@@ -413,9 +413,12 @@ def _call(
             gpu,
             delta,
             window,
+            clocks,
         )
 
-    failed, error = call_polled(call, "ckptz-native-restore", threads, progress)
+    failed, error = call_polled(
+        call, "ckptz-native-restore", threads, progress, "restore", native.restore_stages, len(tables.frames)
+    )
     if failed:
         return int(error[0]), int(error[1]), int(error[2])
     return None
