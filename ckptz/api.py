@@ -203,7 +203,7 @@ def compress(
             reporter.file(job.label)
             make = sp.transform(job) if sp is not None else None
             try:
-                stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, read)
+                stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, read, force)
             except SourceChangedError as exc:
                 changed.add(exc)  # the other files go on
                 return None
@@ -338,20 +338,28 @@ def _compress_one(
     stop: Stop,
     transform: Callable[[FileLayout], FrameTransform | None] | None = None,
     read: dict[tuple[int, int], FileIdentity] | None = None,
+    force: bool = False,
 ) -> FileStats:
     """Compress one file; in place, replace it only while it is the file that was read (its
-    identity taken before its first byte is read, recorded in ``read`` once it is replaced).
+    identity taken before its first byte is read, recorded in ``read`` once it is replaced),
+    and (without ``force``) give its container its name only while no other file took it.
 
     Raises:
         SourceChangedError: in place, the file changed after it was read; it is kept as it
             is now and its container removed.
+        NameTakenError: in place, another program made a file of the container's name
+            meanwhile; both are kept.
     """
     e, target = job.entry, job.target
     identity, st = FileIdentity.open(e.path, job.label)
     meta = FileMeta.of(st)
+    replace = force or not in_place
 
     try:
-        with atomic_output(target, meta.container(), identity if in_place else None) as (f, _tmp):
+        with atomic_output(target, meta.container(), identity if in_place else None, replace=replace) as (
+            f,
+            _tmp,
+        ):
             # ``verify`` decodes every frame back from the payloads written and reads the
             # file back before it is renamed (see ckptz.pipeline.compress and RELIABILITY.md).
             written = compress_file(
@@ -539,7 +547,7 @@ def decompress(
             assert opening is not None
             reporter.file(job.label)
             try:
-                stats = _restore_one(job, opening.get, in_place, reporter, stop, read)
+                stats = _restore_one(job, opening.get, in_place, reporter, stop, read, force)
             except SourceChangedError as exc:
                 changed.add(exc)  # the other files go on
                 return None
@@ -562,15 +570,19 @@ def _restore_one(
     reporter: Reporter,
     stop: Stop,
     read: dict[tuple[int, int], FileIdentity] | None = None,
+    force: bool = False,
 ) -> FileStats:
     """Restore one container; its output is made, and where written through mappings begins
     reserving its space (:class:`~ckptz.pipeline.restore.FileSink`), while ``engine`` opens.
     In place, the container is replaced only while it is the one that was read (recorded in ``read``
-    once it is replaced).
+    once it is replaced), and (without ``force``) the restored file takes its name only
+    while no other file did (a trainer saving it again).
 
     Raises:
         SourceChangedError: in place, the container changed after it was read; it is kept
             as it is now and the restored file removed.
+        NameTakenError: in place, another program made a file of the restored file's name
+            meanwhile; both are kept.
     """
     e, target = job.entry, job.target
     with open(e.path, "rb") as c:
@@ -578,7 +590,8 @@ def _restore_one(
         try:
             index = read_index(c, job.label)
             meta = FileMeta.from_json(index.header.get("source"))
-            with atomic_output(target, meta, identity if in_place else None) as (f, _tmp):
+            replace = force or not in_place
+            with atomic_output(target, meta, identity if in_place else None, replace=replace) as (f, _tmp):
                 # The container goes away next: each frame is read back as it is written.
                 sink = FileSink(f, index.source_size, read_back=in_place, path=job.label)
                 restore(

@@ -123,6 +123,21 @@ class SourceChangedError(CkptzError, RuntimeError):
         )
 
 
+class NameTakenError(SourceChangedError):
+    """Another program made a file under the name an in-place run was about to give its
+    output (a trainer saving ``X`` while ``X.ckptz`` is restored): both files are kept and
+    nothing is renamed over the newcomer."""
+
+    def __init__(self, label: str, name: str) -> None:
+        self.changed = (label,)
+        CkptzError.__init__(
+            self,
+            f"{name} appeared beside it during the run (another program wrote it): both kept, nothing replaced",
+            path=label,
+            hint="keep the one you want, move the other away, then run the same command again",
+        )
+
+
 class CodecError(CkptzError, RuntimeError):
     """A codec failed to encode or decode.
 

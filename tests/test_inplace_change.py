@@ -237,6 +237,42 @@ def test_decompress_in_place_keeps_a_container_changed_during_the_run(tmp_path: 
         assert sha256(x) == want
 
 
+@pytest.mark.parametrize("command", ["decompress", "compress"])
+def test_a_file_saved_under_the_output_name_during_the_run_is_never_replaced(
+    tmp_path: Path, command: str
+) -> None:
+    """A trainer saves ``X`` again while ``X.ckptz`` is restored in place (or some program
+    writes ``X.ckptz`` while ``X`` is compressed): the newcomer is kept, byte for byte, and
+    so is the file the run read; the run says so and exits 1."""
+    work, x = _run_folder(tmp_path)
+    container = work / "sub" / "model.safetensors.ckptz"
+    if command == "decompress":
+        want = sha256(x)
+        assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
+        source, output = container, x
+    else:
+        source, output = x, container
+    kept = source.read_bytes()
+    newcomer = b"saved by another program during the run"
+    proc = _hold_mid_write(work, command, str(work), "--in-place", "-q")
+    try:
+        output.write_bytes(newcomer)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert f"{output.name} appeared beside it during the run" in err, err
+    assert output.read_bytes() == newcomer
+    assert source.read_bytes() == kept
+    assert _temps(work) == []
+    if command == "decompress":
+        output.unlink()  # the user keeps the container's bytes
+        assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+        assert sha256(x) == want
+
+
 def _overlapping(tmp_path: Path) -> tuple[Path, Path]:
     """``a`` holding a container (``top``) and ``a/sub`` a plain checkpoint (``w``), 8 MB each."""
     a = tmp_path / "a"
