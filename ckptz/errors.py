@@ -98,6 +98,11 @@ class ReferenceChangedError(ReferenceMissingError):
     """A series container's reference exists but is not the file it was coded against."""
 
 
+class ReferenceDamagedError(ReferenceChangedError, CorruptionError):
+    """A series container's reference is there but fails its own checks (its bytes are
+    damaged): the container that names it may be intact, and restores once the reference is."""
+
+
 class MismatchError(CkptzError, ValueError):
     """A restored file differs from the original it is compared against."""
 

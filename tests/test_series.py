@@ -114,6 +114,47 @@ def test_missing_reference_is_one_clear_line(runs: tuple[Path, Path], tmp_path: 
     assert ckptz("verify", str(run / "checkpoint-40")).returncode == 0
 
 
+@pytest.mark.parametrize("where", ["payload", "index"])
+def test_a_damaged_reference_is_blamed_not_the_intact_containers_coded_against_it(
+    runs: tuple[Path, Path], tmp_path: Path, where: str
+) -> None:
+    """One bit flipped in checkpoint-30's container: ``verify`` calls that one damaged, and the
+    older, intact containers coded against it (directly or down the chain) unusable because
+    of it, never damaged themselves; ``decompress`` of an older one says the same in one line."""
+    five, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(five, run)
+    api.compress(run, in_place=True, series=True)
+    bad = run / "checkpoint-30" / "model.safetensors.ckptz"
+    with open(bad, "rb") as f:
+        index = read_index(f, str(bad))
+    chunk = index.chunks[int(index.chunks["size"].argmax())]
+    data_end = int(chunk["offset"]) + int(chunk["size"])
+    at = int(chunk["offset"]) + int(chunk["size"]) // 2 if where == "payload" else bad.stat().st_size - 60
+    assert where == "payload" or at > data_end
+    raw = bytearray(bad.read_bytes())
+    raw[at] ^= 0x10
+    bad.write_bytes(raw)
+    before = tree_digests(run)
+
+    done = ckptz("verify", str(run), "--json")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    status = {f["path"]: f for f in json.loads(done.stdout)["files"]}
+    assert status["checkpoint-30/model.safetensors.ckptz"]["status"] == "damaged"
+    for older in ("checkpoint-10", "checkpoint-20"):
+        verdict = status[f"{older}/model.safetensors.ckptz"]
+        assert verdict["status"] == "missing reference", verdict
+        assert "checkpoint-30/model.safetensors.ckptz is damaged" in verdict["error"], verdict
+    for newer in ("checkpoint-40", "checkpoint-50"):
+        assert status[f"{newer}/model.safetensors.ckptz"]["status"] == "ok"
+
+    done = ckptz("decompress", str(run / "checkpoint-20"), "-o", str(tmp_path / "out"))
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "its reference" in lines[0] and "checkpoint-30/model.safetensors.ckptz is damaged" in lines[0]
+    assert tree_digests(run) == before
+
+
 def test_add_checkpoint_recodes_previous_newest_and_detach(runs: tuple[Path, Path], tmp_path: Path) -> None:
     five, sixty = runs
     run = tmp_path / "run"
