@@ -28,7 +28,7 @@ from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, resto
 from ckptz.runs.compare import CheckStatus, FileCheck, VerifyResult, verify_trees
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
-from ckptz.runs.plan import Action, Job, Output, Plan, plan
+from ckptz.runs.plan import Action, Job, Output, Plan, linked_elsewhere, plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
 from ckptz.runs.resume import remove_stale
 from ckptz.runs.run import (
@@ -193,6 +193,7 @@ def compress(
         opening, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, level, codec, memory, reporter, True, writes=True)
         )
+        _tell_linked_elsewhere(mine, in_place, True, reporter, notices)
         prepare(mine, stop, done)
         team.ready(p)
         _finish_interrupted(mine.finishes, opening, stop, done, changed, compress=True)
@@ -418,6 +419,18 @@ def _discard(
     return make_summary(operation, root, files, Plan(), engine, start, notices, compress=compress)
 
 
+def _tell_linked_elsewhere(
+    p: Plan, in_place: bool, compress: bool, reporter: Reporter, notices: list[str]
+) -> None:
+    """In place, say which files keep their old form under hard links the run was not given
+    (:func:`~ckptz.runs.plan.linked_elsewhere`): the link is broken there, never silently."""
+    if not in_place:
+        return
+    for line in linked_elsewhere(p, compress):
+        notices.append(line)
+        reporter.notice(line)
+
+
 def _compare(container: Path, original: Path, rel: str, engine: Engine, stop: Stop | None = None) -> None:
     progress = ignore_progress if stop is None else stop.ticker(ignore_progress)
     with open(container, "rb") as c, open(original, "rb") as o:
@@ -538,6 +551,7 @@ def decompress(
         opening, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, 3, codec, memory, reporter, False)
         )
+        _tell_linked_elsewhere(mine, in_place, False, reporter, notices)
         prepare(mine, stop, done)
         team.ready(p)
         _finish_interrupted(mine.finishes, opening, stop, done, changed, compress=False)

@@ -130,3 +130,35 @@ def test_force_removes_containers_whose_sources_are_gone(small_checkpoint: Path,
 def test_force_in_help_says_what_it_removes() -> None:
     text = " ".join(ckptz("compress", "--help").stdout.split())
     assert "whose sources are gone" in text and "a rerun skips the outputs an earlier run finished" in text
+
+
+@pytest.mark.parametrize("command", ["compress", "decompress"])
+def test_in_place_says_when_a_hard_link_outside_the_run_keeps_the_old_bytes(
+    tmp_path: Path, command: str
+) -> None:
+    """In place, a file with a second name outside the folder given is replaced under the
+    folder's name only: the other name keeps its bytes (nothing lost), and the run says so
+    rather than break the link silently; links within the folder are kept as links."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_file({"w": np.arange(4096, dtype=np.float32)}, str(run / "model.safetensors"))
+    save_file({"m": np.ones(4096, dtype=np.float32)}, str(run / "inside.safetensors"))
+    os.link(run / "inside.safetensors", run / "inside-too.safetensors")
+    if command == "decompress":
+        assert ckptz("compress", str(run), "--in-place", "-q").returncode == 0
+    linked = run / ("model.safetensors" + (".ckptz" if command == "decompress" else ""))
+    outside = tmp_path / "snapshot"
+    os.link(linked, outside)
+    kept = outside.read_bytes()
+
+    done = ckptz(command, str(run), "--in-place", "--json")
+    assert done.returncode == 0, done.stderr
+    line = f"{linked.name}: another hard link to it lies outside what this run was given"
+    assert line in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert any(n.startswith(line) for n in json.loads(done.stdout)["notices"])
+    assert done.stderr.count("hard link") == 1, done.stderr  # the names inside are not told of
+    assert outside.read_bytes() == kept and outside.stat().st_nlink == 1
+    assert not linked.exists()

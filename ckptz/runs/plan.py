@@ -312,6 +312,26 @@ def _pair_hard_links(p: Plan, out: Output) -> None:
         group[:] = kept
 
 
+def linked_elsewhere(p: Plan, compress: bool) -> list[str]:
+    """In place, one line for each converted file that has hard links the run was not given:
+    those names keep the old form's bytes, so replacing the run's names frees no space (as
+    gzip warns of, where it refuses)."""
+    names: dict[tuple[int, int], int] = {}
+    for j in p.converts + p.finishes + p.links:
+        names[j.entry.inode] = names.get(j.entry.inode, 0) + 1
+    lines = []
+    for j in p.converts + p.finishes:
+        others = j.entry.links - names[j.entry.inode]
+        if others > 0:
+            kept = "original" if compress else "container's"
+            links = "another hard link to it lies" if others == 1 else f"{others} more hard links to it lie"
+            lines.append(
+                f"{j.label}: {links} outside what this run was given;"
+                f" {'it keeps' if others == 1 else 'they keep'} the {kept} bytes, so no space is freed"
+            )
+    return lines
+
+
 def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool) -> int:
     """Refuse outputs that collide, that are inputs, or (without ``force``) that exist,
     unless an earlier run of the same command finished them (then they are skipped); return
