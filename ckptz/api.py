@@ -451,16 +451,24 @@ def _finish_interrupted(
     """Finish in-place work a killed run left with both forms present.
 
     The container is decoded and compared with the original, and only if they match, and
-    the input (whichever of the two the command replaces) is still the file compared, is the
-    input removed. A mismatch stops the run with both files kept and says which one is stale
-    and how to go on; an input changed since it was compared is kept, the other form
-    removed, and added to ``changed``.
+    both are still the files compared, is the input (whichever of the two the command
+    replaces) removed. A mismatch stops the run with both files kept and says which one is
+    stale and how to go on; an input changed since it was compared is kept, the other form
+    removed, and added to ``changed``; the form to keep changed since (a trainer saved it
+    again) keeps both, the input then being the only copy of the bytes compared, and is
+    added to ``changed``.
     """
     for j in jobs:
         assert opening is not None
         stop.check()
         original, container = (j.entry.path, j.target) if compress else (j.target, j.entry.path)
         identity, _ = FileIdentity.open(j.entry.path, j.label)
+        kept_label = j.label.removesuffix(SUFFIX) if not compress else j.label + SUFFIX
+        try:
+            kept, _ = FileIdentity.open(j.target, kept_label)
+        except OSError:  # gone since the run was planned: the input is all there is
+            changed.add(SourceChangedError((kept_label,)))
+            continue
         try:
             _compare(container, original, str(original), opening.get(), stop)
         except (StoppedError, BusyError):
@@ -473,6 +481,9 @@ def _finish_interrupted(
                 hint=f"a stale {'container' if compress else 'file'} from an earlier run? remove it, or pass --force to "
                 + ("compress over it" if compress else "restore over it"),
             ) from None
+        if not kept.holds():
+            changed.add(SourceChangedError((kept.label,)))
+            continue
         try:
             remove_original(identity, j.target)
         except SourceChangedError as exc:

@@ -364,3 +364,50 @@ def test_in_place_run_around_a_held_tree_fails_at_once(tmp_path: Path) -> None:
     assert sorted(p.name for p in sub.iterdir()) == ["w.safetensors.ckptz"]
     assert ckptz("decompress", str(a), "--in-place", "-q").returncode == 0
     assert sha256(w) == want
+
+
+@pytest.mark.parametrize("command", ["decompress", "compress"])
+def test_finishing_a_file_in_both_forms_keeps_both_if_the_kept_one_changes(
+    tmp_path: Path, command: str
+) -> None:
+    """A killed run left ``X`` and ``X.ckptz``; the rerun compares them, and meanwhile the form
+    it keeps is replaced (a trainer saves ``X`` again): the form it would remove is the only
+    copy of the old bytes now, so both stay, and the run says which changed."""
+    for attempt in range(5):
+        work = tmp_path / str(attempt)
+        work.mkdir()
+        x = work / "model.safetensors"
+        _save(x, 1)
+        old = x.read_bytes()
+        assert ckptz("compress", str(x), "-q").returncode == 0  # both forms, as a kill leaves them
+        container = x.with_name(x.name + ".ckptz")
+        kept, removed = (x, container) if command == "decompress" else (container, x)
+        proc = _start(command, str(work), "--in-place", "-q")
+        end = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < end and not _comparing(proc.pid, container, work):
+            time.sleep(0.001)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+            _wait_stopped(proc.pid)
+            if _comparing(proc.pid, container, work):
+                break
+            proc.send_signal(signal.SIGCONT)
+        proc.communicate(timeout=120)
+    else:
+        pytest.fail("the run could not be held while comparing")
+    before = removed.read_bytes()
+    newcomer = b"saved again by another program"
+    try:
+        _replace(kept, newcomer)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert f"{kept.name}: changed during the run" in err, err
+    assert kept.read_bytes() == newcomer
+    assert removed.read_bytes() == before  # the old bytes, in the form the run would have removed
+    if command == "decompress":
+        kept.unlink()
+        assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+        assert x.read_bytes() == old
