@@ -3,8 +3,8 @@ and which outputs ``--force`` removes because their sources are gone.
 
 Every output is written under a temporary name and renamed only once complete, so an output
 that exists was finished by some run; it is this run's to skip only if it is what this run
-would write. For a container: its index reads back, and it records the source's name, size
-and mtime. For a restored file: its size and mtime are the container's record of the
+would write. For a container: its index reads back, it records the source's name, size
+and mtime, and its digest of the original is the source's. For a restored file: its size and mtime are the container's record of the
 original, and so is its digest. For a copy: the source's size and mtime; for a symlink: its
 target text; for a hard link: the inode it must share.
 """
@@ -44,13 +44,21 @@ def already_done(job: Job, compress: bool) -> bool:
 
 
 def _container_of(job: Job, src: os.stat_result) -> bool:
+    from ckptz import digest
+
     with open(job.target, "rb") as f:
-        source = read_index(f, str(job.target)).header["source"]
-    return (source["name"], source["size"], source["mtime_ns"]) == (
+        index = read_index(f, str(job.target))
+    source = index.header["source"]
+    if (source["name"], source["size"], source["mtime_ns"]) != (
         job.entry.path.name,
         src.st_size,
         src.st_mtime_ns,
-    )
+    ):
+        return False
+    # A source rewritten with the same size, its mtime set back (os.utime, cp -p of another
+    # save of the same shape), must not pass for the one the container holds.
+    recorded = index.source_digest
+    return digest.of_file(job.entry.path, recorded.kind) == recorded
 
 
 def _restored_from(job: Job, out: os.stat_result) -> bool:
