@@ -106,27 +106,29 @@ def test_a_rerun_refuses_an_output_that_is_not_its_own(
     )
 
 
-def test_a_rerun_refuses_a_container_whose_source_was_rewritten_with_its_size_and_mtime(
-    small_checkpoint: Path, tmp_path: Path
+@pytest.mark.parametrize("name", ["model.safetensors", "trainer_state.json"])
+def test_a_rerun_refuses_an_output_whose_source_was_rewritten_with_its_size_and_mtime(
+    small_checkpoint: Path, tmp_path: Path, name: str
 ) -> None:
     """The source is overwritten by another save of the same shape and its mtime set back
-    (os.utime, as ``cp -p`` or ``rsync -t`` may leave it): the container is stale and must
-    not be taken as done; with ``-f`` the new bytes are compressed."""
+    (os.utime, as ``cp -p`` or ``rsync -t`` may leave it): its container (or copy) is stale
+    and must not be taken as done; with ``-f`` the new bytes are written."""
     source = tmp_path / "src"
     shutil.copytree(small_checkpoint, source)
     out = tmp_path / "out"
     assert ckptz("compress", str(source), "-o", str(out), "-q").returncode == 0
-    model = source / "model.safetensors"
-    st = model.stat()
-    raw = bytearray(model.read_bytes())
-    raw[-8:] = bytes(b ^ 0x55 for b in raw[-8:])  # the last tensor's bytes, as a later save's
-    model.write_bytes(raw)
-    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert (model.stat().st_size, model.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    rewritten = source / name
+    st = rewritten.stat()
+    raw = bytearray(rewritten.read_bytes())
+    raw[-3:] = bytes(b ^ 0x01 for b in raw[-3:])  # the last bytes, as a later save's
+    rewritten.write_bytes(raw)
+    os.utime(rewritten, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (rewritten.stat().st_size, rewritten.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
 
     again = ckptz("compress", str(source), "-o", str(out))
     assert again.returncode == 2, again.stderr
-    assert "model.safetensors.ckptz: output already exists and is not this run's" in again.stderr
+    output = name + ".ckptz" if name.endswith(".safetensors") else name
+    assert f"{output}: output already exists and is not this run's" in again.stderr, again.stderr
     assert ckptz("compress", str(source), "-o", str(out), "-f", "-q").returncode == 0
     checked = ckptz("verify", str(out), "--against", str(source))
     assert checked.returncode == 0, checked.stdout

@@ -5,12 +5,13 @@ Every output is written under a temporary name and renamed only once complete, s
 that exists was finished by some run; it is this run's to skip only if it is what this run
 would write. For a container: its index reads back, it records the source's name, size
 and mtime, and its digest of the original is the source's. For a restored file: its size and mtime are the container's record of the
-original, and so is its digest. For a copy: the source's size and mtime; for a symlink: its
+original, and so is its digest. For a copy: the source's size, mtime and bytes; for a symlink: its
 target text; for a hard link: the inode it must share.
 """
 
 from __future__ import annotations
 
+import filecmp
 import os
 import stat
 from pathlib import Path
@@ -35,7 +36,9 @@ def already_done(job: Job, compress: bool) -> bool:
             head = job.primary.lstat()
             return (out.st_dev, out.st_ino) == (head.st_dev, head.st_ino)
         if job.kind == "copy":
-            return (out.st_size, out.st_mtime_ns) == (src.st_size, src.st_mtime_ns)
+            # Its bytes too: a source rewritten with its size and mtime kept is another file.
+            same = (out.st_size, out.st_mtime_ns) == (src.st_size, src.st_mtime_ns)
+            return same and filecmp.cmp(job.entry.path, job.target, shallow=False)
         if job.kind != "convert":
             return False
         return _container_of(job, src) if compress else _restored_from(job, out)
