@@ -155,6 +155,43 @@ def test_a_damaged_reference_is_blamed_not_the_intact_containers_coded_against_i
     assert tree_digests(run) == before
 
 
+def test_a_recode_that_cannot_write_names_the_file_and_loses_nothing(tmp_path: Path) -> None:
+    """Adding a checkpoint re-codes the previous newest, which is first restored beside its
+    container; a file-size limit (``ulimit -f``) that the new containers fit but that
+    restore does not ends the run with one line naming the file, and every checkpoint still
+    restores; the same command without the limit finishes the job."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 512)).astype(np.float32)
+    for step in (10, 20, 30):
+        w = w + np.float32(0.001) * rng.standard_normal(w.shape).astype(np.float32)
+        (plain / f"checkpoint-{step}").mkdir(parents=True)
+        save_file({"w": w}, str(plain / f"checkpoint-{step}" / "model.safetensors"))
+    shutil.copytree(plain, run, ignore=shutil.ignore_patterns("checkpoint-30"))
+    api.compress(run, in_place=True, series=True)
+    shutil.copytree(plain / "checkpoint-30", run / "checkpoint-30")
+    size = (plain / "checkpoint-30" / "model.safetensors").stat().st_size
+    limit_kib = (size - 64 * 1024) // 1024  # below the original, above a container of it
+    args = " ".join(["-m", "ckptz", "compress", str(run), "--series", "--in-place", "-q"])
+    done = subprocess.run(
+        ["bash", "-c", f"ulimit -f {limit_kib} && exec {sys.executable} {args}"],
+        capture_output=True,
+        text=True,
+        env=CLI_ENV,
+        timeout=120,
+    )
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "checkpoint-20/model.safetensors" in lines[0] and "File too large" in lines[0], lines[0]
+    assert not [p for p in run.rglob("*") if ".ckptz-tmp-" in p.name]
+    _restores(run, tree_digests(plain), tmp_path)
+    assert ckptz("compress", str(run), "--series", "--in-place", "-q").returncode == 0
+    _restores(run, tree_digests(plain), tmp_path)
+
+
 def test_add_checkpoint_recodes_previous_newest_and_detach(runs: tuple[Path, Path], tmp_path: Path) -> None:
     five, sixty = runs
     run = tmp_path / "run"
