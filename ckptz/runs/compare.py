@@ -27,6 +27,7 @@ from ckptz.errors import (
     BusyError,
     CkptzError,
     CodecUnavailableError,
+    CorruptionError,
     DeviceError,
     MismatchError,
     NothingToDoError,
@@ -259,7 +260,11 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
     except (StoppedError, BusyError):
         raise
     except (CodecUnavailableError, DeviceError) as exc:
-        # What this machine cannot decode says nothing about the container's health.
+        # What this machine cannot decode says nothing about the container's health, but
+        # every payload's checksum it can check: a damaged one is damage, not a missing GPU.
+        damage = _stored_damage(p.label, mine, engine, stop) if mine.kind == "container" else None
+        if damage is not None:
+            return FileCheck(p.label, "damaged", 0, _detail(damage))
         return FileCheck(p.label, "undecodable", 0, str(exc))
     except MismatchError as exc:
         return FileCheck(p.label, "changed", 0, str(exc))
@@ -269,6 +274,24 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
         return FileCheck(p.label, "damaged", 0, _detail(exc))
     except OSError as exc:
         return FileCheck(p.label, "damaged", 0, f"cannot read ({exc.strerror or exc})")
+
+
+def _stored_damage(label: str, mine: Entry, engine: Engine, stop: Stop) -> CkptzError | None:
+    """The first payload of the container ``mine`` that fails its checks, read without
+    decoding anything (:meth:`~ckptz.pipeline.decoder.FrameDecoder.check_stored`); None if
+    every payload passes (or the file cannot be read: the decode already said why)."""
+    from ckptz.pipeline.decoder import FrameDecoder
+
+    try:
+        with open(mine.path, "rb") as c:
+            FrameDecoder(c.fileno(), label, read_index(c, label), engine).check_stored(stop.check)
+    except (StoppedError, BusyError):
+        raise
+    except CorruptionError as exc:
+        return exc
+    except (CkptzError, OSError):
+        return None
+    return None
 
 
 def _detail(exc: CkptzError) -> str:
