@@ -135,12 +135,16 @@ class NameTakenError(SourceChangedError):
 
     def __init__(self, label: str, name: str) -> None:
         self.changed = (label,)
+        self.name = name
         CkptzError.__init__(
             self,
             f"{name} appeared beside it during the run (another program wrote it): both kept, nothing replaced",
             path=label,
             hint="keep the one you want, move the other away, then run the same command again",
         )
+
+    def __reduce__(self) -> tuple[type[NameTakenError], tuple[str, str]]:
+        return type(self), (self.changed[0], self.name)  # pickled (between processes) as it was made
 
 
 class CodecError(CkptzError, RuntimeError):
