@@ -254,7 +254,9 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
             return _links(p.label, mine, theirs)
         if theirs.kind == "special" or mine.kind == "special":
             return FileCheck(p.label, "unchecked", 0, "not a regular file")
-        if mine.kind == "container" and mine.rel.endswith(SUFFIX):
+        # A container under its original's own name (Lightning's CompressedCheckpointIO)
+        # restores to a plain file of that name: compared restored, as an X.ckptz is.
+        if mine.kind == "container" and (mine.rel.endswith(SUFFIX) or theirs.kind != "container"):
             return _container(p.label, mine, theirs, engine, reporter, stop)
         return _files(p.label, mine, theirs, reporter, stop)
     except (StoppedError, BusyError):

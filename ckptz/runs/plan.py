@@ -273,7 +273,12 @@ def _place(
     if converts:
         name = e.path.name + SUFFIX if compress else e.path.name.removesuffix(SUFFIX)
         if not compress and name == e.path.name and out.path is None:
-            raise UsageError("cannot choose an output name", path=str(e.path), hint="give -o FILE")
+            if explicit:
+                raise UsageError("cannot choose an output name", path=str(e.path), hint="give -o FILE")
+            # Lightning's CompressedCheckpointIO keeps the checkpoint's own name: in a folder
+            # it is left as it is, not a reason to refuse the whole folder.
+            p.skipped.append(Action("skip", str(e.path), note=_SAME_NAME))
+            return 0
         target = _target(t, e, root, out, name)
         _check_target(target, root or target.parent)
         # In place, both forms present means a run was interrupted: finish it (or, with
@@ -294,6 +299,13 @@ def _place(
         return int(already and compress)
     p.carries.append(Job("copy", e, _target(t, e, root, out, e.path.name), label))
     return int(already and compress)
+
+
+#: Why a container under its original's own name is left alone in a folder decompressed in place.
+_SAME_NAME = (
+    "a container under its original's own name (as Lightning's CompressedCheckpointIO writes it):"
+    " left as it is (ckptz decompress FILE -o OUT restores it)"
+)
 
 
 def _pair_hard_links(p: Plan, out: Output) -> None:
