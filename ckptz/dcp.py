@@ -115,15 +115,17 @@ class CompressedWriter(FileSystemWriter):
         rank = plan.storage_data.prefix.strip("_")
         staging = Path(self.path) / f"{_STAGING}{self.save_id}-{rank}"
         staging.mkdir(parents=True, exist_ok=True)
-        held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        held = -1
         try:
+            held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try_lock(held, exclusive=True)  # while this save stages here (see _remove_stale_staging)
             _remove_stale_staging(Path(self.path), rank, staging)
             results = self._write_plain(plan, planner, staging).wait()
             self._compress(staging, results)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-            os.close(held)
+            if held >= 0:
+                os.close(held)
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done
