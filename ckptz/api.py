@@ -28,7 +28,7 @@ from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, resto
 from ckptz.runs.compare import CheckStatus, FileCheck, VerifyResult, verify_trees
 from ckptz.runs.jobs import Stop, run_jobs
 from ckptz.runs.lock import hold
-from ckptz.runs.plan import Action, Job, Output, Plan, plan
+from ckptz.runs.plan import Action, Job, Output, Plan, linked_elsewhere, plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
 from ckptz.runs.resume import remove_stale
 from ckptz.runs.run import (
@@ -193,6 +193,7 @@ def compress(
         opening, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, level, codec, memory, reporter, True, writes=True)
         )
+        _tell_linked_elsewhere(mine, in_place, True, reporter, notices)
         prepare(mine, stop, done)
         team.ready(p)
         _finish_interrupted(mine.finishes, opening, stop, done, changed, compress=True)
@@ -203,7 +204,7 @@ def compress(
             reporter.file(job.label)
             make = sp.transform(job) if sp is not None else None
             try:
-                stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, read)
+                stats = _compress_one(job, opening.get, verify, in_place, reporter, stop, make, read, force)
             except SourceChangedError as exc:
                 changed.add(exc)  # the other files go on
                 return None
@@ -338,20 +339,28 @@ def _compress_one(
     stop: Stop,
     transform: Callable[[FileLayout], FrameTransform | None] | None = None,
     read: dict[tuple[int, int], FileIdentity] | None = None,
+    force: bool = False,
 ) -> FileStats:
     """Compress one file; in place, replace it only while it is the file that was read (its
-    identity taken before its first byte is read, recorded in ``read`` once it is replaced).
+    identity taken before its first byte is read, recorded in ``read`` once it is replaced),
+    and (without ``force``) give its container its name only while no other file took it.
 
     Raises:
         SourceChangedError: in place, the file changed after it was read; it is kept as it
             is now and its container removed.
+        NameTakenError: in place, another program made a file of the container's name
+            meanwhile; both are kept.
     """
     e, target = job.entry, job.target
     identity, st = FileIdentity.open(e.path, job.label)
     meta = FileMeta.of(st)
+    replace = force or not in_place
 
     try:
-        with atomic_output(target, meta.container(), identity if in_place else None) as (f, _tmp):
+        with atomic_output(target, meta.container(), identity if in_place else None, replace=replace) as (
+            f,
+            _tmp,
+        ):
             # ``verify`` decodes every frame back from the payloads written and reads the
             # file back before it is renamed (see ckptz.pipeline.compress and RELIABILITY.md).
             written = compress_file(
@@ -410,6 +419,18 @@ def _discard(
     return make_summary(operation, root, files, Plan(), engine, start, notices, compress=compress)
 
 
+def _tell_linked_elsewhere(
+    p: Plan, in_place: bool, compress: bool, reporter: Reporter, notices: list[str]
+) -> None:
+    """In place, say which files keep their old form under hard links the run was not given
+    (:func:`~ckptz.runs.plan.linked_elsewhere`): the link is broken there, never silently."""
+    if not in_place:
+        return
+    for line in linked_elsewhere(p, compress):
+        notices.append(line)
+        reporter.notice(line)
+
+
 def _compare(container: Path, original: Path, rel: str, engine: Engine, stop: Stop | None = None) -> None:
     progress = ignore_progress if stop is None else stop.ticker(ignore_progress)
     with open(container, "rb") as c, open(original, "rb") as o:
@@ -430,16 +451,24 @@ def _finish_interrupted(
     """Finish in-place work a killed run left with both forms present.
 
     The container is decoded and compared with the original, and only if they match, and
-    the input (whichever of the two the command replaces) is still the file compared, is the
-    input removed. A mismatch stops the run with both files kept and says which one is stale
-    and how to go on; an input changed since it was compared is kept, the other form
-    removed, and added to ``changed``.
+    both are still the files compared, is the input (whichever of the two the command
+    replaces) removed. A mismatch stops the run with both files kept and says which one is
+    stale and how to go on; an input changed since it was compared is kept, the other form
+    removed, and added to ``changed``; the form to keep changed since (a trainer saved it
+    again) keeps both, the input then being the only copy of the bytes compared, and is
+    added to ``changed``.
     """
     for j in jobs:
         assert opening is not None
         stop.check()
         original, container = (j.entry.path, j.target) if compress else (j.target, j.entry.path)
         identity, _ = FileIdentity.open(j.entry.path, j.label)
+        kept_label = j.label.removesuffix(SUFFIX) if not compress else j.label + SUFFIX
+        try:
+            kept, _ = FileIdentity.open(j.target, kept_label)
+        except OSError:  # gone since the run was planned: the input is all there is
+            changed.add(SourceChangedError((kept_label,)))
+            continue
         try:
             _compare(container, original, str(original), opening.get(), stop)
         except (StoppedError, BusyError):
@@ -452,6 +481,9 @@ def _finish_interrupted(
                 hint=f"a stale {'container' if compress else 'file'} from an earlier run? remove it, or pass --force to "
                 + ("compress over it" if compress else "restore over it"),
             ) from None
+        if not kept.holds():
+            changed.add(SourceChangedError((kept.label,)))
+            continue
         try:
             remove_original(identity, j.target)
         except SourceChangedError as exc:
@@ -530,6 +562,7 @@ def decompress(
         opening, notices = stack.enter_context(
             engine_for_plan(mine, device, threads, 3, codec, memory, reporter, False)
         )
+        _tell_linked_elsewhere(mine, in_place, False, reporter, notices)
         prepare(mine, stop, done)
         team.ready(p)
         _finish_interrupted(mine.finishes, opening, stop, done, changed, compress=False)
@@ -539,7 +572,7 @@ def decompress(
             assert opening is not None
             reporter.file(job.label)
             try:
-                stats = _restore_one(job, opening.get, in_place, reporter, stop, read)
+                stats = _restore_one(job, opening.get, in_place, reporter, stop, read, force)
             except SourceChangedError as exc:
                 changed.add(exc)  # the other files go on
                 return None
@@ -562,15 +595,19 @@ def _restore_one(
     reporter: Reporter,
     stop: Stop,
     read: dict[tuple[int, int], FileIdentity] | None = None,
+    force: bool = False,
 ) -> FileStats:
     """Restore one container; its output is made, and where written through mappings begins
     reserving its space (:class:`~ckptz.pipeline.restore.FileSink`), while ``engine`` opens.
     In place, the container is replaced only while it is the one that was read (recorded in ``read``
-    once it is replaced).
+    once it is replaced), and (without ``force``) the restored file takes its name only
+    while no other file did (a trainer saving it again).
 
     Raises:
         SourceChangedError: in place, the container changed after it was read; it is kept
             as it is now and the restored file removed.
+        NameTakenError: in place, another program made a file of the restored file's name
+            meanwhile; both are kept.
     """
     e, target = job.entry, job.target
     with open(e.path, "rb") as c:
@@ -578,7 +615,8 @@ def _restore_one(
         try:
             index = read_index(c, job.label)
             meta = FileMeta.from_json(index.header.get("source"))
-            with atomic_output(target, meta, identity if in_place else None) as (f, _tmp):
+            replace = force or not in_place
+            with atomic_output(target, meta, identity if in_place else None, replace=replace) as (f, _tmp):
                 # The container goes away next: each frame is read back as it is written.
                 sink = FileSink(f, index.source_size, read_back=in_place, path=job.label)
                 restore(

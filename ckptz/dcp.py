@@ -58,7 +58,7 @@ from ckptz.engines.base import Engine
 from ckptz.meta import FileMeta
 from ckptz.pipeline import compress_file
 from ckptz.pipeline.whole import MemoryFile, restore_to_file, restore_to_memory
-from ckptz.safeio import atomic_output
+from ckptz.safeio import atomic_output, try_lock
 
 __all__ = ["CompressedReader", "CompressedWriter"]
 
@@ -112,13 +112,20 @@ class CompressedWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Write this rank's files (as ``FileSystemWriter`` does) and code each one."""
-        staging = Path(self.path) / f"{_STAGING}{self.save_id}-{plan.storage_data.prefix.strip('_')}"
+        rank = plan.storage_data.prefix.strip("_")
+        staging = Path(self.path) / f"{_STAGING}{self.save_id}-{rank}"
         staging.mkdir(parents=True, exist_ok=True)
+        held = -1
         try:
+            held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try_lock(held, exclusive=True)  # while this save stages here (see _remove_stale_staging)
+            _remove_stale_staging(Path(self.path), rank, staging)
             results = self._write_plain(plan, planner, staging).wait()
             self._compress(staging, results)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            if held >= 0:
+                os.close(held)
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done
@@ -172,6 +179,23 @@ class CompressedWriter(FileSystemWriter):
         with contextlib.suppress(FileNotFoundError):
             final.unlink()
         src.unlink()
+
+
+def _remove_stale_staging(folder: Path, rank: str, mine: Path) -> None:
+    """Remove the staging folders of this rank that killed saves left in ``folder`` (each a
+    whole uncompressed copy of a shard); one a live save holds locked is left alone."""
+    for stale in folder.glob(f"{_STAGING}*-{rank}"):
+        if stale == mine or stale.is_symlink() or not stale.is_dir():
+            continue
+        try:
+            fd = os.open(stale, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if try_lock(fd, exclusive=True):
+                shutil.rmtree(stale, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _memory_limit() -> int:

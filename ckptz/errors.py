@@ -98,6 +98,11 @@ class ReferenceChangedError(ReferenceMissingError):
     """A series container's reference exists but is not the file it was coded against."""
 
 
+class ReferenceDamagedError(ReferenceChangedError, CorruptionError):
+    """A series container's reference is there but fails its own checks (its bytes are
+    damaged): the container that names it may be intact, and restores once the reference is."""
+
+
 class MismatchError(CkptzError, ValueError):
     """A restored file differs from the original it is compared against."""
 
@@ -121,6 +126,25 @@ class SourceChangedError(CkptzError, RuntimeError):
             path=changed[0] if one else None,
             hint=f"run the same command again to {replaces} the new bytes",
         )
+
+
+class NameTakenError(SourceChangedError):
+    """Another program made a file under the name an in-place run was about to give its
+    output (a trainer saving ``X`` while ``X.ckptz`` is restored): both files are kept and
+    nothing is renamed over the newcomer."""
+
+    def __init__(self, label: str, name: str) -> None:
+        self.changed = (label,)
+        self.name = name
+        CkptzError.__init__(
+            self,
+            f"{name} appeared beside it during the run (another program wrote it): both kept, nothing replaced",
+            path=label,
+            hint="keep the one you want, move the other away, then run the same command again",
+        )
+
+    def __reduce__(self) -> tuple[type[NameTakenError], tuple[str, str]]:
+        return type(self), (self.changed[0], self.name)  # pickled (between processes) as it was made
 
 
 class CodecError(CkptzError, RuntimeError):

@@ -21,6 +21,7 @@ for a symlink while the run goes on stops the run with
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import stat
@@ -37,6 +38,7 @@ from ckptz.codecs.native import native
 from ckptz.errors import (
     BusyError,
     CkptzError,
+    NameTakenError,
     OutOfSpaceError,
     SourceChangedError,
     UnsafePathError,
@@ -316,9 +318,60 @@ def os_error(exc: OSError, path: Path) -> CkptzError:
     return WriteError(f"cannot write ({reason})", path=str(path), hint="check permissions and free space")
 
 
+_RENAME_NOREPLACE = 1
+
+
+@functools.cache
+def _renameat2() -> Callable[[int, bytes, int, bytes, int], int] | None:
+    """libc's ``renameat2`` (Linux), or None where there is none."""
+    import ctypes
+
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    call.restype = ctypes.c_int
+    return call
+
+
+def rename_new(name: str, final: str, folder: int) -> None:
+    """Rename ``name`` to ``final`` in the open ``folder`` only if no entry has that name:
+    atomically (``RENAME_NOREPLACE``, else a hard link then an unlink), or where the file
+    system allows neither, after looking.
+
+    Raises:
+        FileExistsError: ``final`` exists; nothing was renamed.
+    """
+    import ctypes
+
+    call = _renameat2()
+    if call is not None:
+        if call(folder, os.fsencode(name), folder, os.fsencode(final), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), final)
+    try:
+        os.link(name, final, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        # No hard links here either: look, then rename (a narrow race, as any tool without them).
+        try:
+            os.lstat(final, dir_fd=folder)
+        except FileNotFoundError:
+            os.replace(name, final, src_dir_fd=folder, dst_dir_fd=folder)
+            return
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), final) from None
+    os.unlink(name, dir_fd=folder)
+
+
 @contextmanager
 def atomic_output(
-    final: Path, meta: FileMeta | None = None, read: FileIdentity | None = None
+    final: Path, meta: FileMeta | None = None, read: FileIdentity | None = None, *, replace: bool = True
 ) -> Iterator[tuple[BinaryIO, Path]]:
     """Yield ``(file, temp path)``; on success fsync and rename to ``final``, else remove the temp.
 
@@ -326,7 +379,9 @@ def atomic_output(
     ``meta`` (bits, mtime, owner as root) before the rename. The caller may check the temp
     file's content before the block ends; the rename happens only if the block returns normally
     and, given the file ``read`` that the output is made from, only while that file is
-    unchanged (else :class:`~ckptz.errors.SourceChangedError`, the temp removed).
+    unchanged (else :class:`~ckptz.errors.SourceChangedError`, the temp removed). Without
+    ``replace``, a file another program put under ``final`` meanwhile is never renamed over
+    (:class:`~ckptz.errors.NameTakenError`, the temp removed).
     """
     tmp = temp_path(final)
     try:
@@ -334,13 +389,13 @@ def atomic_output(
     except OSError as exc:
         raise os_error(exc, final) from None
     try:
-        yield from _atomic_output_in(folder, final, tmp, meta, read)
+        yield from _atomic_output_in(folder, final, tmp, meta, read, replace)
     finally:
         os.close(folder)
 
 
 def _atomic_output_in(
-    folder: int, final: Path, tmp: Path, meta: FileMeta | None, read: FileIdentity | None
+    folder: int, final: Path, tmp: Path, meta: FileMeta | None, read: FileIdentity | None, replace: bool
 ) -> Iterator[tuple[BinaryIO, Path]]:
     """:func:`atomic_output` once its folder is open as ``folder``."""
     try:
@@ -369,7 +424,7 @@ def _atomic_output_in(
             f.close()
         if read is not None:
             read.check()  # the last moment before the output takes its name
-        os.replace(tmp.name, final.name, src_dir_fd=folder, dst_dir_fd=folder)
+        _rename(tmp.name, final, folder, replace, read.label if read is not None else str(final))
         _fsync_fd(folder)
     except OSError as exc:
         _unlink_quietly(tmp, folder)
@@ -379,6 +434,22 @@ def _atomic_output_in(
     except BaseException:
         _unlink_quietly(tmp, folder)
         raise
+
+
+def _rename(name: str, final: Path, folder: int, replace: bool, label: str) -> None:
+    """Give the entry ``name`` of ``folder`` its final name; without ``replace`` only while that
+    name is free.
+
+    Raises:
+        NameTakenError: without ``replace``, ``final`` exists (``name`` is left as it is).
+    """
+    if replace:
+        os.replace(name, final.name, src_dir_fd=folder, dst_dir_fd=folder)
+        return
+    try:
+        rename_new(name, final.name, folder)
+    except FileExistsError:
+        raise NameTakenError(label, final.name) from None
 
 
 #: The outputs of :func:`atomic_output` written through mappings, by descriptor (while open).
@@ -431,8 +502,10 @@ def copy_file(src: Path, final: Path, tick: Callable[[int], object] | None = Non
                     tick(len(block))
 
 
-def link_file(existing: Path, final: Path) -> None:
-    """Make ``final`` a hard link to ``existing``, atomically (a link under a temp name, renamed)."""
+def link_file(existing: Path, final: Path, *, replace: bool = True, label: str | None = None) -> None:
+    """Make ``final`` a hard link to ``existing``, atomically (a link under a temp name,
+    renamed; without ``replace`` only while ``final`` is free, else
+    :class:`~ckptz.errors.NameTakenError` naming ``label``)."""
 
     def make(name: str, folder: int) -> None:
         source = open_folder(existing.parent, create=False)
@@ -441,7 +514,7 @@ def link_file(existing: Path, final: Path) -> None:
         finally:
             os.close(source)
 
-    _make_and_rename(make, final)
+    _make_and_rename(make, final, replace, label or str(final))
 
 
 def make_symlink(text: str, final: Path, meta: FileMeta | None = None) -> None:
@@ -459,9 +532,12 @@ def make_symlink(text: str, final: Path, meta: FileMeta | None = None) -> None:
     _make_and_rename(make, final)
 
 
-def _make_and_rename(make: Callable[[str, int], None], final: Path) -> None:
+def _make_and_rename(
+    make: Callable[[str, int], None], final: Path, replace: bool = True, label: str = ""
+) -> None:
     """``make`` an entry under a temp name in ``final``'s open folder and rename it there
-    (removed on failure); the folder is fsynced after."""
+    (removed on failure; without ``replace`` only while ``final`` is free, see :func:`_rename`);
+    the folder is fsynced after."""
     tmp = temp_path(final)
     try:
         folder = open_folder(final.parent)
@@ -469,7 +545,7 @@ def _make_and_rename(make: Callable[[str, int], None], final: Path) -> None:
         raise os_error(exc, final) from None
     try:
         make(tmp.name, folder)
-        os.replace(tmp.name, final.name, src_dir_fd=folder, dst_dir_fd=folder)
+        _rename(tmp.name, final, folder, replace, label or str(final))
         _fsync_fd(folder)
     except BaseException as exc:
         _unlink_quietly(tmp, folder)

@@ -80,6 +80,48 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     _assert_same(_load(ckpt), _state())
 
 
+_KILLED_SAVE = """
+import sys, torch, warnings
+import torch.distributed.checkpoint as dcp
+from ckptz.dcp import CompressedWriter
+warnings.simplefilter("ignore")
+state = {"w": torch.randn(2 << 20, generator=torch.Generator().manual_seed(1))}
+dcp.save(state, storage_writer=CompressedWriter(sys.argv[1], device="cpu", thread_count=1))
+"""
+
+
+def test_a_save_killed_while_staging_leaves_no_plain_copy_behind_the_next_save(tmp_path: Path) -> None:
+    """SIGKILL a DCP save while its staging folder holds the plain shard: the next save to
+    that folder removes it (else every killed save left a whole uncompressed shard there,
+    which ``ckptz verify --against`` then reports as an extra folder), and loads see the
+    new checkpoint."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import CLI_ENV
+
+    ckpt = tmp_path / "ckpt"
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, str(ckpt)], env=CLI_ENV)
+        end = time.monotonic() + 120
+        staged: list[Path] = []
+        while proc.poll() is None and time.monotonic() < end and not staged:
+            staged = [p for p in ckpt.glob(".ckptz-dcp-*/*.distcp") if p.stat().st_size > 0]
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        if [p for p in ckpt.glob(".ckptz-dcp-*")]:
+            break
+    else:
+        pytest.fail("the save could not be killed while staging")
+
+    _save(ckpt)
+    assert _names(ckpt) == [".metadata", "__0_0.distcp.ckptz"]
+    _assert_same(_load(ckpt), _state())
+
+
 def test_a_container_above_the_memory_limit_is_read_through_a_temporary_file(tmp_path: Path) -> None:
     ckpt, spill = tmp_path / "ckpt", tmp_path / "spill"
     spill.mkdir()

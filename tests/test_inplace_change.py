@@ -237,6 +237,42 @@ def test_decompress_in_place_keeps_a_container_changed_during_the_run(tmp_path: 
         assert sha256(x) == want
 
 
+@pytest.mark.parametrize("command", ["decompress", "compress"])
+def test_a_file_saved_under_the_output_name_during_the_run_is_never_replaced(
+    tmp_path: Path, command: str
+) -> None:
+    """A trainer saves ``X`` again while ``X.ckptz`` is restored in place (or some program
+    writes ``X.ckptz`` while ``X`` is compressed): the newcomer is kept, byte for byte, and
+    so is the file the run read; the run says so and exits 1."""
+    work, x = _run_folder(tmp_path)
+    container = work / "sub" / "model.safetensors.ckptz"
+    if command == "decompress":
+        want = sha256(x)
+        assert ckptz("compress", str(work), "--in-place", "-q").returncode == 0
+        source, output = container, x
+    else:
+        source, output = x, container
+    kept = source.read_bytes()
+    newcomer = b"saved by another program during the run"
+    proc = _hold_mid_write(work, command, str(work), "--in-place", "-q")
+    try:
+        output.write_bytes(newcomer)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert f"{output.name} appeared beside it during the run" in err, err
+    assert output.read_bytes() == newcomer
+    assert source.read_bytes() == kept
+    assert _temps(work) == []
+    if command == "decompress":
+        output.unlink()  # the user keeps the container's bytes
+        assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+        assert sha256(x) == want
+
+
 def _overlapping(tmp_path: Path) -> tuple[Path, Path]:
     """``a`` holding a container (``top``) and ``a/sub`` a plain checkpoint (``w``), 8 MB each."""
     a = tmp_path / "a"
@@ -328,3 +364,50 @@ def test_in_place_run_around_a_held_tree_fails_at_once(tmp_path: Path) -> None:
     assert sorted(p.name for p in sub.iterdir()) == ["w.safetensors.ckptz"]
     assert ckptz("decompress", str(a), "--in-place", "-q").returncode == 0
     assert sha256(w) == want
+
+
+@pytest.mark.parametrize("command", ["decompress", "compress"])
+def test_finishing_a_file_in_both_forms_keeps_both_if_the_kept_one_changes(
+    tmp_path: Path, command: str
+) -> None:
+    """A killed run left ``X`` and ``X.ckptz``; the rerun compares them, and meanwhile the form
+    it keeps is replaced (a trainer saves ``X`` again): the form it would remove is the only
+    copy of the old bytes now, so both stay, and the run says which changed."""
+    for attempt in range(5):
+        work = tmp_path / str(attempt)
+        work.mkdir()
+        x = work / "model.safetensors"
+        _save(x, 1)
+        old = x.read_bytes()
+        assert ckptz("compress", str(x), "-q").returncode == 0  # both forms, as a kill leaves them
+        container = x.with_name(x.name + ".ckptz")
+        kept, removed = (x, container) if command == "decompress" else (container, x)
+        proc = _start(command, str(work), "--in-place", "-q")
+        end = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < end and not _comparing(proc.pid, container, work):
+            time.sleep(0.001)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+            _wait_stopped(proc.pid)
+            if _comparing(proc.pid, container, work):
+                break
+            proc.send_signal(signal.SIGCONT)
+        proc.communicate(timeout=120)
+    else:
+        pytest.fail("the run could not be held while comparing")
+    before = removed.read_bytes()
+    newcomer = b"saved again by another program"
+    try:
+        _replace(kept, newcomer)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert f"{kept.name}: changed during the run" in err, err
+    assert kept.read_bytes() == newcomer
+    assert removed.read_bytes() == before  # the old bytes, in the form the run would have removed
+    if command == "decompress":
+        kept.unlink()
+        assert ckptz("decompress", str(work), "--in-place", "-q").returncode == 0
+        assert x.read_bytes() == old

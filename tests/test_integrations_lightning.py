@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -93,6 +94,48 @@ def test_checkpoints_are_containers_of_torch_save_bytes(runs: Path, tmp_path: Pa
         assert restored.read_bytes() == plain.read_bytes()  # exactly what TorchCheckpointIO writes
         state = ckptz.load(packed)  # weights_only: a Lightning checkpoint is plain data
         assert state.keys() == torch.load(plain).keys()
+
+
+def test_a_folder_of_lightning_containers_decompresses_in_place_around_them(
+    runs: Path, tmp_path: Path
+) -> None:
+    """``ckptz decompress DIR --in-place`` on Lightning's checkpoint folder, which also holds
+    a ``.ckptz`` container: the ``.ckpt`` containers keep their names (there is no other
+    name to restore them to) and are left as they are with a note; the run does the rest
+    instead of refusing the whole folder."""
+    from conftest import ckptz as cli
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(runs / "packed" / "ckpt", folder)
+    extra = folder / "extra.pt"
+    torch.save({"w": torch.arange(64.0)}, extra)
+    want = extra.read_bytes()
+    assert cli("compress", str(extra), "--in-place", "-q").returncode == 0
+    before = {name: (folder / name).read_bytes() for name in NAMES}
+
+    done = cli("decompress", str(folder), "--in-place")
+    assert done.returncode == 0, done.stderr
+    assert "3 files: a container under its original's own name" in done.stderr, done.stderr
+    assert extra.read_bytes() == want and not (folder / "extra.pt.ckptz").exists()
+    assert {name: (folder / name).read_bytes() for name in NAMES} == before
+    restored = tmp_path / "last.ckpt"
+    assert cli("decompress", str(folder / "last.ckpt"), "-o", str(restored), "-q").returncode == 0
+    assert restored.read_bytes() == (runs / "plain" / "ckpt" / "last.ckpt").read_bytes()
+
+
+def test_verify_against_the_plain_checkpoints_compares_what_they_restore_to(runs: Path) -> None:
+    """``verify`` of Lightning's containers against the checkpoints ``TorchCheckpointIO``
+    wrote: each restores to exactly them (the same seeds), so all match; a wrong pairing
+    is still changed."""
+    from conftest import ckptz as cli
+
+    packed, plain = runs / "packed" / "ckpt", runs / "plain" / "ckpt"
+    done = cli("verify", str(packed), "--against", str(plain), "--json")
+    assert done.returncode == 0, done.stdout
+    assert [f["status"] for f in json.loads(done.stdout)["files"]] == ["ok"] * len(NAMES)
+    wrong = cli("verify", str(packed / "last.ckpt"), "--against", str(plain / NAMES[0]), "--json")
+    assert wrong.returncode == 1
+    assert [f["status"] for f in json.loads(wrong.stdout)["files"]] == ["changed"]
 
 
 def test_resume_from_a_compressed_checkpoint(runs: Path, tmp_path: Path) -> None:

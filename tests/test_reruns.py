@@ -106,6 +106,34 @@ def test_a_rerun_refuses_an_output_that_is_not_its_own(
     )
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "trainer_state.json"])
+def test_a_rerun_refuses_an_output_whose_source_was_rewritten_with_its_size_and_mtime(
+    small_checkpoint: Path, tmp_path: Path, name: str
+) -> None:
+    """The source is overwritten by another save of the same shape and its mtime set back
+    (os.utime, as ``cp -p`` or ``rsync -t`` may leave it): its container (or copy) is stale
+    and must not be taken as done; with ``-f`` the new bytes are written."""
+    source = tmp_path / "src"
+    shutil.copytree(small_checkpoint, source)
+    out = tmp_path / "out"
+    assert ckptz("compress", str(source), "-o", str(out), "-q").returncode == 0
+    rewritten = source / name
+    st = rewritten.stat()
+    raw = bytearray(rewritten.read_bytes())
+    raw[-3:] = bytes(b ^ 0x01 for b in raw[-3:])  # the last bytes, as a later save's
+    rewritten.write_bytes(raw)
+    os.utime(rewritten, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (rewritten.stat().st_size, rewritten.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+    again = ckptz("compress", str(source), "-o", str(out))
+    assert again.returncode == 2, again.stderr
+    output = name + ".ckptz" if name.endswith(".safetensors") else name
+    assert f"{output}: output already exists and is not this run's" in again.stderr, again.stderr
+    assert ckptz("compress", str(source), "-o", str(out), "-f", "-q").returncode == 0
+    checked = ckptz("verify", str(out), "--against", str(source))
+    assert checked.returncode == 0, checked.stdout
+
+
 def test_force_removes_containers_whose_sources_are_gone(small_checkpoint: Path, tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(small_checkpoint, source)
@@ -130,3 +158,35 @@ def test_force_removes_containers_whose_sources_are_gone(small_checkpoint: Path,
 def test_force_in_help_says_what_it_removes() -> None:
     text = " ".join(ckptz("compress", "--help").stdout.split())
     assert "whose sources are gone" in text and "a rerun skips the outputs an earlier run finished" in text
+
+
+@pytest.mark.parametrize("command", ["compress", "decompress"])
+def test_in_place_says_when_a_hard_link_outside_the_run_keeps_the_old_bytes(
+    tmp_path: Path, command: str
+) -> None:
+    """In place, a file with a second name outside the folder given is replaced under the
+    folder's name only: the other name keeps its bytes (nothing lost), and the run says so
+    rather than break the link silently; links within the folder are kept as links."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_file({"w": np.arange(4096, dtype=np.float32)}, str(run / "model.safetensors"))
+    save_file({"m": np.ones(4096, dtype=np.float32)}, str(run / "inside.safetensors"))
+    os.link(run / "inside.safetensors", run / "inside-too.safetensors")
+    if command == "decompress":
+        assert ckptz("compress", str(run), "--in-place", "-q").returncode == 0
+    linked = run / ("model.safetensors" + (".ckptz" if command == "decompress" else ""))
+    outside = tmp_path / "snapshot"
+    os.link(linked, outside)
+    kept = outside.read_bytes()
+
+    done = ckptz(command, str(run), "--in-place", "--json")
+    assert done.returncode == 0, done.stderr
+    line = f"{linked.name}: another hard link to it lies outside what this run was given"
+    assert line in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert any(n.startswith(line) for n in json.loads(done.stdout)["notices"])
+    assert done.stderr.count("hard link") == 1, done.stderr  # the names inside are not told of
+    assert outside.read_bytes() == kept and outside.stat().st_nlink == 1
+    assert not linked.exists()

@@ -114,6 +114,84 @@ def test_missing_reference_is_one_clear_line(runs: tuple[Path, Path], tmp_path: 
     assert ckptz("verify", str(run / "checkpoint-40")).returncode == 0
 
 
+@pytest.mark.parametrize("where", ["payload", "index"])
+def test_a_damaged_reference_is_blamed_not_the_intact_containers_coded_against_it(
+    runs: tuple[Path, Path], tmp_path: Path, where: str
+) -> None:
+    """One bit flipped in checkpoint-30's container: ``verify`` calls that one damaged, and the
+    older, intact containers coded against it (directly or down the chain) unusable because
+    of it, never damaged themselves; ``decompress`` of an older one says the same in one line."""
+    five, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(five, run)
+    api.compress(run, in_place=True, series=True)
+    bad = run / "checkpoint-30" / "model.safetensors.ckptz"
+    with open(bad, "rb") as f:
+        index = read_index(f, str(bad))
+    chunk = index.chunks[int(index.chunks["size"].argmax())]
+    data_end = int(chunk["offset"]) + int(chunk["size"])
+    at = int(chunk["offset"]) + int(chunk["size"]) // 2 if where == "payload" else bad.stat().st_size - 60
+    assert where == "payload" or at > data_end
+    raw = bytearray(bad.read_bytes())
+    raw[at] ^= 0x10
+    bad.write_bytes(raw)
+    before = tree_digests(run)
+
+    done = ckptz("verify", str(run), "--json")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    status = {f["path"]: f for f in json.loads(done.stdout)["files"]}
+    assert status["checkpoint-30/model.safetensors.ckptz"]["status"] == "damaged"
+    for older in ("checkpoint-10", "checkpoint-20"):
+        verdict = status[f"{older}/model.safetensors.ckptz"]
+        assert verdict["status"] == "missing reference", verdict
+        assert "checkpoint-30/model.safetensors.ckptz is damaged" in verdict["error"], verdict
+    for newer in ("checkpoint-40", "checkpoint-50"):
+        assert status[f"{newer}/model.safetensors.ckptz"]["status"] == "ok"
+
+    done = ckptz("decompress", str(run / "checkpoint-20"), "-o", str(tmp_path / "out"))
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "its reference" in lines[0] and "checkpoint-30/model.safetensors.ckptz is damaged" in lines[0]
+    assert tree_digests(run) == before
+
+
+def test_a_recode_that_cannot_write_names_the_file_and_loses_nothing(tmp_path: Path) -> None:
+    """Adding a checkpoint re-codes the previous newest, which is first restored beside its
+    container; a file-size limit (``ulimit -f``) that the new containers fit but that
+    restore does not ends the run with one line naming the file, and every checkpoint still
+    restores; the same command without the limit finishes the job."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 512)).astype(np.float32)
+    for step in (10, 20, 30):
+        w = w + np.float32(0.001) * rng.standard_normal(w.shape).astype(np.float32)
+        (plain / f"checkpoint-{step}").mkdir(parents=True)
+        save_file({"w": w}, str(plain / f"checkpoint-{step}" / "model.safetensors"))
+    shutil.copytree(plain, run, ignore=shutil.ignore_patterns("checkpoint-30"))
+    api.compress(run, in_place=True, series=True)
+    shutil.copytree(plain / "checkpoint-30", run / "checkpoint-30")
+    size = (plain / "checkpoint-30" / "model.safetensors").stat().st_size
+    limit_kib = (size - 64 * 1024) // 1024  # below the original, above a container of it
+    args = " ".join(["-m", "ckptz", "compress", str(run), "--series", "--in-place", "-q"])
+    done = subprocess.run(
+        ["bash", "-c", f"ulimit -f {limit_kib} && exec {sys.executable} {args}"],
+        capture_output=True,
+        text=True,
+        env=CLI_ENV,
+        timeout=120,
+    )
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "checkpoint-20/model.safetensors" in lines[0] and "File too large" in lines[0], lines[0]
+    assert not [p for p in run.rglob("*") if ".ckptz-tmp-" in p.name]
+    _restores(run, tree_digests(plain), tmp_path)
+    assert ckptz("compress", str(run), "--series", "--in-place", "-q").returncode == 0
+    _restores(run, tree_digests(plain), tmp_path)
+
+
 def test_add_checkpoint_recodes_previous_newest_and_detach(runs: tuple[Path, Path], tmp_path: Path) -> None:
     five, sixty = runs
     run = tmp_path / "run"

@@ -80,6 +80,32 @@ def test_a_healthy_ans_container_is_undecodable_here_never_damaged(
     assert not (tmp_path / "back").exists()
 
 
+@pytest.mark.parametrize("against", [False, True], ids=["alone", "against"])
+def test_a_damaged_ans_container_is_damaged_here_not_undecodable(
+    ans_container: Path, small_checkpoint: Path, tmp_path: Path, against: bool
+) -> None:
+    """A bit flipped in any payload of a container holding a GPU-only bitstream (every
+    frame's top plane here): a CPU machine cannot decode it, but can check every payload's
+    checksum, so the verdict is ``damaged``, never "needs a GPU" (which would send the user
+    to a GPU only to learn it there)."""
+    from ckptz.container import read_index
+
+    with open(ans_container, "rb") as f:
+        chunks = read_index(f, "m").chunks
+    raw = ans_container.read_bytes()
+    extra = ["--against", str(small_checkpoint / "model.safetensors")] if against else []
+    for k, chunk in enumerate(chunks):
+        damaged = bytearray(raw)
+        damaged[int(chunk["offset"]) + int(chunk["size"]) // 2] ^= 0x08
+        flipped = tmp_path / f"flip-{k}.ckptz"
+        flipped.write_bytes(damaged)
+        checked = ckptz("verify", str(flipped), *extra, "--json")
+        assert checked.returncode == 1, checked.stderr
+        (verdict,) = json.loads(checked.stdout)["files"]
+        assert verdict["status"] == "damaged", (k, verdict)
+        assert "fail their checksum" in verdict["error"], (k, verdict)
+
+
 @pytest.mark.parametrize("nvcomp", [False, True], ids=["no-nvcomp", "nvcomp"])
 @pytest.mark.parametrize("command", ["compress", "decompress"])
 def test_device_cuda_without_a_gpu_fails_at_once_and_blames_the_missing_driver(

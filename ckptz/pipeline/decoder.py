@@ -254,6 +254,19 @@ class FrameDecoder:
             self.frames_decoded += 1
         return SpanFrame(self.index.streams[frame.stream], stored, frame.length, self._where(i), ())
 
+    def check_stored(self, stop: Callable[[], None] | None = None) -> None:
+        """Read every frame's payloads and check them (padding and checksums) without
+        decoding any: what a machine that cannot decode some bitstream can still check
+        (``stop`` is called between frames).
+
+        Raises:
+            CorruptionError: a payload is truncated, badly padded or fails its checksum.
+        """
+        for i in range(len(self.frames)):
+            if stop is not None:
+                stop()
+            self._stored(i)
+
     def _table(self, frames: range, buffer: np.ndarray, base: int) -> StoredSpan:
         """The run ``frames`` as one table, its payloads in ``buffer`` (the container from
         offset ``base``), checked here unless the engine checks them where it decodes them

@@ -27,6 +27,7 @@ from ckptz.errors import (
     BusyError,
     CkptzError,
     CodecUnavailableError,
+    CorruptionError,
     DeviceError,
     MismatchError,
     NothingToDoError,
@@ -253,13 +254,19 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
             return _links(p.label, mine, theirs)
         if theirs.kind == "special" or mine.kind == "special":
             return FileCheck(p.label, "unchecked", 0, "not a regular file")
-        if mine.kind == "container" and mine.rel.endswith(SUFFIX):
+        # A container under its original's own name (Lightning's CompressedCheckpointIO)
+        # restores to a plain file of that name: compared restored, as an X.ckptz is.
+        if mine.kind == "container" and (mine.rel.endswith(SUFFIX) or theirs.kind != "container"):
             return _container(p.label, mine, theirs, engine, reporter, stop)
         return _files(p.label, mine, theirs, reporter, stop)
     except (StoppedError, BusyError):
         raise
     except (CodecUnavailableError, DeviceError) as exc:
-        # What this machine cannot decode says nothing about the container's health.
+        # What this machine cannot decode says nothing about the container's health, but
+        # every payload's checksum it can check: a damaged one is damage, not a missing GPU.
+        damage = _stored_damage(p.label, mine, engine, stop) if mine.kind == "container" else None
+        if damage is not None:
+            return FileCheck(p.label, "damaged", 0, _detail(damage))
         return FileCheck(p.label, "undecodable", 0, str(exc))
     except MismatchError as exc:
         return FileCheck(p.label, "changed", 0, str(exc))
@@ -269,6 +276,24 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
         return FileCheck(p.label, "damaged", 0, _detail(exc))
     except OSError as exc:
         return FileCheck(p.label, "damaged", 0, f"cannot read ({exc.strerror or exc})")
+
+
+def _stored_damage(label: str, mine: Entry, engine: Engine, stop: Stop) -> CkptzError | None:
+    """The first payload of the container ``mine`` that fails its checks, read without
+    decoding anything (:meth:`~ckptz.pipeline.decoder.FrameDecoder.check_stored`); None if
+    every payload passes (or the file cannot be read: the decode already said why)."""
+    from ckptz.pipeline.decoder import FrameDecoder
+
+    try:
+        with open(mine.path, "rb") as c:
+            FrameDecoder(c.fileno(), label, read_index(c, label), engine).check_stored(stop.check)
+    except (StoppedError, BusyError):
+        raise
+    except CorruptionError as exc:
+        return exc
+    except (CkptzError, OSError):
+        return None
+    return None
 
 
 def _detail(exc: CkptzError) -> str:

@@ -273,7 +273,12 @@ def _place(
     if converts:
         name = e.path.name + SUFFIX if compress else e.path.name.removesuffix(SUFFIX)
         if not compress and name == e.path.name and out.path is None:
-            raise UsageError("cannot choose an output name", path=str(e.path), hint="give -o FILE")
+            if explicit:
+                raise UsageError("cannot choose an output name", path=str(e.path), hint="give -o FILE")
+            # Lightning's CompressedCheckpointIO keeps the checkpoint's own name: in a folder
+            # it is left as it is, not a reason to refuse the whole folder.
+            p.skipped.append(Action("skip", str(e.path), note=_SAME_NAME))
+            return 0
         target = _target(t, e, root, out, name)
         _check_target(target, root or target.parent)
         # In place, both forms present means a run was interrupted: finish it (or, with
@@ -296,6 +301,13 @@ def _place(
     return int(already and compress)
 
 
+#: Why a container under its original's own name is left alone in a folder decompressed in place.
+_SAME_NAME = (
+    "a container under its original's own name (as Lightning's CompressedCheckpointIO writes it):"
+    " left as it is (ckptz decompress FILE -o OUT restores it)"
+)
+
+
 def _pair_hard_links(p: Plan, out: Output) -> None:
     """Second and later names of one inode become links to the first one's output."""
     first: dict[tuple[int, int], Job] = {}
@@ -310,6 +322,26 @@ def _pair_hard_links(p: Plan, out: Output) -> None:
                 first[j.entry.inode] = j
             kept.append(j)
         group[:] = kept
+
+
+def linked_elsewhere(p: Plan, compress: bool) -> list[str]:
+    """In place, one line for each converted file that has hard links the run was not given:
+    those names keep the old form's bytes, so replacing the run's names frees no space (as
+    gzip warns of, where it refuses)."""
+    names: dict[tuple[int, int], int] = {}
+    for j in p.converts + p.finishes + p.links:
+        names[j.entry.inode] = names.get(j.entry.inode, 0) + 1
+    lines = []
+    for j in p.converts + p.finishes:
+        others = j.entry.links - names[j.entry.inode]
+        if others > 0:
+            kept = "original" if compress else "container's"
+            links = "another hard link to it lies" if others == 1 else f"{others} more hard links to it lie"
+            lines.append(
+                f"{j.label}: {links} outside what this run was given;"
+                f" {'it keeps' if others == 1 else 'they keep'} the {kept} bytes, so no space is freed"
+            )
+    return lines
 
 
 def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool) -> int:

@@ -3,14 +3,15 @@ and which outputs ``--force`` removes because their sources are gone.
 
 Every output is written under a temporary name and renamed only once complete, so an output
 that exists was finished by some run; it is this run's to skip only if it is what this run
-would write. For a container: its index reads back, and it records the source's name, size
-and mtime. For a restored file: its size and mtime are the container's record of the
-original, and so is its digest. For a copy: the source's size and mtime; for a symlink: its
+would write. For a container: its index reads back, it records the source's name, size
+and mtime, and its digest of the original is the source's. For a restored file: its size and mtime are the container's record of the
+original, and so is its digest. For a copy: the source's size, mtime and bytes; for a symlink: its
 target text; for a hard link: the inode it must share.
 """
 
 from __future__ import annotations
 
+import filecmp
 import os
 import stat
 from pathlib import Path
@@ -35,7 +36,9 @@ def already_done(job: Job, compress: bool) -> bool:
             head = job.primary.lstat()
             return (out.st_dev, out.st_ino) == (head.st_dev, head.st_ino)
         if job.kind == "copy":
-            return (out.st_size, out.st_mtime_ns) == (src.st_size, src.st_mtime_ns)
+            # Its bytes too: a source rewritten with its size and mtime kept is another file.
+            same = (out.st_size, out.st_mtime_ns) == (src.st_size, src.st_mtime_ns)
+            return same and filecmp.cmp(job.entry.path, job.target, shallow=False)
         if job.kind != "convert":
             return False
         return _container_of(job, src) if compress else _restored_from(job, out)
@@ -44,13 +47,21 @@ def already_done(job: Job, compress: bool) -> bool:
 
 
 def _container_of(job: Job, src: os.stat_result) -> bool:
+    from ckptz import digest
+
     with open(job.target, "rb") as f:
-        source = read_index(f, str(job.target)).header["source"]
-    return (source["name"], source["size"], source["mtime_ns"]) == (
+        index = read_index(f, str(job.target))
+    source = index.header["source"]
+    if (source["name"], source["size"], source["mtime_ns"]) != (
         job.entry.path.name,
         src.st_size,
         src.st_mtime_ns,
-    )
+    ):
+        return False
+    # A source rewritten with the same size, its mtime set back (os.utime, cp -p of another
+    # save of the same shape), must not pass for the one the container holds.
+    recorded = index.source_digest
+    return digest.of_file(job.entry.path, recorded.kind) == recorded
 
 
 def _restored_from(job: Job, out: os.stat_result) -> bool:

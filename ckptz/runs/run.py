@@ -31,7 +31,7 @@ from ckptz.engines import (
     requested_device,
 )
 from ckptz.engines.base import Engine
-from ckptz.errors import CkptzError, SourceChangedError, StoppedError, UsageError
+from ckptz.errors import CkptzError, NameTakenError, SourceChangedError, StoppedError, UsageError
 from ckptz.meta import FileMeta, apply_fd
 from ckptz.pipeline.workers import tuned_interpreter
 from ckptz.runs.jobs import Stop, run_jobs
@@ -294,14 +294,20 @@ class Changed:
 
     def __init__(self) -> None:
         self.labels: list[str] = []
+        self._errors: list[SourceChangedError] = []
         self._lock = threading.Lock()
 
     def add(self, error: SourceChangedError) -> None:
         with self._lock:
             self.labels.extend(error.changed)
+            self._errors.append(error)
 
     def raise_any(self, *, compress: bool) -> None:
-        """Raise :class:`~ckptz.errors.SourceChangedError` naming them, if any changed."""
+        """Raise :class:`~ckptz.errors.SourceChangedError` naming them, if any changed (a
+        lone name taken by another file, :class:`~ckptz.errors.NameTakenError`, as it was
+        raised: it says what to do instead of a rerun)."""
+        if len(self._errors) == 1 and isinstance(self._errors[0], NameTakenError):
+            raise self._errors[0]
         if self.labels:
             raise SourceChangedError(tuple(self.labels), replaces="compress" if compress else "restore")
 
@@ -334,7 +340,14 @@ def carry(
         first = (read or {}).get(j.entry.inode)
         if in_place and first is None:
             continue  # its first name was not converted (it changed): this one stays too
-        link_file(j.primary, j.target)
+        try:
+            # In place, a name another program took meanwhile is never linked over.
+            link_file(j.primary, j.target, replace=not in_place, label=j.label)
+        except NameTakenError as exc:
+            if changed is None:
+                raise
+            changed.add(exc)
+            continue
         if in_place:
             assert first is not None
             this = FileIdentity(

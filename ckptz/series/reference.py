@@ -14,19 +14,21 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ckptz.container import SUFFIX
 from ckptz.digest import TREE, Digest, Hasher, Kind, of_file
-from ckptz.errors import ContainerError, ReferenceChangedError, ReferenceMissingError
+from ckptz.errors import ContainerError, ReferenceChangedError, ReferenceDamagedError, ReferenceMissingError
 
 #: References followed at once (a chain is at most ``--keyframe-every`` long; a hostile
 #: container that names itself stops here).
 MAX_CHAIN = 64
 _HASH_BLOCK = 8 << 20
 _depth = threading.local()
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +138,16 @@ class ContainerReference:
     needs, in the calling thread), so the pipeline's threads restoring a delta read their
     counterparts in parallel rather than one at a time.
 
+    A reference whose own bytes fail their checks raises
+    :class:`~ckptz.errors.ReferenceDamagedError` naming it, for the container ``label`` that
+    reads it: that container's bytes are not the ones at fault.
+
     Raises:
         FileNotFoundError: ``path`` is not there (restored and removed meanwhile).
+        ReferenceDamagedError: its index is damaged.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, label: str | None = None) -> None:
         from ckptz.library.reader import ContainerReader
 
         # close() and __del__ see every attribute even when opening fails.
@@ -148,12 +155,13 @@ class ContainerReference:
         self._key: tuple[int, int] | None = None
         self._readers: list[ContainerReader] = []
         self._lock = threading.Lock()
+        self._path, self._label = path, label
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._key = _opened.add(self._fd, Path(os.path.realpath(path)))
             # Readers share the descriptor's offset while each reads its index: made one at a time.
             self._open = lambda: ContainerReader(path, device="cpu", fd=self._fd)
-            self.reader = self._open()
+            self.reader = self._checked(self._open)
         except BaseException:
             self.close()
             raise
@@ -161,14 +169,26 @@ class ContainerReference:
         self._local.reader = self.reader
         self._readers.append(self.reader)
 
+    def _checked(self, call: Callable[[], T]) -> T:
+        """``call()``, a failure of the reference's own checks raised as the reference's damage
+        (one further down its chain, already worded so, as it is)."""
+        try:
+            return call()
+        except ReferenceMissingError:
+            raise
+        except ContainerError as exc:
+            if self._label is None:
+                raise
+            raise damaged(self._path, self._label, exc) from None
+
     def read(self, offset: int, n: int) -> bytes:
         reader = getattr(self._local, "reader", None)
         if reader is None:
             with self._lock:
-                reader = self._local.reader = self._open()
+                reader = self._local.reader = self._checked(self._open)
                 self._readers.append(reader)
         reader.seek(offset)
-        return reader.read(n) or b""
+        return self._checked(lambda: reader.read(n)) or b""
 
     def close(self) -> None:
         with self._lock:
@@ -233,12 +253,14 @@ def _open(target: Path, spec: RefSpec, label: str) -> ReferenceBytes:
     plain = target.with_name(target.name.removesuffix(SUFFIX))
     if _is_file(target):
         try:
-            ref = ContainerReference(target)
+            ref = ContainerReference(target, label)
         except FileNotFoundError:
             pass  # decompressed meanwhile: the plain file below
         else:
             try:
-                same = ref.reader.index.source_size == spec.size and _same(ref, spec.digest)
+                same = ref.reader.index.source_size == spec.size and ref._checked(
+                    lambda: _same(ref, spec.digest)
+                )
             except BaseException:
                 ref.close()
                 raise
@@ -276,6 +298,17 @@ def _same(ref: ContainerReference, digest: Digest) -> bool:
         hasher.update(block)
     reader.seek(0)
     return hasher.digest() == digest
+
+
+def damaged(reference: Path, label: str, error: ContainerError) -> ReferenceDamagedError:
+    """The error of the container ``label`` whose reference ``reference`` failed its own
+    checks with ``error``."""
+    return ReferenceDamagedError(
+        f"its reference {reference} is damaged: {error.message}",
+        reference=str(reference),
+        path=label,
+        hint=f"restore {reference} from another copy; this container's own bytes were not at fault",
+    )
 
 
 def _shown(path: Path) -> Path:

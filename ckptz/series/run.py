@@ -37,7 +37,7 @@ from ckptz.pipeline import FileSink, compress_file, restore
 from ckptz.pipeline.transform import FrameTransform
 from ckptz.runs.plan import Job, Plan
 from ckptz.runs.tree import Tree
-from ckptz.safeio import FileIdentity, atomic_output, temp_path, try_lock
+from ckptz.safeio import FileIdentity, atomic_output, os_error, temp_path, try_lock
 from ckptz.series.delta import Keyframe, Tensor, delta_for, index_tensors, layout_tensors
 from ckptz.series.detect import Member, detect, tracks
 from ckptz.series.reference import ContainerReference, PlainReference, ReferenceBytes, RefSpec
@@ -214,11 +214,18 @@ def recode(
         meta = FileMeta.from_json(old.header.get("source"))
         plain = container.with_name(container.name.removesuffix(SUFFIX))
         tmp = temp_path(plain)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise os_error(exc, plain) from None
         try:
             try_lock(fd, exclusive=True)  # a concurrent run's cleanup leaves it alone
-            with open(fd, "wb", closefd=False) as f:
-                restore(c, label, engine, FileSink(f, old.source_size), index=old)  # digest checked
+            try:
+                with open(fd, "wb", closefd=False) as f:
+                    restore(c, label, engine, FileSink(f, old.source_size), index=old)  # digest checked
+            except OSError as exc:
+                # The original is restored beside the container first: it needs that much room.
+                raise os_error(exc, plain) from None
             make: Callable[[FileLayout], FrameTransform | None]
             if against is None:
                 make = lambda layout: Keyframe()  # noqa: E731
