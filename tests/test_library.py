@@ -259,6 +259,40 @@ def test_load_never_runs_a_pickle_unless_asked(tmp_path: Path) -> None:
     assert marker.is_dir()
 
 
+def test_load_with_weights_only_none_runs_no_pickle(tmp_path: Path) -> None:
+    """``weights_only=None`` is ``torch.load``'s own default (code that forwards its caller's
+    argument passes it): it means the safe unpickler, as in torch.load, never the pickle."""
+    marker = tmp_path / "pwned"
+    ckptz.save({"w": torch.ones(2), "evil": Evil(marker)}, tmp_path / "evil.pt", device="cpu")
+    for f in (tmp_path / "evil.pt", io.BytesIO((tmp_path / "evil.pt").read_bytes())):
+        with pytest.raises(pickle.UnpicklingError):
+            ckptz.load(f, weights_only=None)
+        assert not marker.exists()
+    ckptz.save({"w": torch.ones(2)}, tmp_path / "plain.pt", device="cpu")
+    assert torch.equal(ckptz.load(tmp_path / "plain.pt", weights_only=None)["w"], torch.ones(2))
+
+
+def test_torch_force_weights_only_load_holds_for_containers(tmp_path: Path) -> None:
+    """``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` makes torch.load refuse to run any pickle, even one
+    its caller trusts; a container must be refused as the plain file is."""
+    marker = tmp_path / "pwned"
+    ckptz.save({"w": torch.ones(2), "evil": Evil(marker)}, tmp_path / "evil.pt", device="cpu")
+    torch.save({"w": torch.ones(2), "evil": Evil(marker)}, tmp_path / "plain.pt")
+    code = (
+        "import ckptz, pickle, sys\n"
+        "try:\n"
+        "    ckptz.load(sys.argv[1], weights_only=False)\n"
+        "except pickle.UnpicklingError:\n"
+        "    print('refused')\n"
+    )
+    env = {**CLI_ENV, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
+    for path in (tmp_path / "plain.pt", tmp_path / "evil.pt"):
+        run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "refused", path
+        assert not marker.exists(), path
+
+
 @pytest.fixture(scope="module")
 def corpus_containers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from corpus import make_corpus
