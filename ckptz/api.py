@@ -654,7 +654,8 @@ def inspect(path: str | Path | Sequence[str | Path]) -> Summary:
     for t in trees:
         # Several sources (a shell glob over checkpoint-*/optimizer.pt) are told apart by the
         # folder each is, or is in.
-        prefix = (t.root.name if t.is_dir else t.root.parent.name) + "/" if several else ""
+        folder = (t.root.name or str(t.root)) if t.is_dir else t.root.parent.name
+        prefix = folder + "/" if several and folder else ""
         for e in t.entries:
             label = prefix + e.rel
             if e.kind == "container":

@@ -136,7 +136,7 @@ def verify_trees(
     if base is None:
         several = len(trees) > 1
         for t in trees:
-            prefix = t.root.name + "/" if several and t.is_dir else ""
+            prefix = (t.root.name or str(t.root)) + "/" if several and t.is_dir else ""
             for e in t.entries:
                 if e.kind == "container":
                     pairs.append(_Pair(prefix + e.rel, e, None))

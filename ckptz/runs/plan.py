@@ -155,7 +155,7 @@ def plan(
             if any(selection.converts(e, wanted) for e in t.entries):
                 raise
             continue  # nothing to convert here: say that rather than ask for -o
-        prefix = t.root.name + "/" if several and t.is_dir else ""
+        prefix = (t.root.name or str(t.root)) + "/" if several and t.is_dir else ""
         beside = out.in_place or (out.path is None and not t.is_dir)
         (p.writes if beside else p.reads).append(t.root)
         if root is not None:
@@ -169,6 +169,7 @@ def plan(
     if p.unreadable and not skip_unreadable:
         raise UnreadableError(tuple((a.path, a.note or "") for a in p.unreadable))
     p.skipped += p.unreadable
+    _drop_repeats(p)
     _pair_hard_links(p, out)
     done_already += _refuse(p, trees, out, force, compress)
     if force and not out.in_place:
@@ -294,6 +295,20 @@ def _place(
         return int(already and compress)
     p.carries.append(Job("copy", e, _target(t, e, root, out, e.path.name), label))
     return int(already and compress)
+
+
+def _drop_repeats(p: Plan) -> None:
+    """Keep one job per file and target: a file named twice (``a.pt ./a.pt``, or a folder and
+    a file in it) is one job, not a collision with itself."""
+    seen: set[tuple[Path, tuple[int, int]]] = set()
+    for group in (p.converts, p.finishes, p.carries, p.temps):
+        kept = []
+        for j in group:
+            key = (j.target, j.entry.inode)
+            if key not in seen:
+                seen.add(key)
+                kept.append(j)
+        group[:] = kept
 
 
 def _pair_hard_links(p: Plan, out: Output) -> None:
