@@ -377,12 +377,14 @@ def verify_footer(result: VerifyResult) -> str:
     unchecked = counts.get("unchecked", 0)
     if result.ok:
         if result.against:
-            n = len(result.files)
-            what = (
-                f"all {n} files match {result.against}: byte-identical"
-                if n != 1
-                else f"the file matches {result.against}: byte-identical"
-            )
+            n = counts.get("ok", 0)
+            if n == 1 == len(result.files):
+                what = f"the file matches {result.against}: byte-identical"
+            else:
+                every = "all " if n == len(result.files) else ""
+                what = (
+                    f"{every}{n} file{'s' * (n != 1)} match{'es' * (n == 1)} {result.against}: byte-identical"
+                )
         else:
             ok = counts.get("ok", 0)
             what = (
