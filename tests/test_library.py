@@ -203,6 +203,24 @@ def test_save_failure_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
         ckptz.save({}, tmp_path / "x.pt", device="tpu")
 
 
+def test_save_into_a_missing_folder_fails_and_makes_no_folder(tmp_path: Path) -> None:
+    """torch.save and safetensors' save_file refuse a path whose folder does not exist (a
+    typo); ckptz's writers must too, every one, and leave no folder behind."""
+    with pytest.raises(RuntimeError):
+        torch.save({"w": torch.ones(2)}, tmp_path / "typo" / "model.pt")
+    writers = {
+        "save": lambda p: ckptz.save({"w": torch.ones(2)}, p, device="cpu"),
+        "save legacy": lambda p: ckptz.save(
+            {"w": torch.ones(2)}, p, device="cpu", _use_new_zipfile_serialization=False
+        ),
+        "save_file": lambda p: ckptz.save_file({"w": torch.ones(2)}, p, device="cpu"),
+    }
+    for name, write in writers.items():
+        with pytest.raises(OSError, match="does not exist"):
+            write(tmp_path / name / "model.pt.ckptz")
+        assert not (tmp_path / name).exists(), name
+
+
 # -- ckptz.load -----------------------------------------------------------------------------
 
 

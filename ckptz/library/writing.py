@@ -32,6 +32,7 @@ from typing import IO, BinaryIO, cast
 
 from ckptz.engines import open_engine
 from ckptz.engines.base import Engine
+from ckptz.errors import WriteError
 from ckptz.meta import FileMeta
 from ckptz.pipeline import compress_file
 from ckptz.pipeline.compress import Source
@@ -101,6 +102,7 @@ def compress_to_path(target: Path, write: Writer, options: Options, *, memory: b
         WriteError: the target's folder is not writable.
         OutOfSpaceError: the disk filled up (nothing is left behind).
     """
+    _check_folder(target)
     if memory and hasattr(os, "memfd_create"):
         with _in_memory(target.name) as raw:
             write(raw)
@@ -117,6 +119,7 @@ def compress_into_path(
     """Compress the file ``layout`` (or, with ``source``, the bytes it serves, laid out as
     ``layout`` is) into ``target`` atomically, with ``meta``'s bits and mtime, else those of
     a new file (the umask's bits, now, this user)."""
+    _check_folder(target)
     with _engine(options) as engine, atomic_output(target, meta.container() if meta else None) as (out, _tmp):
         fields = (meta or FileMeta.of(os.fstat(out.fileno()))).to_json()
         compress_file(
@@ -129,6 +132,18 @@ def compress_into_path(
             source=source,
             largest_frame=_frame_limit(engine),
         )
+
+
+def _check_folder(target: Path) -> None:
+    """Refuse a target whose folder is missing, as ``torch.save`` and ``safetensors`` do: a
+    mistyped path must not leave new folders behind.
+
+    Raises:
+        WriteError: the folder does not exist.
+    """
+    folder = target.parent
+    if not folder.is_dir():
+        raise WriteError(f"folder {folder} does not exist", path=str(target), hint="create it first")
 
 
 def compress_to_stream(out: IO[bytes], name: str, write: Writer, options: Options) -> None:
