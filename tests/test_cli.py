@@ -104,6 +104,38 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert usage.exit_code == 2
 
 
+def test_json_on_failure_is_one_json_object_on_stdout(small_checkpoint: Path, tmp_path: Path) -> None:
+    """A script that runs `ckptz CMD --json` and parses stdout gets JSON whether the command
+    succeeds or fails: on failure one object with ok false and the error, the same one line
+    on stderr as without --json, and the exit code the error has."""
+    truncated = tmp_path / "model.pt.ckptz"
+    assert (
+        ckptz("compress", str(small_checkpoint / "optimizer.pt"), "-o", str(truncated), "-q").returncode == 0
+    )
+    truncated.write_bytes(truncated.read_bytes()[:-100])
+    cases = [
+        (["compress", str(tmp_path / "nope"), "--json"], 1, "InputNotFoundError"),
+        (
+            ["decompress", str(small_checkpoint / "optimizer.pt"), "-o", str(tmp_path / "x"), "--json"],
+            1,
+            "ContainerError",
+        ),
+        (["inspect", str(truncated), "--json"], 1, "ContainerError"),
+        (["verify", str(tmp_path / "nope"), "--json"], 1, "InputNotFoundError"),
+        (["compress", str(small_checkpoint), "--level", "99", "--json"], 2, "UsageError"),
+        (["verify", str(truncated), "--bogus", "--json"], 2, "UsageError"),
+    ]
+    for args, code, kind in cases:
+        done = ckptz(*args)
+        assert done.returncode == code, (args, done.stderr)
+        assert done.stderr.startswith("ckptz: error: ") and done.stderr.count("\n") == 1, done.stderr
+        out = json.loads(done.stdout)
+        assert out["ok"] is False and out["error"]["type"] == kind, out
+        assert out["error"]["exit_code"] == code and out["error"]["message"] in done.stderr, out
+    without = ckptz("compress", str(tmp_path / "nope"))
+    assert without.stdout == "" and without.returncode == 1
+
+
 def test_refuses_to_overwrite(small_checkpoint: Path, tmp_path: Path) -> None:
     packed = tmp_path / "c.ckptz"
     assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
