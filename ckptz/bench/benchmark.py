@@ -224,6 +224,8 @@ def bench(
     files = _checkpoint_files(src)
     run, skipped, gpu = _choose(codecs, device)
     samples = sample_components(files, sample_bytes)
+    if not samples:
+        raise UsageError("nothing to measure: the checkpoint is empty", path=str(src))
     bounds = {s.name: entropy_bound(s.frames) for s in samples}
     contexts = {s.name: context_bound(s.frames) for s in samples}
     rows: list[BenchRow] = []
