@@ -410,6 +410,22 @@ def test_open_is_a_file_object_libraries_take(files: dict[str, Path]) -> None:
         ckptz.open(files["pt.ckptz"], "wb")
 
 
+def test_open_answers_as_a_file_opened_rb_does(files: dict[str, Path]) -> None:
+    """What code written for ``open(p, "rb")`` calls: ``read(None)``, ``mode``, a write
+    refused with ``io.UnsupportedOperation``, a float offset refused with ``TypeError``."""
+    with open(files["pt"], "rb") as plain, ckptz.open(files["pt.ckptz"]) as ours:
+        for f in (plain, ours):
+            assert f.mode == "rb"
+            assert f.read(5) == files["pt"].read_bytes()[:5]
+            assert f.read(None) == files["pt"].read_bytes()[5:]
+            assert f.read(None) == b""
+            with pytest.raises(io.UnsupportedOperation):
+                f.write(b"x")
+            with pytest.raises(TypeError):
+                f.seek(1.5)  # type: ignore[arg-type]
+            assert f.tell() == len(files["pt"].read_bytes())
+
+
 def test_open_decodes_only_the_frames_a_read_needs(files: dict[str, Path]) -> None:
     with ckptz.open(files["pt.ckptz"]) as f:
         assert isinstance(f, ContainerReader)
