@@ -762,6 +762,18 @@ def test_missing_files_and_frameworks_fail_alike(tmp_path: Path) -> None:
     assert_same_outcome(outcome(lambda: torch.load(missing)), outcome(lambda: ckptz.load(missing)))
 
 
+def test_device_none_loads_on_the_cpu_as_safetensors_does(st_files: tuple[Path, Path]) -> None:
+    """``device=None`` (a caller forwarding its own default) is the CPU to safetensors."""
+    plain, ours = st_files
+    theirs = outcome(lambda: safetensors.torch.load_file(plain, device=None))
+    assert theirs.error is None
+    for path in (ours, plain):
+        assert_same_outcome(theirs, outcome(lambda: ckptz.load_file(path, device=None)))  # noqa: B023
+    with safetensors.safe_open(plain, "pt", device=None) as s, ckptz.safe_open(ours, "pt", device=None) as c:
+        name = s.keys()[0]
+        assert_same(s.get_tensor(name), c.get_tensor(name))
+
+
 def _save_inputs() -> dict[str, Any]:
     w = torch.ones(4, 4)
     inputs: dict[str, Any] = {

@@ -184,7 +184,10 @@ class _Bytes:
 
 @_safetensors_errors
 def load_file(
-    filename: str | os.PathLike[str], device: str | int | torch.device = "cpu", *, backend: str = "mmap"
+    filename: str | os.PathLike[str],
+    device: str | int | torch.device | None = "cpu",
+    *,
+    backend: str = "mmap",
 ) -> dict[str, torch.Tensor]:
     """Load every tensor of a safetensors file or container, as ``safetensors.torch.load_file``
     does (in the order of their bytes in the file).
@@ -209,7 +212,7 @@ def load_file(
 
 @_safetensors_errors
 def load_container(
-    container: BinaryIO, name: str, device: str | int | torch.device = "cpu"
+    container: BinaryIO, name: str, device: str | int | torch.device | None = "cpu"
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the safetensors container open as ``container`` (a real file), as
     :func:`load_file` loads them."""
@@ -261,7 +264,7 @@ def load_model(
     model: torch.nn.Module,
     filename: str | os.PathLike[str],
     strict: bool = True,
-    device: str | int = "cpu",
+    device: str | int | None = "cpu",
     *,
     backend: str = "mmap",
 ) -> tuple[set[str], list[str]]:
@@ -321,7 +324,7 @@ class safe_open:
         self,
         filename: str | os.PathLike[str],
         framework: str = "pt",
-        device: str | int | torch.device = "cpu",
+        device: str | int | torch.device | None = "cpu",
         *,
         backend: str = "mmap",
     ) -> None:
@@ -560,14 +563,17 @@ def _typed(data: torch.Tensor, info: TensorInfo, name: str) -> torch.Tensor:
     return data.view(dtype).reshape(shape)
 
 
-def _device(device: str | int | torch.device) -> torch.device:
-    """The torch device ``device`` names (an int is a CUDA device's index).
+def _device(device: str | int | torch.device | None) -> torch.device:
+    """The torch device ``device`` names (an int is a CUDA device's index; None the CPU, as
+    safetensors takes it).
 
     Raises:
         UsageError: it names none.
     """
     import torch
 
+    if device is None:
+        return torch.device("cpu")
     try:
         return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
     except (RuntimeError, TypeError, ValueError):
