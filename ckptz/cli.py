@@ -845,7 +845,7 @@ def _size(text: str | None) -> int | None:
     unit = s[len(num) :]
     try:
         value = int(float(num) * units[unit])
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, OverflowError):  # OverflowError: "inf", "1e400"
         raise UsageError(f"cannot read size {text!r}", hint="write e.g. 4GiB or 512MB") from None
     if value <= 0:
         raise UsageError(f"size must be positive: {text!r}")

@@ -232,6 +232,12 @@ def test_decompress_takes_a_memory_budget(small_checkpoint: Path, tmp_path: Path
         and bad.output == "ckptz: error: cannot read size 'lots' (write e.g. 4GiB or 512MB)\n"
     )
     assert not (tmp_path / "r2").exists()
+    for endless in ("inf", "1e400"):  # floats past any integer: one line, not an OverflowError
+        bad = ckptz("compress", str(small_checkpoint), "-o", str(tmp_path / "c2"), "--memory", endless)
+        assert (
+            bad.returncode == 2
+            and bad.stderr == f"ckptz: error: cannot read size '{endless}' (write e.g. 4GiB or 512MB)\n"
+        )
 
 
 def second_moments_of_a_short_training_run() -> dict[str, torch.Tensor]:
