@@ -164,6 +164,22 @@ def test_bench_of_an_empty_file_is_one_line_not_a_traceback(tmp_path: Path) -> N
     assert "empty" in done.stderr
 
 
+def test_bench_refuses_figures_that_are_not_numbers(small_checkpoint: Path) -> None:
+    """nan or inf for a bandwidth or a price made a report of "nan s" and "inf $": refuse
+    them as any other bad value, in one line."""
+    target = str(small_checkpoint / "rng_state.pth")
+    for args in (
+        ["--storage-gbps", "nan"],
+        ["--storage-gbps", "inf"],
+        ["--storage-gbps", "1", "--storage-usd-tb-month", "inf"],
+        ["--storage-gbps", "1", "--every-min", "inf"],
+    ):
+        done = ckptz("bench", target, *args)
+        assert done.returncode == 2, (args, done.stdout)
+        assert done.stderr.startswith("ckptz: error: ") and done.stderr.count("\n") == 1, done.stderr
+        assert "nan" not in done.stdout and done.stdout == "", done.stdout
+
+
 def test_measure_storage_cleans_up(tmp_path: Path) -> None:
     speed = measure_storage(tmp_path, size=8 << 20)
     assert speed.write_gbps > 0 and speed.read_gbps > 0 and speed.path == str(tmp_path)
