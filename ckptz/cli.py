@@ -690,7 +690,8 @@ def verify(
                 stderr.print(f"ckptz: {c.error}" + "; skipped" * (c.status == "skipped"), soft_wrap=True)
         broken = [c for c in result.files if c.status == "missing reference"]
         if broken:
-            more = f" (and {len(broken) - 1} more files)" if len(broken) > 1 else ""
+            others = len(broken) - 1
+            more = f" (and {others} more file{'s' * (others != 1)})" if others else ""
             stderr.print(f"ckptz: error: {broken[0].error}{more}", soft_wrap=True)
     if not result.ok:
         raise typer.Exit(1)

@@ -211,6 +211,10 @@ def test_verify_footer_counts_in_good_english(small_checkpoint: Path, tmp_path: 
     )
     done = runner.invoke(app, ["verify", str(packed), "--no-progress"])
     assert done.exit_code == 0 and "containers decode and match their checksums" in done.output, done.output
+    done = ckptz(
+        "compress", str(small_checkpoint / "optimizer.pt"), "-o", str(tmp_path / "t1.ckptz"), "-T", "1"
+    )
+    assert done.returncode == 0 and "(1 thread) in" in done.stdout, done.stdout
 
 
 def test_decompress_takes_a_memory_budget(small_checkpoint: Path, tmp_path: Path) -> None:
