@@ -40,6 +40,7 @@ from ckptz.errors import (
     OutOfSpaceError,
     SourceChangedError,
     UnsafePathError,
+    UsageError,
     WriteError,
 )
 from ckptz.mapped import MappedOutput, open_output, pwrite_views
@@ -331,6 +332,13 @@ def atomic_output(
     tmp = temp_path(final)
     try:
         folder = open_folder(final.parent)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next(
+            (p for p in (final.parent, *final.parent.parents) if p.exists() and not p.is_dir()), None
+        )
+        if blocker is None:
+            raise
+        raise UsageError("a file is in the way of an output folder", path=str(blocker)) from None
     except OSError as exc:
         raise os_error(exc, final) from None
     try:
@@ -465,6 +473,13 @@ def _make_and_rename(make: Callable[[str, int], None], final: Path) -> None:
     tmp = temp_path(final)
     try:
         folder = open_folder(final.parent)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next(
+            (p for p in (final.parent, *final.parent.parents) if p.exists() and not p.is_dir()), None
+        )
+        if blocker is None:
+            raise
+        raise UsageError("a file is in the way of an output folder", path=str(blocker)) from None
     except OSError as exc:
         raise os_error(exc, final) from None
     try:

@@ -147,6 +147,24 @@ def test_refuses_to_overwrite(small_checkpoint: Path, tmp_path: Path) -> None:
     )
 
 
+def test_a_file_where_the_output_folder_goes_is_named(small_checkpoint: Path, tmp_path: Path) -> None:
+    """`-o FILE/` (or several sources into FILE) names the file in the way, whatever the
+    sources are, rather than "cannot write (File exists)" about a path that does not exist."""
+    blocker = tmp_path / "out"
+    blocker.write_text("notes")
+    model, optimizer = str(small_checkpoint / "model.safetensors"), str(small_checkpoint / "optimizer.pt")
+    for args in (
+        ["compress", str(small_checkpoint), "-o", f"{blocker}/"],
+        ["compress", model, "-o", f"{blocker}/"],
+        ["compress", model, optimizer, "-o", str(blocker)],
+        ["compress", model, "-o", str(blocker / "deeper" / "model.ckptz")],
+    ):
+        done = ckptz(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr == f"ckptz: error: {blocker}: a file is in the way of an output folder\n", args
+    assert blocker.read_text() == "notes"
+
+
 def test_verify_names_the_damaged_file(small_checkpoint: Path, tmp_path: Path) -> None:
     packed = tmp_path / "c.ckptz"
     assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0

@@ -142,6 +142,8 @@ def _check_folder(target: Path) -> None:
         WriteError: the folder does not exist.
     """
     folder = target.parent
+    if folder.exists() and not folder.is_dir():
+        raise WriteError(f"{folder} is not a folder", path=str(target), hint="choose another path")
     if not folder.is_dir():
         raise WriteError(f"folder {folder} does not exist", path=str(target), hint="create it first")
 
