@@ -329,22 +329,69 @@ def atomic_output(
     and, given the file ``read`` that the output is made from, only while that file is
     unchanged (else :class:`~ckptz.errors.SourceChangedError`, the temp removed).
     """
+    if is_device(final):
+        yield from _device_output(final)
+        return
     tmp = temp_path(final)
-    try:
-        folder = open_folder(final.parent)
-    except (FileExistsError, NotADirectoryError):
-        blocker = next(
-            (p for p in (final.parent, *final.parent.parents) if p.exists() and not p.is_dir()), None
-        )
-        if blocker is None:
-            raise
-        raise UsageError("a file is in the way of an output folder", path=str(blocker)) from None
-    except OSError as exc:
-        raise os_error(exc, final) from None
+    folder = _output_folder(final)
     try:
         yield from _atomic_output_in(folder, final, tmp, meta, read)
     finally:
         os.close(folder)
+
+
+def _output_folder(final: Path) -> int:
+    """A descriptor of ``final``'s folder, made first where missing.
+
+    Raises:
+        UsageError: a file is where the folder (or one above it) must be.
+        WriteError: it cannot be made or opened.
+    """
+    try:
+        return open_folder(final.parent)
+    except (FileExistsError, NotADirectoryError) as exc:
+        blocker = next(
+            (p for p in (final.parent, *final.parent.parents) if p.exists() and not p.is_dir()), None
+        )
+        if blocker is None:
+            raise os_error(exc, final) from None
+        raise UsageError("a file is in the way of an output folder", path=str(blocker)) from None
+    except OSError as exc:
+        raise os_error(exc, final) from None
+
+
+def is_device(path: Path) -> bool:
+    """Whether ``path`` is a character device (``/dev/null``): an output written into, as
+    ``torch.save`` and ``zstd -o`` write, never replaced by a renamed file.
+
+    Raises:
+        UsageError: ``path`` is a fifo, socket or block device, which ckptz does not write to.
+    """
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return False
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+        raise UsageError(
+            "output is not a regular file", path=str(path), hint="write to a file, or to stdout with -c"
+        )
+    return stat.S_ISCHR(mode)
+
+
+def _device_output(final: Path) -> Iterator[tuple[BinaryIO, Path]]:
+    """:func:`atomic_output` into a character device: written in place, nothing renamed,
+    no metadata or fsync (a device has neither)."""
+    try:
+        f = os.fdopen(os.open(final, os.O_WRONLY | _CLOEXEC), "wb")
+    except OSError as exc:
+        raise os_error(exc, final) from None
+    try:
+        yield f, final
+        f.flush()
+    except OSError as exc:
+        raise os_error(exc, final) from None
+    finally:
+        f.close()
 
 
 def _atomic_output_in(
@@ -471,17 +518,7 @@ def _make_and_rename(make: Callable[[str, int], None], final: Path) -> None:
     """``make`` an entry under a temp name in ``final``'s open folder and rename it there
     (removed on failure); the folder is fsynced after."""
     tmp = temp_path(final)
-    try:
-        folder = open_folder(final.parent)
-    except (FileExistsError, NotADirectoryError):
-        blocker = next(
-            (p for p in (final.parent, *final.parent.parents) if p.exists() and not p.is_dir()), None
-        )
-        if blocker is None:
-            raise
-        raise UsageError("a file is in the way of an output folder", path=str(blocker)) from None
-    except OSError as exc:
-        raise os_error(exc, final) from None
+    folder = _output_folder(final)
     try:
         make(tmp.name, folder)
         os.replace(tmp.name, final.name, src_dir_fd=folder, dst_dir_fd=folder)

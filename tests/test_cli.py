@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import ckptz, tree_digests
 from safetensors.torch import save_file
@@ -163,6 +165,46 @@ def test_a_file_where_the_output_folder_goes_is_named(small_checkpoint: Path, tm
         assert done.returncode == 2, (args, done.stderr)
         assert done.stderr == f"ckptz: error: {blocker}: a file is in the way of an output folder\n", args
     assert blocker.read_text() == "notes"
+
+
+def _null_device(path: Path) -> Path:
+    """A character device like /dev/null at ``path`` (a test must never risk the real one)."""
+    import stat
+
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return path
+
+
+def test_output_to_a_device_is_written_into_never_replaced(small_checkpoint: Path, tmp_path: Path) -> None:
+    """`-o /dev/null` (to time a run without keeping it) writes into the device, as zstd
+    does; with -f it replaced the device by a regular file, which as root breaks /dev/null
+    for the whole machine. A fifo is refused in one line."""
+    import stat
+
+    null = _null_device(tmp_path / "null")
+    model = str(small_checkpoint / "optimizer.pt")
+    packed = tmp_path / "optimizer.pt.ckptz"
+    assert ckptz("compress", model, "-o", str(packed), "-q").returncode == 0
+    for args in (
+        ["compress", model, "-o", str(null)],
+        ["compress", model, "-o", str(null), "-f", "--verify"],
+        ["decompress", str(packed), "-o", str(null), "-f"],
+        ["decompress", str(packed), "-o", str(null)],
+    ):
+        done = ckptz(*args, "-q")
+        assert done.returncode == 0, (args, done.stderr)
+        assert stat.S_ISCHR(null.lstat().st_mode), args
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = ckptz("compress", model, "-o", str(fifo), "-f")
+    assert (
+        done.returncode == 2
+        and done.stderr
+        == f"ckptz: error: {fifo}: output is not a regular file (write to a file, or to stdout with -c)\n"
+    )
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
 def test_verify_names_the_damaged_file(small_checkpoint: Path, tmp_path: Path) -> None:

@@ -203,6 +203,23 @@ def test_save_failure_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
         ckptz.save({}, tmp_path / "x.pt", device="tpu")
 
 
+def test_save_to_a_device_writes_into_it(tmp_path: Path) -> None:
+    """``torch.save(obj, "/dev/null")`` writes into the device; ckptz's writers replaced it
+    with a regular file (as root: /dev/null broken for the whole machine). Tested on a
+    device node of the test's own, never the real one."""
+    import stat
+
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    null = tmp_path / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    ckptz.save({"w": torch.ones(2)}, null, device="cpu")
+    ckptz.save({"w": torch.ones(2)}, null, device="cpu", _use_new_zipfile_serialization=False)
+    ckptz.save_file({"w": torch.ones(2)}, null, device="cpu")
+    assert stat.S_ISCHR(null.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
 def test_save_into_a_missing_folder_fails_and_makes_no_folder(tmp_path: Path) -> None:
     """torch.save and safetensors' save_file refuse a path whose folder does not exist (a
     typo); ckptz's writers must too, every one, and leave no folder behind."""

@@ -26,6 +26,7 @@ from ckptz.errors import ContainerError, NothingToDoError, UnreadableError, Unsa
 from ckptz.runs.jobs import Job, JobKind
 from ckptz.runs.resume import already_done, stale_outputs
 from ckptz.runs.tree import UNREADABLE, Entry, Kind, Selection, Tree
+from ckptz.safeio import is_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +353,8 @@ def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool
         ident = _identity(j.target)
         if ident is not None and ident in inputs:
             raise UsageError("output would overwrite an input", path=str(j.target), hint="choose another -o")
+        if is_device(j.target):
+            continue  # written into (-o /dev/null), never replaced
         if not force and (j.target.exists() or j.target.is_symlink()):
             if not already_done(j, compress):
                 raise UsageError(
