@@ -626,14 +626,14 @@ def _source_size(container: Path) -> int:
 
 def _container_stats(path: Path, label: str) -> FileStats:
     with open(path, "rb") as f:
-        index = read_index(f, label)
+        index = read_index(f, str(path))  # an error names the file as the user can find it
     return index_stats(label.removesuffix(SUFFIX), index, path.stat().st_size)
 
 
-def _check_chain(container: Path, label: str) -> None:
+def _check_chain(container: Path) -> None:
     """A series container's references must all be there (only indexes are read)."""
     with open(container, "rb") as f:
-        if "reference" not in read_index(f, label).header:
+        if "reference" not in read_index(f, str(container)).header:
             return
     from ckptz.series.run import chain
 
@@ -660,7 +660,7 @@ def inspect(path: str | Path | Sequence[str | Path]) -> Summary:
             label = prefix + e.rel
             if e.kind == "container":
                 files.append(_container_stats(e.path, label))
-                _check_chain(e.path, label)
+                _check_chain(e.path)
             elif e.kind == "checkpoint" or (e.kind in ("other", "unreadable") and not t.is_dir):
                 files.append(layout_stats(label, read_layout(e.path, label)))
             elif e.kind in ("other", "unreadable"):

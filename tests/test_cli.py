@@ -106,6 +106,17 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert usage.exit_code == 2
 
 
+def test_inspect_names_a_damaged_container_by_its_path(small_checkpoint: Path, tmp_path: Path) -> None:
+    """In a folder, the error names the file as the user can find it (folder/x.ckptz)."""
+    packed = tmp_path / "packed"
+    assert ckptz("compress", str(small_checkpoint), "-o", str(packed), "-q").returncode == 0
+    damaged = packed / "optimizer.pt.ckptz"
+    damaged.write_bytes(damaged.read_bytes()[:-64])
+    done = ckptz("inspect", str(packed))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"ckptz: error: {damaged}: "), done.stderr
+
+
 def test_json_on_failure_is_one_json_object_on_stdout(small_checkpoint: Path, tmp_path: Path) -> None:
     """A script that runs `ckptz CMD --json` and parses stdout gets JSON whether the command
     succeeds or fails: on failure one object with ok false and the error, the same one line
