@@ -220,6 +220,30 @@ def test_save_to_a_device_writes_into_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
 
 
+def test_save_through_a_symlink_keeps_the_link(tmp_path: Path) -> None:
+    """``torch.save(obj, "latest.pt")`` with ``latest.pt -> step_100.pt`` writes step_100.pt
+    and keeps the link; ckptz's writers replaced the link by a file."""
+    (tmp_path / "theirs.pt").write_bytes(b"old")
+    (tmp_path / "theirs_link.pt").symlink_to("theirs.pt")
+    torch.save({"w": torch.ones(2)}, tmp_path / "theirs_link.pt")
+    assert (tmp_path / "theirs_link.pt").is_symlink()
+    writers = {
+        "save": lambda p: ckptz.save({"w": torch.ones(2)}, p, device="cpu"),
+        "save_file": lambda p: ckptz.save_file({"w": torch.ones(2)}, p, device="cpu"),
+    }
+    for name, write in writers.items():
+        target, link = tmp_path / f"{name}.ckptz", tmp_path / f"latest_{name}.ckptz"
+        target.write_bytes(b"old")
+        link.symlink_to(target.name)
+        write(link)
+        assert link.is_symlink() and os.readlink(link) == target.name, name
+        assert torch.equal(ckptz.load(target)["w"], torch.ones(2)), name
+    dangling = tmp_path / "dangling.pt.ckptz"
+    dangling.symlink_to("made.pt.ckptz")
+    ckptz.save({"w": torch.ones(2)}, dangling, device="cpu")
+    assert dangling.is_symlink() and (tmp_path / "made.pt.ckptz").is_file()
+
+
 def test_save_into_a_missing_folder_fails_and_makes_no_folder(tmp_path: Path) -> None:
     """torch.save and safetensors' save_file refuse a path whose folder does not exist (a
     typo); ckptz's writers must too, every one, and leave no folder behind."""

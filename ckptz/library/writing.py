@@ -102,7 +102,7 @@ def compress_to_path(target: Path, write: Writer, options: Options, *, memory: b
         WriteError: the target's folder is not writable.
         OutOfSpaceError: the disk filled up (nothing is left behind).
     """
-    _check_folder(target)
+    _check_folder(Path(os.path.realpath(target)) if target.is_symlink() else target)
     if memory and hasattr(os, "memfd_create"):
         with _in_memory(target.name) as raw:
             write(raw)
@@ -118,9 +118,11 @@ def compress_into_path(
 ) -> None:
     """Compress the file ``layout`` (or, with ``source``, the bytes it serves, laid out as
     ``layout`` is) into ``target`` atomically, with ``meta``'s bits and mtime, else those of
-    a new file (the umask's bits, now, this user)."""
-    _check_folder(target)
-    with _engine(options) as engine, atomic_output(target, meta.container() if meta else None) as (out, _tmp):
+    a new file (the umask's bits, now, this user). A symlink ``target`` is written through,
+    as ``torch.save`` writes: the file it points to is replaced, the link kept."""
+    final = Path(os.path.realpath(target)) if target.is_symlink() else target
+    _check_folder(final)
+    with _engine(options) as engine, atomic_output(final, meta.container() if meta else None) as (out, _tmp):
         fields = (meta or FileMeta.of(os.fstat(out.fileno()))).to_json()
         compress_file(
             layout,
