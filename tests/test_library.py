@@ -244,6 +244,26 @@ def test_save_through_a_symlink_keeps_the_link(tmp_path: Path) -> None:
     assert dangling.is_symlink() and (tmp_path / "made.pt.ckptz").is_file()
 
 
+def test_save_over_a_private_file_keeps_it_private(tmp_path: Path) -> None:
+    """``torch.save`` over an existing 0600 file writes into it, so it stays 0600; ckptz.save
+    replaced it by a new file with the umask's bits (0644: readable by everyone)."""
+    import stat
+
+    for legacy in (False, True):
+        theirs, ours = tmp_path / f"theirs{legacy}.pt", tmp_path / f"ours{legacy}.pt.ckptz"
+        for f in (theirs, ours):
+            f.write_bytes(b"old")
+            f.chmod(0o600)
+        torch.save({"w": torch.ones(2)}, theirs, _use_new_zipfile_serialization=not legacy)
+        ckptz.save({"w": torch.ones(2)}, ours, device="cpu", _use_new_zipfile_serialization=not legacy)
+        assert stat.S_IMODE(theirs.stat().st_mode) == 0o600
+        assert stat.S_IMODE(ours.stat().st_mode) == 0o600, legacy
+        assert torch.equal(ckptz.load(ours)["w"], torch.ones(2))
+        back = tmp_path / f"back{legacy}.pt"
+        api.decompress(ours, back, device="cpu")
+        assert stat.S_IMODE(back.stat().st_mode) == 0o600
+
+
 def test_save_into_a_missing_folder_fails_and_makes_no_folder(tmp_path: Path) -> None:
     """torch.save and safetensors' save_file refuse a path whose folder does not exist (a
     typo); ckptz's writers must too, every one, and leave no folder behind."""

@@ -23,7 +23,9 @@ in memory too). Elsewhere it falls back to the folder.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -91,26 +93,49 @@ def _in_memory(name: str) -> Iterator[Path]:
         os.close(fd)
 
 
-def compress_to_path(target: Path, write: Writer, options: Options, *, memory: bool = False) -> None:
+def compress_to_path(
+    target: Path, write: Writer, options: Options, *, memory: bool = False, keep: bool = False
+) -> None:
     """Have ``write`` write the original, then compress it into ``target`` atomically.
 
     The container gets the permission bits and mtime the original got (so the umask applies
     as it does to ``torch.save``), and records them for ``ckptz decompress``. With
-    ``memory``, the original is kept in memory; it gets the bits a new file gets.
+    ``memory``, the original is kept in memory; it gets the bits a new file gets. With
+    ``keep``, a file already at ``target`` keeps its bits and owner (:func:`kept_meta`).
 
     Raises:
         WriteError: the target's folder is not writable.
         OutOfSpaceError: the disk filled up (nothing is left behind).
     """
-    _check_folder(Path(os.path.realpath(target)) if target.is_symlink() else target)
+    _check_folder(_through_link(target))
+    kept = kept_meta(target) if keep else None
     if memory and hasattr(os, "memfd_create"):
         with _in_memory(target.name) as raw:
             write(raw)
-            compress_into_path(target, raw, options)
+            compress_into_path(target, raw, options, kept)
         return
     with _original(target.parent, original_name(target)) as raw:
         write(raw)
-        compress_into_path(target, raw, options, FileMeta.of(raw.stat()))
+        compress_into_path(target, raw, options, kept or FileMeta.of(raw.stat()))
+
+
+def kept_meta(target: Path) -> FileMeta | None:
+    """What a save over the file at ``target`` keeps of it, as ``torch.save`` (which writes
+    into the existing file) keeps them: its permission bits and owner, with the time now;
+    None where no regular file is there. A private checkpoint must stay private.
+    """
+    try:
+        st = _through_link(target).stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return FileMeta(stat.S_IMODE(st.st_mode), time.time_ns(), st.st_uid, st.st_gid)
+
+
+def _through_link(target: Path) -> Path:
+    """The file a save to ``target`` writes: the one a symlink points to, as ``torch.save`` writes."""
+    return Path(os.path.realpath(target)) if target.is_symlink() else target
 
 
 def compress_into_path(
@@ -120,7 +145,7 @@ def compress_into_path(
     ``layout`` is) into ``target`` atomically, with ``meta``'s bits and mtime, else those of
     a new file (the umask's bits, now, this user). A symlink ``target`` is written through,
     as ``torch.save`` writes: the file it points to is replaced, the link kept."""
-    final = Path(os.path.realpath(target)) if target.is_symlink() else target
+    final = _through_link(target)
     _check_folder(final)
     with _engine(options) as engine, atomic_output(final, meta.container() if meta else None) as (out, _tmp):
         fields = (meta or FileMeta.of(os.fstat(out.fileno()))).to_json()
@@ -205,5 +230,6 @@ __all__ = [
     "compress_into_stream",
     "compress_to_path",
     "compress_to_stream",
+    "kept_meta",
     "original_name",
 ]
