@@ -60,9 +60,24 @@ def is_temp(path: Path) -> bool:
     return _TEMP_NAME.fullmatch(path.name) is not None
 
 
+#: The longest file name in bytes that common file systems take.
+_NAME_MAX = 255
+#: What a temporary name adds to the final name at most: ".", the mark, a pid, "-", 8 digits.
+_TEMP_EXTRA = 1 + len(TMP_MARK) + 10 + 1 + 8
+
+
+def temp_stem(name: str) -> str:
+    """``name`` as its temporary names carry it: cut where the whole temporary name would
+    pass 255 bytes (a long final name that fits must not fail for its temporary name)."""
+    raw = os.fsencode(name)
+    if len(raw) + _TEMP_EXTRA <= _NAME_MAX:
+        return name
+    return os.fsdecode(raw[: _NAME_MAX - _TEMP_EXTRA])  # a cut character round-trips as bytes
+
+
 def temp_path(final: Path) -> Path:
     """A fresh temporary name beside ``final`` (see the module docstring for its form)."""
-    return final.parent / f".{final.name}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
+    return final.parent / f".{temp_stem(final.name)}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def stale_temps(final: Path) -> list[Path]:
@@ -76,7 +91,7 @@ def stale_temps_of(finals: Iterable[Path]) -> list[Path]:
     a run's samples)."""
     by_folder: dict[Path, set[str]] = {}
     for final in finals:
-        by_folder.setdefault(final.parent, set()).add(final.name)
+        by_folder.setdefault(final.parent, set()).add(temp_stem(final.name))
     out = []
     for folder, names in by_folder.items():
         try:

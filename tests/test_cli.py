@@ -218,6 +218,30 @@ def test_output_to_a_device_is_written_into_never_replaced(small_checkpoint: Pat
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
+def test_long_file_names_that_fit_with_ckptz_are_compressed(small_checkpoint: Path, tmp_path: Path) -> None:
+    """A name of 230-249 bytes fits with .ckptz (255 at most) but not with the temporary
+    name's additions: the run failed on it. The library's writers too."""
+    src = tmp_path / "run"
+    src.mkdir()
+    data = (small_checkpoint / "optimizer.pt").read_bytes()
+    for n in (200, 230, 249):
+        (src / ("w" * n)).write_bytes(data)
+    (src / ("é" * 120)).write_bytes(data)  # 240 bytes of UTF-8, cut inside no character
+    want = tree_digests(src)
+    done = ckptz("compress", str(src), "--in-place", "-q")
+    assert done.returncode == 0, done.stderr
+    assert all(p.name.endswith(".ckptz") for p in src.iterdir())
+    assert ckptz("decompress", str(src), "--in-place", "-q").returncode == 0
+    assert tree_digests(src) == want
+    import ckptz as library
+
+    long = tmp_path / ("v" * 240 + ".ckptz")
+    library.save_file({"w": torch.ones(2)}, long, device="cpu")
+    assert torch.equal(library.load_file(long)["w"], torch.ones(2))
+    library.save({"w": torch.ones(2)}, long, device="cpu", _use_new_zipfile_serialization=False)
+    assert torch.equal(library.load(long)["w"], torch.ones(2))
+
+
 def test_verify_names_the_damaged_file(small_checkpoint: Path, tmp_path: Path) -> None:
     packed = tmp_path / "c.ckptz"
     assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0

@@ -38,7 +38,7 @@ from ckptz.errors import WriteError
 from ckptz.meta import FileMeta
 from ckptz.pipeline import compress_file
 from ckptz.pipeline.compress import Source
-from ckptz.safeio import atomic_output, os_error
+from ckptz.safeio import atomic_output, os_error, temp_stem
 
 #: Writes the original file at the path it is given.
 Writer = Callable[[Path], None]
@@ -76,7 +76,8 @@ def _engine(options: Options) -> Iterator[Engine]:
 def _original(folder: Path | None, name: str) -> Iterator[Path]:
     """A path named ``name`` in a new private folder (in ``folder``, else ``$TMPDIR``), removed after."""
     try:
-        tmp = tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}.ckptz-save-")
+        # The name, cut as temporary names are, tells a user whose leftover this is.
+        tmp = tempfile.TemporaryDirectory(dir=folder, prefix=f".{temp_stem(name)}.ckptz-save-")
     except OSError as exc:
         raise os_error(exc, (folder or Path(tempfile.gettempdir())) / name) from None
     with tmp as d:
