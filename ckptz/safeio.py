@@ -328,6 +328,10 @@ def os_error(exc: OSError, path: Path) -> CkptzError:
             path=str(path),
             hint="free space and run the same command again",
         )
+    if exc.errno == errno.ENAMETOOLONG:
+        return WriteError(
+            "cannot write (the name is too long for the file system)", path=str(path), hint="shorten the name"
+        )
     reason = exc.strerror or str(exc)
     return WriteError(f"cannot write ({reason})", path=str(path), hint="check permissions and free space")
 

@@ -233,6 +233,15 @@ def test_long_file_names_that_fit_with_ckptz_are_compressed(small_checkpoint: Pa
     assert all(p.name.endswith(".ckptz") for p in src.iterdir())
     assert ckptz("decompress", str(src), "--in-place", "-q").returncode == 0
     assert tree_digests(src) == want
+    too_long = tmp_path / "too_long"
+    too_long.mkdir()
+    (too_long / ("t" * 252)).write_bytes(data)  # no room for .ckptz: say so, not "check permissions"
+    for args in (["-o", f"{tmp_path / 'out'}/"], ["--in-place"]):
+        done = ckptz("compress", str(too_long), *args, "-q")
+        assert done.returncode == 1 and "too long" in done.stderr and "permissions" not in done.stderr, (
+            done.stderr
+        )
+        assert (too_long / ("t" * 252)).read_bytes() == data
     import ckptz as library
 
     long = tmp_path / ("v" * 240 + ".ckptz")
