@@ -2,11 +2,13 @@
 
 Every output is written to a temporary file in the destination folder, flushed and fsynced,
 checked, then atomically renamed; the folder is fsynced after each rename. Temporary files
-are named ``.<final name>.ckptz-tmp-<pid>-<8 hex digits>``: hidden, tied to the name they
-will take, and matched exactly by :func:`is_temp`, so a rerun recognises and removes them and
-never takes user data for one. A writer holds an exclusive ``flock`` on its temp file while it
-writes, so a run that finds a temp file another live run is writing stops with
-:class:`~ckptz.errors.BusyError` instead of deleting it.
+are named ``.<final name>.ckptz-tmp-<pid>-<8 hex digits>`` (a long name cut to keep the
+whole within 255 bytes): hidden, tied to the name they will take, and matched exactly by
+:func:`is_temp`, so a rerun recognises and removes them and never takes user data for one.
+A writer holds an exclusive ``flock`` on its temp file while it writes, so a run that finds
+a temp file another live run is writing stops with :class:`~ckptz.errors.BusyError`
+instead of deleting it. A character device named as the output (``/dev/null``) is written
+into instead, never replaced.
 
 Outputs are created with their final permission bits (plus owner read/write while writing)
 and get their final metadata before the rename (:mod:`ckptz.meta`).
