@@ -664,14 +664,14 @@ def _source_size(container: Path) -> int:
 
 def _container_stats(path: Path, label: str) -> FileStats:
     with open(path, "rb") as f:
-        index = read_index(f, label)
+        index = read_index(f, str(path))  # an error names the file as the user can find it
     return index_stats(label.removesuffix(SUFFIX), index, path.stat().st_size)
 
 
-def _check_chain(container: Path, label: str) -> None:
+def _check_chain(container: Path) -> None:
     """A series container's references must all be there (only indexes are read)."""
     with open(container, "rb") as f:
-        if "reference" not in read_index(f, label).header:
+        if "reference" not in read_index(f, str(container)).header:
             return
     from ckptz.series.run import chain
 
@@ -692,12 +692,13 @@ def inspect(path: str | Path | Sequence[str | Path]) -> Summary:
     for t in trees:
         # Several sources (a shell glob over checkpoint-*/optimizer.pt) are told apart by the
         # folder each is, or is in.
-        prefix = (t.root.name if t.is_dir else t.root.parent.name) + "/" if several else ""
+        folder = (t.root.name or str(t.root)) if t.is_dir else t.root.parent.name
+        prefix = folder + "/" if several and folder else ""
         for e in t.entries:
             label = prefix + e.rel
             if e.kind == "container":
                 files.append(_container_stats(e.path, label))
-                _check_chain(e.path, label)
+                _check_chain(e.path)
             elif e.kind == "checkpoint" or (e.kind in ("other", "unreadable") and not t.is_dir):
                 files.append(layout_stats(label, read_layout(e.path, label)))
             elif e.kind in ("other", "unreadable"):

@@ -2,7 +2,8 @@
 
 Results go to stdout (Rich tables, or JSON with ``--json``); progress, notices and errors go
 to stderr. A :class:`~ckptz.errors.CkptzError` becomes one line on stderr and its exit code
-(usage errors 2, a stop by Ctrl-C 130, by SIGTERM 143); set ``CKPTZ_DEBUG=1`` to see its
+(usage errors 2, a stop by Ctrl-C 130, by SIGTERM 143), and with ``--json`` also an
+``{"ok": false, "error": ...}`` object on stdout; set ``CKPTZ_DEBUG=1`` to see its
 traceback. Other exceptions are bugs and stay loud. Short options mean what they mean to
 ``zstd`` (``-o``, ``-c``, ``-f``, ``-T``, ``-q``, ``-v``, ``-h``, ``-V``); options zstd has no
 letter for are long only.
@@ -71,6 +72,9 @@ class _UsageLine(ClickUsageError):
     def show(self, file: Any = None) -> None:
         where = self.ctx.command_path if self.ctx is not None else "ckptz"
         stderr.print(f"ckptz: error: {self.message} (see '{where} -h')", soft_wrap=True)
+        # The options were not parsed, so --json is looked for as it was typed.
+        if "--json" in sys.argv[1 : sys.argv.index("--") if "--" in sys.argv else None]:
+            _emit_error("UsageError", self.message, None, f"see '{where} -h'", self.exit_code)
 
 
 def _no_types(self: Any, ctx: Any) -> None:
@@ -231,20 +235,50 @@ def _errors(fn: F) -> F:
             if isinstance(exc, StoppedError):
                 _signals.announced.append(True)
             stderr.print(f"ckptz: {'error: ' * (not isinstance(exc, StoppedError))}{text}", soft_wrap=True)
+            if kwargs.get("as_json"):
+                if isinstance(exc, CkptzError):
+                    _emit_error(type(exc).__name__, exc.message, exc.path, exc.hint, code)
+                else:
+                    _emit_error(type(exc).__name__, exc.strerror or str(exc), exc.filename, None, code)
             raise typer.Exit(code) from None
         except KeyboardInterrupt:
             _signals.announced.append(True)
             stderr.print("ckptz: stopped (run the same command again to finish anything left)")
+            if kwargs.get("as_json"):
+                _emit_error(
+                    "StoppedError", "stopped", None, "run the same command again", _signals.exit_code()
+                )
             raise typer.Exit(_signals.exit_code()) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+#: Whether this command has printed its JSON result (a later error then adds no second object).
+_json_done: list[bool] = []
+
+
 def _emit(data: dict[str, Any] | None, view: Any, as_json: bool, quiet: bool = False) -> None:
     if as_json:
+        _json_done.append(True)
         sys.stdout.write(json.dumps(_strict(data), indent=2, default=str, allow_nan=False) + "\n")
     elif not quiet:
         _print(view)
+
+
+def _emit_error(kind: str, message: str, path: Any, hint: str | None, exit_code: int) -> None:
+    """A failed command's ``--json`` output: one object that says it failed, and why (the
+    same error as the stderr line), so a script that parses stdout always gets JSON."""
+    if _json_done:
+        return
+    error = {
+        "type": kind,
+        "message": message,
+        "path": path and str(path),
+        "hint": hint,
+        "exit_code": exit_code,
+    }
+    sys.stdout.write(json.dumps({"ok": False, "error": error}, indent=2) + "\n")
+    sys.stdout.flush()
 
 
 def _print(view: Any) -> None:
@@ -656,7 +690,8 @@ def verify(
                 stderr.print(f"ckptz: {c.error}" + "; skipped" * (c.status == "skipped"), soft_wrap=True)
         broken = [c for c in result.files if c.status == "missing reference"]
         if broken:
-            more = f" (and {len(broken) - 1} more files)" if len(broken) > 1 else ""
+            others = len(broken) - 1
+            more = f" (and {others} more file{'s' * (others != 1)})" if others else ""
             stderr.print(f"ckptz: error: {broken[0].error}{more}", soft_wrap=True)
     if not result.ok:
         raise typer.Exit(1)
@@ -811,7 +846,7 @@ def _size(text: str | None) -> int | None:
     unit = s[len(num) :]
     try:
         value = int(float(num) * units[unit])
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, OverflowError):  # OverflowError: "inf", "1e400"
         raise UsageError(f"cannot read size {text!r}", hint="write e.g. 4GiB or 512MB") from None
     if value <= 0:
         raise UsageError(f"size must be positive: {text!r}")

@@ -301,7 +301,7 @@ def summary_view(summary: Summary, verbose: bool = False) -> RenderableType:
     elif summary.operation != "inspect":
         speed = summary.bytes / summary.seconds / 1e9 if summary.seconds else 0.0
         n = len(summary.files)
-        line = f"{n} file{'s' * (n != 1)} on {summary.device} ({summary.threads} threads) in {summary.seconds:.2f} s"
+        line = f"{n} file{'s' * (n != 1)} on {summary.device} ({summary.threads} thread{'s' * (summary.threads != 1)}) in {summary.seconds:.2f} s"
         if summary.ranks:
             k = len(set(summary.ranks))
             line = line.replace(" (", f" ({k} rank{'s' * (k != 1)}, ", 1)
@@ -377,12 +377,14 @@ def verify_footer(result: VerifyResult) -> str:
     unchecked = counts.get("unchecked", 0)
     if result.ok:
         if result.against:
-            n = len(result.files)
-            what = (
-                f"all {n} files match {result.against}: byte-identical"
-                if n != 1
-                else f"the file matches {result.against}: byte-identical"
-            )
+            n = counts.get("ok", 0)
+            if n == 1 == len(result.files):
+                what = f"the file matches {result.against}: byte-identical"
+            else:
+                every = "all " if n == len(result.files) else ""
+                what = (
+                    f"{every}{n} file{'s' * (n != 1)} match{'es' * (n == 1)} {result.against}: byte-identical"
+                )
         else:
             ok = counts.get("ok", 0)
             what = (
@@ -736,7 +738,7 @@ def series_bench_view(result: SeriesBenchResult) -> RenderableType:
         ),
         Text(
             f"whole run, estimated: {_ratio(result.plain_ratio)} plain, {_ratio(result.series_ratio)} "
-            f"with --series ({result.seconds:.1f} s, {result.threads} threads)",
+            f"with --series ({result.seconds:.1f} s, {result.threads} thread{'s' * (result.threads != 1)})",
             style="bold",
         ),
     )

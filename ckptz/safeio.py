@@ -2,11 +2,13 @@
 
 Every output is written to a temporary file in the destination folder, flushed and fsynced,
 checked, then atomically renamed; the folder is fsynced after each rename. Temporary files
-are named ``.<final name>.ckptz-tmp-<pid>-<8 hex digits>``: hidden, tied to the name they
-will take, and matched exactly by :func:`is_temp`, so a rerun recognises and removes them and
-never takes user data for one. A writer holds an exclusive ``flock`` on its temp file while it
-writes, so a run that finds a temp file another live run is writing stops with
-:class:`~ckptz.errors.BusyError` instead of deleting it.
+are named ``.<final name>.ckptz-tmp-<pid>-<8 hex digits>`` (a long name cut to keep the
+whole within 255 bytes): hidden, tied to the name they will take, and matched exactly by
+:func:`is_temp`, so a rerun recognises and removes them and never takes user data for one.
+A writer holds an exclusive ``flock`` on its temp file while it writes, so a run that finds
+a temp file another live run is writing stops with :class:`~ckptz.errors.BusyError`
+instead of deleting it. A character device named as the output (``/dev/null``) is written
+into instead, never replaced.
 
 Outputs are created with their final permission bits (plus owner read/write while writing)
 and get their final metadata before the rename (:mod:`ckptz.meta`).
@@ -42,6 +44,7 @@ from ckptz.errors import (
     OutOfSpaceError,
     SourceChangedError,
     UnsafePathError,
+    UsageError,
     WriteError,
 )
 from ckptz.mapped import MappedOutput, open_output, pwrite_views
@@ -61,9 +64,24 @@ def is_temp(path: Path) -> bool:
     return _TEMP_NAME.fullmatch(path.name) is not None
 
 
+#: The longest file name in bytes that common file systems take.
+_NAME_MAX = 255
+#: What a temporary name adds to the final name at most: ".", the mark, a pid, "-", 8 digits.
+_TEMP_EXTRA = 1 + len(TMP_MARK) + 10 + 1 + 8
+
+
+def temp_stem(name: str) -> str:
+    """``name`` as its temporary names carry it: cut where the whole temporary name would
+    pass 255 bytes (a long final name that fits must not fail for its temporary name)."""
+    raw = os.fsencode(name)
+    if len(raw) + _TEMP_EXTRA <= _NAME_MAX:
+        return name
+    return os.fsdecode(raw[: _NAME_MAX - _TEMP_EXTRA])  # a cut character round-trips as bytes
+
+
 def temp_path(final: Path) -> Path:
     """A fresh temporary name beside ``final`` (see the module docstring for its form)."""
-    return final.parent / f".{final.name}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
+    return final.parent / f".{temp_stem(final.name)}{TMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def stale_temps(final: Path) -> list[Path]:
@@ -77,7 +95,7 @@ def stale_temps_of(finals: Iterable[Path]) -> list[Path]:
     a run's samples)."""
     by_folder: dict[Path, set[str]] = {}
     for final in finals:
-        by_folder.setdefault(final.parent, set()).add(final.name)
+        by_folder.setdefault(final.parent, set()).add(temp_stem(final.name))
     out = []
     for folder, names in by_folder.items():
         try:
@@ -314,6 +332,10 @@ def os_error(exc: OSError, path: Path) -> CkptzError:
             path=str(path),
             hint="free space and run the same command again",
         )
+    if exc.errno == errno.ENAMETOOLONG:
+        return WriteError(
+            "cannot write (the name is too long for the file system)", path=str(path), hint="shorten the name"
+        )
     reason = exc.strerror or str(exc)
     return WriteError(f"cannot write ({reason})", path=str(path), hint="check permissions and free space")
 
@@ -383,15 +405,69 @@ def atomic_output(
     ``replace``, a file another program put under ``final`` meanwhile is never renamed over
     (:class:`~ckptz.errors.NameTakenError`, the temp removed).
     """
+    if is_device(final):
+        yield from _device_output(final)
+        return
     tmp = temp_path(final)
-    try:
-        folder = open_folder(final.parent)
-    except OSError as exc:
-        raise os_error(exc, final) from None
+    folder = _output_folder(final)
     try:
         yield from _atomic_output_in(folder, final, tmp, meta, read, replace)
     finally:
         os.close(folder)
+
+
+def _output_folder(final: Path) -> int:
+    """A descriptor of ``final``'s folder, made first where missing.
+
+    Raises:
+        UsageError: a file is where the folder (or one above it) must be.
+        WriteError: it cannot be made or opened.
+    """
+    try:
+        return open_folder(final.parent)
+    except (FileExistsError, NotADirectoryError) as exc:
+        blocker = next(
+            (p for p in (final.parent, *final.parent.parents) if p.exists() and not p.is_dir()), None
+        )
+        if blocker is None:
+            raise os_error(exc, final) from None
+        raise UsageError("a file is in the way of an output folder", path=str(blocker)) from None
+    except OSError as exc:
+        raise os_error(exc, final) from None
+
+
+def is_device(path: Path) -> bool:
+    """Whether ``path`` is a character device (``/dev/null``): an output written into, as
+    ``torch.save`` and ``zstd -o`` write, never replaced by a renamed file.
+
+    Raises:
+        UsageError: ``path`` is a fifo, socket or block device, which ckptz does not write to.
+    """
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return False
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+        raise UsageError(
+            "output is not a regular file", path=str(path), hint="write to a file, or to stdout with -c"
+        )
+    return stat.S_ISCHR(mode)
+
+
+def _device_output(final: Path) -> Iterator[tuple[BinaryIO, Path]]:
+    """:func:`atomic_output` into a character device: written in place, nothing renamed,
+    no metadata or fsync (a device has neither)."""
+    try:
+        f = os.fdopen(os.open(final, os.O_WRONLY | _CLOEXEC), "wb")
+    except OSError as exc:
+        raise os_error(exc, final) from None
+    try:
+        yield f, final
+        f.flush()
+    except OSError as exc:
+        raise os_error(exc, final) from None
+    finally:
+        f.close()
 
 
 def _atomic_output_in(
@@ -539,10 +615,7 @@ def _make_and_rename(
     (removed on failure; without ``replace`` only while ``final`` is free, see :func:`_rename`);
     the folder is fsynced after."""
     tmp = temp_path(final)
-    try:
-        folder = open_folder(final.parent)
-    except OSError as exc:
-        raise os_error(exc, final) from None
+    folder = _output_folder(final)
     try:
         make(tmp.name, folder)
         _rename(tmp.name, final, folder, replace, label or str(final))

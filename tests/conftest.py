@@ -27,15 +27,20 @@ CLI_ENV = {
 
 
 def ckptz(
-    *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None, timeout: float = 120
+    *args: str,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m ckptz ARGS`` as a user would, in a subprocess; text output."""
+    """Run ``python -m ckptz ARGS`` as a user would, in a subprocess (in ``cwd``); text output."""
     return subprocess.run(
         [sys.executable, "-m", "ckptz", *args],
         capture_output=True,
         text=True,
         env={**CLI_ENV, **(env or {})},
         timeout=timeout,
+        cwd=cwd,
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLI_ENV
+from conftest import CLI_ENV, ckptz
 from typer.testing import CliRunner
 
 from ckptz import api
@@ -152,6 +152,32 @@ def test_bench_refuses_bad_arguments(small_checkpoint: Path) -> None:
         bench(small_checkpoint, storage_gbps=1.0, storage_dir=small_checkpoint)
     with pytest.raises(UsageError):
         bench(small_checkpoint, storage_gbps=1.0, codecs=["lz4"])
+
+
+def test_bench_of_an_empty_file_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """A zero-byte checkpoint (a save that died at once) has nothing to measure: say so."""
+    empty = tmp_path / "model.pt"
+    empty.write_bytes(b"")
+    done = ckptz("bench", str(empty), "--storage-gbps", "1")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("ckptz: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "empty" in done.stderr
+
+
+def test_bench_refuses_figures_that_are_not_numbers(small_checkpoint: Path) -> None:
+    """nan or inf for a bandwidth or a price made a report of "nan s" and "inf $": refuse
+    them as any other bad value, in one line."""
+    target = str(small_checkpoint / "rng_state.pth")
+    for args in (
+        ["--storage-gbps", "nan"],
+        ["--storage-gbps", "inf"],
+        ["--storage-gbps", "1", "--storage-usd-tb-month", "inf"],
+        ["--storage-gbps", "1", "--every-min", "inf"],
+    ):
+        done = ckptz("bench", target, *args)
+        assert done.returncode == 2, (args, done.stdout)
+        assert done.stderr.startswith("ckptz: error: ") and done.stderr.count("\n") == 1, done.stderr
+        assert "nan" not in done.stdout and done.stdout == "", done.stdout
 
 
 def test_measure_storage_cleans_up(tmp_path: Path) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import ckptz, tree_digests
 from safetensors.torch import save_file
@@ -104,6 +106,49 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert usage.exit_code == 2
 
 
+def test_inspect_names_a_damaged_container_by_its_path(small_checkpoint: Path, tmp_path: Path) -> None:
+    """In a folder, the error names the file as the user can find it (folder/x.ckptz)."""
+    packed = tmp_path / "packed"
+    assert ckptz("compress", str(small_checkpoint), "-o", str(packed), "-q").returncode == 0
+    damaged = packed / "optimizer.pt.ckptz"
+    damaged.write_bytes(damaged.read_bytes()[:-64])
+    done = ckptz("inspect", str(packed))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"ckptz: error: {damaged}: "), done.stderr
+
+
+def test_json_on_failure_is_one_json_object_on_stdout(small_checkpoint: Path, tmp_path: Path) -> None:
+    """A script that runs `ckptz CMD --json` and parses stdout gets JSON whether the command
+    succeeds or fails: on failure one object with ok false and the error, the same one line
+    on stderr as without --json, and the exit code the error has."""
+    truncated = tmp_path / "model.pt.ckptz"
+    assert (
+        ckptz("compress", str(small_checkpoint / "optimizer.pt"), "-o", str(truncated), "-q").returncode == 0
+    )
+    truncated.write_bytes(truncated.read_bytes()[:-100])
+    cases = [
+        (["compress", str(tmp_path / "nope"), "--json"], 1, "InputNotFoundError"),
+        (
+            ["decompress", str(small_checkpoint / "optimizer.pt"), "-o", str(tmp_path / "x"), "--json"],
+            1,
+            "ContainerError",
+        ),
+        (["inspect", str(truncated), "--json"], 1, "ContainerError"),
+        (["verify", str(tmp_path / "nope"), "--json"], 1, "InputNotFoundError"),
+        (["compress", str(small_checkpoint), "--level", "99", "--json"], 2, "UsageError"),
+        (["verify", str(truncated), "--bogus", "--json"], 2, "UsageError"),
+    ]
+    for args, code, kind in cases:
+        done = ckptz(*args)
+        assert done.returncode == code, (args, done.stderr)
+        assert done.stderr.startswith("ckptz: error: ") and done.stderr.count("\n") == 1, done.stderr
+        out = json.loads(done.stdout)
+        assert out["ok"] is False and out["error"]["type"] == kind, out
+        assert out["error"]["exit_code"] == code and out["error"]["message"] in done.stderr, out
+    without = ckptz("compress", str(tmp_path / "nope"))
+    assert without.stdout == "" and without.returncode == 1
+
+
 def test_refuses_to_overwrite(small_checkpoint: Path, tmp_path: Path) -> None:
     packed = tmp_path / "c.ckptz"
     assert runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed)]).exit_code == 0
@@ -113,6 +158,97 @@ def test_refuses_to_overwrite(small_checkpoint: Path, tmp_path: Path) -> None:
     assert (
         runner.invoke(app, ["compress", str(small_checkpoint), "-o", str(packed), "--force"]).exit_code == 0
     )
+
+
+def test_a_file_where_the_output_folder_goes_is_named(small_checkpoint: Path, tmp_path: Path) -> None:
+    """`-o FILE/` (or several sources into FILE) names the file in the way, whatever the
+    sources are, rather than "cannot write (File exists)" about a path that does not exist."""
+    blocker = tmp_path / "out"
+    blocker.write_text("notes")
+    model, optimizer = str(small_checkpoint / "model.safetensors"), str(small_checkpoint / "optimizer.pt")
+    for args in (
+        ["compress", str(small_checkpoint), "-o", f"{blocker}/"],
+        ["compress", model, "-o", f"{blocker}/"],
+        ["compress", model, optimizer, "-o", str(blocker)],
+        ["compress", model, "-o", str(blocker / "deeper" / "model.ckptz")],
+    ):
+        done = ckptz(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr == f"ckptz: error: {blocker}: a file is in the way of an output folder\n", args
+    assert blocker.read_text() == "notes"
+
+
+def _null_device(path: Path) -> Path:
+    """A character device like /dev/null at ``path`` (a test must never risk the real one)."""
+    import stat
+
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return path
+
+
+def test_output_to_a_device_is_written_into_never_replaced(small_checkpoint: Path, tmp_path: Path) -> None:
+    """`-o /dev/null` (to time a run without keeping it) writes into the device, as zstd
+    does; with -f it replaced the device by a regular file, which as root breaks /dev/null
+    for the whole machine. A fifo is refused in one line."""
+    import stat
+
+    null = _null_device(tmp_path / "null")
+    model = str(small_checkpoint / "optimizer.pt")
+    packed = tmp_path / "optimizer.pt.ckptz"
+    assert ckptz("compress", model, "-o", str(packed), "-q").returncode == 0
+    for args in (
+        ["compress", model, "-o", str(null)],
+        ["compress", model, "-o", str(null), "-f", "--verify"],
+        ["decompress", str(packed), "-o", str(null), "-f"],
+        ["decompress", str(packed), "-o", str(null)],
+    ):
+        done = ckptz(*args, "-q")
+        assert done.returncode == 0, (args, done.stderr)
+        assert stat.S_ISCHR(null.lstat().st_mode), args
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = ckptz("compress", model, "-o", str(fifo), "-f")
+    assert (
+        done.returncode == 2
+        and done.stderr
+        == f"ckptz: error: {fifo}: output is not a regular file (write to a file, or to stdout with -c)\n"
+    )
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_long_file_names_that_fit_with_ckptz_are_compressed(small_checkpoint: Path, tmp_path: Path) -> None:
+    """A name of 230-249 bytes fits with .ckptz (255 at most) but not with the temporary
+    name's additions: the run failed on it. The library's writers too."""
+    src = tmp_path / "run"
+    src.mkdir()
+    data = (small_checkpoint / "optimizer.pt").read_bytes()
+    for n in (200, 230, 249):
+        (src / ("w" * n)).write_bytes(data)
+    (src / ("é" * 120)).write_bytes(data)  # 240 bytes of UTF-8, cut inside no character
+    want = tree_digests(src)
+    done = ckptz("compress", str(src), "--in-place", "-q")
+    assert done.returncode == 0, done.stderr
+    assert all(p.name.endswith(".ckptz") for p in src.iterdir())
+    assert ckptz("decompress", str(src), "--in-place", "-q").returncode == 0
+    assert tree_digests(src) == want
+    too_long = tmp_path / "too_long"
+    too_long.mkdir()
+    (too_long / ("t" * 252)).write_bytes(data)  # no room for .ckptz: say so, not "check permissions"
+    for args in (["-o", f"{tmp_path / 'out'}/"], ["--in-place"]):
+        done = ckptz("compress", str(too_long), *args, "-q")
+        assert done.returncode == 1 and "too long" in done.stderr and "permissions" not in done.stderr, (
+            done.stderr
+        )
+        assert (too_long / ("t" * 252)).read_bytes() == data
+    import ckptz as library
+
+    long = tmp_path / ("v" * 240 + ".ckptz")
+    library.save_file({"w": torch.ones(2)}, long, device="cpu")
+    assert torch.equal(library.load_file(long)["w"], torch.ones(2))
+    library.save({"w": torch.ones(2)}, long, device="cpu", _use_new_zipfile_serialization=False)
+    assert torch.equal(library.load(long)["w"], torch.ones(2))
 
 
 def test_verify_names_the_damaged_file(small_checkpoint: Path, tmp_path: Path) -> None:
@@ -179,6 +315,10 @@ def test_verify_footer_counts_in_good_english(small_checkpoint: Path, tmp_path: 
     )
     done = runner.invoke(app, ["verify", str(packed), "--no-progress"])
     assert done.exit_code == 0 and "containers decode and match their checksums" in done.output, done.output
+    done = ckptz(
+        "compress", str(small_checkpoint / "optimizer.pt"), "-o", str(tmp_path / "t1.ckptz"), "-T", "1"
+    )
+    assert done.returncode == 0 and "(1 thread) in" in done.stdout, done.stdout
 
 
 def test_decompress_takes_a_memory_budget(small_checkpoint: Path, tmp_path: Path) -> None:
@@ -200,6 +340,12 @@ def test_decompress_takes_a_memory_budget(small_checkpoint: Path, tmp_path: Path
         and bad.output == "ckptz: error: cannot read size 'lots' (write e.g. 4GiB or 512MB)\n"
     )
     assert not (tmp_path / "r2").exists()
+    for endless in ("inf", "1e400"):  # floats past any integer: one line, not an OverflowError
+        bad = ckptz("compress", str(small_checkpoint), "-o", str(tmp_path / "c2"), "--memory", endless)
+        assert (
+            bad.returncode == 2
+            and bad.stderr == f"ckptz: error: cannot read size '{endless}' (write e.g. 4GiB or 512MB)\n"
+        )
 
 
 def second_moments_of_a_short_training_run() -> dict[str, torch.Tensor]:

@@ -159,3 +159,26 @@ def test_single_file_against_file_or_folder(packed: tuple[Path, Path]) -> None:
     assert ckptz("verify", str(one), "--against", str(src / "model.safetensors")).returncode == 0
     assert ckptz("verify", str(one), "--against", str(src)).returncode == 0
     assert ckptz("verify", str(one), "--against", str(src / "optimizer.pt")).returncode == 1
+
+
+def test_a_fifo_that_compress_left_out_is_not_missing(small_checkpoint: Path, tmp_path: Path) -> None:
+    """compress -o leaves a fifo out (it says so and exits 0); verify --against must not then
+    fail the copy for it, and its footer counts only the files that matched."""
+    import os
+
+    src = tmp_path / "checkpoint-500"
+    shutil.copytree(small_checkpoint, src)
+    os.mkfifo(src / "events.fifo")
+    out = tmp_path / "packed"
+    done = ckptz("compress", str(src), "-o", str(out), "-q")
+    assert done.returncode == 0, done.stderr
+    assert not (out / "events.fifo").exists()
+    done = ckptz("verify", str(out), "--against", str(src), "--json")
+    assert done.returncode == 0, done.stdout
+    verdicts = _verdicts(done.stdout)
+    assert verdicts["events.fifo"]["status"] == "unchecked"
+    assert json.loads(done.stdout)["counts"] == {"ok": 5, "unchecked": 1}
+    done = ckptz("verify", str(out), "--against", str(src))
+    assert " ".join(done.stdout.split()).endswith(
+        f"5 files match {src}: byte-identical; 1 not checked (not regular files)"
+    )

@@ -649,6 +649,41 @@ def test_safe_open_every_dtype(st_files: tuple[Path, Path]) -> None:
             assert issubclass(ours_error.error, safetensors.SafetensorError)
 
 
+@pytest.mark.parametrize("framework", ["np", "numpy", "pytorch"])
+def test_safe_open_takes_the_frameworks_safetensors_takes(
+    st_files: tuple[Path, Path], framework: str
+) -> None:
+    """``safe_open(f, framework="np")`` (and its other spellings) gives what safetensors
+    gives: NumPy arrays of the same dtype, shape and bytes, or an error where NumPy has no
+    such dtype (bfloat16, the float8s)."""
+    import numpy as np
+
+    plain, ours = st_files
+    with safetensors.safe_open(plain, framework) as s, ckptz.safe_open(ours, framework) as c:
+        assert (c.keys(), c.offset_keys(), c.metadata()) == (s.keys(), s.offset_keys(), s.metadata())
+        for k in s.keys():  # noqa: SIM118 - safe_open has no __iter__
+            theirs, ours_out = outcome(lambda: s.get_tensor(k)), outcome(lambda: c.get_tensor(k))  # noqa: B023
+            if theirs.error is not None:
+                # NumPy lacks the dtype: safetensors raises TypeError (AttributeError for F4).
+                assert ours_out.error in (theirs.error, TypeError), (k, theirs, ours_out)
+                continue
+            assert ours_out.error is None, (k, ours_out)
+            assert type(ours_out.value) is type(theirs.value), k
+            if isinstance(theirs.value, np.ndarray):
+                assert (ours_out.value.dtype, ours_out.value.shape) == (
+                    theirs.value.dtype,
+                    theirs.value.shape,
+                ), k
+                assert ours_out.value.tobytes() == theirs.value.tobytes(), k
+                if (
+                    theirs.value.ndim and theirs.value.shape[0]
+                ):  # safetensors' NumPy slices refuse an empty range
+                    rows = slice(theirs.value.shape[0] // 2, None)
+                    assert c.get_slice(k)[rows].tobytes() == s.get_slice(k)[rows].tobytes(), k
+            else:
+                assert_same(theirs.value, ours_out.value)
+
+
 def test_bytes_save_and_load_every_dtype() -> None:
     t = {
         k: v for k, v in st_tensors().items() if v.dtype not in (torch.float4_e2m1fn_x2, torch.float8_e8m0fnu)
@@ -725,6 +760,18 @@ def test_missing_files_and_frameworks_fail_alike(tmp_path: Path) -> None:
         outcome(lambda: safetensors.safe_open(missing, "pt")), outcome(lambda: ckptz.safe_open(missing, "pt"))
     )
     assert_same_outcome(outcome(lambda: torch.load(missing)), outcome(lambda: ckptz.load(missing)))
+
+
+def test_device_none_loads_on_the_cpu_as_safetensors_does(st_files: tuple[Path, Path]) -> None:
+    """``device=None`` (a caller forwarding its own default) is the CPU to safetensors."""
+    plain, ours = st_files
+    theirs = outcome(lambda: safetensors.torch.load_file(plain, device=None))
+    assert theirs.error is None
+    for path in (ours, plain):
+        assert_same_outcome(theirs, outcome(lambda: ckptz.load_file(path, device=None)))  # noqa: B023
+    with safetensors.safe_open(plain, "pt", device=None) as s, ckptz.safe_open(ours, "pt", device=None) as c:
+        name = s.keys()[0]
+        assert_same(s.get_tensor(name), c.get_tensor(name))
 
 
 def _save_inputs() -> dict[str, Any]:

@@ -201,6 +201,16 @@ def test_a_container_gets_the_bits_a_new_file_gets(tmp_path: Path) -> None:
     assert stat.S_IMODE(restored.stat().st_mode) == 0o640
 
 
+def test_saving_over_a_private_checkpoint_keeps_it_private(tmp_path: Path) -> None:
+    """TorchCheckpointIO writes into an existing last.ckpt, so its 0600 bits stay; so must ours."""
+    path = tmp_path / "last.ckpt"
+    CompressedCheckpointIO().save_checkpoint({"w": torch.ones(3)}, path)
+    path.chmod(0o600)
+    CompressedCheckpointIO().save_checkpoint({"w": torch.zeros(3)}, path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert torch.equal(CompressedCheckpointIO().load_checkpoint(path)["w"], torch.zeros(3))
+
+
 def test_other_file_systems(tmp_path: Path) -> None:
     io = CompressedCheckpointIO()
     io.save_checkpoint({"w": torch.arange(4.0)}, "memory://ckptz-test/x.ckpt")

@@ -203,6 +203,85 @@ def test_save_failure_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
         ckptz.save({}, tmp_path / "x.pt", device="tpu")
 
 
+def test_save_to_a_device_writes_into_it(tmp_path: Path) -> None:
+    """``torch.save(obj, "/dev/null")`` writes into the device; ckptz's writers replaced it
+    with a regular file (as root: /dev/null broken for the whole machine). Tested on a
+    device node of the test's own, never the real one."""
+    import stat
+
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    null = tmp_path / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    ckptz.save({"w": torch.ones(2)}, null, device="cpu")
+    ckptz.save({"w": torch.ones(2)}, null, device="cpu", _use_new_zipfile_serialization=False)
+    ckptz.save_file({"w": torch.ones(2)}, null, device="cpu")
+    assert stat.S_ISCHR(null.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
+def test_save_through_a_symlink_keeps_the_link(tmp_path: Path) -> None:
+    """``torch.save(obj, "latest.pt")`` with ``latest.pt -> step_100.pt`` writes step_100.pt
+    and keeps the link; ckptz's writers replaced the link by a file."""
+    (tmp_path / "theirs.pt").write_bytes(b"old")
+    (tmp_path / "theirs_link.pt").symlink_to("theirs.pt")
+    torch.save({"w": torch.ones(2)}, tmp_path / "theirs_link.pt")
+    assert (tmp_path / "theirs_link.pt").is_symlink()
+    writers = {
+        "save": lambda p: ckptz.save({"w": torch.ones(2)}, p, device="cpu"),
+        "save_file": lambda p: ckptz.save_file({"w": torch.ones(2)}, p, device="cpu"),
+    }
+    for name, write in writers.items():
+        target, link = tmp_path / f"{name}.ckptz", tmp_path / f"latest_{name}.ckptz"
+        target.write_bytes(b"old")
+        link.symlink_to(target.name)
+        write(link)
+        assert link.is_symlink() and os.readlink(link) == target.name, name
+        assert torch.equal(ckptz.load(target)["w"], torch.ones(2)), name
+    dangling = tmp_path / "dangling.pt.ckptz"
+    dangling.symlink_to("made.pt.ckptz")
+    ckptz.save({"w": torch.ones(2)}, dangling, device="cpu")
+    assert dangling.is_symlink() and (tmp_path / "made.pt.ckptz").is_file()
+
+
+def test_save_over_a_private_file_keeps_it_private(tmp_path: Path) -> None:
+    """``torch.save`` over an existing 0600 file writes into it, so it stays 0600; ckptz.save
+    replaced it by a new file with the umask's bits (0644: readable by everyone)."""
+    import stat
+
+    for legacy in (False, True):
+        theirs, ours = tmp_path / f"theirs{legacy}.pt", tmp_path / f"ours{legacy}.pt.ckptz"
+        for f in (theirs, ours):
+            f.write_bytes(b"old")
+            f.chmod(0o600)
+        torch.save({"w": torch.ones(2)}, theirs, _use_new_zipfile_serialization=not legacy)
+        ckptz.save({"w": torch.ones(2)}, ours, device="cpu", _use_new_zipfile_serialization=not legacy)
+        assert stat.S_IMODE(theirs.stat().st_mode) == 0o600
+        assert stat.S_IMODE(ours.stat().st_mode) == 0o600, legacy
+        assert torch.equal(ckptz.load(ours)["w"], torch.ones(2))
+        back = tmp_path / f"back{legacy}.pt"
+        api.decompress(ours, back, device="cpu")
+        assert stat.S_IMODE(back.stat().st_mode) == 0o600
+
+
+def test_save_into_a_missing_folder_fails_and_makes_no_folder(tmp_path: Path) -> None:
+    """torch.save and safetensors' save_file refuse a path whose folder does not exist (a
+    typo); ckptz's writers must too, every one, and leave no folder behind."""
+    with pytest.raises(RuntimeError):
+        torch.save({"w": torch.ones(2)}, tmp_path / "typo" / "model.pt")
+    writers = {
+        "save": lambda p: ckptz.save({"w": torch.ones(2)}, p, device="cpu"),
+        "save legacy": lambda p: ckptz.save(
+            {"w": torch.ones(2)}, p, device="cpu", _use_new_zipfile_serialization=False
+        ),
+        "save_file": lambda p: ckptz.save_file({"w": torch.ones(2)}, p, device="cpu"),
+    }
+    for name, write in writers.items():
+        with pytest.raises(OSError, match="does not exist"):
+            write(tmp_path / name / "model.pt.ckptz")
+        assert not (tmp_path / name).exists(), name
+
+
 # -- ckptz.load -----------------------------------------------------------------------------
 
 
@@ -257,6 +336,40 @@ def test_load_never_runs_a_pickle_unless_asked(tmp_path: Path) -> None:
     assert not marker.exists()
     ckptz.load(tmp_path / "evil.pt", weights_only=False)  # the caller trusts the file
     assert marker.is_dir()
+
+
+def test_load_with_weights_only_none_runs_no_pickle(tmp_path: Path) -> None:
+    """``weights_only=None`` is ``torch.load``'s own default (code that forwards its caller's
+    argument passes it): it means the safe unpickler, as in torch.load, never the pickle."""
+    marker = tmp_path / "pwned"
+    ckptz.save({"w": torch.ones(2), "evil": Evil(marker)}, tmp_path / "evil.pt", device="cpu")
+    for f in (tmp_path / "evil.pt", io.BytesIO((tmp_path / "evil.pt").read_bytes())):
+        with pytest.raises(pickle.UnpicklingError):
+            ckptz.load(f, weights_only=None)
+        assert not marker.exists()
+    ckptz.save({"w": torch.ones(2)}, tmp_path / "plain.pt", device="cpu")
+    assert torch.equal(ckptz.load(tmp_path / "plain.pt", weights_only=None)["w"], torch.ones(2))
+
+
+def test_torch_force_weights_only_load_holds_for_containers(tmp_path: Path) -> None:
+    """``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` makes torch.load refuse to run any pickle, even one
+    its caller trusts; a container must be refused as the plain file is."""
+    marker = tmp_path / "pwned"
+    ckptz.save({"w": torch.ones(2), "evil": Evil(marker)}, tmp_path / "evil.pt", device="cpu")
+    torch.save({"w": torch.ones(2), "evil": Evil(marker)}, tmp_path / "plain.pt")
+    code = (
+        "import ckptz, pickle, sys\n"
+        "try:\n"
+        "    ckptz.load(sys.argv[1], weights_only=False)\n"
+        "except pickle.UnpicklingError:\n"
+        "    print('refused')\n"
+    )
+    env = {**CLI_ENV, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
+    for path in (tmp_path / "plain.pt", tmp_path / "evil.pt"):
+        run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "refused", path
+        assert not marker.exists(), path
 
 
 @pytest.fixture(scope="module")
@@ -356,6 +469,22 @@ def test_open_is_a_file_object_libraries_take(files: dict[str, Path]) -> None:
     plain.close()
     with pytest.raises(UsageError):
         ckptz.open(files["pt.ckptz"], "wb")
+
+
+def test_open_answers_as_a_file_opened_rb_does(files: dict[str, Path]) -> None:
+    """What code written for ``open(p, "rb")`` calls: ``read(None)``, ``mode``, a write
+    refused with ``io.UnsupportedOperation``, a float offset refused with ``TypeError``."""
+    with open(files["pt"], "rb") as plain, ckptz.open(files["pt.ckptz"]) as ours:
+        for f in (plain, ours):
+            assert f.mode == "rb"
+            assert f.read(5) == files["pt"].read_bytes()[:5]
+            assert f.read(None) == files["pt"].read_bytes()[5:]
+            assert f.read(None) == b""
+            with pytest.raises(io.UnsupportedOperation):
+                f.write(b"x")
+            with pytest.raises(TypeError):
+                f.seek(1.5)  # type: ignore[arg-type]
+            assert f.tell() == len(files["pt"].read_bytes())
 
 
 def test_open_decodes_only_the_frames_a_read_needs(files: dict[str, Path]) -> None:

@@ -142,3 +142,27 @@ def test_nothing_matched_in_several_ways(tmp_path: Path) -> None:
         done = ckptz(*args)
         assert done.returncode == 1, (args, done.stderr)
         assert words in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_a_file_named_twice_is_one_source(runs: Path, tmp_path: Path) -> None:
+    """Overlapping arguments (the same file twice, a folder and a file in it) are each one
+    job, never a collision of a file with itself; tables never label a file '/name'."""
+    ckpt = runs / "checkpoint-1"
+    want = tree_digests(ckpt)
+    out = tmp_path / "packed"
+    done = ckptz(
+        "compress", str(ckpt / "optimizer.pt"), str(ckpt / "." / "optimizer.pt"), "-o", f"{out}/", "-q"
+    )
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in out.iterdir()] == ["optimizer.pt.ckptz"]
+    done = ckptz("compress", str(ckpt), str(ckpt / "optimizer.pt"), "--in-place", "-q")
+    assert done.returncode == 0, done.stderr
+    assert not (ckpt / "optimizer.pt").exists() and (ckpt / "optimizer.pt.ckptz").is_file()
+    for command in ("inspect", "verify"):
+        done = ckptz(command, ".", "optimizer.pt.ckptz", "rng_state.pth.ckptz", "--json", cwd=ckpt)
+        assert done.returncode == 0, done.stderr
+        labels = [f["path"] for f in json.loads(done.stdout)["files"]]
+        assert labels and not [label for label in labels if label.startswith("/")], labels
+    done = ckptz("decompress", str(ckpt), str(ckpt / "optimizer.pt.ckptz"), "--in-place", "-q")
+    assert done.returncode == 0, done.stderr
+    assert tree_digests(ckpt) == want

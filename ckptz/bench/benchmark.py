@@ -8,6 +8,7 @@ bytes held in host memory: storage is measured apart and combined in :mod:`ckptz
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -213,17 +214,26 @@ def bench(
     start = time.perf_counter()
     if (storage_dir is None) == (storage_gbps is None):
         raise UsageError("give exactly one of --storage DIR and --storage-gbps X")
-    if storage_gbps is not None and storage_gbps <= 0:
-        raise UsageError("--storage-gbps must be positive")
+    if storage_gbps is not None and not 0 < storage_gbps < math.inf:  # nan fails both
+        raise UsageError("--storage-gbps must be a positive number", hint=f"not {storage_gbps}")
+    cost = cost or CostModel()
+    for flag, figure in (
+        ("--gpu-hour-usd", cost.gpu_hour_usd),
+        ("--every-min", cost.every_min),
+        ("--storage-usd-tb-month", cost.storage_usd_tb_month),
+    ):
+        if not math.isfinite(figure):
+            raise UsageError(f"{flag} must be a finite number", hint=f"not {figure}")
     if repeats < 3:
         raise UsageError("repeats must be at least 3 (the median of fewer is noise)")
     reporter = reporter or SilentReporter()
-    cost = cost or CostModel()
     threads = max(1, threads or os.cpu_count() or 1)
     src = Path(path)
     files = _checkpoint_files(src)
     run, skipped, gpu = _choose(codecs, device)
     samples = sample_components(files, sample_bytes)
+    if not samples:
+        raise UsageError("nothing to measure: the checkpoint is empty", path=str(src))
     bounds = {s.name: entropy_bound(s.frames) for s in samples}
     contexts = {s.name: context_bound(s.frames) for s in samples}
     rows: list[BenchRow] = []

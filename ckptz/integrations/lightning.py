@@ -107,7 +107,7 @@ class CompressedCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, f)
 
         # ckptz.save's atomic write, with torch.save's bytes in memory rather than on disk.
-        compress_to_path(Path(path), write, Options(**options), memory=True)
+        compress_to_path(Path(path), write, Options(**options), memory=True, keep=True)
 
     def load_checkpoint(
         self,

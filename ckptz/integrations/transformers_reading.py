@@ -154,7 +154,7 @@ def _load_state_dict(real: Callable[..., Any]) -> Callable[..., Any]:
         call = signature.bind(checkpoint_file, *args, **kwargs)
         call.apply_defaults()
         place = call.arguments.get("map_location", "cpu")
-        weights_only = bool(call.arguments.get("weights_only", True))
+        weights_only = call.arguments.get("weights_only", True)
         if str(place) != "meta":
             return load(container, map_location=place, weights_only=weights_only)
         # The "meta" load only wants names, shapes and dtypes: decode on the host, keep no data.

@@ -38,7 +38,7 @@ def load(
     map_location: torch.device | MapLocation = None,
     pickle_module: Any = None,
     *,
-    weights_only: bool = True,
+    weights_only: bool | None = True,
     mmap: bool | None = None,
     **pickle_load_args: Any,
 ) -> Any:
@@ -58,7 +58,9 @@ def load(
         map_location: as for ``torch.load``.
         pickle_module: as for ``torch.load`` (it refuses one with ``weights_only=True``).
         weights_only: unpickle only tensors and plain containers (``torch.load``'s safe
-            unpickler). ``False`` executes the pickle: pass it only for files you trust.
+            unpickler); ``None`` means ``True``. ``False`` executes the pickle: pass it only
+            for files you trust. ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` overrides ``False``, as
+            it does for ``torch.load``.
         mmap: as for ``torch.load`` (which takes it for paths only); a container is then
             decoded into an unlinked temporary file (in ``$TMPDIR``) that the tensors map,
             instead of into memory.
@@ -76,6 +78,7 @@ def load(
 
     from ckptz.library.storages import load_storages
 
+    weights_only = _weights_only(weights_only)
     if weights_only and pickle_module is not None:  # torch.load's check, before any reading
         raise RuntimeError("Can not safely load weights when explicit pickle_module is specified")
     kwargs: dict[str, Any] = {"weights_only": weights_only, "mmap": mmap, **pickle_load_args}
@@ -103,6 +106,14 @@ def load(
                 return obj
             data = restore_to_memory(src.container, src.name, index=index)
             return torch.load(cast(IO[bytes], MemoryFile(data, src.name)), map_location, **kwargs)
+
+
+def _weights_only(asked: bool | None) -> bool:
+    """Whether to unpickle with torch's safe unpickler: unless the caller passed ``False``
+    (``None`` is torch.load's default, which is safe), and always where
+    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` is set, which torch.load obeys for the plain file."""
+    forced = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in ("1", "y", "yes", "true")
+    return forced or asked is not False
 
 
 def _is_safetensors(index: Index, f: Source) -> bool:

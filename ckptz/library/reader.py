@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 import numpy as np
 
@@ -117,11 +117,24 @@ class ContainerReader(io.RawIOBase):
 
     # -- io.RawIOBase ---------------------------------------------------------------------
 
+    #: The mode a file opened for binary reading has (libraries check it).
+    mode = "rb"
+
     def readable(self) -> bool:
         return True
 
     def seekable(self) -> bool:
         return True
+
+    def writable(self) -> bool:
+        return False
+
+    def write(self, data: object) -> int:
+        raise io.UnsupportedOperation("write")
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (all the rest for ``-1`` or ``None``, as ``open(p, "rb")``)."""
+        return self.readall() if size is None or size < 0 else cast(bytes, super().read(size))
 
     def tell(self) -> int:
         self._check_open()

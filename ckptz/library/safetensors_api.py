@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 #: The storage backends ``safetensors.safe_open`` takes.
 BACKENDS = ("mmap", "pread")
+#: The names ``safetensors.safe_open`` takes for PyTorch and for NumPy, and its other frameworks.
+TORCH_NAMES = ("pt", "torch", "pytorch")
+NUMPY_NAMES = ("np", "numpy")
+OTHER_FRAMEWORKS = ("tf", "tensorflow", "jax", "flax", "mlx", "paddle")
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -180,7 +184,10 @@ class _Bytes:
 
 @_safetensors_errors
 def load_file(
-    filename: str | os.PathLike[str], device: str | int | torch.device = "cpu", *, backend: str = "mmap"
+    filename: str | os.PathLike[str],
+    device: str | int | torch.device | None = "cpu",
+    *,
+    backend: str = "mmap",
 ) -> dict[str, torch.Tensor]:
     """Load every tensor of a safetensors file or container, as ``safetensors.torch.load_file``
     does (in the order of their bytes in the file).
@@ -205,7 +212,7 @@ def load_file(
 
 @_safetensors_errors
 def load_container(
-    container: BinaryIO, name: str, device: str | int | torch.device = "cpu"
+    container: BinaryIO, name: str, device: str | int | torch.device | None = "cpu"
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the safetensors container open as ``container`` (a real file), as
     :func:`load_file` loads them."""
@@ -257,7 +264,7 @@ def load_model(
     model: torch.nn.Module,
     filename: str | os.PathLike[str],
     strict: bool = True,
-    device: str | int = "cpu",
+    device: str | int | None = "cpu",
     *,
     backend: str = "mmap",
 ) -> tuple[set[str], list[str]]:
@@ -302,7 +309,7 @@ class safe_open:
 
     Args:
         filename: a safetensors file, or a container of one.
-        framework: ``pt`` (PyTorch tensors; the only one supported).
+        framework: ``pt`` (PyTorch tensors) or ``np`` (NumPy arrays, on the CPU).
         device: where tensors go (``cpu``, ``cuda:N``, a device index).
         backend: ``mmap`` or ``pread``, as safetensors takes them; both read the same way.
 
@@ -317,13 +324,18 @@ class safe_open:
         self,
         filename: str | os.PathLike[str],
         framework: str = "pt",
-        device: str | int | torch.device = "cpu",
+        device: str | int | torch.device | None = "cpu",
         *,
         backend: str = "mmap",
     ) -> None:
-        if framework not in ("pt", "torch"):
-            raise UsageError(f"framework {framework!r} is not supported", hint="use framework='pt'")
+        if framework not in TORCH_NAMES + NUMPY_NAMES:
+            known = framework in OTHER_FRAMEWORKS
+            raise UsageError(
+                f"framework {framework!r} is {'not supported' if known else 'invalid'}",
+                hint="use framework='pt' or 'np'",
+            )
         _check_backend(backend)
+        self._numpy = framework in NUMPY_NAMES
         self._device = _device(device)
         self._lock = threading.Lock()
         self._closed = False
@@ -378,8 +390,8 @@ class safe_open:
         return None if metadata is None else dict(metadata)
 
     @_safetensors_errors
-    def get_tensor(self, name: str) -> torch.Tensor:
-        """The tensor ``name``, reading only its bytes.
+    def get_tensor(self, name: str) -> Any:
+        """The tensor ``name`` (a NumPy array with ``framework="np"``), reading only its bytes.
 
         Raises:
             KeyError: no tensor of that name.
@@ -388,10 +400,10 @@ class safe_open:
         """
         info = self._info(name)
         _torch_type(info, name)
-        return _typed(self._read(info.begin, info.end), info, name).to(self._device)
+        return self._out(_typed(self._read(info.begin, info.end), info, name))
 
     @_safetensors_errors
-    def get_tensors(self) -> dict[str, torch.Tensor]:
+    def get_tensors(self) -> dict[str, Any]:
         """Every tensor, by name, in the order of their bytes in the file.
 
         Raises:
@@ -407,6 +419,12 @@ class safe_open:
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy view of tensor ``name``; indexing it reads only the rows it needs."""
         return SafeSlice(self, self._info(name), name)
+
+    def _out(self, tensor: torch.Tensor) -> Any:
+        """``tensor`` as this file hands it out: on its device, or as a NumPy array (which
+        refuses the dtypes NumPy lacks, ``bfloat16`` and the float8s, with ``TypeError``, as
+        safetensors' NumPy framework does)."""
+        return tensor.numpy() if self._numpy else tensor.to(self._device)
 
     def _open_header(self) -> Header:
         if self._closed:
@@ -459,7 +477,7 @@ class SafeSlice:
         """The safetensors dtype (``F32``, ``BF16``)."""
         return self._info.dtype
 
-    def __getitem__(self, index: Any) -> torch.Tensor:
+    def __getitem__(self, index: Any) -> Any:
         info = self._info
         _torch_type(info, self._name)
         shape = _torch_shape(info, self._name)
@@ -474,7 +492,7 @@ class SafeSlice:
             )
         first = items[0] if items else None
         if not shape or isinstance(first, bool) or not isinstance(first, int | slice):
-            return self._rows(0, shape[0] if shape else 1)[index].to(self._owner._device)
+            return self._owner._out(self._rows(0, shape[0] if shape else 1)[index])
         rows = shape[0]
         if isinstance(first, int):
             i = first + rows if first < 0 else first
@@ -489,7 +507,7 @@ class SafeSlice:
             lo = r.start if r else 0
             hi = r[-1] + 1 if r else 0
             local = slice(0, hi - lo, r.step)
-        return self._rows(lo, hi)[(local, *items[1:])].to(self._owner._device)
+        return self._owner._out(self._rows(lo, hi)[(local, *items[1:])])
 
     def _rows(self, lo: int, hi: int) -> torch.Tensor:
         """Rows ``[lo, hi)`` of the tensor (all of a 0-d one), read and typed."""
@@ -545,14 +563,17 @@ def _typed(data: torch.Tensor, info: TensorInfo, name: str) -> torch.Tensor:
     return data.view(dtype).reshape(shape)
 
 
-def _device(device: str | int | torch.device) -> torch.device:
-    """The torch device ``device`` names (an int is a CUDA device's index).
+def _device(device: str | int | torch.device | None) -> torch.device:
+    """The torch device ``device`` names (an int is a CUDA device's index; None the CPU, as
+    safetensors takes it).
 
     Raises:
         UsageError: it names none.
     """
     import torch
 
+    if device is None:
+        return torch.device("cpu")
     try:
         return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
     except (RuntimeError, TypeError, ValueError):

@@ -24,6 +24,7 @@ from ckptz.library.writing import (
     compress_into_stream,
     compress_to_path,
     compress_to_stream,
+    kept_meta,
     original_name,
 )
 
@@ -78,7 +79,7 @@ def save(
             return
         image = Image(skel)
         if target is not None:
-            compress_into_path(target, skel.path, options, source=image)
+            compress_into_path(target, skel.path, options, kept_meta(target), source=image)
         else:
             compress_into_stream(cast(IO[bytes], stream), source_name(f), skel.path, options, source=image)
 
@@ -96,7 +97,7 @@ def _fallback(obj: object, f: Source, options: Options, save_args: dict[str, Any
             torch.save(obj, out, **save_args)
 
     if isinstance(f, str | os.PathLike):
-        compress_to_path(Path(f), write_path, options)
+        compress_to_path(Path(f), write_path, options, keep=True)
     else:
         compress_to_stream(_writable(f), source_name(f), write_file, options)
 

@@ -23,7 +23,9 @@ in memory too). Elsewhere it falls back to the folder.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,10 +34,11 @@ from typing import IO, BinaryIO, cast
 
 from ckptz.engines import open_engine
 from ckptz.engines.base import Engine
+from ckptz.errors import WriteError
 from ckptz.meta import FileMeta
 from ckptz.pipeline import compress_file
 from ckptz.pipeline.compress import Source
-from ckptz.safeio import atomic_output, os_error
+from ckptz.safeio import atomic_output, os_error, temp_stem
 
 #: Writes the original file at the path it is given.
 Writer = Callable[[Path], None]
@@ -73,7 +76,8 @@ def _engine(options: Options) -> Iterator[Engine]:
 def _original(folder: Path | None, name: str) -> Iterator[Path]:
     """A path named ``name`` in a new private folder (in ``folder``, else ``$TMPDIR``), removed after."""
     try:
-        tmp = tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}.ckptz-save-")
+        # The name, cut as temporary names are, tells a user whose leftover this is.
+        tmp = tempfile.TemporaryDirectory(dir=folder, prefix=f".{temp_stem(name)}.ckptz-save-")
     except OSError as exc:
         raise os_error(exc, (folder or Path(tempfile.gettempdir())) / name) from None
     with tmp as d:
@@ -90,25 +94,49 @@ def _in_memory(name: str) -> Iterator[Path]:
         os.close(fd)
 
 
-def compress_to_path(target: Path, write: Writer, options: Options, *, memory: bool = False) -> None:
+def compress_to_path(
+    target: Path, write: Writer, options: Options, *, memory: bool = False, keep: bool = False
+) -> None:
     """Have ``write`` write the original, then compress it into ``target`` atomically.
 
     The container gets the permission bits and mtime the original got (so the umask applies
     as it does to ``torch.save``), and records them for ``ckptz decompress``. With
-    ``memory``, the original is kept in memory; it gets the bits a new file gets.
+    ``memory``, the original is kept in memory; it gets the bits a new file gets. With
+    ``keep``, a file already at ``target`` keeps its bits and owner (:func:`kept_meta`).
 
     Raises:
         WriteError: the target's folder is not writable.
         OutOfSpaceError: the disk filled up (nothing is left behind).
     """
+    _check_folder(_through_link(target))
+    kept = kept_meta(target) if keep else None
     if memory and hasattr(os, "memfd_create"):
         with _in_memory(target.name) as raw:
             write(raw)
-            compress_into_path(target, raw, options)
+            compress_into_path(target, raw, options, kept)
         return
     with _original(target.parent, original_name(target)) as raw:
         write(raw)
-        compress_into_path(target, raw, options, FileMeta.of(raw.stat()))
+        compress_into_path(target, raw, options, kept or FileMeta.of(raw.stat()))
+
+
+def kept_meta(target: Path) -> FileMeta | None:
+    """What a save over the file at ``target`` keeps of it, as ``torch.save`` (which writes
+    into the existing file) keeps them: its permission bits and owner, with the time now;
+    None where no regular file is there. A private checkpoint must stay private.
+    """
+    try:
+        st = _through_link(target).stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return FileMeta(stat.S_IMODE(st.st_mode), time.time_ns(), st.st_uid, st.st_gid)
+
+
+def _through_link(target: Path) -> Path:
+    """The file a save to ``target`` writes: the one a symlink points to, as ``torch.save`` writes."""
+    return Path(os.path.realpath(target)) if target.is_symlink() else target
 
 
 def compress_into_path(
@@ -116,8 +144,11 @@ def compress_into_path(
 ) -> None:
     """Compress the file ``layout`` (or, with ``source``, the bytes it serves, laid out as
     ``layout`` is) into ``target`` atomically, with ``meta``'s bits and mtime, else those of
-    a new file (the umask's bits, now, this user)."""
-    with _engine(options) as engine, atomic_output(target, meta.container() if meta else None) as (out, _tmp):
+    a new file (the umask's bits, now, this user). A symlink ``target`` is written through,
+    as ``torch.save`` writes: the file it points to is replaced, the link kept."""
+    final = _through_link(target)
+    _check_folder(final)
+    with _engine(options) as engine, atomic_output(final, meta.container() if meta else None) as (out, _tmp):
         fields = (meta or FileMeta.of(os.fstat(out.fileno()))).to_json()
         compress_file(
             layout,
@@ -129,6 +160,20 @@ def compress_into_path(
             source=source,
             largest_frame=_frame_limit(engine),
         )
+
+
+def _check_folder(target: Path) -> None:
+    """Refuse a target whose folder is missing, as ``torch.save`` and ``safetensors`` do: a
+    mistyped path must not leave new folders behind.
+
+    Raises:
+        WriteError: the folder does not exist.
+    """
+    folder = target.parent
+    if folder.exists() and not folder.is_dir():
+        raise WriteError(f"{folder} is not a folder", path=str(target), hint="choose another path")
+    if not folder.is_dir():
+        raise WriteError(f"folder {folder} does not exist", path=str(target), hint="create it first")
 
 
 def compress_to_stream(out: IO[bytes], name: str, write: Writer, options: Options) -> None:
@@ -186,5 +231,6 @@ __all__ = [
     "compress_into_stream",
     "compress_to_path",
     "compress_to_stream",
+    "kept_meta",
     "original_name",
 ]

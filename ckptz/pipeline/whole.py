@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import io
 import itertools
+import operator
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -153,7 +154,9 @@ def seek_position(pos: int, size: int, offset: int, whence: int) -> int:
 
     Raises:
         ValueError: an unknown ``whence``, or a position before the start.
+        TypeError: ``offset`` is not an integer.
     """
+    offset = operator.index(offset)  # a float is a TypeError, as for any Python file
     base = {os.SEEK_SET: 0, os.SEEK_CUR: pos, os.SEEK_END: size}.get(whence)
     if base is None:
         raise ValueError(f"invalid whence ({whence})")

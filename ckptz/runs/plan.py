@@ -26,6 +26,7 @@ from ckptz.errors import ContainerError, NothingToDoError, UnreadableError, Unsa
 from ckptz.runs.jobs import Job, JobKind
 from ckptz.runs.resume import already_done, stale_outputs
 from ckptz.runs.tree import UNREADABLE, Entry, Kind, Selection, Tree
+from ckptz.safeio import is_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +156,7 @@ def plan(
             if any(selection.converts(e, wanted) for e in t.entries):
                 raise
             continue  # nothing to convert here: say that rather than ask for -o
-        prefix = t.root.name + "/" if several and t.is_dir else ""
+        prefix = (t.root.name or str(t.root)) + "/" if several and t.is_dir else ""
         beside = out.in_place or (out.path is None and not t.is_dir)
         (p.writes if beside else p.reads).append(t.root)
         if root is not None:
@@ -169,6 +170,7 @@ def plan(
     if p.unreadable and not skip_unreadable:
         raise UnreadableError(tuple((a.path, a.note or "") for a in p.unreadable))
     p.skipped += p.unreadable
+    _drop_repeats(p)
     _pair_hard_links(p, out)
     done_already += _refuse(p, trees, out, force, compress)
     if force and not out.in_place:
@@ -308,6 +310,20 @@ _SAME_NAME = (
 )
 
 
+def _drop_repeats(p: Plan) -> None:
+    """Keep one job per file and target: a file named twice (``a.pt ./a.pt``, or a folder and
+    a file in it) is one job, not a collision with itself."""
+    seen: set[tuple[Path, tuple[int, int]]] = set()
+    for group in (p.converts, p.finishes, p.carries, p.temps):
+        kept = []
+        for j in group:
+            key = (j.target, j.entry.inode)
+            if key not in seen:
+                seen.add(key)
+                kept.append(j)
+        group[:] = kept
+
+
 def _pair_hard_links(p: Plan, out: Output) -> None:
     """Second and later names of one inode become links to the first one's output."""
     first: dict[tuple[int, int], Job] = {}
@@ -369,6 +385,8 @@ def _refuse(p: Plan, trees: list[Tree], out: Output, force: bool, compress: bool
         ident = _identity(j.target)
         if ident is not None and ident in inputs:
             raise UsageError("output would overwrite an input", path=str(j.target), hint="choose another -o")
+        if is_device(j.target):
+            continue  # written into (-o /dev/null), never replaced
         if not force and (j.target.exists() or j.target.is_symlink()):
             if not already_done(j, compress):
                 raise UsageError(

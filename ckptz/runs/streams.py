@@ -24,7 +24,7 @@ from ckptz.runs.plan import Action, Plan
 from ckptz.runs.results import Reporter, SilentReporter, Summary
 from ckptz.runs.run import check_codec, engine_session, make_summary
 from ckptz.runs.tree import expand, scan
-from ckptz.safeio import atomic_output, os_error
+from ckptz.safeio import atomic_output, is_device, os_error
 
 _BLOCK = 8 << 20
 
@@ -159,6 +159,8 @@ def _stream_source(
 
 
 def _stream_target(target: Path, force: bool) -> Path:
+    if is_device(target):
+        return target  # written into (-o /dev/null), never replaced
     if target.is_dir():
         raise UsageError("output is a folder", path=str(target), hint="name a file")
     if not force and (target.exists() or target.is_symlink()):

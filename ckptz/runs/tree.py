@@ -129,7 +129,11 @@ def expand(sources: list[str]) -> list[Path]:
             out.extend(Path(m) for m in matches)
         else:
             raise InputNotFoundError("no such file or folder", path=s)
-    return out
+    # A path named twice (``a.pt ./a.pt``, overlapping patterns) is one source.
+    unique: dict[str, Path] = {}
+    for p in out:
+        unique.setdefault(os.path.abspath(p), p)
+    return list(unique.values())
 
 
 def scan(src: Path) -> Tree:
