@@ -40,10 +40,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptz.codecs import cpu_codec, order1, order2d, sign2d
+from ckptz.codecs import cpu_codec, huffexp, order1, order2d, sign2d
 from ckptz.codecs.base import Codec
 from ckptz.codecs.bitpack import BitpackCodec, packed_size
 from ckptz.codecs.cpu import ConstCodec, HuffmanZstd, RawCodec, ZstdCodec
+from ckptz.codecs.huffexp import HuffexpCodec
 from ckptz.codecs.native import native
 from ckptz.codecs.order1 import Order1Codec
 from ckptz.codecs.order2d import Order2dCodec
@@ -84,6 +85,16 @@ CLEAR_CONTEXT_SAVING = 0.2
 #: the whole vocabulary 0.42-0.43 where a width is found at all (about 1% of the plane, for
 #: a third of a frame's coding and decoding time).
 CLEAR_SIGN_MISS = 0.35
+#: Share of a 2-byte float's lowest plane that ``huffexp`` (its bytes given their exponent's
+#: bucket) must save over the plane's other coding to be chosen: it decodes at about the
+#: speed of Huffman-coded zstd, where a stored plane costs a copy, so a fifth of
+#: :data:`CONTEXT_MARGIN`; trained bf16 weights save 0.5-0.7% of the plane.
+MANTISSA_MARGIN = 0.002
+#: With ``measured_contexts`` alone, the estimated saving of exponent buckets over one code
+#: of that plane (:func:`ckptz.codecs.huffexp.saving`, a sparse sample) from which the plane
+#: tries ``huffexp``: trained bf16 weights estimate 0.4-0.7%, where coding the plane's
+#: groups would cost the default level more time than all its other planes.
+CLEAR_MANTISSA_SAVING = 0.03
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
 BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
@@ -136,6 +147,7 @@ _BITPACK = BitpackCodec()
 _ORDER1 = Order1Codec()
 _ORDER2D = Order2dCodec()
 _SIGN2D = Sign2dCodec()
+_HUFFEXP = HuffexpCodec()
 
 
 def _zstd(level: int) -> ZstdCodec:
@@ -310,7 +322,7 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
         blobs = [None] * len(planes)
     stats = [PlaneStats(*s) for s in sampled] if sampled else [None] * len(planes)
     top = len(planes) - 1
-    return [
+    chunks = [
         encode_plane(
             p,
             options,
@@ -321,6 +333,26 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
         )
         for i, (p, st, blob) in enumerate(zip(planes, stats, blobs, strict=True))
     ]
+    if dtype.is_float and len(planes) == 2 and planes[0].size:
+        chunks[0] = _given_exponents(planes[0], planes[1], chunks[0], options)
+    return chunks
+
+
+def _given_exponents(
+    plane: np.ndarray, top: np.ndarray, chunk: EncodedChunk, options: EncodeOptions
+) -> EncodedChunk:
+    """A 2-byte float's lowest plane coded ``huffexp`` (each byte given the bucket of its
+    element's exponent byte, ``top``) in place of ``chunk`` where it saves
+    :data:`MANTISSA_MARGIN`; tried with ``context_exponents``, and with ``measured_contexts``
+    where a sparse sample estimates a saving of :data:`CLEAR_MANTISSA_SAVING`."""
+    if not options.context_exponents and not (
+        options.measured_contexts and huffexp.saving(plane, top) >= CLEAR_MANTISSA_SAVING
+    ):
+        return chunk
+    payload = huffexp.encode(plane, top)
+    if payload is not None and len(payload) < (1 - MANTISSA_MARGIN) * len(chunk.payload):
+        return EncodedChunk(_HUFFEXP.id, plane.size, payload)
+    return chunk
 
 
 def decode_frame(
@@ -359,20 +391,31 @@ def decode_frame(
         and native.decode_frame(chunks, out, room, dtype.word, dtype.is_float)
     ):
         return out
-    planes: list[np.ndarray | int] = []
-    for k, (codec, size, payload) in enumerate(chunks):
-        if codec == _CONST.id and size and out is not None:
+    planes: list[np.ndarray | int] = [0] * len(chunks)
+    # The top plane first: a huffexp plane's contexts are its bytes.
+    for k in reversed(range(len(chunks))):
+        codec, size, payload = chunks[k]
+        if codec == _HUFFEXP.id:
+            if k == len(chunks) - 1:
+                raise CodecError(
+                    "huffexp chunk in a frame's top plane, which has no context", codec=_HUFFEXP.name
+                )
+            top = planes[-1]
+            context = np.full(size, top, np.uint8) if isinstance(top, int) else top
+            into = room[k * size : (k + 1) * size] if room is not None else None
+            planes[k] = _HUFFEXP.decode_given(payload, size, context, into)
+        elif codec == _CONST.id and size and out is not None:
             if len(payload) != 1:
                 raise CodecError(
                     f"constant chunk payload is {len(payload)} bytes, expected 1", codec=_CONST.name
                 )
-            planes.append(payload[0])  # merge() fills it in: no plane-sized array
+            planes[k] = payload[0]  # merge() fills it in: no plane-sized array
         elif codec == _RAW.id and out is not None:
             # merge() copies the plane anyway: skip the codec's defensive copy.
             if len(payload) != size:
                 raise CodecError(f"stored chunk holds {len(payload)} bytes, expected {size}", codec=_RAW.name)
-            planes.append(np.frombuffer(payload, dtype=np.uint8))
+            planes[k] = np.frombuffer(payload, dtype=np.uint8)
         else:
             into = room[k * size : (k + 1) * size] if room is not None else None
-            planes.append(cpu_codec(codec).decode_into(payload, size, into))
+            planes[k] = cpu_codec(codec).decode_into(payload, size, into)
     return merge(planes, dtype, out)

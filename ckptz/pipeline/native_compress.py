@@ -87,6 +87,8 @@ RULES = np.array(
         coder.BLOCK,
         coder.CLEAR_CONTEXT_SAVING,
         coder.CLEAR_SIGN_MISS,
+        coder.MANTISSA_MARGIN,
+        coder.CLEAR_MANTISSA_SAVING,
     ],
     np.float64,
 )
