@@ -85,15 +85,17 @@ CLEAR_CONTEXT_SAVING = 0.2
 #: the whole vocabulary 0.42-0.43 where a width is found at all (about 1% of the plane, for
 #: a third of a frame's coding and decoding time).
 CLEAR_SIGN_MISS = 0.35
-#: Share of a 2-byte float's lowest plane that ``huffexp`` (its bytes given their exponent's
-#: bucket) must save over the plane's other coding to be chosen: it decodes at about the
-#: speed of Huffman-coded zstd, where a stored plane costs a copy, so a fifth of
-#: :data:`CONTEXT_MARGIN`; trained bf16 weights save 0.5-0.7% of the plane.
+#: Share of a float's plane below its exponents that ``huffexp`` (its bytes given their
+#: exponent's bucket) must save over the plane's other coding to be chosen: it decodes at
+#: about the speed of Huffman-coded zstd, where a stored plane costs a copy, so a fifth of
+#: :data:`CONTEXT_MARGIN`; trained weights save 0.5-0.7% of the plane (bf16: its mantissa and
+#: sign; fp32: the mantissa's top byte).
 MANTISSA_MARGIN = 0.002
 #: With ``measured_contexts`` alone, the estimated saving of exponent buckets over one code
 #: of that plane (:func:`ckptz.codecs.huffexp.saving`, a sparse sample) from which the plane
-#: tries ``huffexp``: trained bf16 weights estimate 0.4-0.7%, where coding the plane's
-#: groups would cost the default level more time than all its other planes.
+#: tries ``huffexp``: trained weights estimate 0.4-0.7%, where coding the plane's groups would
+#: cost the default level more time than all its other planes, and its restores would leave
+#: the GPU (no GPU decoder reads huffexp).
 CLEAR_MANTISSA_SAVING = 0.03
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
 BLOCK = 8192
@@ -333,18 +335,19 @@ def encode_frame(raw: np.ndarray, dtype: DType, options: EncodeOptions) -> list[
         )
         for i, (p, st, blob) in enumerate(zip(planes, stats, blobs, strict=True))
     ]
-    if dtype.is_float and len(planes) == 2 and planes[0].size:
-        chunks[0] = _given_exponents(planes[0], planes[1], chunks[0], options)
+    if dtype.is_float and len(planes) >= 2 and planes[0].size:
+        chunks[-2] = _given_exponents(planes[-2], planes[-1], chunks[-2], options)
     return chunks
 
 
 def _given_exponents(
     plane: np.ndarray, top: np.ndarray, chunk: EncodedChunk, options: EncodeOptions
 ) -> EncodedChunk:
-    """A 2-byte float's lowest plane coded ``huffexp`` (each byte given the bucket of its
-    element's exponent byte, ``top``) in place of ``chunk`` where it saves
-    :data:`MANTISSA_MARGIN`; tried with ``context_exponents``, and with ``measured_contexts``
-    where a sparse sample estimates a saving of :data:`CLEAR_MANTISSA_SAVING`."""
+    """A float's plane below its exponents (a bf16's mantissa and sign, an fp32's top mantissa
+    byte) coded ``huffexp`` (each byte given the bucket of its element's exponent byte,
+    ``top``) in place of ``chunk`` where it saves :data:`MANTISSA_MARGIN`; tried with
+    ``context_exponents``, and with ``measured_contexts`` where a sparse sample estimates a
+    saving of :data:`CLEAR_MANTISSA_SAVING`."""
     if not options.context_exponents and not (
         options.measured_contexts and huffexp.saving(plane, top) >= CLEAR_MANTISSA_SAVING
     ):

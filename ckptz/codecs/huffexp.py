@@ -2,10 +2,10 @@
 each byte coded given the bucket of the same element's byte in the frame's top plane.
 
 Within one binade a trained weight's magnitude is not uniform (its density falls with the
-magnitude), so how skewed a bf16 mantissa's bits are depends on the exponent: near-uniform
-for small exponents, clearly skewed for the largest. One code for the whole lowest plane
-(mantissa and sign) sees a mixture that looks like noise; one code per exponent bucket does
-not. The context of byte ``i`` of the plane is the bucket of byte ``i`` of the frame's top
+magnitude), so how skewed a mantissa's top bits are depends on the exponent: near-uniform
+for small exponents, clearly skewed for the largest. One code for the whole plane below the
+exponents (a bf16's mantissa and sign, an fp32's top mantissa byte) sees a mixture that looks
+like noise; one code per exponent bucket does not. The context of byte ``i`` of the plane is the bucket of byte ``i`` of the frame's top
 plane (plane ``w - 1``: a rotated float's exponent), which a decoder decodes first.
 
 The payload is laid out exactly as ``huff1``'s (:mod:`ckptz.codecs.order1`: version 1, ``K``

@@ -323,8 +323,8 @@ static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, int con
     free(signs);
 }
 
-/* A 2-byte float's lowest plane given its exponents (huffexp.c; `top`, the frame's top
- * plane) in place of the plane's payload where it saves RULE_MANTISSA_MARGIN, as
+/* A float's plane below its exponents (a bf16's lowest, an fp32's top mantissa byte) given
+ * them (huffexp.c; `top`, the frame's top plane) in place of the plane's payload where it saves RULE_MANTISSA_MARGIN, as
  * frames.encode_frame does; with CONTEXT_MEASURED, only where a sparse sample estimates a
  * saving of RULE_CLEAR_MANTISSA. */
 static void plane_code_mantissas(coder_t *w, const uint8_t *plane, const uint8_t *top, size_t n, int context,
@@ -567,8 +567,9 @@ static int code_planes(coder_t *w, int64_t i, const split_t *s, uint8_t *out, pa
             plane_code_signs(w, s->planes[k], n, context, out + (size_t)k * room, &payloads[k]);
         }
     }
-    if (is_float && word == 2 && n && context != CONTEXT_NONE)
-        plane_code_mantissas(w, s->planes[0], s->planes[1], n, context, out, &payloads[0]);
+    if (is_float && word >= 2 && n && context != CONTEXT_NONE)
+        plane_code_mantissas(w, s->planes[word - 2], s->planes[word - 1], n, context, out + (size_t)(word - 2) * room,
+                             &payloads[word - 2]);
     return 1;
 }
 

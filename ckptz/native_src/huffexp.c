@@ -6,9 +6,9 @@
  * literal frames); only where a byte's context comes from differs.
  *
  * Why: within one binade a trained weight's magnitude is not uniform (its density falls
- * with the magnitude), so a bf16 mantissa's bits are skewed by an amount that depends on
- * the exponent: near-uniform for small exponents, clearly skewed for the largest. One code
- * for the whole plane sees a mixture that looks like noise.
+ * with the magnitude), so a mantissa's top bits are skewed by an amount that depends on the
+ * exponent: near-uniform for small exponents, clearly skewed for the largest. One code for
+ * the whole plane below the exponents sees a mixture that looks like noise.
  *
  * The contexts do not depend on the bytes decoded, so a segment's walk has no chain through
  * the data, only through each group's read position; the segments still interleave, as in
@@ -114,32 +114,42 @@ done:
     return size;
 }
 
-/* `W` segments' walks interleaved for the first `len` bytes of each (the shortest), then each
- * segment's rest alone: byte i of segment s is the next unread byte of the group that the
- * bucket of its context byte names. 0 if a group runs out (a malformed header). */
-#define HX_STEP(map, p, e, c, o)                                                         \
-    do {                                                                                 \
-        uint8_t k_ = (map)[c];                                                           \
-        if ((p)[k_] == (e)[k_]) return 0;                                                \
-        (o) = *(p)[k_]++;                                                                \
-    } while (0)
-
-static int hx_walk(const uint8_t *map, const uint8_t *(*p)[O1_MAX_BUCKETS], const uint8_t *const (*e)[O1_MAX_BUCKETS],
-                   const uint8_t *const *ctx, uint8_t *const *out, const size_t *lens, int segments) {
+/* The segments' walks, interleaved for the first `len` bytes of each (the shortest), then
+ * each segment's rest alone: byte i of segment s is the next unread byte of the group that
+ * the bucket of its context byte names. The contexts are known before the walk, so the
+ * header's counts were checked against them first (hx_counts_hold): no group runs out, and
+ * a walk needs no check per byte. */
+static void hx_walk(const uint8_t *map, uint32_t (*at)[O1_MAX_BUCKETS], const uint8_t *restrict groups,
+                    const uint8_t *const *ctx, uint8_t *restrict const *out, const size_t *lens, int segments) {
     size_t len = lens[0];
     for (int s = 1; s < segments; s++)
         if (lens[s] < len) len = lens[s];
     if (segments == O1_MAX_SEGMENTS) {
         for (size_t i = 0; i < len; i++)
-            for (int s = 0; s < O1_MAX_SEGMENTS; s++) HX_STEP(map, p[s], e[s], ctx[s][i], out[s][i]);
+            for (int s = 0; s < O1_MAX_SEGMENTS; s++) out[s][i] = groups[at[s][map[ctx[s][i]]]++];
     } else {
         len = 0;
     }
     for (int s = 0; s < segments; s++)
-        for (size_t i = len; i < lens[s]; i++) HX_STEP(map, p[s], e[s], ctx[s][i], out[s][i]);
+        for (size_t i = len; i < lens[s]; i++) out[s][i] = groups[at[s][map[ctx[s][i]]]++];
+}
+
+/* Whether each segment's counts per group are those of its context bytes' buckets: what lets
+ * hx_walk take bytes without a check. */
+static int hx_counts_hold(const o1_header_t *h, const uint8_t *ctx, size_t n) {
+    size_t seg = o1_segment_len(n, h->segments);
+    uint32_t hist[256];
+    for (int s = 0; s < h->segments; s++) {
+        size_t a = (size_t)s * seg < n ? (size_t)s * seg : n, b = a + seg < n ? a + seg : n;
+        uint32_t got[O1_MAX_BUCKETS] = {0};
+        if (a < b) histogram(ctx + a, b - a, hist);
+        else memset(hist, 0, sizeof hist);
+        for (int v = 0; v < 256; v++) got[h->map[v]] += hist[v];
+        for (int k = 0; k < h->buckets; k++)
+            if (got[k] != h->seg_count[s][k]) return 0;
+    }
     return 1;
 }
-#undef HX_STEP
 
 /* Decodes a payload of n bytes into out[0..n) given the n context bytes ctx, the groups into
  * scratch[0..n); 1 on success, 0 if it is malformed or a group's frame is not made of
@@ -147,33 +157,27 @@ static int hx_walk(const uint8_t *map, const uint8_t *(*p)[O1_MAX_BUCKETS], cons
 static int huffexp_decode(const uint8_t *in, size_t len, uint8_t *out, size_t n, const uint8_t *ctx,
                           uint8_t *scratch, dtable_t *dt) {
     o1_header_t h;
-    if (!o1_read_header(in, len, n, &h)) return 0;
-    const uint8_t *group[O1_MAX_BUCKETS];
-    size_t at = 0;
+    if (!o1_read_header(in, len, n, &h) || !hx_counts_hold(&h, ctx, n)) return 0;
+    size_t base = 0;
+    uint32_t at[O1_MAX_SEGMENTS][O1_MAX_BUCKETS];
     for (int k = 0; k < h.buckets; k++) {
-        group[k] = scratch + at;
-        if (h.count[k] && !literals_frame(h.frame[k], h.frame_size[k], scratch + at, h.count[k], dt, 1)) return 0;
-        at += h.count[k];
+        if (h.count[k] && !literals_frame(h.frame[k], h.frame_size[k], scratch + base, h.count[k], dt, 1)) return 0;
+        for (int s = 0; s < h.segments; s++) {
+            at[s][k] = (uint32_t)base;
+            base += h.seg_count[s][k];
+        }
     }
-    const uint8_t *p[O1_MAX_SEGMENTS][O1_MAX_BUCKETS], *e[O1_MAX_SEGMENTS][O1_MAX_BUCKETS];
     const uint8_t *c[O1_MAX_SEGMENTS];
     uint8_t *o[O1_MAX_SEGMENTS];
     size_t lens[O1_MAX_SEGMENTS], seg = o1_segment_len(n, h.segments);
-    for (int k = 0; k < h.buckets; k++) {
-        const uint8_t *q = group[k];
-        for (int s = 0; s < h.segments; s++) {
-            p[s][k] = q;
-            q += h.seg_count[s][k];
-            e[s][k] = q;
-        }
-    }
     for (int s = 0; s < h.segments; s++) {
         size_t a = (size_t)s * seg < n ? (size_t)s * seg : n, b = a + seg < n ? a + seg : n;
         o[s] = out + a;
         c[s] = ctx + a;
         lens[s] = b - a;
     }
-    return hx_walk(h.map, p, (const uint8_t *const(*)[O1_MAX_BUCKETS])e, c, o, lens, h.segments);
+    hx_walk(h.map, at, scratch, c, o, lens, h.segments);
+    return 1;
 }
 
 /* The context bytes of a frame's `huffexp` plane: its top plane, decoded before it; a
