@@ -91,12 +91,6 @@ CLEAR_SIGN_MISS = 0.35
 #: :data:`CONTEXT_MARGIN`; trained weights save 0.5-0.7% of the plane (bf16: its mantissa and
 #: sign; fp32: the mantissa's top byte).
 MANTISSA_MARGIN = 0.002
-#: With ``measured_contexts`` alone, the estimated saving of exponent buckets over one code
-#: of that plane (:func:`ckptz.codecs.huffexp.saving`, a sparse sample) from which the plane
-#: tries ``huffexp``: trained weights estimate 0.4-0.7%, where coding the plane's groups would
-#: cost the default level more time than all its other planes, and its restores would leave
-#: the GPU (no GPU decoder reads huffexp).
-CLEAR_MANTISSA_SAVING = 0.03
 #: The finest block the Huffman frames plan (literals_encode.c's SUB).
 BLOCK = 8192
 #: Bits per byte that bit packing may cost above the sample's entropy estimate.
@@ -346,11 +340,11 @@ def _given_exponents(
     """A float's plane below its exponents (a bf16's mantissa and sign, an fp32's top mantissa
     byte) coded ``huffexp`` (each byte given the bucket of its element's exponent byte,
     ``top``) in place of ``chunk`` where it saves :data:`MANTISSA_MARGIN`; tried with
-    ``context_exponents``, and with ``measured_contexts`` where a sparse sample estimates a
-    saving of :data:`CLEAR_MANTISSA_SAVING`."""
-    if not options.context_exponents and not (
-        options.measured_contexts and huffexp.saving(plane, top) >= CLEAR_MANTISSA_SAVING
-    ):
+    ``context_exponents`` only. The default level (``measured_contexts``) leaves it out: on
+    trained weights it saves 0.5-0.7% of the plane, short of what would pay for restores 3x
+    slower that leave the GPU, and even the sparse estimate of the buckets' saving cost the
+    default a tenth of its coding time on every float frame."""
+    if not options.context_exponents:
         return chunk
     payload = huffexp.encode(plane, top)
     if payload is not None and len(payload) < (1 - MANTISSA_MARGIN) * len(chunk.payload):

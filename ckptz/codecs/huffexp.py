@@ -49,15 +49,6 @@ def encode(data: np.ndarray, context: np.ndarray) -> bytes | None:
     return payload
 
 
-def saving(data: np.ndarray, context: np.ndarray) -> float:
-    """The share of one code of ``data`` (or of storing it) that buckets of ``context`` are
-    estimated to save, from a sparse sample of its byte pairs (64 runs of 1 KiB): cheap
-    enough to ask of every plane before trying ``huffexp``."""
-    data = np.ascontiguousarray(data, dtype=np.uint8)
-    context = np.ascontiguousarray(context, dtype=np.uint8)
-    return float(native.huffexp_saving(data, context, _segments(data.size)))
-
-
 class HuffexpCodec(Codec):
     """A lower plane grouped by the bucket of its element's top-plane byte (see module docs).
 

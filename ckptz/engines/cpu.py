@@ -59,7 +59,8 @@ CPU_LARGEST_FRAME = 16 << 20
 #: saves :data:`~ckptz.codecs.frames.MANTISSA_MARGIN`: an archive level, which spends the
 #: coding time on every plane (frames code 2-4x slower, and restore up to 3x slower).
 #:
-#: Below it, float streams try the same coders only where a cheap measurement says they pay
+#: Below it, float streams try the same coders but ``huffexp`` only where a cheap measurement
+#: says they pay
 #: (:attr:`~ckptz.codecs.frames.EncodeOptions.measured_contexts`): ``huff1`` and ``huff2d``
 #: on exponent planes whose sparsely sampled byte pairs estimate a clear order-1 saving
 #: (Adam's second moments, whatever their keys are named: 10-12% off their exponents, about

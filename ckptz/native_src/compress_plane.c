@@ -49,7 +49,7 @@ enum { CC_OFFSET, CC_SIZE, CC_RAW, CC_CHECKSUM, CC_CODEC, CC_PLANE, CC_COLS };
  * plane's choices follow them to the bit, and they are written down once, there. */
 enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PACK_SLACK, RULE_LOW_BITS,
        RULE_RUN_SHARE, RULE_CONTEXT_MARGIN, RULE_BLOCK, RULE_CLEAR_SAVING,
-       RULE_CLEAR_MISS, RULE_MANTISSA_MARGIN, RULE_CLEAR_MANTISSA, RULE_COUNT };
+       RULE_CLEAR_MISS, RULE_MANTISSA_MARGIN, RULE_COUNT };
 
 /* A frame's FR_ROTATE column here: bit 0, its words are floats; bit 1, its exponents are
  * also tried in order-1 coding (frames.py's context_exponents); bit 2, its planes are coded
@@ -324,17 +324,14 @@ static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, int con
 }
 
 /* A float's plane below its exponents (a bf16's lowest, an fp32's top mantissa byte) given
- * them (huffexp.c; `top`, the frame's top plane) in place of the plane's payload where it saves RULE_MANTISSA_MARGIN, as
- * frames.encode_frame does; with CONTEXT_MEASURED, only where a sparse sample estimates a
- * saving of RULE_CLEAR_MANTISSA. */
-static void plane_code_mantissas(coder_t *w, const uint8_t *plane, const uint8_t *top, size_t n, int context,
-                                 uint8_t *slot, payload_t *out) {
-    const double *rule = w->plan->rules;
+ * them (huffexp.c; `top`, the frame's top plane) in place of the plane's payload where it
+ * saves RULE_MANTISSA_MARGIN, as frames.encode_frame does (with CONTEXT_ALWAYS only). */
+static void plane_code_mantissas(coder_t *w, const uint8_t *plane, const uint8_t *top, size_t n, uint8_t *slot,
+                                 payload_t *out) {
     int segments = n >= (1u << 17) ? 8 : n >= (1u << 15) ? 4 : 1;
-    if (context == CONTEXT_MEASURED && huffexp_saving(plane, top, n, segments) < rule[RULE_CLEAR_MANTISSA]) return;
     uint8_t *coded = NULL;
     size_t size = huffexp_encode(plane, top, n, segments, &coded);
-    if (size && (double)size < (1 - rule[RULE_MANTISSA_MARGIN]) * (double)out->len) {
+    if (size && (double)size < (1 - w->plan->rules[RULE_MANTISSA_MARGIN]) * (double)out->len) {
         memcpy(slot, coded, size);
         *out = (payload_t){CODEC_HUFFEXP, slot, size};
     }
@@ -567,8 +564,8 @@ static int code_planes(coder_t *w, int64_t i, const split_t *s, uint8_t *out, pa
             plane_code_signs(w, s->planes[k], n, context, out + (size_t)k * room, &payloads[k]);
         }
     }
-    if (is_float && word >= 2 && n && context != CONTEXT_NONE)
-        plane_code_mantissas(w, s->planes[word - 2], s->planes[word - 1], n, context, out + (size_t)(word - 2) * room,
+    if (is_float && word >= 2 && n && context == CONTEXT_ALWAYS)
+        plane_code_mantissas(w, s->planes[word - 2], s->planes[word - 1], n, out + (size_t)(word - 2) * room,
                              &payloads[word - 2]);
     return 1;
 }

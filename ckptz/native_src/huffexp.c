@@ -43,24 +43,6 @@ static float hx_sample_pairs(const uint8_t *src, const uint8_t *ctx, size_t n, s
     return n ? (float)sampled / (float)n : 1;
 }
 
-/* The share of one bucket's estimated cost (one code of the plane, or the plane stored)
- * that buckets of the context bytes save on n bytes cut into `segments`, from a sparse
- * sample of O1_SPARSE_RUNS runs: cheap enough to ask of every plane that could be coded
- * so (-1 where memory ran out). */
-static float huffexp_saving(const uint8_t *src, const uint8_t *ctx, size_t n, int segments) {
-    if (segments < 1 || segments > O1_MAX_SEGMENTS) return -1;
-    uint32_t(*pairs)[256] = calloc(256, sizeof(*pairs));
-    if (!pairs) return -1;
-    uint32_t rows[256];
-    size_t stride = n / O1_SPARSE_RUNS / O1_RUN * O1_RUN;
-    float scale = hx_sample_pairs(src, ctx, n, stride > O1_RUN ? stride : O1_RUN, pairs, rows);
-    float saving;
-    uint8_t starts[O1_MAX_BUCKETS + 1];
-    o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, HX_BUCKET_COST, starts, &saving);
-    free(pairs);
-    return saving;
-}
-
 /* The payload for the n bytes of src with context bytes ctx into a new buffer (*out,
  * free()d by the caller); returns its size, or 0 where the pair counts estimate a saving
  * below HX_LEAST_SAVING (no context pays), a group's frame cannot be written (a table zstd

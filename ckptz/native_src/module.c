@@ -34,7 +34,6 @@
  *   sign2d_decode(payload, out)         one, decoded; False if it is malformed
  *   huffexp_encode(src, ctx, segments)  a ckptz.codecs.huffexp payload (a lower plane grouped by
  *                                       the bucket of its element's exponent byte), or None
- *   huffexp_saving(src, ctx, segments)  the share such buckets would save (a sparse sample)
  *   huffexp_decode(payload, ctx, out)   one, decoded; False if it is malformed
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *   series_delta(data, ref, word, kind, mantissa_bits, scale, forward)
@@ -667,7 +666,7 @@ done:
 
 /* ---------------------------------------------------------------- mantissas given exponents */
 
-/* The (src, ctx, segments) arguments of huffexp_encode and huffexp_saving: two buffers of one
+/* The (src, ctx, segments) arguments of huffexp_encode: two buffers of one
  * size under 4 GiB and 1 to O1_MAX_SEGMENTS segments; 0 with ValueError set otherwise. */
 static int huffexp_args(const Py_buffer *src, const Py_buffer *ctx, int segments) {
     if (segments < 1 || segments > O1_MAX_SEGMENTS || (size_t)src->len > 0xFFFFFFFFu || ctx->len != src->len) {
@@ -694,25 +693,6 @@ static PyObject *native_huffexp_encode(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS;
         result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
         free(buf);
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&ctx);
-    return result;
-}
-
-/* huffexp_saving(src, ctx, segments) -> the share of one code of src that buckets of its
- * context bytes are estimated to save, from a sparse sample. */
-static PyObject *native_huffexp_saving(PyObject *self, PyObject *args) {
-    Py_buffer src, ctx;
-    int segments;
-    if (!PyArg_ParseTuple(args, "y*y*i", &src, &ctx, &segments)) return NULL;
-    PyObject *result = NULL;
-    if (huffexp_args(&src, &ctx, segments)) {
-        float saving;
-        Py_BEGIN_ALLOW_THREADS;
-        saving = huffexp_saving(src.buf, ctx.buf, (size_t)src.len, segments);
-        Py_END_ALLOW_THREADS;
-        result = saving < 0 ? PyErr_NoMemory() : PyFloat_FromDouble((double)saving);
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&ctx);
@@ -1653,8 +1633,6 @@ static PyMethodDef methods[] = {
      "sign2d_decode(payload, out): decode a sign2d payload into out; False if malformed."},
     {"huffexp_encode", native_huffexp_encode, METH_VARARGS,
      "huffexp_encode(src, ctx, segments): a ckptz.codecs.huffexp payload of src given ctx, or None."},
-    {"huffexp_saving", native_huffexp_saving, METH_VARARGS,
-     "huffexp_saving(src, ctx, segments): the share buckets of ctx are estimated to save on src."},
     {"huffexp_decode", native_huffexp_decode, METH_VARARGS,
      "huffexp_decode(payload, ctx, out): decode a huffexp payload given ctx into out; False if malformed."},
     {"compress_plan", native_compress_plan, METH_VARARGS,

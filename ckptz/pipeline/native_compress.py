@@ -88,7 +88,6 @@ RULES = np.array(
         coder.CLEAR_CONTEXT_SAVING,
         coder.CLEAR_SIGN_MISS,
         coder.MANTISSA_MARGIN,
-        coder.CLEAR_MANTISSA_SAVING,
     ],
     np.float64,
 )
