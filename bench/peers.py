@@ -19,8 +19,8 @@ input buffer is compared before and after ``compress`` (it reorders it in place)
 z4ai ``effort="max"`` codes at well under 1 MB/s: it runs on ``--max-subset`` bytes of each file's
 tensors only (the first tensors, whole, up to that many bytes), and its row says so; its ratio
 is over that subset, beside z4ai's default and ckptz ``--level 19``'s coder on the same
-tensors (``default_ratio_on_subset``, ``ckptz_level_19_ratio_on_subset``: payload bytes, no
-container). Usage (a few minutes on two cores)::
+tensors (``default_ratio_on_subset``, ``ckptz_default_ratio_on_subset``,
+``ckptz_level_19_ratio_on_subset``: payload bytes, no container). Usage (a few minutes on two cores)::
 
     PYTHONPATH=. python bench/peers.py [--steps 150] [--threads 2] [--json bench/results/ratios-DATE.json]
 """
@@ -276,6 +276,7 @@ def run_z4ai_max(blob: bytes, threads: int, subset: int) -> tuple[int, float, fl
     extra = {
         "subset_bytes": total,
         "default_ratio_on_subset": round(total / default, 4),
+        "ckptz_default_ratio_on_subset": round(total / ckptz_payload_bytes(chosen, 3), 4),
         "ckptz_level_19_ratio_on_subset": round(total / ckptz_payload_bytes(chosen, 19), 4),
         "_original": original,
     }

@@ -427,7 +427,7 @@ def compress(
         int,
         typer.Option(
             "--level",
-            help="zstd level for coded planes (1-22). On the CPU, every level tries order-1 and row-predicted exponents on floats where a sample says they pay (Adam's second moments) and row-predicted signs; from 10, an archive level, it tries them on every float: more CPU time for a little more ratio.",
+            help="zstd level for coded planes (1-22). On the CPU, every level tries order-1 and row-predicted exponents on floats where a sample says they pay (Adam's second moments) and row-predicted signs; from 10, an archive level, it tries them on every float, and codes float mantissas' top bits given their exponents where that is smaller: more CPU time for a little more ratio.",
             min=1,
             max=22,
             metavar="N",

@@ -112,9 +112,15 @@ def _sign2d(payload: bytes, n: int) -> bytes:
     return (out | np.frombuffer(bytes(signs), np.uint8)).tobytes()
 
 
-def _huff1(payload: bytes, n: int, width: int = 0) -> bytes:
+def _huffexp(payload: bytes, n: int, top: bytes) -> bytes:
+    """huffexp: huff1's payload whose contexts are the bytes of the frame's top plane."""
+    _need(len(top) == n, "huffexp top plane")
+    return _huff1(payload, n, top=top)
+
+
+def _huff1(payload: bytes, n: int, width: int = 0, top: bytes | None = None) -> bytes:
     """huff1, or with a row ``width`` the huff1 part of huff2d (contexts are predictions,
-    bytes are residuals)."""
+    bytes are residuals), or with a ``top`` plane huffexp (contexts are its bytes)."""
     _need(len(payload) >= 4, "huff1 payload too short")
     version, k, s, reserved = payload[:4]
     _need(version == 1 and 1 <= k <= 16 and 1 <= s <= 8 and reserved == 0, "huff1 header")
@@ -150,6 +156,8 @@ def _huff1(payload: bytes, n: int, width: int = 0) -> bytes:
         for i in range(lo, hi):
             if width and i - lo > width:
                 prev = min(max(out[i - 1] + out[i - width] - out[i - width - 1], 0), 255)
+            if top is not None:
+                prev = top[i]
             g = int(bucket_of[prev])
             _need(pos[g] < read[g] + taken[g], "huff1 walk exhausts a group")
             out[i] = (groups[g][pos[g]] + (prev if width else 0)) & 0xFF
@@ -159,8 +167,9 @@ def _huff1(payload: bytes, n: int, width: int = 0) -> bytes:
     return bytes(out)
 
 
-def decode_chunk(codec: int, payload: bytes, size: int) -> bytes:
-    """Bitstream ``codec``'s decoding of ``payload`` into ``size`` bytes (FORMAT.md)."""
+def decode_chunk(codec: int, payload: bytes, size: int, top: bytes | None = None) -> bytes:
+    """Bitstream ``codec``'s decoding of ``payload`` into ``size`` bytes (FORMAT.md); ``top`` is
+    the frame's decoded top plane for a lower plane's chunk (None for the top plane)."""
     if codec == 0:
         _need(len(payload) == size, "raw payload size")
         return payload
@@ -184,6 +193,10 @@ def decode_chunk(codec: int, payload: bytes, size: int) -> bytes:
         return _huff2d(payload, size)
     if codec == 9:
         return _sign2d(payload, size)
+    if codec == 10:
+        _need(top is not None, "huffexp in a frame's top plane")
+        assert top is not None
+        return _huffexp(payload, size, top)
     raise FormatViolation(f"bitstream {codec} has no CPU decoder")
 
 
@@ -341,14 +354,17 @@ def read(blob: bytes, reference: bytes | None = None) -> Container:
     for stream, n_chunks, reserved, length, frame_sum in frames:
         s = streams[stream]
         _need(reserved == 0 and n_chunks == s["word"] and length % s["word"] == 0, "frame record")
-        planes = []
-        for plane in range(n_chunks):
-            offset, size, raw_len, chunk_sum, codec, plane_no = chunks[next_chunk]
-            next_chunk += 1
+        records = chunks[next_chunk : next_chunk + n_chunks]
+        next_chunk += n_chunks
+        planes = [b""] * n_chunks
+        for plane in reversed(range(n_chunks)):  # the top plane first: huffexp's contexts
+            _need(plane < len(records), "chunk record")
+            offset, size, raw_len, chunk_sum, codec, plane_no = records[plane]
             _need(plane_no == plane and raw_len == length // s["word"], "chunk record")
             payload = blob[offset : offset + size]
             _need(xxhash.xxh3_64_intdigest(payload) == chunk_sum, "payload checksum")
-            planes.append(decode_chunk(codec, payload, raw_len))
+            top = planes[-1] if plane < n_chunks - 1 else None
+            planes[plane] = decode_chunk(codec, payload, raw_len, top)
         frame = _merge(planes, s["word"], s["rotate"])
         _need(xxhash.xxh3_64_intdigest(frame) == frame_sum, "frame checksum")
         decoded[stream].append(frame)

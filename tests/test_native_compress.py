@@ -19,6 +19,7 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import pytest
 import torch
+from conftest import ckptz
 from test_cli import second_moments_of_a_short_training_run
 from test_jobs import _start, _temps, _wait_for_temp
 from test_sign2d import first_moments_of_a_short_training_run
@@ -663,3 +664,30 @@ def test_a_hybrid_engine_codes_each_file_natively_until_its_gpu_joins(
         compress_file(src, src.name, f, hybrid)
     hybrid.wait_for_gpu(5)
     assert started == [True]
+
+
+def test_verify_decodes_back_a_short_frame_before_a_long_one(tmp_path: Path) -> None:
+    """`compress --level 19 --verify` on one thread, where the first context-coded frame is a
+    short one (a small tensor's stream) and a longer one follows: the plane's decode-back
+    scratch fits the longest frame, so the run finishes and restores byte for byte (it once
+    sized that scratch by the first such frame and corrupted the heap: the process aborted)."""
+    from safetensors.torch import save_file
+
+    moments = second_moments_of_a_short_training_run()
+    small = next(t for t in moments.values() if 20_000 < t.numel() < 60_000)
+    large = torch.cat([t.reshape(-1) for t in moments.values()])[: 1 << 20]
+    src = tmp_path / "state.safetensors"
+    save_file({"a.weight": small.contiguous(), "z.state.0.exp_avg_sq": large.contiguous()}, str(src))
+    out = tmp_path / "state.ckptz"
+    done = ckptz(
+        "compress", str(src), "-o", str(out), "--level", "19", "--verify", "-T", "1", "--device", "cpu"
+    )
+    assert done.returncode == 0, done.stderr
+    with open(out, "rb") as f:
+        chunks = read_index(f, src.name).chunks
+    contextual = chunks[np.isin(chunks["codec"], [HUFF1.id, HUFF2D.id])]
+    assert contextual["raw_size"].tolist() == sorted(contextual["raw_size"].tolist())  # short first
+    assert len(contextual) == 2
+    back = tmp_path / "back.safetensors"
+    assert ckptz("decompress", str(out), "-o", str(back), "--device", "cpu").returncode == 0
+    assert back.read_bytes() == src.read_bytes()

@@ -21,10 +21,14 @@ class Codec(ABC):
         id: the bitstream id stored in each chunk record (0-255), from the class's row of
             :data:`ckptz.codecs.table.TABLE`.
         name: the bitstream's name in reports and errors, from the same row.
+        needs_top_plane: the bitstream codes a lower plane of a frame given the frame's top
+            plane (``huffexp``): its plane-only :meth:`encode` and :meth:`decode` refuse, and
+            frame coders call its own methods that take the top plane.
     """
 
     id: ClassVar[int]
     name: ClassVar[str]
+    needs_top_plane: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, data: np.ndarray) -> bytes:

@@ -22,6 +22,7 @@ from ckptz.codecs.bitpack import BitpackCodec
 from ckptz.codecs.cpu import ConstCodec, RawCodec, ZstdCodec
 from ckptz.codecs.ctx import CtxCodec
 from ckptz.codecs.deflate import DeflateCodec
+from ckptz.codecs.huffexp import HuffexpCodec
 from ckptz.codecs.order1 import Order1Codec
 from ckptz.codecs.order2d import Order2dCodec
 from ckptz.codecs.sign2d import Sign2dCodec
@@ -73,9 +74,10 @@ BITPACK = Bitstream(6, "bitpack", cpu=BitpackCodec, gpu=KERNELS)
 HUFF1 = Bitstream(7, "huff1", cpu=Order1Codec, gpu=None)
 HUFF2D = Bitstream(8, "huff2d", cpu=Order2dCodec, gpu=None)
 SIGN2D = Bitstream(9, "sign2d", cpu=Sign2dCodec, gpu=None)
+HUFFEXP = Bitstream(10, "huffexp", cpu=HuffexpCodec, gpu=None)
 
 #: Every bitstream, by id.
-TABLE: tuple[Bitstream, ...] = (RAW, CONST, ZSTD, ANS, CTX, DEFLATE, BITPACK, HUFF1, HUFF2D, SIGN2D)
+TABLE: tuple[Bitstream, ...] = (RAW, CONST, ZSTD, ANS, CTX, DEFLATE, BITPACK, HUFF1, HUFF2D, SIGN2D, HUFFEXP)
 
 #: What ``--codec`` may name besides ``auto``: the bitstreams the GPU coder tries on every
 #: plane (through nvCOMP). The CPU coder chooses its own per plane, all of them portable.
@@ -110,6 +112,7 @@ __all__ = [
     "DEFLATE",
     "HUFF1",
     "HUFF2D",
+    "HUFFEXP",
     "KERNELS",
     "RAW",
     "SIGN2D",

@@ -54,10 +54,13 @@ CPU_LARGEST_FRAME = 16 << 20
 #: ``--level`` from which every float stream's exponent planes try ``huff1`` (each exponent
 #: coded given the bucket of the one before it) and ``huff2d`` (its residual from its row
 #: neighbours and the row above), and its lowest plane ``sign2d`` (signs given the row above),
-#: each kept per plane only where it saves :data:`~ckptz.codecs.frames.CONTEXT_MARGIN`: an
-#: archive level, which spends the coding time on every plane (frames code 2-4x slower).
+#: each kept per plane only where it saves :data:`~ckptz.codecs.frames.CONTEXT_MARGIN`, and the
+#: plane below its exponents ``huffexp`` (its bytes given their exponent's bucket) where it
+#: saves :data:`~ckptz.codecs.frames.MANTISSA_MARGIN`: an archive level, which spends the
+#: coding time on every plane (frames code 2-4x slower, and restore up to 3x slower).
 #:
-#: Below it, float streams try the same coders only where a cheap measurement says they pay
+#: Below it, float streams try the same coders but ``huffexp`` only where a cheap measurement
+#: says they pay
 #: (:attr:`~ckptz.codecs.frames.EncodeOptions.measured_contexts`): ``huff1`` and ``huff2d``
 #: on exponent planes whose sparsely sampled byte pairs estimate a clear order-1 saving
 #: (Adam's second moments, whatever their keys are named: 10-12% off their exponents, about

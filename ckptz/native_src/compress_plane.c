@@ -49,7 +49,7 @@ enum { CC_OFFSET, CC_SIZE, CC_RAW, CC_CHECKSUM, CC_CODEC, CC_PLANE, CC_COLS };
  * plane's choices follow them to the bit, and they are written down once, there. */
 enum { RULE_SAMPLE, RULE_NOISE_BITS, RULE_NOISE_ZEROS, RULE_ZSTD_ZEROS, RULE_PACK_SLACK, RULE_LOW_BITS,
        RULE_RUN_SHARE, RULE_CONTEXT_MARGIN, RULE_BLOCK, RULE_CLEAR_SAVING,
-       RULE_CLEAR_MISS, RULE_COUNT };
+       RULE_CLEAR_MISS, RULE_MANTISSA_MARGIN, RULE_COUNT };
 
 /* A frame's FR_ROTATE column here: bit 0, its words are floats; bit 1, its exponents are
  * also tried in order-1 coding (frames.py's context_exponents); bit 2, its planes are coded
@@ -338,7 +338,30 @@ static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, int con
     free(signs);
 }
 
+/* A float's plane below its exponents (a bf16's lowest, an fp32's top mantissa byte) given
+ * them (huffexp.c; `top`, the frame's top plane) in place of the plane's payload where it
+ * saves RULE_MANTISSA_MARGIN, as frames.encode_frame does (with CONTEXT_ALWAYS only). */
+static void plane_code_mantissas(coder_t *w, const uint8_t *plane, const uint8_t *top, size_t n, uint8_t *slot,
+                                 payload_t *out) {
+    int segments = n >= (1u << 17) ? 8 : n >= (1u << 15) ? 4 : 1;
+    uint8_t *coded = NULL;
+    size_t size = huffexp_encode(plane, top, n, segments, &coded);
+    if (size && (double)size < (1 - w->plan->rules[RULE_MANTISSA_MARGIN]) * (double)out->len) {
+        memcpy(slot, coded, size);
+        *out = (payload_t){CODEC_HUFFEXP, slot, size};
+    }
+    free(coded);
+}
+
 /* ---------------------------------------------------------------- verify */
+
+/* The scratch for the groups of a frame's table-coded planes, sized for the largest frame
+ * of the plan (the first such plane may be a stream's short last frame); 0 where memory ran
+ * out. */
+static int decode_groups(coder_t *w) {
+    size_t room = w->plan->frame_room;
+    return w->groups || (w->groups = malloc(room ? room : 1)) != NULL;
+}
 
 /* Whether a frame's payloads decode back to bytes of its checksum (`length` bytes of
  * `word`-byte words, planes of n bytes): what --verify proves before a payload is written.
@@ -346,7 +369,7 @@ static void plane_code_signs(coder_t *w, const uint8_t *plane, size_t n, int con
 static int decodes_back(coder_t *w, const payload_t *payloads, int word, int rotate, size_t n, int64_t length,
                         uint64_t checksum, const uint8_t *const *decoded) {
     plane_t planes[8] = {{NULL, 0}};
-    for (int k = 0; k < word; k++) {
+    for (int k = word - 1; k >= 0; k--) { /* the top plane first: huffexp's contexts */
         const payload_t *c = &payloads[k];
         if (decoded && decoded[k]) { /* decoded back elsewhere (on the GPU) */
             planes[k] = (plane_t){decoded[k], 0};
@@ -367,18 +390,24 @@ static int decodes_back(coder_t *w, const payload_t *payloads, int word, int rot
             int bits[8], count = varying_list(c->bytes[0], bits);
             unpack_rows(c->bytes + 2, (n + 7) / 8, bits, count, c->bytes[1], into, n);
         } else if (c->codec == CODEC_HUFF1) {
-            if (!w->groups && !(w->groups = malloc(n ? n : 1))) return 0;
+            if (!decode_groups(w)) return 0;
             if (!order1_usable(c->bytes, c->len, n, w->dt) ||
                 !order1_decode(c->bytes, c->len, into, n, w->groups, w->dt))
                 return 0;
         } else if (c->codec == CODEC_HUFF2D) {
-            if (!w->groups && !(w->groups = malloc(n ? n : 1))) return 0;
+            if (!decode_groups(w)) return 0;
             if (!order2d_usable(c->bytes, c->len, n, w->dt) ||
                 !order2d_decode(c->bytes, c->len, into, n, w->groups, w->dt))
                 return 0;
         } else if (c->codec == CODEC_SIGN2D) {
-            if (!w->groups && !(w->groups = malloc(n ? n : 1))) return 0;
+            if (!decode_groups(w)) return 0;
             if (!sign2d_decode(c->bytes, c->len, into, n, w->groups, w->dt)) return 0;
+        } else if (c->codec == CODEC_HUFFEXP) {
+            if (k + 1 >= word || !decode_groups(w)) return 0;
+            const uint8_t *ctx = huffexp_context(&planes[word - 1], w->decoded + (size_t)(word - 1) * n, n);
+            if (!order1_usable(c->bytes, c->len, n, w->dt) ||
+                !huffexp_decode(c->bytes, c->len, into, n, ctx, w->groups, w->dt))
+                return 0;
         }
     }
     const uint8_t *bytes = planes[0].bytes;
@@ -554,6 +583,9 @@ static int code_planes(coder_t *w, int64_t i, const split_t *s, uint8_t *out, pa
             plane_code_signs(w, s->planes[k], n, context, out + (size_t)k * room, &payloads[k]);
         }
     }
+    if (is_float && word >= 2 && n && context == CONTEXT_ALWAYS)
+        plane_code_mantissas(w, s->planes[word - 2], s->planes[word - 1], n, out + (size_t)(word - 2) * room,
+                             &payloads[word - 2]);
     return 1;
 }
 

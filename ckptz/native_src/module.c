@@ -32,6 +32,9 @@
  *   sign2d_encode(src, width, most_miss) a ckptz.codecs.sign2d payload (sign bits predicted from
  *                                       the row above, the mantissa bits packed), or None
  *   sign2d_decode(payload, out)         one, decoded; False if it is malformed
+ *   huffexp_encode(src, ctx, segments)  a ckptz.codecs.huffexp payload (a lower plane grouped by
+ *                                       the bucket of its element's exponent byte), or None
+ *   huffexp_decode(payload, ctx, out)   one, decoded; False if it is malformed
  *   blocked_entropy(src, sub)           order-0 entropy of each block of `sub` bytes, summed
  *   series_delta(data, ref, word, kind, mantissa_bits, scale, forward)
  *                                       a series delta of kind 1-3 applied or undone in place
@@ -92,6 +95,7 @@
  *   order1.c            order-1 exponent coding: bytes grouped by context, literal frames
  *   order2d.c           row-predicted exponents: residuals grouped by prediction, as order1.c
  *   sign2d.c            row-predicted sign bits of a float's lowest plane
+ *   huffexp.c           a lower plane grouped by its element's exponent, as order1.c
  *   frame.c             a whole frame's planes decoded and merged
  *   hash.c              xxh3_64 without the GIL (vendored xxHash: xxhash.h, xxh_x86dispatch.c)
  *   plane.c             the restore data plane: a whole file restored on native threads
@@ -124,6 +128,7 @@
 #include "order1.c"
 #include "order2d.c"
 #include "sign2d.c"
+#include "huffexp.c"
 #include "frame.c"
 #include "hash.c"
 #include "pickle_ops.c"
@@ -659,6 +664,74 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- mantissas given exponents */
+
+/* The (src, ctx, segments) arguments of huffexp_encode: two buffers of one
+ * size under 4 GiB and 1 to O1_MAX_SEGMENTS segments; 0 with ValueError set otherwise. */
+static int huffexp_args(const Py_buffer *src, const Py_buffer *ctx, int segments) {
+    if (segments < 1 || segments > O1_MAX_SEGMENTS || (size_t)src->len > 0xFFFFFFFFu || ctx->len != src->len) {
+        PyErr_Format(PyExc_ValueError, "%d segments of %zd bytes with %zd context bytes: expected 1 to %d, under 4 GiB",
+                     segments, src->len, ctx->len, O1_MAX_SEGMENTS);
+        return 0;
+    }
+    return 1;
+}
+
+/* huffexp_encode(src, ctx, segments) -> a ckptz.codecs.huffexp payload of src given the
+ * context bytes ctx, or None where no bucket split pays or a group's table cannot be
+ * described. */
+static PyObject *native_huffexp_encode(PyObject *self, PyObject *args) {
+    Py_buffer src, ctx;
+    int segments;
+    if (!PyArg_ParseTuple(args, "y*y*i", &src, &ctx, &segments)) return NULL;
+    PyObject *result = NULL;
+    if (huffexp_args(&src, &ctx, segments)) {
+        uint8_t *buf;
+        size_t size;
+        Py_BEGIN_ALLOW_THREADS;
+        size = huffexp_encode(src.buf, ctx.buf, (size_t)src.len, segments, &buf);
+        Py_END_ALLOW_THREADS;
+        result = size ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)size) : Py_NewRef(Py_None);
+        free(buf);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&ctx);
+    return result;
+}
+
+/* huffexp_decode(payload, ctx, out) -> True if the payload was decoded into `out` (its exact
+ * size) given the context bytes ctx (out's size), False if it is malformed. */
+static PyObject *native_huffexp_decode(PyObject *self, PyObject *args) {
+    Py_buffer src, ctx, dst;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &src, &ctx, &dst)) return NULL;
+    PyObject *result = NULL;
+    dtable_t *dt = NULL;
+    uint8_t *scratch = NULL;
+    if (ctx.len != dst.len) {
+        PyErr_Format(PyExc_ValueError, "%zd context bytes for %zd bytes", ctx.len, dst.len);
+        goto done;
+    }
+    dt = malloc(sizeof(dtable_t));
+    scratch = malloc(dst.len ? (size_t)dst.len : 1);
+    if (!dt || !scratch) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS;
+    ok = order1_usable(src.buf, (size_t)src.len, (size_t)dst.len, dt) &&
+         huffexp_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len, ctx.buf, scratch, dt);
+    Py_END_ALLOW_THREADS;
+    result = PyBool_FromLong(ok);
+done:
+    free(dt);
+    free(scratch);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&ctx);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 /* ---------------------------------------------------------------- whole frames */
 
 /* decode_frame(chunks, out, room, word, rotate) -> True if every plane of a frame
@@ -692,9 +765,7 @@ static PyObject *native_decode_frame(PyObject *self, PyObject *args) {
         chunks[k].bytes = views[held].buf;
         chunks[k].len = (size_t)views[held++].len;
         usable = frame_chunk_usable(&chunks[k], (size_t)size, n, (uint8_t *)room.buf + (size_t)k * n, &planes[k]);
-        if (usable && (chunks[k].codec == CODEC_ZSTD || chunks[k].codec == CODEC_HUFF1 || chunks[k].codec == CODEC_HUFF2D ||
-                       chunks[k].codec == CODEC_SIGN2D) &&
-            !dt && !(dt = malloc(sizeof(dtable_t)))) {
+        if (usable && frame_chunk_tabled(chunks[k].codec) && !dt && !(dt = malloc(sizeof(dtable_t)))) {
             PyErr_NoMemory();
             goto done;
         }
@@ -1578,6 +1649,10 @@ static PyMethodDef methods[] = {
      "sign2d_encode(src, width=0, most_miss=1.0): a ckptz.codecs.sign2d payload of src, or None."},
     {"sign2d_decode", native_sign2d_decode, METH_VARARGS,
      "sign2d_decode(payload, out): decode a sign2d payload into out; False if malformed."},
+    {"huffexp_encode", native_huffexp_encode, METH_VARARGS,
+     "huffexp_encode(src, ctx, segments): a ckptz.codecs.huffexp payload of src given ctx, or None."},
+    {"huffexp_decode", native_huffexp_decode, METH_VARARGS,
+     "huffexp_decode(payload, ctx, out): decode a huffexp payload given ctx into out; False if malformed."},
     {"compress_plan", native_compress_plan, METH_VARARGS,
      "compress_plan(source, memory, output, in_order, verify, checked, start, frames, chunks, pieces, source_size, leaf,\n"
      "leaf_hashes, level, rules, threads, progress, stop, error, gpu=None, delta=None, stages=None) -> int: code a\n"

@@ -202,9 +202,11 @@ typedef struct {
 
 /* Whether a chunk of `size` bytes (n expected) can be decoded here; sets where merge reads it. */
 static int frame_chunk_usable(const chunk_t *chunk, size_t size, size_t n, uint8_t *room, plane_t *plane);
-/* Decodes a frame's usable chunks and merges its words into dst; 1 on success. */
-static int frame_decode(const chunk_t *chunks, const plane_t *planes, int word, size_t n, uint8_t *room,
-                        uint8_t *dst, int rotate, dtable_t *dt);
+/* Decodes a frame's usable chunks and merges its words into dst; 1 on success (a constant
+ * top plane that a huffexp plane reads is written out into its room, and *planes then
+ * points there). */
+static int frame_decode(const chunk_t *chunks, plane_t *planes, int word, size_t n, uint8_t *room, uint8_t *dst,
+                        int rotate, dtable_t *dt);
 
 /* In a table of `count` rows of `cols` int64 columns sorted by their first column (a file
  * offset), the last row starting at or before `at` (0 where none does). */

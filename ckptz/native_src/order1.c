@@ -64,11 +64,12 @@ static float o1_group_cost(float sum_xlogx, uint32_t total, uint32_t distinct, f
 }
 
 /* Chooses bucket starts (starts[0] = 0, ascending) from the pair counts `pairs` (row:
- * preceding byte, column: byte), sampled at `scale`; returns the number of buckets, and in
+ * context byte, column: byte), sampled at `scale`; returns the number of buckets, and in
  * *saving the share of one bucket's estimated cost that they save (0 for one bucket).
- * `rows` are each row's totals; a bucket's header fields grow with `segments`. */
-static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float scale, int segments, uint8_t *starts,
-                     float *saving) {
+ * `rows` are each row's totals; a bucket costs `bucket_cost` bytes itself, and its header
+ * fields grow with `segments`. */
+static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float scale, int segments, float bucket_cost,
+                     uint8_t *starts, float *saving) {
     *saving = 0;
     /* units: consecutive runs of present preceding values, at most O1_UNITS of them */
     int present[256], m = 0;
@@ -100,7 +101,7 @@ static int o1_choose(const uint32_t (*pairs)[256], const uint32_t *rows, float s
         for (int s = 0; s < 256; s++)
             if (count[u][s]) sym[u][used[u]++] = (uint8_t)s;
     }
-    float fixed = O1_BUCKET_COST + 4.0f * (float)(segments + 1);
+    float fixed = bucket_cost + 4.0f * (float)(segments + 1);
     float best[O1_MAX_BUCKETS + 1][O1_UNITS + 1];
     uint8_t from[O1_MAX_BUCKETS + 1][O1_UNITS + 1];
     for (int k = 0; k <= O1_MAX_BUCKETS; k++)
@@ -226,7 +227,7 @@ static float order1_saving(const uint8_t *src, size_t n, int segments) {
     float scale = o1_sample_pairs(src, n, o1_segment_len(n, segments), stride > O1_RUN ? stride : O1_RUN, pairs, rows);
     float saving;
     uint8_t starts[O1_MAX_BUCKETS + 1];
-    o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, starts, &saving);
+    o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, O1_BUCKET_COST, starts, &saving);
     free(pairs);
     return saving;
 }
@@ -252,7 +253,7 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, int cont
     float scale = o1_sample_pairs(src, n, len, stride, pairs, rows);
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
     float saving;
-    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, starts, &saving);
+    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, scale, segments, O1_BUCKET_COST, starts, &saving);
     if (contextual_only && saving < O1_LEAST_SAVING) goto done;
     o1_bucket_map(starts, buckets, map);
     /* each segment's share of each group: the counts of its preceding bytes (its byte

@@ -145,7 +145,7 @@ static size_t order2d_encode(const uint8_t *src, size_t n, int segments, size_t 
     }
     uint8_t starts[O1_MAX_BUCKETS + 1], map[256];
     float saving;
-    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, 1, segments, starts, &saving);
+    int buckets = o1_choose((const uint32_t(*)[256])pairs, rows, 1, segments, O1_BUCKET_COST, starts, &saving);
     o1_bucket_map(starts, buckets, map);
     uint32_t count[O1_MAX_BUCKETS] = {0}, seg_count[O1_MAX_SEGMENTS][O1_MAX_BUCKETS] = {{0}};
     for (int s = 0; s < segments; s++) {

@@ -265,9 +265,10 @@ static int plane_pwrite(int fd, const uint8_t *src, int64_t n, int64_t at) {
 }
 
 /* Decodes one plane of n bytes into `into` (or points *plane at its bytes); 0 if it does not
- * decode here. */
+ * decode here. `ctx` is the frame's top plane, decoded already, for a huffexp plane (NULL
+ * where the plane is the top one, which then must not be huffexp). */
 static int plane_decode_one(worker_t *w, const uint8_t *in, size_t len, int codec, size_t n, uint8_t *into,
-                            plane_t *plane) {
+                            plane_t *plane, const uint8_t *ctx) {
     chunk_t chunk = {codec, in, len};
     if (codec == CODEC_ZSTD) {
         plane->bytes = into;
@@ -286,13 +287,15 @@ static int plane_decode_one(worker_t *w, const uint8_t *in, size_t len, int code
         return deflate_decode(in, len, into, n);
     }
     if (codec != CODEC_RAW && codec != CODEC_CONST && codec != CODEC_BITPACK && codec != CODEC_HUFF1 &&
-        codec != CODEC_HUFF2D && codec != CODEC_SIGN2D)
+        codec != CODEC_HUFF2D && codec != CODEC_SIGN2D && codec != CODEC_HUFFEXP)
         return 0;
     if (!frame_chunk_usable(&chunk, n, n, into, plane)) return 0;
-    if (codec == CODEC_HUFF1 || codec == CODEC_HUFF2D || codec == CODEC_SIGN2D) {
+    if (codec == CODEC_HUFF1 || codec == CODEC_HUFF2D || codec == CODEC_SIGN2D || codec == CODEC_HUFFEXP) {
         /* Scratch for its groups, the first time such a plane comes (a room of a frame). */
         if (!w->groups && !(w->groups = malloc(w->plan->frame_room ? w->plan->frame_room : 1))) return 0;
         if (codec == CODEC_SIGN2D) return sign2d_decode(in, len, into, n, w->groups, w->dt);
+        if (codec == CODEC_HUFFEXP)
+            return ctx && order1_usable(in, len, n, w->dt) && huffexp_decode(in, len, into, n, ctx, w->groups, w->dt);
         if (codec == CODEC_HUFF2D)
             return order2d_usable(in, len, n, w->dt) && order2d_decode(in, len, into, n, w->groups, w->dt);
         return order1_usable(in, len, n, w->dt) && order1_decode(in, len, into, n, w->groups, w->dt);
@@ -504,7 +507,8 @@ static int plane_decode(worker_t *w, int64_t i, const uint8_t *const *payload, c
     size_t n = (size_t)c[CH_RAW];
     int ok = (int64_t)n * word == f[FR_LENGTH];
     plane_t planes[8];
-    for (int k = 0; ok && k < word; k++) {
+    /* The top plane first: a huffexp plane's contexts are its bytes. */
+    for (int k = word - 1; ok && k >= 0; k--) {
         const int64_t *ck = c + k * CH_COLS;
         uint8_t *into = word == 1 ? w->out : w->room + (size_t)k * n;
         ok = ck[CH_RAW] == (int64_t)n;
@@ -512,7 +516,10 @@ static int plane_decode(worker_t *w, int64_t i, const uint8_t *const *payload, c
             planes[k].bytes = decoded[k];
             planes[k].value = 0;
         } else if (ok) {
-            ok = plane_decode_one(w, payload[k], (size_t)ck[CH_SIZE], (int)ck[CH_CODEC], n, into, &planes[k]);
+            const uint8_t *ctx = NULL;
+            if (k + 1 < word && ck[CH_CODEC] == CODEC_HUFFEXP)
+                ctx = huffexp_context(&planes[word - 1], w->room + (size_t)(word - 1) * n, n);
+            ok = plane_decode_one(w, payload[k], (size_t)ck[CH_SIZE], (int)ck[CH_CODEC], n, into, &planes[k], ctx);
         }
     }
     stage_mark(&w->clock, RS_DECODE);

@@ -87,6 +87,7 @@ RULES = np.array(
         coder.BLOCK,
         coder.CLEAR_CONTEXT_SAVING,
         coder.CLEAR_SIGN_MISS,
+        coder.MANTISSA_MARGIN,
     ],
     np.float64,
 )

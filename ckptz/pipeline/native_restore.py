@@ -35,7 +35,7 @@ import numpy as np
 
 from ckptz import safeio
 from ckptz.codecs.native import native
-from ckptz.codecs.table import ANS, BITPACK, CONST, DEFLATE, HUFF1, HUFF2D, RAW, SIGN2D, ZSTD
+from ckptz.codecs.table import ANS, BITPACK, CONST, DEFLATE, HUFF1, HUFF2D, HUFFEXP, RAW, SIGN2D, ZSTD
 from ckptz.container import Index
 from ckptz.digest import Digest, Piecewise, leaf_count
 from ckptz.errors import CorruptionError, DeviceError
@@ -46,7 +46,9 @@ from ckptz.pipeline.transform import FrameTransform, transformed
 #: Bitstreams the native plane decodes (a zstd frame with LZ sequences through the system's
 #: libzstd, and older containers' deflate through its zlib, where they are found; else the
 #: file goes back to the Python loop).
-NATIVE_CODECS = frozenset({RAW.id, CONST.id, ZSTD.id, DEFLATE.id, BITPACK.id, HUFF1.id, HUFF2D.id, SIGN2D.id})
+NATIVE_CODECS = frozenset(
+    {RAW.id, CONST.id, ZSTD.id, DEFLATE.id, BITPACK.id, HUFF1.id, HUFF2D.id, SIGN2D.id, HUFFEXP.id}
+)
 #: Bitstreams the native plane decodes with a GPU: the GPU-only ``ans`` besides.
 NATIVE_GPU_CODECS = NATIVE_CODECS | {ANS.id}
 #: Bytes of the file restored at once where they must come in file order: large against a
