@@ -72,17 +72,8 @@ static size_t huffexp_encode(const uint8_t *src, const uint8_t *ctx, size_t n, i
         for (int v = 0; v < 256; v++) seg_count[s][map[v]] += hist[v];
         for (int k = 0; k < buckets; k++) count[k] += seg_count[s][k];
     }
-    /* group the bytes: group k at grouped[base[k] ..), segment by segment */
     uint8_t *at[O1_MAX_SEGMENTS][O1_MAX_BUCKETS];
-    size_t base[O1_MAX_BUCKETS];
-    for (int k = 0; k < buckets; k++) {
-        base[k] = k ? base[k - 1] + count[k - 1] : 0;
-        uint8_t *q = grouped + base[k];
-        for (int s = 0; s < segments; s++) {
-            at[s][k] = q;
-            q += seg_count[s][k];
-        }
-    }
+    o1_group_places(grouped, (const uint32_t(*)[O1_MAX_BUCKETS])seg_count, buckets, segments, at);
     for (int s = 0; s < segments; s++) {
         size_t a = (size_t)s * len < n ? (size_t)s * len : n, b = a + len < n ? a + len : n;
         uint8_t **to = at[s];

@@ -232,6 +232,18 @@ static float order1_saving(const uint8_t *src, size_t n, int segments) {
     return saving;
 }
 
+/* Where each segment's bytes of each group go: the groups one after another in grouped,
+ * each one's segments in order within it. */
+static void o1_group_places(uint8_t *grouped, const uint32_t (*seg_count)[O1_MAX_BUCKETS], int buckets, int segments,
+                            uint8_t *at[O1_MAX_SEGMENTS][O1_MAX_BUCKETS]) {
+    uint8_t *q = grouped;
+    for (int k = 0; k < buckets; k++)
+        for (int s = 0; s < segments; s++) {
+            at[s][k] = q;
+            q += seg_count[s][k];
+        }
+}
+
 /* The payload for n bytes into a new buffer (*out, free()d by the caller); returns its size,
  * or 0 if a group's frame cannot be written (a table zstd cannot describe) or memory ran
  * out. `segments` is 1 to O1_MAX_SEGMENTS. With `contextual_only`, also 0 where the pair
@@ -268,18 +280,10 @@ static size_t order1_encode(const uint8_t *src, size_t n, int segments, int cont
         for (int v = 0; v < 256; v++) seg_count[s][map[v]] += hist[v];
         for (int k = 0; k < buckets; k++) count[k] += seg_count[s][k];
     }
-    /* group the bytes: group k at grouped[base[k] ..), segment by segment; the segments'
-     * scatters run interleaved (each one's write positions are a chain through memory) */
+    /* the segments' scatters run interleaved (each one's write positions are a chain
+     * through memory) */
     uint8_t *at[O1_MAX_SEGMENTS][O1_MAX_BUCKETS];
-    size_t base[O1_MAX_BUCKETS];
-    for (int k = 0; k < buckets; k++) {
-        base[k] = k ? base[k - 1] + count[k - 1] : 0;
-        uint8_t *q = grouped + base[k];
-        for (int s = 0; s < segments; s++) {
-            at[s][k] = q;
-            q += seg_count[s][k];
-        }
-    }
+    o1_group_places(grouped, (const uint32_t(*)[O1_MAX_BUCKETS])seg_count, buckets, segments, at);
     size_t last = n - (size_t)(segments - 1) * len < len ? n - (size_t)(segments - 1) * len : len;
     if (n < (size_t)(segments - 1) * len) last = 0;
     uint8_t prev[O1_MAX_SEGMENTS] = {0};
