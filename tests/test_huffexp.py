@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ckptz
 from damage import damage, decodes_in_bounds
 from format_reader import FormatViolation, _huffexp, read
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from levels import round_trip_at
 
 from ckptz import api
 from ckptz.codecs import cpu_codec, huffexp
@@ -258,20 +258,11 @@ def test_level_19_codes_bf16_weights_smaller_with_it(tmp_path: Path) -> None:
     save_file(bf16_weights_of_a_short_training_run(), str(src))
     sizes = {}
     for level in ("default", "19"):
-        out = tmp_path / f"{level}.ckptz"
-        chosen = [] if level == "default" else ["--level", level]
-        done = ckptz("compress", str(src), "-o", str(out), "--device", "cpu", *chosen)
-        assert done.returncode == 0, done.stderr
+        out, chunks = round_trip_at(level, src, tmp_path)
         sizes[level] = out.stat().st_size
-        with open(out, "rb") as f:
-            chunks = read_index(f, str(out)).chunks
         coded = chunks[chunks["codec"] == HUFFEXP.id]
         assert (len(coded) > 0) == (level == "19")
         assert all(int(c["size"]) < (1 - MANTISSA_MARGIN) * int(c["raw_size"]) for c in coded)
-        back = tmp_path / f"{level}.safetensors"
-        done = ckptz("decompress", str(out), "-o", str(back), "--device", "cpu")
-        assert done.returncode == 0, done.stderr
-        assert back.read_bytes() == src.read_bytes()
     assert sizes["19"] < 0.997 * sizes["default"], sizes
 
 

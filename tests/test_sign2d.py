@@ -16,6 +16,7 @@ from damage import damage, decodes_in_bounds
 from format_reader import FormatViolation, _sign2d
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from levels import round_trip_at
 from test_order2d import _container_of
 
 from ckptz.codecs import sign2d
@@ -25,7 +26,6 @@ from ckptz.codecs.native import native
 from ckptz.codecs.planes import split
 from ckptz.codecs.sign2d import Sign2dCodec
 from ckptz.codecs.table import RAW, SIGN2D, ZSTD
-from ckptz.container import read_index
 from ckptz.dtypes import DTYPES
 from ckptz.errors import CodecError
 
@@ -156,20 +156,11 @@ def test_the_default_level_codes_first_moments_smaller_with_row_predicted_signs(
     save_file({f"optimizer.state.{n}.exp_avg": t for n, t in moments.items()}, str(src))
     sizes = {}
     for level in ("default", "19"):
-        out = tmp_path / f"{level}.ckptz"
-        chosen = [] if level == "default" else ["--level", level]
-        done = ckptz("compress", str(src), "-o", str(out), "--device", "cpu", *chosen)
-        assert done.returncode == 0, done.stderr
+        out, chunks = round_trip_at(level, src, tmp_path)
         sizes[level] = out.stat().st_size
-        with open(out, "rb") as f:
-            chunks = read_index(f, str(out)).chunks
         signed = chunks[chunks["codec"] == SIGN2D.id]
         assert len(signed) and set(signed["plane"].tolist()) == {0}, level
         assert (signed["size"] < 0.98 * signed["raw_size"]).all(), signed
-        back = tmp_path / f"{level}.safetensors"
-        done = ckptz("decompress", str(out), "-o", str(back), "--device", "cpu")
-        assert done.returncode == 0, done.stderr
-        assert back.read_bytes() == src.read_bytes()
     assert sizes["default"] < sizes["19"] * 1.002, sizes
 
 
