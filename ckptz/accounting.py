@@ -69,6 +69,8 @@ class FileStats:
             names it (relative to the container's folder); None otherwise.
         keyframe: a series member coded self-contained on purpose (``--keyframe-every``,
             ``detach``).
+        error: why a container in an inspected folder could not be read (it is damaged);
+            None for every file that was read.
     """
 
     path: str
@@ -81,6 +83,7 @@ class FileStats:
     overhead_bytes: int = 0
     reference: str | None = None
     keyframe: bool = False
+    error: str | None = None
 
     @property
     def ratio(self) -> float | None:

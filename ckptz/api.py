@@ -21,7 +21,17 @@ from ckptz.accounting import FileStats, index_stats, layout_stats, total_compone
 from ckptz.container import SUFFIX, read_index
 from ckptz.engines import check_device, warm_gpu
 from ckptz.engines.base import Engine
-from ckptz.errors import BusyError, CkptzError, CorruptionError, SourceChangedError, StoppedError, UsageError
+from ckptz.errors import (
+    BusyError,
+    CkptzError,
+    CorruptionError,
+    ReferenceChangedError,
+    ReferenceDamagedError,
+    ReferenceMissingError,
+    SourceChangedError,
+    StoppedError,
+    UsageError,
+)
 from ckptz.formats import read_layout
 from ckptz.meta import FileMeta
 from ckptz.pipeline import Comparer, DiscardSink, FileSink, compress_file, restore
@@ -668,6 +678,18 @@ def _container_stats(path: Path, label: str) -> FileStats:
     return index_stats(label.removesuffix(SUFFIX), index, path.stat().st_size)
 
 
+def _damaged(label: str, path: Path, exc: CkptzError | OSError) -> FileStats:
+    """The row of a container that could not be read: it names the file and why."""
+    reason = str(exc) if isinstance(exc, CkptzError) else f"{path}: cannot read ({exc.strerror or exc})"
+    if str(path) not in reason:
+        reason = f"{path}: {reason}"
+    status = "damaged"
+    if isinstance(exc, ReferenceMissingError):
+        whole = isinstance(exc, ReferenceChangedError) and not isinstance(exc, ReferenceDamagedError)
+        status = "changed reference" if whole else "missing reference"
+    return FileStats(label.removesuffix(SUFFIX), status, 0, None, (), error=reason)
+
+
 def _check_chain(container: Path) -> None:
     """A series container's references must all be there (only indexes are read)."""
     with open(container, "rb") as f:
@@ -697,8 +719,15 @@ def inspect(path: str | Path | Sequence[str | Path]) -> Summary:
         for e in t.entries:
             label = prefix + e.rel
             if e.kind == "container":
-                files.append(_container_stats(e.path, label))
-                _check_chain(e.path)
+                try:
+                    stats = _container_stats(e.path, label)
+                    _check_chain(e.path)
+                except (CkptzError, OSError) as exc:
+                    if not t.is_dir:
+                        raise
+                    # One damaged container in a folder is a row among the others, not the end of the listing.
+                    stats = _damaged(label, e.path, exc)
+                files.append(stats)
             elif e.kind == "checkpoint" or (e.kind in ("other", "unreadable") and not t.is_dir):
                 files.append(layout_stats(label, read_layout(e.path, label)))
             elif e.kind in ("other", "unreadable"):

@@ -636,6 +636,22 @@ def inspect(paths: Paths, as_json: Json = False) -> None:
 
     summary = api.inspect(paths)
     _emit(summary_json(summary) if as_json else None, summary_view(summary), as_json)
+    failed = [f for f in summary.files if f.error is not None]
+    for f in failed:  # one line each, also beside --json, as verify reports its damaged files
+        if f.format not in _REFERENCE_STATUSES:
+            stderr.print(f"ckptz: error: {f.error}", soft_wrap=True)
+    # One gone reference leaves every container coded against it unusable: one line says it.
+    broken = [f for f in failed if f.format in _REFERENCE_STATUSES]
+    if broken:
+        others = len(broken) - 1
+        more = f" (and {others} more file{'s' * (others != 1)})" if others else ""
+        stderr.print(f"ckptz: error: {broken[0].error}{more}", soft_wrap=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+#: Verdicts that one gone or replaced series reference gives every container coded against it.
+_REFERENCE_STATUSES = ("missing reference", "changed reference")
 
 
 @app.command(short_help="Check that containers restore exactly: exit 0 only if every file matches.")
@@ -688,7 +704,7 @@ def verify(
         for c in result.files:
             if c.status in ("unreadable", "skipped"):  # one line each, also beside --json
                 stderr.print(f"ckptz: {c.error}" + "; skipped" * (c.status == "skipped"), soft_wrap=True)
-        broken = [c for c in result.files if c.status == "missing reference"]
+        broken = [c for c in result.files if c.status in _REFERENCE_STATUSES]
         if broken:
             others = len(broken) - 1
             more = f" (and {others} more file{'s' * (others != 1)})" if others else ""

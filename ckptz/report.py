@@ -245,7 +245,7 @@ def files_table(files: tuple[FileStats, ...], narrow: bool = False) -> Table:
         if series:
             table.add_column("against" if narrow else "coded against", overflow="fold")
     for f, path in zip(files, shown, strict=True):
-        row = [path, *[f.format] * formats, decimal(f.bytes)]
+        row = [path, *[f.format] * formats, f.format if f.error is not None else decimal(f.bytes)]
         if packed:
             known = f.compressed_bytes is not None
             row += [decimal(f.compressed_bytes or 0) if known else "-", _ratio(f.ratio)]
@@ -447,6 +447,7 @@ def summary_json(summary: Summary) -> dict[str, Any]:
                 "codecs": f.codecs,
                 "reference": f.reference,
                 "keyframe": f.keyframe,
+                "error": f.error,
                 "components": [component_json(c, f.bytes) for c in f.components],
                 **({"rank": summary.ranks[i]} if summary.ranks else {}),
             }

@@ -117,6 +117,30 @@ def test_inspect_names_a_damaged_container_by_its_path(small_checkpoint: Path, t
     assert done.stderr.startswith(f"ckptz: error: {damaged}: "), done.stderr
 
 
+def test_inspect_lists_a_damaged_container_among_the_others(small_checkpoint: Path, tmp_path: Path) -> None:
+    """A damaged container in a folder is a row of the listing (named damaged, by its path),
+    not the end of it: every other file is still listed, and the exit code says it failed."""
+    packed = tmp_path / "packed"
+    assert ckptz("compress", str(small_checkpoint), "-o", str(packed), "-q").returncode == 0
+    names = sorted(p.name.removesuffix(".ckptz") for p in packed.rglob("*.ckptz"))
+    assert len(names) > 1
+    damaged = packed / "optimizer.pt.ckptz"
+    damaged.write_bytes(damaged.read_bytes()[:-64])
+    shown = ckptz("inspect", str(packed), env={"COLUMNS": "200"})
+    assert shown.returncode == 1
+    row = next(line for line in shown.stdout.splitlines() if "optimizer.pt" in line)
+    assert "damaged" in row
+    for name in names:
+        assert name in shown.stdout
+    assert f"ckptz: error: {damaged}: " in shown.stderr
+    as_json = ckptz("inspect", str(packed), "--json")
+    assert as_json.returncode == 1
+    files = {f["path"]: f for f in json.loads(as_json.stdout)["files"]}
+    assert sorted(p.rsplit("/", 1)[-1] for p in files) == names
+    assert str(damaged) in files["optimizer.pt"]["error"]
+    assert all(f["error"] is None for path, f in files.items() if path != "optimizer.pt")
+
+
 def test_json_on_failure_is_one_json_object_on_stdout(small_checkpoint: Path, tmp_path: Path) -> None:
     """A script that runs `ckptz CMD --json` and parses stdout gets JSON whether the command
     succeeds or fails: on failure one object with ok false and the error, the same one line

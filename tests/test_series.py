@@ -114,6 +114,36 @@ def test_missing_reference_is_one_clear_line(runs: tuple[Path, Path], tmp_path: 
     assert ckptz("verify", str(run / "checkpoint-40")).returncode == 0
 
 
+def test_a_replaced_reference_is_called_changed_not_missing(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """checkpoint-30's container swapped for another whole container: verify calls the older
+    ones coded against it ``changed reference`` (the file is there, it is another one), says
+    so in one line, and exits 1; inspect of their folder says the same."""
+    five, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(five, run)
+    api.compress(run, in_place=True, series=True)
+    name = "model.safetensors.ckptz"
+    shutil.copyfile(run / "checkpoint-50" / name, run / "checkpoint-30" / name)
+    before = tree_digests(run)
+
+    done = ckptz("verify", str(run), "--json")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    status = {f["path"]: f for f in json.loads(done.stdout)["files"]}
+    for older in ("checkpoint-10", "checkpoint-20"):
+        verdict = status[f"{older}/{name}"]
+        assert verdict["status"] == "changed reference", verdict
+        assert "not the file it was coded against" in verdict["error"], verdict
+    assert status[f"checkpoint-30/{name}"]["status"] == "ok"
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("ckptz: error:")]
+    assert len(lines) == 1 and "not the file it was coded against" in lines[0], done.stderr
+
+    shown = ckptz("inspect", str(run / "checkpoint-20"), "--json")
+    assert shown.returncode == 1 and "Traceback" not in shown.stderr, shown.stderr
+    formats = {f["path"]: f["format"] for f in json.loads(shown.stdout)["files"]}
+    assert formats["model.safetensors"] == "changed reference", formats
+    assert tree_digests(run) == before
+
+
 @pytest.mark.parametrize("where", ["payload", "index"])
 def test_a_damaged_reference_is_blamed_not_the_intact_containers_coded_against_it(
     runs: tuple[Path, Path], tmp_path: Path, where: str

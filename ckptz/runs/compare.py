@@ -3,8 +3,9 @@
 With an original to compare against, the two trees are matched by name (``X.ckptz`` stands
 for ``X``; other files, symlinks and folders for themselves) and every name gets a verdict:
 present on both sides with equal bytes and permission bits (``ok``), or ``missing``,
-``extra``, ``changed``, ``damaged``, ``undecodable`` or ``missing reference`` (a series container
-whose reference, a newer checkpoint, is missing or changed). Containers are decoded and compared
+``extra``, ``changed``, ``damaged``, ``undecodable``, ``missing reference`` (a series container
+whose reference, a newer checkpoint, is missing or damaged) or ``changed reference`` (that
+reference is there but is not the file it was coded against). Containers are decoded and compared
 with the original in a stream, without writing anything; plain files are compared block by
 block. Without an original, every container is decoded and its checksums checked, and every
 other file is listed as ``unchecked``. A file that cannot be read is ``unreadable``, or
@@ -31,6 +32,8 @@ from ckptz.errors import (
     DeviceError,
     MismatchError,
     NothingToDoError,
+    ReferenceChangedError,
+    ReferenceDamagedError,
     ReferenceMissingError,
     StoppedError,
     UsageError,
@@ -54,11 +57,21 @@ CheckStatus = Literal[
     "damaged",
     "undecodable",
     "missing reference",
+    "changed reference",
     "unreadable",
 ]
 #: Verdicts that make ``verify`` fail.
 FAILING: frozenset[str] = frozenset(
-    {"changed", "missing", "extra", "damaged", "undecodable", "missing reference", "unreadable"}
+    {
+        "changed",
+        "missing",
+        "extra",
+        "damaged",
+        "undecodable",
+        "missing reference",
+        "changed reference",
+        "unreadable",
+    }
 )
 _BLOCK = 8 << 20
 
@@ -274,7 +287,10 @@ def _check(p: _Pair, engine: Engine, reporter: Reporter, stop: Stop) -> FileChec
     except MismatchError as exc:
         return FileCheck(p.label, "changed", 0, str(exc))
     except ReferenceMissingError as exc:
-        return FileCheck(p.label, "missing reference", 0, str(exc))
+        # A damaged reference is reported as missing (its own row says damaged); one that is
+        # whole but another file is told apart, so the user puts the right one back.
+        changed = isinstance(exc, ReferenceChangedError) and not isinstance(exc, ReferenceDamagedError)
+        return FileCheck(p.label, "changed reference" if changed else "missing reference", 0, str(exc))
     except CkptzError as exc:
         return FileCheck(p.label, "damaged", 0, _detail(exc))
     except OSError as exc:

@@ -87,9 +87,10 @@ class Summary:
 
     @property
     def compressed_bytes(self) -> int | None:
-        if not self.files or any(f.compressed_bytes is None for f in self.files):
+        read = [f for f in self.files if f.error is None]  # a damaged container has no sizes to add
+        if not read or any(f.compressed_bytes is None for f in read):
             return None
-        return sum(f.compressed_bytes or 0 for f in self.files)
+        return sum(f.compressed_bytes or 0 for f in read)
 
     @property
     def overhead_bytes(self) -> int:
