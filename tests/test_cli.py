@@ -141,6 +141,22 @@ def test_inspect_lists_a_damaged_container_among_the_others(small_checkpoint: Pa
     assert all(f["error"] is None for path, f in files.items() if path != "optimizer.pt")
 
 
+def test_a_failed_compress_leaves_no_empty_output_folder_it_made(tmp_path: Path) -> None:
+    """compress -o into new folders that fails (a name too long for the output) removes the
+    folders it made for the run, and keeps a folder that was there before."""
+    src = tmp_path / "src"
+    src.mkdir()
+    torch.save({"w": torch.ones(8)}, src / ("a" * 250 + ".pt"))  # 256 bytes with .ckptz
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for source, out in ((src, "new/deeper"), (next(src.iterdir()), "single")):
+        done = ckptz("compress", str(source), "-o", f"{tmp_path / out}/")
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    (tmp_path / "kept").mkdir()
+    assert ckptz("compress", str(src), "-o", str(tmp_path / "kept")).returncode == 1
+    assert (tmp_path / "kept").is_dir()
+
+
 def test_json_on_failure_is_one_json_object_on_stdout(small_checkpoint: Path, tmp_path: Path) -> None:
     """A script that runs `ckptz CMD --json` and parses stdout gets JSON whether the command
     succeeds or fails: on failure one object with ok false and the error, the same one line

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ckptz import trace
@@ -234,11 +234,33 @@ def stopping(p: Plan, done: list[str]) -> Iterator[None]:
 @contextmanager
 def locked(p: Plan) -> Iterator[None]:
     """Create the output folders (no more open than their sources) and lock everything."""
-    for src_dir, out_dir in p.dirs:
-        _mkdir(out_dir, src_dir)
-    # From here on, folders below the roots are never entered through a symlink.
-    with hold(p.writes, p.reads), confined(w for w in p.writes if w.is_dir()):
-        yield
+    absent = _absent_folders(
+        [out_dir for _, out_dir in p.dirs]
+        + [j.target.parent for j in p.converts + p.finishes + p.links + p.carries]
+    )
+    try:
+        for src_dir, out_dir in p.dirs:
+            _mkdir(out_dir, src_dir)
+        # From here on, folders below the roots are never entered through a symlink.
+        with hold(p.writes, p.reads), confined(w for w in p.writes if w.is_dir()):
+            yield
+    except BaseException:
+        # A failed run leaves no empty folders of its own making behind: rmdir spares any
+        # that holds something, and folders that were there before the run are not listed.
+        for folder in absent:
+            with suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+def _absent_folders(folders: list[Path]) -> list[Path]:
+    """The folders among ``folders`` and their parents that do not exist yet, deepest first."""
+    absent: set[Path] = set()
+    for folder in folders:
+        while folder not in absent and not folder.exists() and folder.parent != folder:
+            absent.add(folder)
+            folder = folder.parent
+    return sorted(absent, key=lambda f: len(f.parts), reverse=True)
 
 
 def _mkdir(path: Path, like: Path) -> None:
