@@ -157,6 +157,27 @@ def test_a_failed_compress_leaves_no_empty_output_folder_it_made(tmp_path: Path)
     assert (tmp_path / "kept").is_dir()
 
 
+def test_decompress_in_place_leaves_a_renamed_container_with_a_note(tmp_path: Path) -> None:
+    """A container renamed without its .ckptz suffix (model.bin) in a folder decompressed in
+    place has no other name to restore to: it is left as it is with one line naming it and
+    saying why, and the rest of the folder is restored."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    torch.save({"w": torch.arange(64.0)}, folder / "a.pt")
+    torch.save({"w": torch.ones(32)}, folder / "b.pt")
+    want = (folder / "a.pt").read_bytes()
+    assert ckptz("compress", str(folder), "--in-place", "-q").returncode == 0
+    renamed = folder / "model.bin"
+    (folder / "b.pt.ckptz").rename(renamed)
+    kept = renamed.read_bytes()
+    done = ckptz("decompress", str(folder), "--in-place")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert (folder / "a.pt").read_bytes() == want and not (folder / "a.pt.ckptz").exists()
+    assert renamed.read_bytes() == kept
+    notes = [ln for ln in done.stderr.splitlines() if "model.bin" in ln]
+    assert len(notes) == 1 and "does not end in .ckptz" in notes[0], done.stderr
+
+
 def test_json_on_failure_is_one_json_object_on_stdout(small_checkpoint: Path, tmp_path: Path) -> None:
     """A script that runs `ckptz CMD --json` and parses stdout gets JSON whether the command
     succeeds or fails: on failure one object with ok false and the error, the same one line

@@ -115,7 +115,7 @@ def test_a_folder_of_lightning_containers_decompresses_in_place_around_them(
 
     done = cli("decompress", str(folder), "--in-place")
     assert done.returncode == 0, done.stderr
-    assert "3 files: a container under its original's own name" in done.stderr, done.stderr
+    assert "3 files: a container whose name does not end in .ckptz" in done.stderr, done.stderr
     assert extra.read_bytes() == want and not (folder / "extra.pt.ckptz").exists()
     assert {name: (folder / name).read_bytes() for name in NAMES} == before
     restored = tmp_path / "last.ckpt"

@@ -277,8 +277,8 @@ def _place(
         if not compress and name == e.path.name and out.path is None:
             if explicit:
                 raise UsageError("cannot choose an output name", path=str(e.path), hint="give -o FILE")
-            # Lightning's CompressedCheckpointIO keeps the checkpoint's own name: in a folder
-            # it is left as it is, not a reason to refuse the whole folder.
+            # Lightning's CompressedCheckpointIO keeps the checkpoint's own name, and a user may
+            # rename a container: in a folder it is left as it is, not a reason to refuse the folder.
             p.skipped.append(Action("skip", str(e.path), note=_SAME_NAME))
             return 0
         target = _target(t, e, root, out, name)
@@ -303,10 +303,10 @@ def _place(
     return int(already and compress)
 
 
-#: Why a container under its original's own name is left alone in a folder decompressed in place.
+#: Why a container whose name lacks ``.ckptz`` is left alone in a folder decompressed in place.
 _SAME_NAME = (
-    "a container under its original's own name (as Lightning's CompressedCheckpointIO writes it):"
-    " left as it is (ckptz decompress FILE -o OUT restores it)"
+    "a container whose name does not end in .ckptz (as Lightning's CompressedCheckpointIO"
+    " writes it, or renamed): left as it is (ckptz decompress FILE -o OUT restores it)"
 )
 
 
