@@ -680,7 +680,9 @@ def verify(
 
     With --against, the two trees are compared file by file (containers decoded in a
     stream, nothing written); without it, every container is decoded and its checksums
-    checked, and the files it could not check are listed.
+    checked, and the files it could not check are listed. A series container whose
+    reference is gone or damaged is "missing reference"; one whose reference is there but
+    another file is "changed reference".
     """
     _no_stdin(paths)
     from ckptz import api
