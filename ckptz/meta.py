@@ -58,7 +58,7 @@ class FileMeta:
             return None
         if not (
             0 <= mode <= 0o7777
-            and -(1 << 62) < mtime < (1 << 62)
+            and -(1 << 63) <= mtime < (1 << 63)
             and 0 <= uid < 1 << 32
             and 0 <= gid < 1 << 32
         ):

@@ -140,3 +140,22 @@ def test_old_containers_still_restore(tmp_path: Path) -> None:
     for name, info in files.items():
         digest = info["sha256"] if isinstance(info, dict) else info
         assert sha256(back / name.removesuffix(".ckptz")) == digest
+
+
+@pytest.mark.parametrize("mtime_ns", [7_258_118_400_123_456_789, (1 << 63) - 1], ids=["2200", "2262"])
+def test_any_mtime_the_kernel_takes_comes_back(small_checkpoint: Path, tmp_path: Path, mtime_ns: int) -> None:
+    """A file's mtime anywhere in the signed 64-bit nanosecond range (where the file system
+    keeps it) is restored, not only those before 2116."""
+    src = tmp_path / "model.safetensors"
+    shutil.copy(small_checkpoint / "model.safetensors", src)
+    try:
+        os.utime(src, ns=(mtime_ns, mtime_ns))
+    except OSError:
+        pytest.skip("this file system does not keep such a time")
+    if src.stat().st_mtime_ns != mtime_ns:
+        pytest.skip("this file system does not keep such a time")
+    packed, back = tmp_path / "model.safetensors.ckptz", tmp_path / "back.safetensors"
+    assert ckptz("compress", str(src), "-o", str(packed), "--device", "cpu").returncode == 0
+    done = ckptz("decompress", str(packed), "-o", str(back), "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert back.stat().st_mtime_ns == mtime_ns
