@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import training
 from conftest import ckptz, tree_digests
 from safetensors.torch import save_file
 from typer.testing import CliRunner
@@ -411,19 +412,7 @@ def test_decompress_takes_a_memory_budget(small_checkpoint: Path, tmp_path: Path
 
 def second_moments_of_a_short_training_run() -> dict[str, torch.Tensor]:
     """AdamW's ``exp_avg_sq`` of a small GPT-2 after 30 real steps, by parameter name."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=2048, n_positions=128))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.Generator().manual_seed(1)
-    for _ in range(30):
-        text = torch.cat([torch.randint(0, 512, (8, 16), generator=tokens)] * 4, dim=1)
-        model(text, labels=text).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    names = {p: n for n, p in model.named_parameters()}
-    return {names[p]: s["exp_avg_sq"].contiguous() for p, s in optimizer.state.items()}
+    return training.moments(*training.short_run(training.repeated_quarter), "exp_avg_sq")
 
 
 def test_level_19_codes_second_moments_as_small_under_plain_names(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import training
 from damage import damage, decodes_in_bounds
 from format_reader import FormatViolation, _huffexp, read
 from hypothesis import given, settings
@@ -46,17 +47,7 @@ def bf16_weights_of_a_short_training_run() -> dict[str, torch.Tensor]:
 @cache
 def weights_of_a_short_training_run() -> dict[str, torch.Tensor]:
     """The fp32 weights of a small GPT-2 after 30 real AdamW steps, by parameter name."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=2048, n_positions=128))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.Generator().manual_seed(1)
-    for _ in range(30):
-        text = torch.randint(0, 2048, (8, 64), generator=tokens)
-        model(text, labels=text).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    model, _ = training.short_run(training.tokens_below(2048))
     return {n: p.detach().contiguous() for n, p in model.named_parameters()}
 
 

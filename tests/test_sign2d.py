@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import training
 from conftest import ckptz
 from damage import damage, decodes_in_bounds
 from format_reader import FormatViolation, _sign2d
@@ -36,19 +37,7 @@ FLOAT32 = DTYPES["float32"]
 def first_moments_of_a_short_training_run() -> dict[str, torch.Tensor]:
     """AdamW's ``exp_avg`` of a small GPT-2 after 30 real steps on a quarter of its
     vocabulary, by parameter name: the embedding rows of the tokens never seen move together."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=2048, n_positions=128))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.Generator().manual_seed(1)
-    for _ in range(30):
-        text = torch.cat([torch.randint(0, 512, (8, 16), generator=tokens)] * 4, dim=1)
-        model(text, labels=text).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    names = {p: n for n, p in model.named_parameters()}
-    return {names[p]: s["exp_avg"].contiguous() for p, s in optimizer.state.items()}
+    return training.moments(*training.short_run(training.repeated_quarter), "exp_avg")
 
 
 def _stream(moments: dict[str, torch.Tensor]) -> np.ndarray:
