@@ -32,7 +32,6 @@
 
 enum { CG_FREE, CG_READING, CG_READ, CG_CODING, CG_CODED, CG_PLACED, CG_WRITING };
 
-#define CG_MAX_WORKERS 4
 #define CG_WHY 240
 #define CG_PENDING (-1) /* a chunk's codec until the GPU has coded it */
 /* The GPU coder's sample of a plane: every CG_SAMPLE_EVERY-th full block of CG_SAMPLE_BLOCK
@@ -60,7 +59,7 @@ typedef struct {
     compress_plan_t *p;
     pthread_mutex_t lock;
     pthread_cond_t changed;
-    cg_slot_t slots[2 * CG_MAX_WORKERS];
+    cg_slot_t slots[2 * GPU_MAX_WORKERS];
     int slot_count;
     int64_t batch_count, next_batch, coded_batches, placed_batches, finished;
     int64_t written_batches; /* batches written (to a pipe, in their order) */
@@ -601,7 +600,7 @@ static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads) {
     memset(&g, 0, sizeof g);
     g.p = p;
     g.portable = p->gpu_codec == CODEC_ZSTD;
-    int engines = p->gpu_workers < 1 ? 1 : p->gpu_workers > CG_MAX_WORKERS ? CG_MAX_WORKERS : p->gpu_workers;
+    int engines = p->gpu_workers < 1 ? 1 : p->gpu_workers > GPU_MAX_WORKERS ? GPU_MAX_WORKERS : p->gpu_workers;
     cg_thread_t *args = calloc((size_t)(threads + engines), sizeof(cg_thread_t));
     pthread_t *ids = calloc((size_t)(threads + engines), sizeof(pthread_t));
     int cpu_started = 0, gpu_started = 0;
@@ -677,7 +676,7 @@ static void compress_gpu_run(compress_plan_t *p, coder_t *coders, int threads) {
 done:
     if (args)
         for (int e = 0; e < engines; e++) gpu_engine_give(args[threads + e].engine);
-    for (int s = 0; s < 2 * CG_MAX_WORKERS; s++) {
+    for (int s = 0; s < 2 * GPU_MAX_WORKERS; s++) {
         gpu_host_free(g.slots[s].planes, g.slots[s].planes_size);
         gpu_host_free(g.slots[s].coded, g.slots[s].coded_size);
         gpu_host_free(g.slots[s].decoded, g.slots[s].decoded_size);

@@ -1708,6 +1708,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m && PyModule_AddIntConstant(m, "avx2", have_avx2) < 0) Py_CLEAR(m);
     if (m && PyModule_AddIntConstant(m, "xxh3_state_bytes", (long)XXH3_STATE_ROW) < 0) Py_CLEAR(m);
     if (m && PyModule_AddIntConstant(m, "stage_columns", STAGE_COLS) < 0) Py_CLEAR(m);
+    if (m && PyModule_AddIntConstant(m, "gpu_max_workers", GPU_MAX_WORKERS) < 0) Py_CLEAR(m);
     if (m && (stage_names(m, "compress_stages", compress_stage_names, CS_COUNT) < 0 ||
               stage_names(m, "restore_stages", restore_stage_names, RS_COUNT) < 0))
         Py_CLEAR(m);

@@ -58,6 +58,8 @@ typedef struct {
  * then each step's nanoseconds and each step's count. */
 enum { STAGE_ROLE, STAGE_BORN, STAGE_LIFE, STAGE_CPU, STAGE_NS, STAGE_COLS = STAGE_NS + 2 * STAGE_MAX };
 enum { STAGE_ROLE_NONE, STAGE_ROLE_CPU, STAGE_ROLE_GPU };
+/* Most GPU workers a GPU plane runs beside its threads: their stage rows follow the threads'. */
+#define GPU_MAX_WORKERS 4
 
 static inline int64_t stage_time(clockid_t which) {
     struct timespec t;

@@ -20,7 +20,6 @@
 
 enum { SLOT_FREE, SLOT_READING, SLOT_READ, SLOT_DECODING, SLOT_DECODED };
 
-#define GPU_MAX_WORKERS 4
 #define GPU_WHY 240
 
 typedef struct {

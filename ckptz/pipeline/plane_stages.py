@@ -19,9 +19,8 @@ import numpy as np
 from ckptz import trace
 from ckptz.codecs.native import native
 
-#: Most GPU workers a plane runs beside its threads (compress_gpu.c's and plane_gpu.c's
-#: *_MAX_WORKERS): their rows follow the threads'.
-GPU_WORKERS = 4
+#: Most GPU workers a plane runs beside its threads: their rows follow the threads'.
+GPU_WORKERS: int = native.gpu_max_workers
 #: A row's columns (native.h's STAGE_*): role, start, run time, CPU time, then each step's
 #: nanoseconds and each step's count.
 _ROLE, _BORN, _LIFE, _CPU, _NS = 0, 1, 2, 3, 4
